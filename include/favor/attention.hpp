@@ -1,0 +1,57 @@
+#pragma once
+/// \file attention.hpp
+/// FAVOR+ attention (bidirectional, causal, masked, cross) in linear time and memory.
+#include <optional>
+
+#include "favor/features.hpp"
+#include "favor/projection.hpp"
+#include "favor/tensor.hpp"
+
+namespace favor {
+
+struct AttentionOptions {
+  Kernel kernel = Kernel::positive;
+  /// Causal: query i sees keys j <= i. Requires Nq == Nk.
+  bool causal = false;
+  /// Temperature: attention is softmax(scale * q.k). Default 1/sqrt(D).
+  std::optional<double> scale;
+  /// Key padding mask [B, Nk]; masked keys leave numerator and denominator.
+  std::optional<KeyMaskView> key_mask;
+};
+
+/// What happened to rows whose output favor had to define (docs/numerics.md).
+struct AttentionStats {
+  /// Query rows written as zeros: no key was visible (all masked, or causal prefix all
+  /// masked), or the estimated denominator was not positive (possible with the trig
+  /// kernel, whose features take both signs) or underflowed.
+  int64_t zero_rows = 0;
+};
+
+/// y = phi(Q) (phi(K)^T V) / phi(Q) (phi(K)^T 1), per (batch, head).
+/// q: [B, H, Nq, D], k: [B, H, Nk, D], v: [B, H, Nk, Dv], out: [B, H, Nq, Dv] (caller-owned,
+/// may not alias the inputs). Time O(B H (Nq + Nk) F (D + Dv)); memory O(threads * tile).
+/// Thread-safe for distinct outputs. Throws favor::Error on any broken rule.
+AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
+                               MutableTensorView out, const AttentionOptions& options = {});
+
+/// Convenience overload that allocates the output.
+Tensor favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
+                       const AttentionOptions& options = {}, AttentionStats* stats = nullptr);
+
+/// Accumulation precision of exact attention.
+enum class Accumulation { f32, f64 };
+
+struct ExactOptions {
+  bool causal = false;
+  std::optional<double> scale;
+  std::optional<KeyMaskView> key_mask;
+  Accumulation accumulation = Accumulation::f32;
+};
+
+/// Exact softmax attention, blockwise with an online softmax: never materialises N x N.
+/// Same shapes and rules as favor_attention. Rows with no visible key are zeros.
+void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                     const ExactOptions& options = {});
+Tensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOptions& options = {});
+
+}  // namespace favor

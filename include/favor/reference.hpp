@@ -1,0 +1,35 @@
+#pragma once
+/// \file reference.hpp
+/// The scalar double-precision reference: naive, materialised, unstabilised formulas
+/// exactly as math.md writes them. The oracle of every test; O(N^2) memory.
+#include <optional>
+#include <vector>
+
+#include "favor/attention.hpp"
+#include "favor/features.hpp"
+#include "favor/projection.hpp"
+#include "favor/tensor.hpp"
+
+namespace favor::reference {
+
+/// A double tensor [B, H, N, X], C-contiguous.
+struct DTensor {
+  Shape4 shape{0, 0, 0, 0};
+  std::vector<double> values;
+  double at(int64_t b, int64_t h, int64_t n, int64_t x) const {
+    return values[static_cast<size_t>(((b * shape[1] + h) * shape[2] + n) * shape[3] + x)];
+  }
+};
+
+/// phi(x) in double, all constants kept. [B, H, N, F].
+DTensor features(TensorView x, const Projection& w, const FeatureOptions& options = {});
+
+/// Materialised FAVOR attention in double: A = phi(Q) phi(K)^T with mask and causal
+/// applied, y = A V / A 1. Rows with no visible key or a denominator <= 0 are zeros.
+DTensor favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
+                        const AttentionOptions& options = {});
+
+/// Naive softmax attention in double (scores materialised per row, max-subtracted).
+DTensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOptions& options = {});
+
+}  // namespace favor::reference

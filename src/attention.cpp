@@ -1,0 +1,92 @@
+// The attention facade: validates arguments (core/validate.hpp), fills the kernel params
+// and dispatches to the CPU kernels.
+#include "favor/attention.hpp"
+
+#include <cmath>
+
+#include "core/validate.hpp"
+#include "cpu/attention_params.hpp"
+#include "cpu/exact_attention.hpp"
+#include "favor/error.hpp"
+#include "favor/runtime.hpp"
+
+namespace favor {
+namespace {
+
+cpu::AttentionParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const MutableTensorView& out, const detail::AttentionShape& s,
+                                 double scale, const std::optional<KeyMaskView>& mask) {
+  cpu::AttentionParams p{};
+  p.q = q.data;
+  p.q_strides = q.strides;
+  p.k = k.data;
+  p.k_strides = k.strides;
+  p.v = v.data;
+  p.v_strides = v.strides;
+  p.out = out.data;
+  p.out_strides = out.strides;
+  p.batch = s.batch;
+  p.heads = s.heads;
+  p.nq = s.nq;
+  p.nk = s.nk;
+  p.d = s.d;
+  p.dv = s.dv;
+  p.sqrt_scale = static_cast<float>(std::sqrt(scale));
+  if (mask) {
+    p.mask = mask->data;
+    p.mask_stride_b = mask->stride_b;
+    p.mask_stride_n = mask->stride_n;
+  }
+  p.threads = num_threads();
+  return p;
+}
+
+Shape4 output_shape(const detail::AttentionShape& s) { return {s.batch, s.heads, s.nq, s.dv}; }
+
+}  // namespace
+
+AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
+                               MutableTensorView out, const AttentionOptions& options) {
+  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  detail::check_projection(w, s.d, "q and k");
+  detail::check_output(out, output_shape(s), "out", {q, k, v});
+  const double scale = detail::resolve_scale(options.scale, s.d);
+  cpu::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
+  p.w = w.data();
+  p.m = w.m();
+  p.kernel = options.kernel;
+  AttentionStats stats;
+  stats.zero_rows = options.causal ? cpu::favor_causal(p) : cpu::favor_bidirectional(p);
+  return stats;
+}
+
+Tensor favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
+                       const AttentionOptions& options, AttentionStats* stats) {
+  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  Tensor out(output_shape(s));
+  const AttentionStats st = favor_attention(q, k, v, w, out.mutable_view(), options);
+  if (stats) *stats = st;
+  return out;
+}
+
+void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                     const ExactOptions& options) {
+  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  detail::check_output(out, output_shape(s), "out", {q, k, v});
+  const double scale = detail::resolve_scale(options.scale, s.d);
+  const cpu::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
+  if (options.accumulation == Accumulation::f64) {
+    cpu::exact_attention_f64(p, options.causal);
+  } else {
+    cpu::exact_attention_f32(p, options.causal);
+  }
+}
+
+Tensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOptions& options) {
+  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  Tensor out(output_shape(s));
+  exact_attention(q, k, v, out.mutable_view(), options);
+  return out;
+}
+
+}  // namespace favor

@@ -1,0 +1,61 @@
+#include "favor/runtime.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "cpu/vec_math.hpp"
+#include "favor/error.hpp"
+#include "favor/version.hpp"
+
+namespace favor {
+namespace {
+
+std::atomic<int> g_threads{0};  // 0: not yet resolved
+
+int threads_from_environment() {
+  const char* text = std::getenv("FAVOR_NUM_THREADS");
+  if (text == nullptr || *text == '\0') return omp_get_max_threads();
+  char* end = nullptr;
+  const long n = std::strtol(text, &end, 10);
+  if (*end != '\0' || n < 1 || n > 4096) {
+    throw Error(std::string("FAVOR_NUM_THREADS: '") + text + "' must be an integer in [1, 4096]");
+  }
+  return static_cast<int>(n);
+}
+
+const char* blas_threading() {
+  switch (openblas_get_parallel()) {
+    case 0: return "sequential";
+    case 1: return "pthreads";
+    case 2: return "openmp";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+void set_num_threads(int n) {
+  if (n < 1) throw Error("threads: " + std::to_string(n) + " must be >= 1");
+  g_threads.store(n);
+}
+
+int num_threads() {
+  int n = g_threads.load();
+  if (n == 0) {
+    n = threads_from_environment();
+    g_threads.store(n);
+  }
+  return n;
+}
+
+std::string build_info() {
+  return std::string("favor ") + FAVOR_VERSION_STRING + "; simd " + cpu::simd_target() +
+         "; blas OpenBLAS " + openblas_get_config() + " (" + blas_threading() + ")" +
+         "; threads " + std::to_string(num_threads());
+}
+
+}  // namespace favor

@@ -1,0 +1,115 @@
+#include "core/validate.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+
+#include "favor/error.hpp"
+
+namespace favor::detail {
+namespace {
+
+// Byte range [lo, hi) spanned by a view (strides >= 0).
+std::pair<uintptr_t, uintptr_t> span_of(const float* data, const Shape4& shape, const Shape4& strides) {
+  int64_t last = 0;
+  for (int i = 0; i < 4; ++i) last += (shape[i] - 1) * strides[i];
+  auto lo = reinterpret_cast<uintptr_t>(data);
+  return {lo, lo + static_cast<uintptr_t>(last + 1) * sizeof(float)};
+}
+
+}  // namespace
+
+void check_view(const TensorView& t, const std::string& name) {
+  for (int i = 0; i < 4; ++i) {
+    if (t.shape[i] < 1) {
+      throw Error(name + ": shape " + shape_string(t.shape) +
+                  " must have every extent >= 1 (layout [B, H, N, D])");
+    }
+    if (t.strides[i] < 0) {
+      throw Error(name + ": strides " + shape_string(t.strides) + " must be non-negative");
+    }
+  }
+  if (t.data == nullptr) throw Error(name + ": data pointer is null");
+}
+
+void check_finite(const TensorView& t, const std::string& name) {
+  for (int64_t b = 0; b < t.shape[0]; ++b)
+    for (int64_t h = 0; h < t.shape[1]; ++h)
+      for (int64_t n = 0; n < t.shape[2]; ++n)
+        for (int64_t x = 0; x < t.shape[3]; ++x) {
+          const float value = t.at(b, h, n, x);
+          if (!std::isfinite(value)) {
+            std::ostringstream os;
+            os << name << ": element [" << b << ',' << h << ',' << n << ',' << x << "] is " << value
+               << "; inputs must be finite (no NaN or Inf)";
+            throw Error(os.str());
+          }
+        }
+}
+
+void check_output(const MutableTensorView& out, const Shape4& expected, const std::string& name,
+                  std::initializer_list<TensorView> inputs) {
+  if (out.shape != expected) {
+    throw Error(name + ": shape " + shape_string(out.shape) + " must be " + shape_string(expected));
+  }
+  check_view(TensorView{out.data, out.shape, out.strides}, name);
+  auto [olo, ohi] = span_of(out.data, out.shape, out.strides);
+  for (const TensorView& in : inputs) {
+    auto [ilo, ihi] = span_of(in.data, in.shape, in.strides);
+    if (olo < ihi && ilo < ohi) throw Error(name + ": output memory must not overlap an input");
+  }
+}
+
+double resolve_scale(const std::optional<double>& scale, int64_t d) {
+  if (!scale) return 1.0 / std::sqrt(static_cast<double>(d));
+  if (!(std::isfinite(*scale) && *scale > 0.0)) {
+    std::ostringstream os;
+    os << "scale: " << *scale << " must be finite and > 0";
+    throw Error(os.str());
+  }
+  return *scale;
+}
+
+void check_projection(const Projection& w, int64_t d, const std::string& name) {
+  if (w.m() < 1) throw Error("projection: m = " + std::to_string(w.m()) + " must be >= 1");
+  if (w.d() != d) {
+    throw Error("projection: d = " + std::to_string(w.d()) + " must equal the head dim D = " +
+                std::to_string(d) + " of " + name);
+  }
+}
+
+AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      bool causal, const std::optional<KeyMaskView>& mask) {
+  check_view(q, "q");
+  check_view(k, "k");
+  check_view(v, "v");
+  const std::string qs = shape_string(q.shape), ks = shape_string(k.shape), vs = shape_string(v.shape);
+  if (q.shape[0] != k.shape[0] || q.shape[1] != k.shape[1] || v.shape[0] != k.shape[0] ||
+      v.shape[1] != k.shape[1]) {
+    throw Error("q " + qs + ", k " + ks + ", v " + vs + ": batch B and heads H must agree");
+  }
+  if (q.shape[3] != k.shape[3]) {
+    throw Error("q " + qs + ", k " + ks + ": q and k must have the same head dim D");
+  }
+  if (v.shape[2] != k.shape[2]) {
+    throw Error("k " + ks + ", v " + vs + ": k and v must have the same length Nk");
+  }
+  if (causal && q.shape[2] != k.shape[2]) {
+    throw Error("q " + qs + ", k " + ks + ": causal attention needs Nq == Nk");
+  }
+  if (mask) {
+    if (mask->data == nullptr) throw Error("key_mask: data pointer is null");
+    if (mask->batch != k.shape[0] || mask->n != k.shape[2]) {
+      throw Error("key_mask: shape [" + std::to_string(mask->batch) + ',' + std::to_string(mask->n) +
+                  "] must be [B, Nk] = [" + std::to_string(k.shape[0]) + ',' +
+                  std::to_string(k.shape[2]) + ']');
+    }
+    if (mask->stride_b < 0 || mask->stride_n < 0) throw Error("key_mask: strides must be non-negative");
+  }
+  check_finite(q, "q");
+  check_finite(k, "k");
+  check_finite(v, "v");
+  return {q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]};
+}
+
+}  // namespace favor::detail

@@ -1,0 +1,32 @@
+#pragma once
+// Argument checks shared by every entry point. Each throws favor::Error naming the
+// argument, its value and the rule.
+#include <optional>
+#include <string>
+
+#include "favor/attention.hpp"
+#include "favor/projection.hpp"
+#include "favor/tensor.hpp"
+
+namespace favor::detail {
+
+/// Extents >= 1, non-null data, non-negative strides.
+void check_view(const TensorView& t, const std::string& name);
+/// Every element finite; the message gives the first bad index.
+void check_finite(const TensorView& t, const std::string& name);
+/// The output view: extents equal `expected`, non-null, and no overlap with `inputs`.
+void check_output(const MutableTensorView& out, const Shape4& expected, const std::string& name,
+                  std::initializer_list<TensorView> inputs);
+/// scale > 0 and finite when given; default 1/sqrt(d).
+double resolve_scale(const std::optional<double>& scale, int64_t d);
+/// W is m x d with d matching the head dim of `name`.
+void check_projection(const Projection& w, int64_t d, const std::string& name);
+
+/// Shapes of one attention call, validated together.
+struct AttentionShape {
+  int64_t batch, heads, nq, nk, d, dv;
+};
+AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      bool causal, const std::optional<KeyMaskView>& mask);
+
+}  // namespace favor::detail

@@ -1,0 +1,36 @@
+#pragma once
+// The one plain struct the attention kernels take: raw pointers, element strides per
+// axis, sizes and precomputed scalars. The facade (src/attention.cpp) validates and fills
+// it; kernels never throw.
+#include <cstdint>
+
+#include "favor/features.hpp"
+#include "favor/tensor.hpp"
+
+namespace favor::cpu {
+
+struct AttentionParams {
+  const float* q;
+  Shape4 q_strides;
+  const float* k;
+  Shape4 k_strides;
+  const float* v;
+  Shape4 v_strides;
+  float* out;
+  Shape4 out_strides;
+  int64_t batch, heads, nq, nk, d, dv;
+  const float* w;  // m x d, row-major
+  int64_t m;
+  Kernel kernel;
+  float sqrt_scale;        // inputs are multiplied by sqrt(scale) before the feature map
+  const uint8_t* mask;     // [B, Nk], nonzero = key takes part; null = no mask
+  int64_t mask_stride_b, mask_stride_n;
+  int threads;
+};
+
+/// Bidirectional FAVOR attention; returns the number of rows written as zeros.
+int64_t favor_bidirectional(const AttentionParams& p);
+/// Causal FAVOR attention (chunked); returns the number of rows written as zeros.
+int64_t favor_causal(const AttentionParams& p);
+
+}  // namespace favor::cpu

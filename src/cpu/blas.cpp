@@ -1,0 +1,28 @@
+#include "cpu/blas.hpp"
+
+#include <cblas.h>
+
+namespace favor::cpu {
+namespace {
+CBLAS_TRANSPOSE op(bool t) { return t ? CblasTrans : CblasNoTrans; }
+blasint i(int64_t x) { return static_cast<blasint>(x); }
+}  // namespace
+
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, op(ta), op(tb), i(M), i(N), i(K), alpha, A, i(lda), B, i(ldb), beta, C,
+              i(ldc));
+}
+
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+          int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, op(ta), op(tb), i(M), i(N), i(K), alpha, A, i(lda), B, i(ldb), beta, C,
+              i(ldc));
+}
+
+void gemv(bool trans, int64_t rows, int64_t cols, float alpha, const float* A, int64_t lda,
+          const float* x, float beta, float* y) {
+  cblas_sgemv(CblasRowMajor, op(trans), i(rows), i(cols), alpha, A, i(lda), x, 1, beta, y, 1);
+}
+
+}  // namespace favor::cpu

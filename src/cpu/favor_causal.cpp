@@ -1,0 +1,146 @@
+// Causal FAVOR attention in chunks of C = kChunk tokens, per (batch, head):
+//   Y_c = phi(Q_c) S_{<c} + mask(phi(Q_c) phi(K_c)^T) V_c   (and the same for the denominator)
+//   S_{<c+1} = S_{<c} + phi(K_c)^T V_c
+// Keys are stabilised against the running max over chunks (state rescaled when it grows);
+// each query row i is shifted by c_i = max_f (L_if + log P_if), P_i = s_{<c} + sum of the
+// chunk's key features up to i, the exact prefix normaliser of row i, so its denominator
+// is >= 1. Masked keys get zero features. Memory O(threads * C * (F + C)).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/attention_params.hpp"
+#include "cpu/blas.hpp"
+#include "cpu/feature_tile.hpp"
+#include "cpu/head_state.hpp"
+#include "cpu/tiles.hpp"
+#include "cpu/vec_math.hpp"
+
+namespace favor::cpu {
+namespace {
+
+struct Workspace {
+  std::vector<float> xk, xq, ak, aq, phik, phiq, prefix, v, y, den, ones, G, S, s;
+  std::vector<double> half_norm2, g;
+  std::vector<char> visible;
+  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv)
+      : xk(kChunk * d), xq(kChunk * d), ak(kChunk * m), aq(kChunk * m), phik(kChunk * F),
+        phiq(kChunk * F), prefix(kChunk * F), v(kChunk * dv), y(kChunk * dv), den(kChunk),
+        ones(kChunk, 1.0f), G(kChunk * kChunk), S(F * dv), s(F), half_norm2(kChunk), g(kChunk),
+        visible(kChunk) {}
+};
+
+// Key features of one chunk (zeros for masked keys), after raising the state's max.
+void chunk_key_features(const AttentionParams& p, int64_t rows, HeadState& state, Workspace& ws) {
+  const int64_t m = p.m, F = state.features;
+  project_rows(ws.xk.data(), rows, p.d, p.w, m, ws.ak.data());
+  double chunk_max = -INFINITY;
+  for (int64_t r = 0; r < rows; ++r) {
+    ws.g[r] = key_log_weight(p.kernel, ws.half_norm2[r]);
+    if (ws.visible[r]) chunk_max = std::max(chunk_max, key_log_max(p.kernel, ws.ak.data() + r * m, m, ws.g[r]));
+  }
+  if (chunk_max > state.max) state.raise_max(chunk_max);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* phi = ws.phik.data() + r * F;
+    if (ws.visible[r]) {
+      key_features(p.kernel, ws.ak.data() + r * m, m, ws.g[r] - state.max, phi);
+    } else {
+      std::fill(phi, phi + F, 0.0f);
+    }
+  }
+}
+
+// Query features of one chunk; for the positive family each row's shift comes from its
+// exact prefix normaliser P_i (computed in ws.prefix, then overwritten by its log).
+void chunk_query_features(const AttentionParams& p, int64_t rows, const HeadState& state, Workspace& ws) {
+  const int64_t m = p.m, F = state.features;
+  project_rows(ws.xq.data(), rows, p.d, p.w, m, ws.aq.data());
+  const bool pos = positive_family(p.kernel);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* log_p = ws.prefix.data() + r * F;
+    if (pos) {
+      const float* prev = r == 0 ? state.s : log_p - F;  // still the raw prefix of row r-1
+      const float* phik = ws.phik.data() + r * F;
+      for (int64_t f = 0; f < F; ++f) log_p[f] = prev[f] + phik[f];
+    }
+  }
+  for (int64_t r = rows - 1; pos && r >= 0; --r) {
+    float* row = ws.prefix.data() + r * F;
+    log_or_neg_inf(row, row, F);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = ws.aq.data() + r * m;
+    float* phi = ws.phiq.data() + r * F;
+    const float c = query_shift(p.kernel, a, m, ws.prefix.data() + r * F);
+    if (std::isinf(c)) {  // no visible key yet: zero features give a zero denominator
+      std::fill(phi, phi + F, 0.0f);
+    } else {
+      query_features(p.kernel, a, m, c, phi);
+    }
+  }
+}
+
+int64_t run_head(const AttentionParams& p, int64_t b, int64_t h, Workspace& ws) {
+  const int64_t F = feature_count(p.kernel, p.m), dv = p.dv;
+  const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
+  const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
+  const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
+  float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
+  HeadState state{ws.S.data(), ws.s.data(), F, dv};
+  state.clear();
+  int64_t zero_rows = 0;
+
+  for (int64_t c0 = 0; c0 < p.nq; c0 += kChunk) {
+    const int64_t rows = std::min(kChunk, p.nq - c0);
+    for (int64_t r = 0; r < rows; ++r) {
+      ws.visible[r] = p.mask == nullptr || p.mask[b * p.mask_stride_b + (c0 + r) * p.mask_stride_n] != 0;
+    }
+    gather_rows(kh + c0 * p.k_strides[2], p.k_strides[2], p.k_strides[3], rows, p.d, p.sqrt_scale,
+                ws.xk.data(), ws.half_norm2.data());
+    gather_rows(qh + c0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.sqrt_scale,
+                ws.xq.data(), nullptr);
+    gather_rows(vh + c0 * p.v_strides[2], p.v_strides[2], p.v_strides[3], rows, dv, 1.0f, ws.v.data(), nullptr);
+
+    chunk_key_features(p, rows, state, ws);
+    chunk_query_features(p, rows, state, ws);
+
+    // Inter-chunk: everything before the chunk.
+    gemm(false, false, rows, dv, F, 1.0f, ws.phiq.data(), F, state.S, dv, 0.0f, ws.y.data(), dv);
+    gemv(false, rows, F, 1.0f, ws.phiq.data(), F, state.s, 0.0f, ws.den.data());
+    // Intra-chunk: G = phi(Q_c) phi(K_c)^T, lower triangle (j <= i).
+    gemm(false, true, rows, rows, F, 1.0f, ws.phiq.data(), F, ws.phik.data(), F, 0.0f, ws.G.data(), rows);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* gi = ws.G.data() + i * rows;
+      std::fill(gi + i + 1, gi + rows, 0.0f);
+      float sum = 0.0f;
+      for (int64_t j = 0; j <= i; ++j) sum += gi[j];
+      ws.den[i] += sum;
+    }
+    gemm(false, false, rows, dv, rows, 1.0f, ws.G.data(), rows, ws.v.data(), dv, 1.0f, ws.y.data(), dv);
+    zero_rows += write_rows(ws.y.data(), ws.den.data(), rows, dv, oh + c0 * p.out_strides[2],
+                            p.out_strides[2], p.out_strides[3]);
+    state.accumulate(ws.phik.data(), ws.v.data(), rows, ws.ones.data());
+  }
+  return zero_rows;
+}
+
+}  // namespace
+
+int64_t favor_causal(const AttentionParams& p) {
+  const int64_t heads = p.batch * p.heads;
+  const int threads = static_cast<int>(std::min<int64_t>(p.threads, heads));
+  const int64_t F = feature_count(p.kernel, p.m);
+  std::vector<Workspace> spaces;  // allocated outside the parallel region (see bidirectional)
+  spaces.reserve(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) spaces.emplace_back(p.d, p.m, F, p.dv);
+  int64_t zero_rows = 0;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(+ : zero_rows)
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    zero_rows += run_head(p, bh / p.heads, bh % p.heads, spaces[static_cast<size_t>(omp_get_thread_num())]);
+  }
+  return zero_rows;
+}
+
+}  // namespace favor::cpu

@@ -1,0 +1,81 @@
+#include "cpu/feature_tile.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cpu/blas.hpp"
+#include "cpu/vec_math.hpp"
+
+namespace favor::cpu {
+
+void gather_rows(const float* base, int64_t stride_n, int64_t stride_d, int64_t rows, int64_t d,
+                 float mult, float* dst, double* half_norm2) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = base + r * stride_n;
+    float* out = dst + r * d;
+    double norm2 = 0.0;
+    for (int64_t x = 0; x < d; ++x) {
+      const float value = mult * src[x * stride_d];
+      out[x] = value;
+      norm2 += static_cast<double>(value) * value;
+    }
+    if (half_norm2) half_norm2[r] = 0.5 * norm2;
+  }
+}
+
+void project_rows(const float* x, int64_t rows, int64_t d, const float* w, int64_t m, float* a) {
+  gemm(false, true, rows, m, d, 1.0f, x, d, w, d, 0.0f, a, m);
+}
+
+double key_log_weight(Kernel kernel, double half_norm2) {
+  return kernel == Kernel::trig ? half_norm2 : -half_norm2;
+}
+
+double key_log_max(Kernel kernel, const float* a_row, int64_t m, double g) {
+  switch (kernel) {
+    case Kernel::positive: return static_cast<double>(max_value(a_row, m)) + g;
+    case Kernel::hyperbolic:
+      return static_cast<double>(std::max(max_value(a_row, m), -min_value(a_row, m))) + g;
+    case Kernel::trig: return g;
+  }
+  return g;
+}
+
+void key_features(Kernel kernel, const float* a_row, int64_t m, double off, float* phi) {
+  const auto offset = static_cast<float>(off);
+  switch (kernel) {
+    case Kernel::positive: exp_affine(a_row, 1.0f, offset, phi, m); break;
+    case Kernel::hyperbolic:
+      exp_affine(a_row, 1.0f, offset, phi, m);
+      exp_affine(a_row, -1.0f, offset, phi + m, m);
+      break;
+    case Kernel::trig:
+      sincos_scaled(a_row, static_cast<float>(std::exp(off)), phi, phi + m, m);
+      break;
+  }
+}
+
+float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log_s) {
+  switch (kernel) {
+    case Kernel::positive: return max_of_signed_sum(a_row, 1.0f, log_s, m);
+    case Kernel::hyperbolic:
+      return std::max(max_of_signed_sum(a_row, 1.0f, log_s, m),
+                      max_of_signed_sum(a_row, -1.0f, log_s + m, m));
+    case Kernel::trig: return 0.0f;
+  }
+  return 0.0f;
+}
+
+void query_features(Kernel kernel, const float* a_row, int64_t m, float c, float* phi) {
+  switch (kernel) {
+    case Kernel::positive: exp_affine(a_row, 1.0f, -c, phi, m); break;
+    case Kernel::hyperbolic:
+      exp_affine(a_row, 1.0f, -c, phi, m);
+      exp_affine(a_row, -1.0f, -c, phi + m, m);
+      break;
+    case Kernel::trig: sincos_scaled(a_row, 1.0f, phi, phi + m, m); break;
+  }
+}
+
+}  // namespace favor::cpu

@@ -1,0 +1,37 @@
+#pragma once
+// The feature-map stage shared by every FAVOR kernel: gather a tile of rows, project it
+// with one GEMM, and turn projections into stabilised features row by row.
+//
+// Stabilisation (docs/numerics.md): keys get phi = exp(L + g_j - M) with g_j the key's
+// log weight (-|y|^2/2 for the positive family, +|y|^2/2 for trig) and M the running
+// max over keys of the head; queries get phi = exp(L - c_i) with the per-row shift
+// c_i = max_f (L_if + log s_f), which cancels in the row's ratio and bounds the
+// denominator below by 1.
+#include <cstdint>
+
+#include "favor/features.hpp"
+
+namespace favor::cpu {
+
+inline bool positive_family(Kernel k) { return k != Kernel::trig; }
+
+/// dst[r, x] = mult * row_r[x] for `rows` rows starting at base (row stride stride_n,
+/// element stride stride_d); half_norm2[r] = |dst_r|^2 / 2 in double (if non-null).
+void gather_rows(const float* base, int64_t stride_n, int64_t stride_d, int64_t rows, int64_t d,
+                 float mult, float* dst, double* half_norm2);
+/// a[rows x m] = x[rows x d] * W^T.
+void project_rows(const float* x, int64_t rows, int64_t d, const float* w, int64_t m, float* a);
+
+/// Log weight of a key row: -|y|^2/2 (positive family) or +|y|^2/2 (trig).
+double key_log_weight(Kernel kernel, double half_norm2);
+/// Largest log-feature of a key row: max_f L_f + g (positive family), g (trig).
+double key_log_max(Kernel kernel, const float* a_row, int64_t m, double g);
+/// Key features, F of them: positive exp(a + off); hyperbolic [exp(a + off), exp(-a + off)];
+/// trig exp(off) [sin a, cos a]. off = g - M.
+void key_features(Kernel kernel, const float* a_row, int64_t m, double off, float* phi);
+/// Query shift c = max_f (L_f + log_s_f) (positive family); 0 for trig.
+float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log_s);
+/// Query features: exp(L - c) (positive family); [sin a, cos a] (trig).
+void query_features(Kernel kernel, const float* a_row, int64_t m, float c, float* phi);
+
+}  // namespace favor::cpu

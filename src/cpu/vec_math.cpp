@@ -1,0 +1,136 @@
+// Highway compiles this file once per SIMD target (foreach_target) and dispatches to the
+// best one the CPU supports, so one binary runs everywhere and uses AVX-512 where present.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/vec_math.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+HWY_BEFORE_NAMESPACE();
+namespace favor::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+// Tails go through a lane-sized stack buffer: 64 floats cover every x86 vector width.
+constexpr int64_t kTailLanes = 64;
+
+template <class Op>
+HWY_INLINE void unary_rows(const float* HWY_RESTRICT in, float* HWY_RESTRICT out, int64_t n, Op op) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(op(d, hn::LoadU(d, in + i)), d, out + i);
+  if (i < n) {
+    HWY_ALIGN float buf[kTailLanes] = {0};
+    for (int64_t j = i; j < n; ++j) buf[j - i] = in[j];
+    hn::Store(op(d, hn::Load(d, buf)), d, buf);
+    for (int64_t j = i; j < n; ++j) out[j] = buf[j - i];
+  }
+}
+
+void ExpAffine(const float* in, float sign, float offset, float* out, int64_t n) {
+  unary_rows(in, out, n, [sign, offset](const DF d, auto v) HWY_ATTR {
+    return hn::Exp(d, hn::MulAdd(v, hn::Set(d, sign), hn::Set(d, offset)));
+  });
+}
+
+void LogOrNegInf(const float* in, float* out, int64_t n) {
+  unary_rows(in, out, n, [](const DF d, auto v) HWY_ATTR {
+    const auto positive = hn::Gt(v, hn::Zero(d));
+    const auto safe = hn::IfThenElse(positive, v, hn::Set(d, 1.0f));
+    return hn::IfThenElse(positive, hn::Log(d, safe),
+                          hn::Set(d, -std::numeric_limits<float>::infinity()));
+  });
+}
+
+float MaxOfSignedSum(const float* a, float sign, const float* b, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto ninf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const auto s = hn::Set(d, sign);
+  auto acc = ninf;
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    acc = hn::Max(acc, hn::MulAdd(hn::LoadU(d, a + i), s, hn::LoadU(d, b + i)));
+  }
+  float best = hn::GetLane(hn::MaxOfLanes(d, acc));
+  for (; i < n; ++i) best = std::max(best, sign * a[i] + b[i]);
+  return best;
+}
+
+float MaxValue(const float* a, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  auto acc = hn::Set(d, -std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) acc = hn::Max(acc, hn::LoadU(d, a + i));
+  float best = hn::GetLane(hn::MaxOfLanes(d, acc));
+  for (; i < n; ++i) best = std::max(best, a[i]);
+  return best;
+}
+
+float MinValue(const float* a, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  auto acc = hn::Set(d, std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) acc = hn::Min(acc, hn::LoadU(d, a + i));
+  float best = hn::GetLane(hn::MinOfLanes(d, acc));
+  for (; i < n; ++i) best = std::min(best, a[i]);
+  return best;
+}
+
+void SinCosScaled(const float* a, float mult, float* out_sin, float* out_cos, int64_t n) {
+  // Highway's Sin/Cos hold 3 ulp on [-39000, 39000]; outside it use libm.
+  constexpr float kRange = 39000.0f;
+  if (MaxValue(a, n) > kRange || MinValue(a, n) < -kRange) {
+    for (int64_t i = 0; i < n; ++i) {
+      out_sin[i] = mult * std::sin(a[i]);
+      out_cos[i] = mult * std::cos(a[i]);
+    }
+    return;
+  }
+  unary_rows(a, out_sin, n, [mult](const DF d, auto v) HWY_ATTR {
+    return hn::Mul(hn::Sin(d, v), hn::Set(d, mult));
+  });
+  unary_rows(a, out_cos, n, [mult](const DF d, auto v) HWY_ATTR {
+    return hn::Mul(hn::Cos(d, v), hn::Set(d, mult));
+  });
+}
+
+}  // namespace favor::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace favor::cpu {
+HWY_EXPORT(ExpAffine);
+HWY_EXPORT(LogOrNegInf);
+HWY_EXPORT(MaxOfSignedSum);
+HWY_EXPORT(MaxValue);
+HWY_EXPORT(MinValue);
+HWY_EXPORT(SinCosScaled);
+
+void exp_affine(const float* in, float sign, float offset, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ExpAffine)(in, sign, offset, out, n);
+}
+void log_or_neg_inf(const float* in, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(LogOrNegInf)(in, out, n);
+}
+float max_of_signed_sum(const float* a, float sign, const float* b, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(MaxOfSignedSum)(a, sign, b, n);
+}
+float max_value(const float* a, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxValue)(a, n); }
+float min_value(const float* a, int64_t n) { return HWY_DYNAMIC_DISPATCH(MinValue)(a, n); }
+void sincos_scaled(const float* a, float mult, float* out_sin, float* out_cos, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(SinCosScaled)(a, mult, out_sin, out_cos, n);
+}
+std::string simd_target() {
+  const auto targets = hwy::SupportedAndGeneratedTargets();
+  return targets.empty() ? "unknown" : hwy::TargetName(targets.front());
+}
+}  // namespace favor::cpu
+#endif  // HWY_ONCE

@@ -1,0 +1,73 @@
+#pragma once
+// Shared test helpers: reproducible inputs and comparisons against the reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/rng.hpp"
+#include "favor/favor.hpp"
+
+namespace favor::testing {
+
+/// [B, H, N, D] with N(0,1) entries, each row rescaled to Euclidean norm `norm` (if > 0).
+inline Tensor random_tensor(const Shape4& shape, uint64_t seed, double norm = 0.0) {
+  Tensor t(shape);
+  detail::Rng rng(seed, 12345);
+  for (float& x : t.values()) x = static_cast<float>(rng.normal());
+  if (norm > 0.0) {
+    const int64_t d = shape[3];
+    for (int64_t r = 0; r < t.numel() / d; ++r) {
+      double n2 = 0.0;
+      for (int64_t x = 0; x < d; ++x) n2 += double(t.data()[r * d + x]) * t.data()[r * d + x];
+      const double f = norm / std::sqrt(n2);
+      for (int64_t x = 0; x < d; ++x) t.data()[r * d + x] = static_cast<float>(t.data()[r * d + x] * f);
+    }
+  }
+  return t;
+}
+
+/// Relative Frobenius error of a float tensor against a double vector (same layout).
+inline double rel_error(const Tensor& approx, const std::vector<double>& exact) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < exact.size(); ++i) {
+    diff += (approx.values()[i] - exact[i]) * (approx.values()[i] - exact[i]);
+    norm += exact[i] * exact[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+inline double rel_error(const std::vector<float>& approx, const std::vector<double>& exact) {
+  Tensor t({1, 1, 1, static_cast<int64_t>(approx.size())}, approx);
+  return rel_error(t, exact);
+}
+
+/// Max over elements of |a - b| / max(|b|, floor).
+inline double max_rel_diff(const Tensor& a, const Tensor& b, double floor = 1e-30) {
+  double worst = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double e = std::abs(double(a.values()[i]) - b.values()[i]);
+    worst = std::max(worst, e / std::max(std::abs(double(b.values()[i])), floor));
+  }
+  return worst;
+}
+
+/// A transposed-layout copy: same logical tensor stored as [B, N, H, D], viewed as
+/// [B, H, N, D] through strides (exercises non-contiguous views).
+struct StridedCopy {
+  std::vector<float> storage;
+  TensorView view;
+  explicit StridedCopy(const Tensor& t) {
+    const auto& s = t.shape();
+    storage.resize(static_cast<size_t>(t.numel()));
+    const Shape4 strides{s[2] * s[1] * s[3], s[3], s[1] * s[3], 1};
+    for (int64_t b = 0; b < s[0]; ++b)
+      for (int64_t h = 0; h < s[1]; ++h)
+        for (int64_t n = 0; n < s[2]; ++n)
+          for (int64_t x = 0; x < s[3]; ++x)
+            storage[b * strides[0] + h * strides[1] + n * strides[2] + x] = t.at(b, h, n, x);
+    view = TensorView{storage.data(), s, strides};
+  }
+};
+
+}  // namespace favor::testing
