@@ -175,9 +175,10 @@ TEST(FavorAttention, CausalRowEqualsPrefixAttention) {
 }
 
 TEST(FavorAttention, ApproachesExactAttentionAsMGrows) {
-  // The relative error of FAVOR+ against exact attention falls like 1/sqrt(m). Averaged
-  // over 6 seeds, m = 64 -> 4096 (64x) should cut the error ~8x; require >= 4x, and the
-  // m = 4096 error below 5%.
+  // The relative error of FAVOR+ against exact attention falls like 1/sqrt(m) (its
+  // variance like 1/m, math.md s.4). Averaged over 6 seeds, m = 64 -> 4096 (64x) should
+  // cut the error ~8x; require a ratio in [4, 16]: faster or slower decay would mean a
+  // bias or a broken estimator.
   const Tensor q = random_tensor({1, 2, 64, 16}, 31, 2.0), k = random_tensor({1, 2, 96, 16}, 32, 2.0),
                v = random_tensor({1, 2, 96, 8}, 33);
   const auto exact = reference::exact_attention(q, k, v, {});
@@ -188,8 +189,8 @@ TEST(FavorAttention, ApproachesExactAttentionAsMGrows) {
   }
   err_small /= 6;
   err_large /= 6;
-  EXPECT_LE(err_large, err_small / 4) << err_small << " -> " << err_large;
-  EXPECT_LE(err_large, 0.05);
+  EXPECT_GE(err_small / err_large, 4.0) << err_small << " -> " << err_large;
+  EXPECT_LE(err_small / err_large, 16.0) << err_small << " -> " << err_large;
 }
 
 // ---- exact attention ----

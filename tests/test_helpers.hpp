@@ -10,7 +10,8 @@
 
 namespace favor::testing {
 
-/// [B, H, N, D] with N(0,1) entries, each row rescaled to Euclidean norm `norm` (if > 0).
+/// [B, H, N, D] with N(0,1) entries; if norm > 0 each row is rescaled to a norm drawn
+/// uniformly from [norm/2, 3 norm/2] (rows of different norms: per-key weights matter).
 inline Tensor random_tensor(const Shape4& shape, uint64_t seed, double norm = 0.0) {
   Tensor t(shape);
   detail::Rng rng(seed, 12345);
@@ -20,7 +21,7 @@ inline Tensor random_tensor(const Shape4& shape, uint64_t seed, double norm = 0.
     for (int64_t r = 0; r < t.numel() / d; ++r) {
       double n2 = 0.0;
       for (int64_t x = 0; x < d; ++x) n2 += double(t.data()[r * d + x]) * t.data()[r * d + x];
-      const double f = norm / std::sqrt(n2);
+      const double f = norm * (0.5 + rng.uniform_open()) / std::sqrt(n2);
       for (int64_t x = 0; x < d; ++x) t.data()[r * d + x] = static_cast<float>(t.data()[r * d + x] * f);
     }
   }
