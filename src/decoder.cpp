@@ -94,7 +94,7 @@ void Decoder::query(TensorView q, MutableTensorView out) const {
         const float c = cpu::query_shift(options_.kernel, a.data(), m, log_s.data());
         float den = 0.0f;
         if (!std::isinf(c)) {  // -inf: nothing appended for this head yet
-          cpu::query_features(options_.kernel, a.data(), m, c, phi.data());
+          cpu::query_features(options_.kernel, a.data(), m, c, log_s.data(), phi.data());
           cpu::gemv(true, F, dv_, 1.0f, S, dv_, phi.data(), 0.0f, y.data());
           for (int64_t f = 0; f < F; ++f) den += phi[f] * s[f];
         }

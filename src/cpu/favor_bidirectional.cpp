@@ -85,7 +85,7 @@ int64_t run_head(const AttentionParams& p, int64_t b, int64_t h, Workspace& ws) 
     for (int64_t r = 0; r < rows; ++r) {
       const float* a = ws.a.data() + r * m;
       const float c = query_shift(p.kernel, a, m, ws.log_s.data());
-      query_features(p.kernel, a, m, c, ws.phi.data() + r * F);
+      query_features(p.kernel, a, m, c, ws.log_s.data(), ws.phi.data() + r * F);
     }
     gemm(false, false, rows, p.dv, F, 1.0f, ws.phi.data(), F, ws.S.data(), p.dv, 0.0f, ws.y.data(), p.dv);
     gemv(false, rows, F, 1.0f, ws.phi.data(), F, ws.s.data(), 0.0f, ws.den.data());

@@ -1,10 +1,11 @@
 // Causal FAVOR attention in chunks of C = kChunk tokens, per (batch, head):
 //   Y_c = phi(Q_c) S_{<c} + mask(phi(Q_c) phi(K_c)^T) V_c   (and the same for the denominator)
 //   S_{<c+1} = S_{<c} + phi(K_c)^T V_c
-// Keys are stabilised against the running max over chunks (state rescaled when it grows);
-// each query row i is shifted by c_i = max_f (L_if + log P_if), P_i = s_{<c} + sum of the
-// chunk's key features up to i, the exact prefix normaliser of row i, so its denominator
-// is >= 1. Masked keys get zero features. Memory O(threads * C * (F + C)).
+// Stabilisation is the streaming decoder's, token by token: key j is scaled by its running
+// max M_j = max over visible keys <= j (never by a future key, which could underflow every
+// key a query may see), and row i rescales what it reads by exp(M_j - M_i) <= 1. Query row
+// i is shifted by c_i = max_f (L_if + log P_if), P_i = its exact prefix normaliser, so its
+// denominator is >= 1. Masked keys get zero features. Memory O(threads * C * (F + C)).
 #include <omp.h>
 
 #include <algorithm>
@@ -23,48 +24,51 @@ namespace {
 
 struct Workspace {
   std::vector<float> xk, xq, ak, aq, phik, phiq, prefix, v, y, den, ones, G, S, s;
-  std::vector<double> half_norm2, g;
+  std::vector<double> half_norm2, g, run_max;
   std::vector<char> visible;
   Workspace(int64_t d, int64_t m, int64_t F, int64_t dv)
       : xk(kChunk * d), xq(kChunk * d), ak(kChunk * m), aq(kChunk * m), phik(kChunk * F),
         phiq(kChunk * F), prefix(kChunk * F), v(kChunk * dv), y(kChunk * dv), den(kChunk),
         ones(kChunk, 1.0f), G(kChunk * kChunk), S(F * dv), s(F), half_norm2(kChunk), g(kChunk),
-        visible(kChunk) {}
+        run_max(kChunk), visible(kChunk) {}
 };
 
-// Key features of one chunk (zeros for masked keys), after raising the state's max.
-void chunk_key_features(const AttentionParams& p, int64_t rows, HeadState& state, Workspace& ws) {
+// exp(from - to) for running maxima from <= to; 1 when equal (also both -inf).
+float rescale(double from, double to) { return from == to ? 1.0f : static_cast<float>(std::exp(from - to)); }
+
+// Key features of one chunk, each relative to its running max run_max[r] (zeros for masked
+// keys). Returns true if the running max moved inside the chunk.
+bool chunk_key_features(const AttentionParams& p, int64_t rows, const HeadState& state, Workspace& ws) {
   const int64_t m = p.m, F = state.features;
   project_rows(ws.xk.data(), rows, p.d, p.w, m, ws.ak.data());
-  double chunk_max = -INFINITY;
+  double running = state.max;
   for (int64_t r = 0; r < rows; ++r) {
     ws.g[r] = key_log_weight(p.kernel, ws.half_norm2[r]);
-    if (ws.visible[r]) chunk_max = std::max(chunk_max, key_log_max(p.kernel, ws.ak.data() + r * m, m, ws.g[r]));
-  }
-  if (chunk_max > state.max) state.raise_max(chunk_max);
-  for (int64_t r = 0; r < rows; ++r) {
+    if (ws.visible[r]) running = std::max(running, key_log_max(p.kernel, ws.ak.data() + r * m, m, ws.g[r]));
+    ws.run_max[r] = running;
     float* phi = ws.phik.data() + r * F;
     if (ws.visible[r]) {
-      key_features(p.kernel, ws.ak.data() + r * m, m, ws.g[r] - state.max, phi);
+      key_features(p.kernel, ws.ak.data() + r * m, m, ws.g[r] - running, phi);
     } else {
       std::fill(phi, phi + F, 0.0f);
     }
   }
+  return ws.run_max[0] != ws.run_max[rows - 1] || ws.run_max[0] != state.max;
 }
 
 // Query features of one chunk; for the positive family each row's shift comes from its
-// exact prefix normaliser P_i (computed in ws.prefix, then overwritten by its log).
+// exact prefix normaliser P_i = P_{i-1} exp(M_{i-1} - M_i) + phi(k_i), P_{-1} = s_{<c}
+// (computed in ws.prefix, then overwritten by its log).
 void chunk_query_features(const AttentionParams& p, int64_t rows, const HeadState& state, Workspace& ws) {
   const int64_t m = p.m, F = state.features;
   project_rows(ws.xq.data(), rows, p.d, p.w, m, ws.aq.data());
   const bool pos = positive_family(p.kernel);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* log_p = ws.prefix.data() + r * F;
-    if (pos) {
-      const float* prev = r == 0 ? state.s : log_p - F;  // still the raw prefix of row r-1
-      const float* phik = ws.phik.data() + r * F;
-      for (int64_t f = 0; f < F; ++f) log_p[f] = prev[f] + phik[f];
-    }
+  for (int64_t r = 0; pos && r < rows; ++r) {
+    float* row = ws.prefix.data() + r * F;
+    const float* prev = r == 0 ? state.s : row - F;  // still the raw prefix of row r-1
+    const float f = rescale(r == 0 ? state.max : ws.run_max[r - 1], ws.run_max[r]);
+    const float* phik = ws.phik.data() + r * F;
+    for (int64_t x = 0; x < F; ++x) row[x] = prev[x] * f + phik[x];
   }
   for (int64_t r = rows - 1; pos && r >= 0; --r) {
     float* row = ws.prefix.data() + r * F;
@@ -77,7 +81,7 @@ void chunk_query_features(const AttentionParams& p, int64_t rows, const HeadStat
     if (std::isinf(c)) {  // no visible key yet: zero features give a zero denominator
       std::fill(phi, phi + F, 0.0f);
     } else {
-      query_features(p.kernel, a, m, c, phi);
+      query_features(p.kernel, a, m, c, ws.prefix.data() + r * F, phi);
     }
   }
 }
@@ -103,17 +107,27 @@ int64_t run_head(const AttentionParams& p, int64_t b, int64_t h, Workspace& ws) 
                 ws.xq.data(), nullptr);
     gather_rows(vh + c0 * p.v_strides[2], p.v_strides[2], p.v_strides[3], rows, dv, 1.0f, ws.v.data(), nullptr);
 
-    chunk_key_features(p, rows, state, ws);
+    const bool moved = chunk_key_features(p, rows, state, ws);
     chunk_query_features(p, rows, state, ws);
 
-    // Inter-chunk: everything before the chunk.
+    // Inter-chunk: everything before the chunk, read by row i at scale exp(M_{<c} - M_i).
     gemm(false, false, rows, dv, F, 1.0f, ws.phiq.data(), F, state.S, dv, 0.0f, ws.y.data(), dv);
     gemv(false, rows, F, 1.0f, ws.phiq.data(), F, state.s, 0.0f, ws.den.data());
-    // Intra-chunk: G = phi(Q_c) phi(K_c)^T, lower triangle (j <= i).
+    if (moved) {
+      for (int64_t i = 0; i < rows; ++i) {
+        const float f = rescale(state.max, ws.run_max[i]);
+        for (int64_t x = 0; x < dv; ++x) ws.y[i * dv + x] *= f;
+        ws.den[i] *= f;
+      }
+    }
+    // Intra-chunk: G = phi(Q_c) phi(K_c)^T, lower triangle (j <= i), times exp(M_j - M_i).
     gemm(false, true, rows, rows, F, 1.0f, ws.phiq.data(), F, ws.phik.data(), F, 0.0f, ws.G.data(), rows);
     for (int64_t i = 0; i < rows; ++i) {
       float* gi = ws.G.data() + i * rows;
       std::fill(gi + i + 1, gi + rows, 0.0f);
+      if (moved) {
+        for (int64_t j = 0; j <= i; ++j) gi[j] *= rescale(ws.run_max[j], ws.run_max[i]);
+      }
       float sum = 0.0f;
       for (int64_t j = 0; j <= i; ++j) sum += gi[j];
       ws.den[i] += sum;
@@ -121,6 +135,16 @@ int64_t run_head(const AttentionParams& p, int64_t b, int64_t h, Workspace& ws) 
     gemm(false, false, rows, dv, rows, 1.0f, ws.G.data(), rows, ws.v.data(), dv, 1.0f, ws.y.data(), dv);
     zero_rows += write_rows(ws.y.data(), ws.den.data(), rows, dv, oh + c0 * p.out_strides[2],
                             p.out_strides[2], p.out_strides[3]);
+    // State update, relative to the chunk's last running max.
+    const double last = ws.run_max[rows - 1];
+    if (last > state.max) state.raise_max(last);
+    if (moved) {
+      for (int64_t j = 0; j < rows; ++j) {
+        const float f = rescale(ws.run_max[j], last);
+        float* phi = ws.phik.data() + j * F;
+        for (int64_t x = 0; x < F; ++x) phi[x] *= f;
+      }
+    }
     state.accumulate(ws.phik.data(), ws.v.data(), rows, ws.ones.data());
   }
   return zero_rows;

@@ -67,12 +67,12 @@ float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log
   return 0.0f;
 }
 
-void query_features(Kernel kernel, const float* a_row, int64_t m, float c, float* phi) {
+void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const float* log_s, float* phi) {
   switch (kernel) {
-    case Kernel::positive: exp_affine(a_row, 1.0f, -c, phi, m); break;
+    case Kernel::positive: exp_shift_live(a_row, 1.0f, c, log_s, phi, m); break;
     case Kernel::hyperbolic:
-      exp_affine(a_row, 1.0f, -c, phi, m);
-      exp_affine(a_row, -1.0f, -c, phi + m, m);
+      exp_shift_live(a_row, 1.0f, c, log_s, phi, m);
+      exp_shift_live(a_row, -1.0f, c, log_s + m, phi + m, m);
       break;
     case Kernel::trig: sincos_scaled(a_row, 1.0f, phi, phi + m, m); break;
   }

@@ -31,7 +31,9 @@ double key_log_max(Kernel kernel, const float* a_row, int64_t m, double g);
 void key_features(Kernel kernel, const float* a_row, int64_t m, double off, float* phi);
 /// Query shift c = max_f (L_f + log_s_f) (positive family); 0 for trig.
 float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log_s);
-/// Query features: exp(L - c) (positive family); [sin a, cos a] (trig).
-void query_features(Kernel kernel, const float* a_row, int64_t m, float c, float* phi);
+/// Query features: exp(L - c) (positive family) where log_s > -inf and 0 where the key
+/// sum s_f underflowed (S_f and s_f are then zero, so the feature contributes nothing, and
+/// exp(L - c) <= 1/s_f could overflow); [sin a, cos a] (trig, log_s unused).
+void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const float* log_s, float* phi);
 
 }  // namespace favor::cpu

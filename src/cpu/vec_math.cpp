@@ -40,11 +40,24 @@ void ExpAffine(const float* in, float sign, float offset, float* out, int64_t n)
 
 void LogOrNegInf(const float* in, float* out, int64_t n) {
   unary_rows(in, out, n, [](const DF d, auto v) HWY_ATTR {
-    const auto positive = hn::Gt(v, hn::Zero(d));
+    const auto positive = hn::Ge(v, hn::Set(d, std::numeric_limits<float>::min()));
     const auto safe = hn::IfThenElse(positive, v, hn::Set(d, 1.0f));
     return hn::IfThenElse(positive, hn::Log(d, safe),
                           hn::Set(d, -std::numeric_limits<float>::infinity()));
   });
+}
+
+void ExpShiftLive(const float* a, float sign, float c, const float* log_s, float* out, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto s = hn::Set(d, sign), shift = hn::Set(d, -c);
+  const auto ninf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto e = hn::Exp(d, hn::MulAdd(hn::LoadU(d, a + i), s, shift));
+    hn::StoreU(hn::IfThenElseZero(hn::Gt(hn::LoadU(d, log_s + i), ninf), e), d, out + i);
+  }
+  for (; i < n; ++i) out[i] = log_s[i] > -std::numeric_limits<float>::infinity() ? std::exp(sign * a[i] - c) : 0.0f;
 }
 
 float MaxOfSignedSum(const float* a, float sign, const float* b, int64_t n) {
@@ -109,6 +122,7 @@ HWY_AFTER_NAMESPACE();
 namespace favor::cpu {
 HWY_EXPORT(ExpAffine);
 HWY_EXPORT(LogOrNegInf);
+HWY_EXPORT(ExpShiftLive);
 HWY_EXPORT(MaxOfSignedSum);
 HWY_EXPORT(MaxValue);
 HWY_EXPORT(MinValue);
@@ -119,6 +133,9 @@ void exp_affine(const float* in, float sign, float offset, float* out, int64_t n
 }
 void log_or_neg_inf(const float* in, float* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(LogOrNegInf)(in, out, n);
+}
+void exp_shift_live(const float* a, float sign, float c, const float* log_s, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ExpShiftLive)(a, sign, c, log_s, out, n);
 }
 float max_of_signed_sum(const float* a, float sign, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(MaxOfSignedSum)(a, sign, b, n);

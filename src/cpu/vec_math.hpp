@@ -9,8 +9,10 @@ namespace favor::cpu {
 
 /// out[i] = exp(sign * in[i] + offset); exp(-inf) = 0. in and out may be equal.
 void exp_affine(const float* in, float sign, float offset, float* out, int64_t n);
-/// out[i] = log(in[i]) if in[i] > 0, else -inf.
+/// out[i] = log(in[i]) if in[i] >= FLT_MIN (a normal float), else -inf.
 void log_or_neg_inf(const float* in, float* out, int64_t n);
+/// out[i] = exp(sign * a[i] - c) where log_s[i] > -inf, else 0.
+void exp_shift_live(const float* a, float sign, float c, const float* log_s, float* out, int64_t n);
 /// max_i (sign * a[i] + b[i]); -inf when n == 0 or every term is -inf.
 float max_of_signed_sum(const float* a, float sign, const float* b, int64_t n);
 /// max_i a[i] and min_i a[i].

@@ -1,0 +1,113 @@
+// Numerical stability: large norms give finite outputs, and the stabilised kernels equal
+// the unstabilised formula wherever that formula is finite.
+#include <gtest/gtest.h>
+
+#include "reference/naive.hpp"
+#include "test_helpers.hpp"
+
+namespace favor {
+namespace {
+using testing::random_tensor;
+
+// With positive features the output is a convex combination of value rows: every output
+// element lies within [min_j v, max_j v] of its head. Checks finiteness too.
+void expect_convex(const Tensor& y, const Tensor& v) {
+  const auto& s = y.shape();
+  for (int64_t b = 0; b < s[0]; ++b)
+    for (int64_t h = 0; h < s[1]; ++h)
+      for (int64_t x = 0; x < s[3]; ++x) {
+        float lo = INFINITY, hi = -INFINITY;
+        for (int64_t j = 0; j < v.shape()[2]; ++j) {
+          lo = std::min(lo, v.at(b, h, j, x));
+          hi = std::max(hi, v.at(b, h, j, x));
+        }
+        for (int64_t i = 0; i < s[2]; ++i) {
+          const float e = y.at(b, h, i, x);
+          ASSERT_TRUE(std::isfinite(e));
+          ASSERT_GE(e, lo - 1e-5f * std::abs(lo));
+          ASSERT_LE(e, hi + 1e-5f * std::abs(hi));
+        }
+      }
+}
+
+class LargeNorms : public ::testing::TestWithParam<std::tuple<Kernel, double>> {};
+
+TEST_P(LargeNorms, FiniteAndConvex) {
+  const auto [kernel, norm] = GetParam();
+  const int64_t B = 1, H = 2, N = 200, D = 64, Dv = 16;
+  const Tensor q = random_tensor({B, H, N, D}, 1, norm), k = random_tensor({B, H, N, D}, 2, norm),
+               v = random_tensor({B, H, N, Dv}, 3);
+  const Projection w = Projection::draw(128, D, {ProjectionKind::orthogonal, NormMode::chi, 3});
+  for (bool causal : {false, true}) {
+    AttentionOptions o;
+    o.kernel = kernel;
+    o.causal = causal;
+    AttentionStats stats;
+    const Tensor y = favor_attention(q, k, v, w, o, &stats);
+    if (kernel == Kernel::trig) {
+      for (float e : y.values()) ASSERT_TRUE(std::isfinite(e));
+    } else {
+      expect_convex(y, v);
+      EXPECT_EQ(stats.zero_rows, 0) << "causal " << causal;
+    }
+  }
+  Decoder dec(B, H, Dv, w, {kernel, std::nullopt});
+  dec.append(k, v);
+  const Tensor y = dec.query(q);
+  if (kernel != Kernel::trig) expect_convex(y, v);
+  for (float e : y.values()) ASSERT_TRUE(std::isfinite(e));
+  // Exact attention is stable at these norms too.
+  for (bool causal : {false, true}) {
+    ExactOptions eo;
+    eo.causal = causal;
+    expect_convex(exact_attention(q, k, v, eo), v);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Norms, LargeNorms,
+    ::testing::Combine(::testing::Values(Kernel::positive, Kernel::hyperbolic, Kernel::trig),
+                       ::testing::Values(30.0, 1e3)),
+    [](const auto& info) {
+      return to_string(std::get<0>(info.param)) + "_norm" + std::to_string(int(std::get<1>(info.param)));
+    });
+
+TEST(Stability, EqualsUnstabilisedFormulaWhereFinite) {
+  // Norms up to 9 with D = 16 (|x|^2/2 up to 10): the unstabilised double formula is
+  // finite. The stabilised float32 kernels shift exponents by up to E = max |log phi| ~ 40;
+  // an exponent computed in float32 carries ~E * 2^-24 absolute error, i.e. a relative
+  // error of the features of E * 2^-24 ~ 2.4e-6, and a naive float32 evaluation of the same
+  // formula shows that error too: the 2x-naive rule applies.
+  const Tensor q = random_tensor({1, 2, 100, 16}, 7, 6.0), k = random_tensor({1, 2, 100, 16}, 8, 6.0),
+               v = random_tensor({1, 2, 100, 8}, 9);
+  const Projection w = Projection::draw(64, 16, {ProjectionKind::orthogonal, NormMode::chi, 1});
+  for (bool causal : {false, true}) {
+    AttentionOptions o;
+    o.causal = causal;
+    const Tensor fast = favor_attention(q, k, v, w, o);
+    const auto ref = reference::favor_attention(q, k, v, w, o);
+    o.scale = 0.25;
+    const auto naive32 = reference::naive::favor_attention<float>(q, k, v, w, o);
+    for (float e : naive32) ASSERT_TRUE(std::isfinite(e));
+    EXPECT_LE(testing::rel_error(fast, ref.values), 2 * testing::rel_error(naive32, ref.values) + 1e-6);
+  }
+}
+
+TEST(Stability, BeyondFloatRangeMatchesDoubleReference) {
+  // Norms ~25 (|x|^2/2 up to ~175): unstabilised float32 features overflow (exp > 88.7),
+  // double does not. Exponent magnitudes reach E ~ 250, so features carry ~E * 2^-24 ~ 1.5e-5
+  // relative error; outputs are ratios of such sums: bound 4 E 2^-24 = 6e-5.
+  const Tensor q = random_tensor({1, 1, 80, 16}, 17, 25.0), k = random_tensor({1, 1, 80, 16}, 18, 25.0),
+               v = random_tensor({1, 1, 80, 8}, 19);
+  const Projection w = Projection::draw(64, 16, {ProjectionKind::orthogonal, NormMode::chi, 1});
+  for (bool causal : {false, true}) {
+    AttentionOptions o;
+    o.causal = causal;
+    const Tensor fast = favor_attention(q, k, v, w, o);
+    const auto ref = reference::favor_attention(q, k, v, w, o);
+    for (double e : ref.values) ASSERT_TRUE(std::isfinite(e));
+    EXPECT_LE(testing::rel_error(fast, ref.values), 6e-5) << "causal " << causal;
+  }
+}
+
+}  // namespace
+}  // namespace favor

@@ -1,0 +1,78 @@
+// The streaming decoder against causal batch attention.
+#include <gtest/gtest.h>
+
+#include "test_helpers.hpp"
+
+namespace favor {
+namespace {
+using testing::random_tensor;
+
+TensorView token(const Tensor& t, int64_t i, int64_t count = 1) {
+  return TensorView{&t.values()[0] + i * t.shape()[3], {t.shape()[0], t.shape()[1], count, t.shape()[3]},
+                    contiguous_strides(t.shape())};
+}
+
+class DecoderVsCausal : public ::testing::TestWithParam<Kernel> {};
+
+TEST_P(DecoderVsCausal, TokenByTokenEqualsCausalBatch) {
+  const Kernel kernel = GetParam();
+  const int64_t B = 2, H = 3, N = 150, D = 16, Dv = 8;
+  const Tensor q = random_tensor({B, H, N, D}, 1, 1.5), k = random_tensor({B, H, N, D}, 2, 1.5),
+               v = random_tensor({B, H, N, Dv}, 3);
+  const Projection w = Projection::draw(40, D, {ProjectionKind::orthogonal, NormMode::chi, 8});
+  AttentionOptions o;
+  o.kernel = kernel;
+  o.causal = true;
+  const Tensor batch = favor_attention(q, k, v, w, o);
+
+  Decoder dec(B, H, Dv, w, {kernel, std::nullopt});
+  Tensor streamed({B, H, N, Dv});
+  for (int64_t i = 0; i < N; ++i) {
+    dec.append(token(k, i), token(v, i));
+    const Tensor y = dec.query(token(q, i));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t x = 0; x < Dv; ++x) streamed.at(b, h, i, x) = y.at(b, h, 0, x);
+  }
+  EXPECT_EQ(dec.position(), N);
+  // The bound: 1e-5 relative (Frobenius). Both are float32 evaluations of the same
+  // exact formula with different summation orders; each is within ~(N + F) * 2^-24 of it.
+  EXPECT_LE(relative_frobenius_error(streamed, batch), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, DecoderVsCausal,
+                         ::testing::Values(Kernel::positive, Kernel::hyperbolic, Kernel::trig),
+                         [](const auto& info) { return to_string(info.param); });
+
+TEST(Decoder, PrefillThenQueryEqualsLastCausalRow) {
+  const Tensor q = random_tensor({1, 2, 70, 8}, 4, 1.0), k = random_tensor({1, 2, 70, 8}, 5, 1.0),
+               v = random_tensor({1, 2, 70, 4}, 6);
+  const Projection w = Projection::draw(32, 8);
+  AttentionOptions o;
+  o.causal = true;
+  const Tensor batch = favor_attention(q, k, v, w, o);
+  Decoder dec(1, 2, 4, w);
+  dec.append(token(k, 0, 70), token(v, 0, 70));
+  const Tensor y = dec.query(token(q, 69));
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t x = 0; x < 4; ++x) EXPECT_NEAR(y.at(0, h, 0, x), batch.at(0, h, 69, x), 1e-5);
+}
+
+TEST(Decoder, EmptyStateGivesZerosAndResetClears) {
+  const Projection w = Projection::draw(16, 4);
+  Decoder dec(1, 1, 3, w);
+  const Tensor q = random_tensor({1, 1, 1, 4}, 1), k = random_tensor({1, 1, 1, 4}, 2), v = random_tensor({1, 1, 1, 3}, 3);
+  const Tensor before = dec.query(q);
+  for (float x : before.values()) EXPECT_EQ(x, 0.0f);
+  dec.append(k, v);
+  // One key: the output is exactly that key's value (weight 1).
+  const Tensor y = dec.query(q);
+  for (int64_t x = 0; x < 3; ++x) EXPECT_NEAR(y.at(0, 0, 0, x), v.at(0, 0, 0, x), 1e-6);
+  dec.reset();
+  EXPECT_EQ(dec.position(), 0);
+  const Tensor after = dec.query(q);
+  for (float x : after.values()) EXPECT_EQ(x, 0.0f);
+}
+
+}  // namespace
+}  // namespace favor
