@@ -54,7 +54,7 @@ int num_threads() {
 
 std::string build_info() {
   return std::string("favor ") + FAVOR_VERSION_STRING + "; simd " + cpu::simd_target() +
-         "; blas OpenBLAS " + openblas_get_config() + " (" + blas_threading() + ")" +
+         "; blas " + openblas_get_config() + " (" + blas_threading() + " threading)" +
          "; threads " + std::to_string(num_threads());
 }
 

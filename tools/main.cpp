@@ -1,0 +1,38 @@
+// The favor command-line tool. Every failure prints one line "favor: error: ..." on
+// stderr and exits with code 2, writing no output file.
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <optional>
+
+#include "commands.hpp"
+#include "favor/favor.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"favor: fast random-feature attention (FAVOR+) and exact attention on .npy arrays"};
+  app.set_version_flag("--version", std::string("favor ") + FAVOR_VERSION_STRING);
+  app.require_subcommand(1);
+  app.fallthrough();  // --threads is accepted after the subcommand too
+  std::optional<int> threads;
+  app.add_option("--threads", threads, "threads to use (default: FAVOR_NUM_THREADS or all cores)");
+  favor::cli::add_demo_command(app);
+  favor::cli::add_attention_command(app);
+  favor::cli::add_features_command(app);
+  app.parse_complete_callback([&threads] {
+    if (threads) favor::set_num_threads(*threads);
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help, --version
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "favor: error: " << e.what() << " (see favor --help)\n";
+    return 2;
+  } catch (const favor::Error& e) {
+    std::cerr << "favor: error: " << e.what() << '\n';
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "favor: error: " << e.what() << '\n';
+    return 2;
+  }
+  return 0;
+}

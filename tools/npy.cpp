@@ -1,0 +1,249 @@
+#include "npy.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <sstream>
+
+#include "favor/error.hpp"
+
+namespace favor::cli {
+namespace {
+
+constexpr char kMagic[] = "\x93NUMPY";
+
+struct Header {
+  std::string descr;
+  bool fortran = false;
+  std::vector<int64_t> shape;
+  size_t data_offset = 0;
+};
+
+[[noreturn]] void fail(const std::string& argument, const std::string& path, const std::string& rule) {
+  throw Error(argument + ": " + path + ": " + rule);
+}
+
+std::string read_file(const std::string& path, const std::string& argument) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(argument, path, std::string("cannot open (") + std::strerror(errno) + ")");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail(argument, path, "read error");
+  if (bytes.empty()) fail(argument, path, "empty file, not a .npy array");
+  return bytes;
+}
+
+Header parse_header(const std::string& bytes, const std::string& path, const std::string& argument) {
+  if (bytes.size() < 10 || bytes.compare(0, 6, kMagic, 6) != 0) fail(argument, path, "not a .npy file (bad magic)");
+  const auto major = static_cast<unsigned char>(bytes[6]);
+  size_t len = 0, start = 0;
+  if (major == 1) {
+    len = static_cast<unsigned char>(bytes[8]) | (static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8);
+    start = 10;
+  } else if (major == 2 || major == 3) {
+    if (bytes.size() < 12) fail(argument, path, "truncated header");
+    for (int i = 0; i < 4; ++i) len |= static_cast<size_t>(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
+    start = 12;
+  } else {
+    fail(argument, path, "unsupported .npy format version " + std::to_string(major));
+  }
+  if (bytes.size() < start + len) fail(argument, path, "truncated header");
+  const std::string dict = bytes.substr(start, len);
+  Header h;
+  h.data_offset = start + len;
+  std::smatch match;
+  if (!std::regex_search(dict, match, std::regex(R"('descr'\s*:\s*'([^']*)')"))) fail(argument, path, "header has no 'descr'");
+  h.descr = match[1];
+  if (!std::regex_search(dict, match, std::regex(R"('fortran_order'\s*:\s*(True|False))"))) {
+    fail(argument, path, "header has no 'fortran_order'");
+  }
+  h.fortran = match[1] == "True";
+  if (!std::regex_search(dict, match, std::regex(R"('shape'\s*:\s*\(([^)]*)\))"))) fail(argument, path, "header has no 'shape'");
+  std::stringstream dims(match[1].str());
+  std::string item;
+  while (std::getline(dims, item, ',')) {
+    item = std::regex_replace(item, std::regex(R"(\s+|L)"), "");
+    if (item.empty()) continue;
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(item, &used);
+      if (used != item.size() || v < 0) throw std::invalid_argument(item);
+      h.shape.push_back(v);
+    } catch (const std::exception&) {
+      fail(argument, path, "bad shape entry '" + item + "'");
+    }
+  }
+  return h;
+}
+
+int64_t count(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+// Index in C order of the element at Fortran-order position f.
+std::vector<size_t> fortran_to_c(const std::vector<int64_t>& shape) {
+  const size_t n = static_cast<size_t>(count(shape));
+  std::vector<size_t> map(n);
+  std::vector<int64_t> idx(shape.size(), 0);
+  for (size_t f = 0; f < n; ++f) {
+    size_t c = 0;
+    for (size_t a = 0; a < shape.size(); ++a) c = c * static_cast<size_t>(shape[a]) + static_cast<size_t>(idx[a]);
+    map[f] = c;
+    for (size_t a = 0; a < shape.size(); ++a) {  // Fortran order: first axis fastest
+      if (++idx[a] < shape[a]) break;
+      idx[a] = 0;
+    }
+  }
+  return map;
+}
+
+template <class T>
+T load(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+struct Loaded {
+  Header header;
+  std::string bytes;
+};
+
+Loaded load_checked(const std::string& path, const std::string& argument, size_t item_size) {
+  Loaded l{{}, read_file(path, argument)};
+  l.header = parse_header(l.bytes, path, argument);
+  const size_t need = static_cast<size_t>(count(l.header.shape)) * item_size;
+  const size_t have = l.bytes.size() - l.header.data_offset;
+  if (have < need) {
+    fail(argument, path, "truncated: " + std::to_string(need) + " bytes of data expected, " + std::to_string(have) + " found");
+  }
+  if (count(l.header.shape) == 0) fail(argument, path, "array has no elements");
+  return l;
+}
+
+size_t item_size_of(const std::string& descr) {
+  if (descr.size() < 3) return 0;
+  try {
+    return static_cast<size_t>(std::stoul(descr.substr(2)));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+int64_t NpyArray::numel() const { return count(shape); }
+
+NpyArray read_float_npy(const std::string& path, const std::string& argument) {
+  std::string descr;
+  {
+    const std::string bytes = read_file(path, argument);
+    descr = parse_header(bytes, path, argument).descr;
+  }
+  if (descr != "<f4" && descr != "<f8" && descr != "=f4" && descr != "=f8") {
+    fail(argument, path, "dtype '" + descr + "' is not supported; use little-endian float32 or float64");
+  }
+  const size_t item = item_size_of(descr);
+  Loaded l = load_checked(path, argument, item);
+  NpyArray a;
+  a.shape = l.header.shape;
+  a.descr = descr;
+  const size_t n = static_cast<size_t>(a.numel());
+  a.values.resize(n);
+  const char* data = l.bytes.data() + l.header.data_offset;
+  const std::vector<size_t> map = l.header.fortran && a.shape.size() > 1 ? fortran_to_c(a.shape) : std::vector<size_t>{};
+  for (size_t i = 0; i < n; ++i) {
+    const float v = item == 4 ? load<float>(data + 4 * i) : static_cast<float>(load<double>(data + 8 * i));
+    a.values[map.empty() ? i : map[i]] = v;
+  }
+  return a;
+}
+
+NpyArray read_mask_npy(const std::string& path, const std::string& argument) {
+  std::string descr;
+  {
+    const std::string bytes = read_file(path, argument);
+    descr = parse_header(bytes, path, argument).descr;
+  }
+  const bool ok = descr == "|b1" || descr == "|u1" || descr == "|i1" ||
+                  ((descr[0] == '<' || descr[0] == '=') && (descr[1] == 'i' || descr[1] == 'u') &&
+                   (descr.substr(2) == "2" || descr.substr(2) == "4" || descr.substr(2) == "8"));
+  if (!ok) fail(argument, path, "dtype '" + descr + "' is not supported; a mask is bool or 0/1 integers");
+  const size_t item = item_size_of(descr);
+  Loaded l = load_checked(path, argument, item);
+  NpyArray a;
+  a.shape = l.header.shape;
+  a.descr = descr;
+  const size_t n = static_cast<size_t>(a.numel());
+  a.flags.resize(n);
+  const char* data = l.bytes.data() + l.header.data_offset;
+  const std::vector<size_t> map = l.header.fortran && a.shape.size() > 1 ? fortran_to_c(a.shape) : std::vector<size_t>{};
+  for (size_t i = 0; i < n; ++i) {
+    bool nonzero = false;
+    for (size_t b = 0; b < item; ++b) nonzero = nonzero || data[item * i + b] != 0;
+    a.flags[map.empty() ? i : map[i]] = nonzero ? 1 : 0;
+  }
+  return a;
+}
+
+std::string encode_npy_f32(const std::vector<int64_t>& shape, const float* data) {
+  std::string tuple = "(";
+  for (size_t i = 0; i < shape.size(); ++i) tuple += (i ? ", " : "") + std::to_string(shape[i]);
+  tuple += shape.size() == 1 ? ",)" : ")";
+  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': " + tuple + ", }";
+  // Pad with spaces so the data starts on a 64-byte boundary; end with a newline.
+  const size_t unpadded = 10 + dict.size() + 1;
+  dict.append((64 - unpadded % 64) % 64, ' ');
+  dict += '\n';
+  std::string out(kMagic, 6);
+  out += '\x01';
+  out += '\x00';
+  out += static_cast<char>(dict.size() & 0xff);
+  out += static_cast<char>((dict.size() >> 8) & 0xff);
+  out += dict;
+  out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(count(shape)) * sizeof(float));
+  return out;
+}
+
+StagedOutputs::~StagedOutputs() {
+  for (const Entry& e : entries_) std::remove(e.temp.c_str());
+}
+
+void StagedOutputs::stage(const std::string& path, const std::string& bytes, const std::string& argument) {
+  std::string temp = path + ".partial-XXXXXX";
+  const int fd = mkstemp(temp.data());
+  if (fd < 0) fail(argument, path, std::string("cannot create output (") + std::strerror(errno) + ")");
+  entries_.push_back({temp, path});
+  const mode_t mask = ::umask(0);  // mkstemp creates 0600; give the usual 0666 & ~umask
+  ::umask(mask);
+  ::fchmod(fd, 0666 & ~mask);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0) {
+      ::close(fd);
+      fail(argument, path, std::string("write failed (") + std::strerror(errno) + ")");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) fail(argument, path, std::string("write failed (") + std::strerror(errno) + ")");
+}
+
+void StagedOutputs::commit() {
+  for (Entry& e : entries_) {
+    if (std::rename(e.temp.c_str(), e.target.c_str()) != 0) {
+      fail("output", e.target, std::string("cannot move into place (") + std::strerror(errno) + ")");
+    }
+    e.temp.clear();
+  }
+  entries_.clear();
+}
+
+}  // namespace favor::cli
