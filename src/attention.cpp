@@ -41,7 +41,9 @@ cpu::AttentionParams make_params(const TensorView& q, const TensorView& k, const
   return p;
 }
 
-Shape4 output_shape(const detail::AttentionShape& s) { return {s.batch, s.heads, s.nq, s.dv}; }
+Shape4 output_shape(const detail::AttentionShape& s) {
+  return {s.batch, s.heads, s.nq, s.dv};
+}
 
 }  // namespace
 

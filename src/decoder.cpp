@@ -16,19 +16,21 @@
 namespace favor {
 namespace {
 
-void check_step(const TensorView& t, int64_t batch, int64_t heads, int64_t dim, const std::string& name,
-                const std::string& dim_name) {
+void check_step(const TensorView& t, int64_t batch, int64_t heads, int64_t dim,
+                const std::string& name, const std::string& dim_name) {
   detail::check_view(t, name);
   if (t.shape[0] != batch || t.shape[1] != heads || t.shape[3] != dim) {
-    throw Error(name + ": shape " + shape_string(t.shape) + " must be [B, H, T, " + dim_name + "] = [" +
-                std::to_string(batch) + ',' + std::to_string(heads) + ",T," + std::to_string(dim) + ']');
+    throw Error(name + ": shape " + shape_string(t.shape) + " must be [B, H, T, " + dim_name +
+                "] = [" + std::to_string(batch) + ',' + std::to_string(heads) + ",T," +
+                std::to_string(dim) + ']');
   }
   detail::check_finite(t, name);
 }
 
 }  // namespace
 
-Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, Projection w, const DecoderOptions& options)
+Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, Projection w,
+                 const DecoderOptions& options)
     : batch_(batch), heads_(heads), dv_(dv), features_(0), w_(std::move(w)), options_(options) {
   if (batch < 1) throw Error("batch: " + std::to_string(batch) + " must be >= 1");
   if (heads < 1) throw Error("heads: " + std::to_string(heads) + " must be >= 1");
@@ -51,7 +53,8 @@ void Decoder::append(TensorView k, TensorView v) {
   check_step(k, batch_, heads_, w_.d(), "k", "D");
   check_step(v, batch_, heads_, dv_, "v", "Dv");
   if (k.shape[2] != v.shape[2]) {
-    throw Error("k " + shape_string(k.shape) + ", v " + shape_string(v.shape) + ": same token count T");
+    throw Error("k " + shape_string(k.shape) + ", v " + shape_string(v.shape) +
+                ": same token count T");
   }
   const int64_t m = w_.m(), d = w_.d(), F = features_;
   std::vector<float> x(d), a(m), phi(F), vrow(dv_);

@@ -15,9 +15,12 @@ namespace favor {
 
 std::string to_string(Kernel kernel) {
   switch (kernel) {
-    case Kernel::positive: return "positive";
-    case Kernel::trig: return "trig";
-    case Kernel::hyperbolic: return "hyperbolic";
+    case Kernel::positive:
+      return "positive";
+    case Kernel::trig:
+      return "trig";
+    case Kernel::hyperbolic:
+      return "hyperbolic";
   }
   return "?";
 }
@@ -29,7 +32,9 @@ Kernel parse_kernel(const std::string& text, const std::string& argument) {
   throw Error(argument + ": '" + text + "' is not a kernel; use positive, trig or hyperbolic");
 }
 
-int64_t feature_count(Kernel kernel, int64_t m) { return kernel == Kernel::positive ? m : 2 * m; }
+int64_t feature_count(Kernel kernel, int64_t m) {
+  return kernel == Kernel::positive ? m : 2 * m;
+}
 
 Tensor features(TensorView x, const Projection& w, const FeatureOptions& options) {
   detail::check_view(x, "x");
@@ -39,8 +44,9 @@ Tensor features(TensorView x, const Projection& w, const FeatureOptions& options
   const int64_t m = w.m(), d = w.d(), F = feature_count(options.kernel, m);
   const auto sqrt_scale = static_cast<float>(std::sqrt(scale));
   // Constant factors: m^-1/2 (positive, trig) and (2m)^-1/2 (hyperbolic), as a log.
-  const double log_const = options.kernel == Kernel::hyperbolic ? -0.5 * std::log(2.0 * m)
-                                                                 : -0.5 * std::log(static_cast<double>(m));
+  const double log_const = options.kernel == Kernel::hyperbolic
+                               ? -0.5 * std::log(2.0 * m)
+                               : -0.5 * std::log(static_cast<double>(m));
   Tensor out({x.shape[0], x.shape[1], x.shape[2], F});
   std::vector<float> tile(cpu::kRowTile * d), a(cpu::kRowTile * m);
   std::vector<double> half_norm2(cpu::kRowTile);
@@ -60,8 +66,9 @@ Tensor features(TensorView x, const Projection& w, const FeatureOptions& options
           for (int64_t f = 0; f < F; ++f) {
             if (!std::isfinite(phi[f])) {
               std::ostringstream os;
-              os << "x: row [" << b << ',' << h << ',' << n0 + r << "] has |x|^2 scale/2 = "
-                 << half_norm2[r] << "; its features overflow float32 (use attention, which "
+              os << "x: row [" << b << ',' << h << ',' << n0 + r
+                 << "] has |x|^2 scale/2 = " << half_norm2[r]
+                 << "; its features overflow float32 (use attention, which "
                  << "stabilises, or a smaller scale)";
               throw Error(os.str());
             }

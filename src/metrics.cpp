@@ -31,7 +31,8 @@ double relative_frobenius_error(TensorView approx, TensorView exact) {
 double kernel_mse(TensorView x, TensorView y, const Projection& w, const FeatureOptions& options) {
   detail::check_view(x, "x");
   detail::check_view(y, "y");
-  if (x.shape[0] != 1 || x.shape[1] != 1 || y.shape[0] != 1 || y.shape[1] != 1 || x.shape[3] != y.shape[3]) {
+  if (x.shape[0] != 1 || x.shape[1] != 1 || y.shape[0] != 1 || y.shape[1] != 1 ||
+      x.shape[3] != y.shape[3]) {
     throw Error("x " + shape_string(x.shape) + ", y " + shape_string(y.shape) +
                 ": kernel_mse takes [1, 1, N, D] views with the same D");
   }
@@ -44,7 +45,8 @@ double kernel_mse(TensorView x, TensorView y, const Projection& w, const Feature
     for (int64_t j = 0; j < y.shape[2]; ++j) {
       double est = 0.0, dot = 0.0;
       for (int64_t f = 0; f < F; ++f) est += px.at(0, 0, i, f) * py.at(0, 0, j, f);
-      for (int64_t t = 0; t < D; ++t) dot += static_cast<double>(x.at(0, 0, i, t)) * y.at(0, 0, j, t);
+      for (int64_t t = 0; t < D; ++t)
+        dot += static_cast<double>(x.at(0, 0, i, t)) * y.at(0, 0, j, t);
       const double err = est - std::exp(scale * dot);
       sum += err * err;
     }

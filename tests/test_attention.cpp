@@ -25,8 +25,8 @@ struct Case {
 
 std::string name_of(const Case& c) {
   return to_string(c.kernel) + (c.causal ? "_causal" : "_bidir") + (c.masked ? "_masked" : "") +
-         (c.strided ? "_strided" : "") + "_N" + std::to_string(c.Nq) + "x" + std::to_string(c.Nk) + "_D" +
-         std::to_string(c.D) + "_Dv" + std::to_string(c.Dv) + "_m" + std::to_string(c.m);
+         (c.strided ? "_strided" : "") + "_N" + std::to_string(c.Nq) + "x" + std::to_string(c.Nk) +
+         "_D" + std::to_string(c.D) + "_Dv" + std::to_string(c.Dv) + "_m" + std::to_string(c.m);
 }
 
 class FavorVsReference : public ::testing::TestWithParam<Case> {};
@@ -163,7 +163,8 @@ TEST(FavorAttention, CausalRowEqualsPrefixAttention) {
     const auto prefix = [&](const Tensor& t) {
       return TensorView{t.data(), {1, 1, i + 1, t.shape()[3]}, contiguous_strides(t.shape())};
     };
-    const auto ref = reference::favor_attention(prefix(q), prefix(k), prefix(v), w, AttentionOptions{});
+    const auto ref =
+        reference::favor_attention(prefix(q), prefix(k), prefix(v), w, AttentionOptions{});
     for (int64_t x = 0; x < 5; ++x) {
       const double e = ref.at(0, 0, i, x);
       worst = std::max(worst, std::abs(y.at(0, 0, i, x) - e) / std::max(std::abs(e), 0.05));
@@ -179,13 +180,19 @@ TEST(FavorAttention, ApproachesExactAttentionAsMGrows) {
   // variance like 1/m, math.md s.4). Averaged over 6 seeds, m = 64 -> 4096 (64x) should
   // cut the error ~8x; require a ratio in [4, 16]: faster or slower decay would mean a
   // bias or a broken estimator.
-  const Tensor q = random_tensor({1, 2, 64, 16}, 31, 2.0), k = random_tensor({1, 2, 96, 16}, 32, 2.0),
-               v = random_tensor({1, 2, 96, 8}, 33);
+  const Tensor q = random_tensor({1, 2, 64, 16}, 31, 2.0),
+               k = random_tensor({1, 2, 96, 16}, 32, 2.0), v = random_tensor({1, 2, 96, 8}, 33);
   const auto exact = reference::exact_attention(q, k, v, {});
   double err_small = 0.0, err_large = 0.0;
   for (uint64_t seed = 0; seed < 6; ++seed) {
-    err_small += rel_error(favor_attention(q, k, v, Projection::draw(64, 16, {ProjectionKind::iid, NormMode::chi, seed})), exact.values);
-    err_large += rel_error(favor_attention(q, k, v, Projection::draw(4096, 16, {ProjectionKind::iid, NormMode::chi, seed})), exact.values);
+    err_small += rel_error(
+        favor_attention(q, k, v,
+                        Projection::draw(64, 16, {ProjectionKind::iid, NormMode::chi, seed})),
+        exact.values);
+    err_large += rel_error(
+        favor_attention(q, k, v,
+                        Projection::draw(4096, 16, {ProjectionKind::iid, NormMode::chi, seed})),
+        exact.values);
   }
   err_small /= 6;
   err_large /= 6;
@@ -225,7 +232,8 @@ TEST_P(ExactVsNaive, MatchesNaiveDoubleSoftmax) {
   EXPECT_LE(rel_error(y, ref.values), bound);
 }
 
-INSTANTIATE_TEST_SUITE_P(Exact, ExactVsNaive,
+INSTANTIATE_TEST_SUITE_P(
+    Exact, ExactVsNaive,
     ::testing::Values(ExactCase{2, 3, 70, 300, 16, 12, false, false, Accumulation::f32},
                       ExactCase{2, 3, 70, 300, 16, 12, false, false, Accumulation::f64},
                       ExactCase{1, 2, 300, 300, 9, 5, true, false, Accumulation::f32},

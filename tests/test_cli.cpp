@@ -20,8 +20,9 @@ class Cli : public ::testing::Test {
  protected:
   fs::path dir;
   void SetUp() override {
-    dir = fs::temp_directory_path() / ("favor_cli_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir = fs::temp_directory_path() /
+          ("favor_cli_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir);
     fs::create_directories(dir);
   }
@@ -34,12 +35,14 @@ class Cli : public ::testing::Test {
   }
   void write(const std::string& name, const Tensor& t, bool rank2 = false) const {
     const auto& s = t.shape();
-    const std::vector<int64_t> shape = rank2 ? std::vector<int64_t>{s[2], s[3]} : std::vector<int64_t>{s[0], s[1], s[2], s[3]};
+    const std::vector<int64_t> shape =
+        rank2 ? std::vector<int64_t>{s[2], s[3]} : std::vector<int64_t>{s[0], s[1], s[2], s[3]};
     write_bytes(name, cli::encode_npy_f32(shape, t.data()));
   }
   Tensor read(const std::string& name) const {
     cli::NpyArray a = cli::read_float_npy(path(name), "test");
-    Shape4 s = a.shape.size() == 2 ? Shape4{1, 1, a.shape[0], a.shape[1]} : Shape4{a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
+    Shape4 s = a.shape.size() == 2 ? Shape4{1, 1, a.shape[0], a.shape[1]}
+                                   : Shape4{a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
     return Tensor(s, a.values);
   }
 
@@ -48,9 +51,11 @@ class Cli : public ::testing::Test {
     std::string err, out;
   };
   Result run(const std::string& args) const {
-    const std::string cmd = std::string(FAVOR_CLI_PATH) + " " + args + " >" + path("stdout.txt") + " 2>" + path("stderr.txt");
+    const std::string cmd = std::string(FAVOR_CLI_PATH) + " " + args + " >" + path("stdout.txt") +
+                            " 2>" + path("stderr.txt");
     const int status = std::system(cmd.c_str());
-    Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp("stderr.txt"), slurp("stdout.txt")};
+    Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp("stderr.txt"),
+             slurp("stdout.txt")};
     return r;
   }
   std::string slurp(const std::string& name) const {
@@ -61,7 +66,8 @@ class Cli : public ::testing::Test {
   }
   // Exit code 2, exactly one line on stderr containing `fragment`, and no file at `out`
   // other than what was there before.
-  void expect_failure(const std::string& args, const std::string& fragment, const std::string& out = "y.npy") {
+  void expect_failure(const std::string& args, const std::string& fragment,
+                      const std::string& out = "y.npy") {
     const bool existed = fs::exists(path(out));
     const std::string before = existed ? slurp(out) : "";
     const Result r = run(args);
@@ -74,7 +80,9 @@ class Cli : public ::testing::Test {
       EXPECT_EQ(entry.path().string().find(".partial-"), std::string::npos) << entry.path();
     }
   }
-  std::string qkv() const { return "--q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"); }
+  std::string qkv() const {
+    return "--q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy");
+  }
   void write_qkv(int64_t n = 40) {
     q = random_tensor({2, 3, n, 8}, 1, 1.0);
     k = random_tensor({2, 3, n, 8}, 2, 1.0);
@@ -90,18 +98,21 @@ TEST_F(Cli, AttentionEqualsLibrary) {
   write_qkv();
   for (std::string kernel : {"positive", "trig", "hyperbolic"}) {
     for (bool causal : {false, true}) {
-      const Result r = run("attention " + qkv() + " --out " + path("y.npy") + " --kernel " + kernel +
-                           " --features 24 --projection iid --seed 9 --scale 0.3" + (causal ? " --causal" : ""));
+      const Result r =
+          run("attention " + qkv() + " --out " + path("y.npy") + " --kernel " + kernel +
+              " --features 24 --projection iid --seed 9 --scale 0.3" + (causal ? " --causal" : ""));
       ASSERT_EQ(r.code, 0) << r.err;
       AttentionOptions o;
       o.kernel = parse_kernel(kernel, "k");
       o.causal = causal;
       o.scale = 0.3;
-      const Tensor expected = favor_attention(q, k, v, Projection::draw(24, 8, {ProjectionKind::iid, NormMode::chi, 9}), o);
+      const Tensor expected = favor_attention(
+          q, k, v, Projection::draw(24, 8, {ProjectionKind::iid, NormMode::chi, 9}), o);
       EXPECT_EQ(read("y.npy").values(), expected.values()) << kernel << causal;
     }
   }
-  const Result r = run("attention " + qkv() + " --out " + path("e.npy") + " --method exact --causal --accumulate f64");
+  const Result r = run("attention " + qkv() + " --out " + path("e.npy") +
+                       " --method exact --causal --accumulate f64");
   ASSERT_EQ(r.code, 0) << r.err;
   ExactOptions eo;
   eo.causal = true;
@@ -110,7 +121,8 @@ TEST_F(Cli, AttentionEqualsLibrary) {
 }
 
 TEST_F(Cli, TwoDimensionalInputsAndMasks) {
-  const Tensor q2 = random_tensor({1, 1, 30, 6}, 4, 1.0), k2 = random_tensor({1, 1, 30, 6}, 5, 1.0), v2 = random_tensor({1, 1, 30, 2}, 6);
+  const Tensor q2 = random_tensor({1, 1, 30, 6}, 4, 1.0), k2 = random_tensor({1, 1, 30, 6}, 5, 1.0),
+               v2 = random_tensor({1, 1, 30, 2}, 6);
   write("q.npy", q2, true);
   write("k.npy", k2, true);
   write("v.npy", v2, true);
@@ -135,8 +147,14 @@ TEST_F(Cli, TwoDimensionalInputsAndMasks) {
     }
     write_bytes("mask8.npy", bytes8);
   }
-  ASSERT_EQ(run("attention " + qkv() + " --out " + path("y.npy") + " --key-mask " + path("mask.npy")).code, 0);
-  ASSERT_EQ(run("attention " + qkv() + " --out " + path("y8.npy") + " --key-mask " + path("mask8.npy")).code, 0);
+  ASSERT_EQ(
+      run("attention " + qkv() + " --out " + path("y.npy") + " --key-mask " + path("mask.npy"))
+          .code,
+      0);
+  ASSERT_EQ(
+      run("attention " + qkv() + " --out " + path("y8.npy") + " --key-mask " + path("mask8.npy"))
+          .code,
+      0);
   const cli::NpyArray raw = cli::read_float_npy(path("y.npy"), "t");
   EXPECT_EQ(raw.shape, (std::vector<int64_t>{30, 2}));
   AttentionOptions o;
@@ -170,13 +188,18 @@ TEST_F(Cli, FeaturesAndProjectionRoundTrip) {
   const Tensor x = random_tensor({1, 2, 9, 4}, 7, 1.0);
   write("x.npy", x);
   ASSERT_EQ(run("features --x " + path("x.npy") + " --out " + path("phi.npy") +
-                " --kernel hyperbolic --features 6 --seed 3 --save-projection " + path("w.npy")).code, 0);
+                " --kernel hyperbolic --features 6 --seed 3 --save-projection " + path("w.npy"))
+                .code,
+            0);
   const Projection w = Projection::draw(6, 4, {ProjectionKind::orthogonal, NormMode::chi, 3});
   EXPECT_EQ(read("phi.npy").values(), features(x, w, {Kernel::hyperbolic, std::nullopt}).values());
   EXPECT_EQ(read("phi.npy").shape(), (Shape4{1, 2, 9, 12}));
   EXPECT_EQ(read("w.npy").values(), w.matrix());
   // Re-import the saved projection: same features.
-  ASSERT_EQ(run("features --x " + path("x.npy") + " --out " + path("phi2.npy") + " --kernel hyperbolic --projection-file " + path("w.npy")).code, 0);
+  ASSERT_EQ(run("features --x " + path("x.npy") + " --out " + path("phi2.npy") +
+                " --kernel hyperbolic --projection-file " + path("w.npy"))
+                .code,
+            0);
   EXPECT_EQ(read("phi2.npy").values(), read("phi.npy").values());
 }
 
@@ -201,40 +224,62 @@ TEST_F(Cli, DemoJsonRuns) {
 TEST_F(Cli, ErrorsExitTwoWithOneLineAndNoOutput) {
   write_qkv();
   const std::string out = " --out " + path("y.npy");
-  expect_failure("attention " + qkv() + out + " --kernel softmax", "--kernel: 'softmax' is not a kernel");
+  expect_failure("attention " + qkv() + out + " --kernel softmax",
+                 "--kernel: 'softmax' is not a kernel");
   expect_failure("attention " + qkv() + out + " --features 0", "--features: 0 must be >= 1");
   expect_failure("attention " + qkv() + out + " --bogus", "bogus");
   expect_failure("attention --q " + path("q.npy") + out, "--k is required");
   expect_failure("attention " + qkv() + out + " --method softmax", "--method: 'softmax'");
   expect_failure("attention " + qkv() + out + " --scale -1", "scale: -1 must be finite and > 0");
-  expect_failure("attention " + qkv() + out + " --projection-file " + path("w.npy") + " --seed 3", "excludes");
+  expect_failure("attention " + qkv() + out + " --projection-file " + path("w.npy") + " --seed 3",
+                 "excludes");
   expect_failure("attention " + qkv() + out + " --threads 0", "threads: 0 must be >= 1");
   // Files: missing, empty, truncated, not .npy, wrong dtype, rank 3, NaN, shape mismatch.
-  expect_failure("attention --q " + path("missing.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out, "cannot open");
+  expect_failure("attention --q " + path("missing.npy") + " --k " + path("k.npy") + " --v " +
+                     path("v.npy") + out,
+                 "cannot open");
   write_bytes("empty.npy", "");
-  expect_failure("attention --q " + path("empty.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out, "empty file");
+  expect_failure("attention --q " + path("empty.npy") + " --k " + path("k.npy") + " --v " +
+                     path("v.npy") + out,
+                 "empty file");
   const std::string full = cli::encode_npy_f32({2, 3, 40, 8}, q.data());
   write_bytes("trunc.npy", full.substr(0, full.size() - 10));
-  expect_failure("attention --q " + path("trunc.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out, "truncated");
+  expect_failure("attention --q " + path("trunc.npy") + " --k " + path("k.npy") + " --v " +
+                     path("v.npy") + out,
+                 "truncated");
   write_bytes("text.npy", "hello, not an array");
-  expect_failure("attention --q " + path("text.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out, "bad magic");
+  expect_failure(
+      "attention --q " + path("text.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out,
+      "bad magic");
   std::string ints = cli::encode_npy_f32({2, 3, 40, 8}, q.data());
   ints.replace(ints.find("<f4"), 3, "<i4");
   write_bytes("ints.npy", ints);
-  expect_failure("attention --q " + path("ints.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out, "dtype '<i4' is not supported");
+  expect_failure(
+      "attention --q " + path("ints.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out,
+      "dtype '<i4' is not supported");
   write_bytes("r3.npy", cli::encode_npy_f32({6, 40, 8}, q.data()));
-  expect_failure("attention --q " + path("r3.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out, "has rank 3");
+  expect_failure(
+      "attention --q " + path("r3.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out,
+      "has rank 3");
   Tensor bad = q;
   bad.at(1, 2, 3, 4) = NAN;
   write("nan.npy", bad);
-  expect_failure("attention --q " + path("nan.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out, "q: element [1,2,3,4] is nan");
+  expect_failure(
+      "attention --q " + path("nan.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out,
+      "q: element [1,2,3,4] is nan");
   write("v2.npy", random_tensor({2, 3, 39, 5}, 1));
-  expect_failure("attention --q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v2.npy") + out, "same length Nk");
+  expect_failure(
+      "attention --q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v2.npy") + out,
+      "same length Nk");
   write("q2.npy", random_tensor({2, 3, 41, 8}, 1));
-  expect_failure("attention --q " + path("q2.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out + " --causal", "Nq == Nk");
+  expect_failure("attention --q " + path("q2.npy") + " --k " + path("k.npy") + " --v " +
+                     path("v.npy") + out + " --causal",
+                 "Nq == Nk");
   write_bytes("mask.npy", cli::encode_npy_f32({2, 40}, std::vector<float>(80).data()));
-  expect_failure("attention " + qkv() + out + " --key-mask " + path("mask.npy"), "a mask is bool or 0/1 integers");
-  expect_failure("attention " + qkv() + " --out " + path("no/such/dir/y.npy"), "cannot create output", "no/such/dir/y.npy");
+  expect_failure("attention " + qkv() + out + " --key-mask " + path("mask.npy"),
+                 "a mask is bool or 0/1 integers");
+  expect_failure("attention " + qkv() + " --out " + path("no/such/dir/y.npy"),
+                 "cannot create output", "no/such/dir/y.npy");
   write_bytes("w.npy", cli::encode_npy_f32({4, 7}, std::vector<float>(28, 1.0f).data()));
   expect_failure("attention " + qkv() + out + " --projection-file " + path("w.npy"), "has D = 7");
   // An existing output file is left as it was when a later command fails.
@@ -242,7 +287,8 @@ TEST_F(Cli, ErrorsExitTwoWithOneLineAndNoOutput) {
   expect_failure("attention " + qkv() + out + " --kernel nope", "not a kernel");
   // features: overflow of the exact map is refused, the saved projection is not written.
   write("big.npy", random_tensor({1, 1, 3, 8}, 1, 60.0));
-  expect_failure("features --x " + path("big.npy") + " --out " + path("phi.npy") + " --kernel trig --scale 1 --save-projection " + path("wp.npy"),
+  expect_failure("features --x " + path("big.npy") + " --out " + path("phi.npy") +
+                     " --kernel trig --scale 1 --save-projection " + path("wp.npy"),
                  "overflow float32", "phi.npy");
   EXPECT_FALSE(fs::exists(path("wp.npy")));
 }

@@ -23,22 +23,38 @@ void expect_error(const std::function<void()>& f, const std::string& fragment) {
 }
 
 struct Inputs {
-  Tensor q = random_tensor({2, 2, 10, 8}, 1), k = random_tensor({2, 2, 12, 8}, 2), v = random_tensor({2, 2, 12, 4}, 3);
+  Tensor q = random_tensor({2, 2, 10, 8}, 1), k = random_tensor({2, 2, 12, 8}, 2),
+         v = random_tensor({2, 2, 12, 4}, 3);
   Projection w = Projection::draw(16, 8);
 };
 
 TEST(Errors, ShapeMismatches) {
   Inputs in;
-  expect_error([&] { favor_attention(in.q, random_tensor({2, 2, 12, 7}, 1), in.v, in.w); }, "same head dim D");
-  expect_error([&] { favor_attention(in.q, in.k, random_tensor({2, 2, 11, 4}, 1), in.w); }, "same length Nk");
-  expect_error([&] { favor_attention(random_tensor({1, 2, 10, 8}, 1), in.k, in.v, in.w); }, "batch B and heads H");
-  expect_error([&] { favor_attention(in.q, in.k, in.v, Projection::draw(16, 9)); }, "projection: d = 9");
+  expect_error(
+      [&] {
+        favor_attention(in.q, random_tensor({2, 2, 12, 7}, 1), in.v, in.w);
+      },
+      "same head dim D");
+  expect_error(
+      [&] {
+        favor_attention(in.q, in.k, random_tensor({2, 2, 11, 4}, 1), in.w);
+      },
+      "same length Nk");
+  expect_error(
+      [&] {
+        favor_attention(random_tensor({1, 2, 10, 8}, 1), in.k, in.v, in.w);
+      },
+      "batch B and heads H");
+  expect_error([&] { favor_attention(in.q, in.k, in.v, Projection::draw(16, 9)); },
+               "projection: d = 9");
   AttentionOptions causal;
   causal.causal = true;
-  expect_error([&] { favor_attention(in.q, in.k, in.v, in.w, causal); }, "causal attention needs Nq == Nk");
+  expect_error([&] { favor_attention(in.q, in.k, in.v, in.w, causal); },
+               "causal attention needs Nq == Nk");
   ExactOptions ecausal;
   ecausal.causal = true;
-  expect_error([&] { exact_attention(in.q, in.k, in.v, ecausal); }, "causal attention needs Nq == Nk");
+  expect_error([&] { exact_attention(in.q, in.k, in.v, ecausal); },
+               "causal attention needs Nq == Nk");
   expect_error([&] { features(random_tensor({1, 1, 3, 5}, 1), in.w); }, "projection: d = 8");
 }
 
@@ -69,7 +85,11 @@ TEST(Errors, NonFiniteInputs) {
 TEST(Errors, ImpossibleParameters) {
   expect_error([] { Projection::draw(0, 8); }, "m must be >= 1");
   expect_error([] { Projection::draw(8, 0); }, "d must be >= 1");
-  expect_error([] { Projection::draw(8, 4, {ProjectionKind::iid, NormMode::fixed, 0}); }, "orthogonal projections only");
+  expect_error(
+      [] {
+        Projection::draw(8, 4, {ProjectionKind::iid, NormMode::fixed, 0});
+      },
+      "orthogonal projections only");
   expect_error([] { Projection::from_matrix(3, 2, {1, 2, 3}); }, "needs 6");
   expect_error([] { Projection::from_matrix(1, 2, {1, NAN}); }, "not finite");
   expect_error([] { Projection::from_matrix(1, 1, {1}).redraw(3); }, "cannot be redrawn");
@@ -91,15 +111,21 @@ TEST(Errors, MaskAndOutput) {
   std::vector<uint8_t> mask(24, 1);
   AttentionOptions o;
   o.key_mask = KeyMaskView::contiguous(mask.data(), 2, 11);
-  expect_error([&] { favor_attention(in.q, in.k, in.v, in.w, o); }, "key_mask: shape [2,11] must be [B, Nk] = [2,12]");
+  expect_error([&] { favor_attention(in.q, in.k, in.v, in.w, o); },
+               "key_mask: shape [2,11] must be [B, Nk] = [2,12]");
   Tensor wrong({2, 2, 10, 5}, 7.0f);
-  expect_error([&] { favor_attention(in.q, in.k, in.v, in.w, wrong.mutable_view()); }, "out: shape [2,2,10,5] must be [2,2,10,4]");
+  expect_error([&] { favor_attention(in.q, in.k, in.v, in.w, wrong.mutable_view()); },
+               "out: shape [2,2,10,5] must be [2,2,10,4]");
   for (float x : wrong.values()) EXPECT_EQ(x, 7.0f);  // nothing written
   // Output aliasing an input.
   MutableTensorView alias{in.q.data(), {2, 2, 10, 4}, {80, 40, 4, 1}};
   expect_error([&] { favor_attention(in.q, in.k, in.v, in.w, alias); }, "must not overlap");
   Decoder dec(2, 2, 4, in.w);
-  expect_error([&] { dec.append(in.k, random_tensor({2, 2, 12, 5}, 1)); }, "v: shape [2,2,12,5] must be [B, H, T, Dv]");
+  expect_error(
+      [&] {
+        dec.append(in.k, random_tensor({2, 2, 12, 5}, 1));
+      },
+      "v: shape [2,2,12,5] must be [B, H, T, Dv]");
   expect_error([&] { dec.append(in.k, random_tensor({2, 2, 11, 4}, 1)); }, "same token count");
 }
 
@@ -107,12 +133,24 @@ TEST(Errors, FeaturesOverflowIsReported) {
   // phi(x) as defined overflows float32 for |x|^2 scale/2 > ~88: the exact map refuses
   // rather than returning Inf.
   const Tensor x = random_tensor({1, 1, 2, 4}, 1, 40.0);
-  expect_error([&] { features(x, Projection::draw(8, 4), {Kernel::trig, 1.0}); }, "overflow float32");
+  expect_error(
+      [&] {
+        features(x, Projection::draw(8, 4), {Kernel::trig, 1.0});
+      },
+      "overflow float32");
 }
 
 TEST(Errors, MetricsRules) {
-  expect_error([] { relative_frobenius_error(Tensor({1, 1, 2, 2}, 1.0f), Tensor({1, 1, 2, 3}, 1.0f)); }, "shapes must match");
-  expect_error([] { relative_frobenius_error(Tensor({1, 1, 2, 2}, 1.0f), Tensor({1, 1, 2, 2}, 0.0f)); }, "norm is 0");
+  expect_error(
+      [] {
+        relative_frobenius_error(Tensor({1, 1, 2, 2}, 1.0f), Tensor({1, 1, 2, 3}, 1.0f));
+      },
+      "shapes must match");
+  expect_error(
+      [] {
+        relative_frobenius_error(Tensor({1, 1, 2, 2}, 1.0f), Tensor({1, 1, 2, 2}, 0.0f));
+      },
+      "norm is 0");
 }
 
 }  // namespace

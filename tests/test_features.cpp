@@ -40,10 +40,12 @@ Pair make_pair(int64_t d) {
 double closed_form_mse(Kernel kernel, const Pair& p, int64_t m) {
   const double pos = std::exp(p.z2) * p.sm * p.sm * (1.0 - std::exp(-p.z2)) / double(m);
   switch (kernel) {
-    case Kernel::positive: return pos;
+    case Kernel::positive:
+      return pos;
     case Kernel::trig:
       return std::exp(p.z2) / (2.0 * m) / (p.sm * p.sm) * std::pow(1.0 - std::exp(-p.diff2), 2);
-    case Kernel::hyperbolic: return 0.5 * (1.0 - std::exp(-p.z2)) * pos;
+    case Kernel::hyperbolic:
+      return 0.5 * (1.0 - std::exp(-p.z2)) * pos;
   }
   return 0;
 }
@@ -56,7 +58,8 @@ Sample estimate(Kernel kernel, ProjectionKind kind, const Pair& p, int64_t m, in
   std::vector<double> est;
   FeatureOptions o{kernel, 1.0};
   for (int s = 0; s < seeds; ++s) {
-    const Projection w = Projection::draw(m, p.x.shape()[3], {kind, NormMode::chi, uint64_t(1000 + s)});
+    const Projection w =
+        Projection::draw(m, p.x.shape()[3], {kind, NormMode::chi, uint64_t(1000 + s)});
     const Tensor fx = features(p.x, w, o), fy = features(p.y, w, o);
     double e = 0;
     for (int64_t f = 0; f < fx.shape()[3]; ++f) e += double(fx.values()[f]) * fy.values()[f];
@@ -82,10 +85,12 @@ TEST_P(FeaturesUnbiased, MeanWithinFiveStandardErrors) {
   const Sample s = estimate(kernel, kind, p, 8, seeds);
   // Standard error of the mean from the sample variance; 5 sigma: a false failure has
   // probability < 1e-6 (and the seeds are fixed, so the result is deterministic).
-  EXPECT_NEAR(s.mean, p.sm, 5.0 * std::sqrt(s.var / seeds)) << to_string(kernel) << " " << to_string(kind);
+  EXPECT_NEAR(s.mean, p.sm, 5.0 * std::sqrt(s.var / seeds))
+      << to_string(kernel) << " " << to_string(kind);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, FeaturesUnbiased,
+INSTANTIATE_TEST_SUITE_P(
+    All, FeaturesUnbiased,
     ::testing::Combine(::testing::Values(Kernel::positive, Kernel::trig, Kernel::hyperbolic),
                        ::testing::Values(ProjectionKind::iid, ProjectionKind::orthogonal)),
     [](const auto& info) {
@@ -109,11 +114,13 @@ TEST_P(FeaturesMse, IidMseMatchesClosedFormAndFallsLikeOneOverM) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, FeaturesMse, ::testing::Values(Kernel::positive, Kernel::trig, Kernel::hyperbolic),
+INSTANTIATE_TEST_SUITE_P(All, FeaturesMse,
+                         ::testing::Values(Kernel::positive, Kernel::trig, Kernel::hyperbolic),
                          [](const auto& info) { return to_string(info.param); });
 
 TEST(Features, OrthogonalPositiveBeatsIid) {
-  // Theorem 2 (math.md s.4): for m <= d, MSE_ort <= MSE_iid - 2(m-1)/(m(d+2)) (SM - e^{-(|x|^2+|y|^2)/2})^2.
+  // Theorem 2 (math.md s.4): for m <= d, MSE_ort <= MSE_iid - 2(m-1)/(m(d+2)) (SM -
+  // e^{-(|x|^2+|y|^2)/2})^2.
   const Pair p = make_pair(6);
   const int seeds = 4000;
   const Sample iid = estimate(Kernel::positive, ProjectionKind::iid, p, 6, seeds);
@@ -140,7 +147,8 @@ TEST(Features, ExactMapMatchesReference) {
     double worst = 0;
     for (size_t row = 0; row < ref.values.size() / F; ++row) {
       double amplitude = 0;
-      for (int64_t f = 0; f < F; ++f) amplitude = std::max(amplitude, std::abs(ref.values[row * F + f]));
+      for (int64_t f = 0; f < F; ++f)
+        amplitude = std::max(amplitude, std::abs(ref.values[row * F + f]));
       for (int64_t f = 0; f < F; ++f) {
         const double e = ref.values[row * F + f];
         const double denom = kernel == Kernel::trig ? amplitude : std::abs(e);
@@ -157,11 +165,14 @@ TEST(Features, KernelMseMetricMatchesClosedForm) {
   double mean = 0;
   const int seeds = 2000;
   for (int s = 0; s < seeds; ++s) {
-    mean += kernel_mse(p.x, p.y, Projection::draw(16, 6, {ProjectionKind::iid, NormMode::chi, uint64_t(s)}),
-                       {Kernel::positive, 1.0}) / seeds;
+    mean += kernel_mse(p.x, p.y,
+                       Projection::draw(16, 6, {ProjectionKind::iid, NormMode::chi, uint64_t(s)}),
+                       {Kernel::positive, 1.0}) /
+            seeds;
   }
   const Sample s = estimate(Kernel::positive, ProjectionKind::iid, p, 16, seeds);
-  EXPECT_NEAR(mean, closed_form_mse(Kernel::positive, p, 16), 5.0 * std::sqrt((s.m4 - s.var * s.var) / seeds));
+  EXPECT_NEAR(mean, closed_form_mse(Kernel::positive, p, 16),
+              5.0 * std::sqrt((s.m4 - s.var * s.var) / seeds));
 }
 
 }  // namespace

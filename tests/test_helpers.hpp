@@ -22,7 +22,8 @@ inline Tensor random_tensor(const Shape4& shape, uint64_t seed, double norm = 0.
       double n2 = 0.0;
       for (int64_t x = 0; x < d; ++x) n2 += double(t.data()[r * d + x]) * t.data()[r * d + x];
       const double f = norm * (0.5 + rng.uniform_open()) / std::sqrt(n2);
-      for (int64_t x = 0; x < d; ++x) t.data()[r * d + x] = static_cast<float>(t.data()[r * d + x] * f);
+      for (int64_t x = 0; x < d; ++x)
+        t.data()[r * d + x] = static_cast<float>(t.data()[r * d + x] * f);
     }
   }
   return t;

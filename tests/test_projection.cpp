@@ -26,7 +26,8 @@ TEST(Projection, OrthogonalWithinBlocks) {
       if (norms == NormMode::fixed) EXPECT_NEAR(ni, std::sqrt(32.0), 1e-5);
       for (int64_t j = (i / 32) * 32; j < std::min<int64_t>(100, (i / 32 + 1) * 32); ++j) {
         if (j == i) continue;
-        EXPECT_LE(std::abs(dot_rows(w, i, j)) / (ni * std::sqrt(dot_rows(w, j, j))), 4e-6) << i << "," << j;
+        EXPECT_LE(std::abs(dot_rows(w, i, j)) / (ni * std::sqrt(dot_rows(w, j, j))), 4e-6)
+            << i << "," << j;
       }
     }
     // Different blocks are independent: not orthogonal in general.
@@ -96,7 +97,8 @@ TEST(Projection, GoldenBitsPinTheDefinition) {
   detail::Rng rng(0, 0);
   EXPECT_EQ(rng.next_u64(), 0xFB5405F7BD79C540ull);
   const Projection w = Projection::draw(2, 3, {ProjectionKind::iid, NormMode::chi, 42});
-  const float expected_iid[6] = {-0.566709459f, 1.95953941f, -0.814870417f, -0.689753175f, 1.20579851f, 0.206786141f};
+  const float expected_iid[6] = {-0.566709459f, 1.95953941f, -0.814870417f,
+                                 -0.689753175f, 1.20579851f, 0.206786141f};
   for (int i = 0; i < 6; ++i) EXPECT_EQ(w.matrix()[i], expected_iid[i]) << i;
   const Projection o = Projection::draw(4, 3, {ProjectionKind::orthogonal, NormMode::chi, 42});
   const float expected_orth[3] = {0.716591537f, 0.634012282f, -0.371982396f};
@@ -118,7 +120,8 @@ TEST(Projection, ImportExportRoundTrip) {
   const Projection imported = Projection::from_matrix(w.m(), w.d(), w.matrix());
   EXPECT_TRUE(imported.imported());
   EXPECT_EQ(imported.matrix(), w.matrix());
-  const Tensor q = testing::random_tensor({1, 1, 20, 8}, 1, 1.0), k = testing::random_tensor({1, 1, 20, 8}, 2, 1.0),
+  const Tensor q = testing::random_tensor({1, 1, 20, 8}, 1, 1.0),
+               k = testing::random_tensor({1, 1, 20, 8}, 2, 1.0),
                v = testing::random_tensor({1, 1, 20, 4}, 3);
   EXPECT_EQ(favor_attention(q, k, v, w).values(), favor_attention(q, k, v, imported).values());
 }

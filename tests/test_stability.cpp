@@ -65,11 +65,13 @@ TEST_P(LargeNorms, FiniteAndConvex) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Norms, LargeNorms,
-    ::testing::Combine(::testing::Values(Kernel::positive, Kernel::hyperbolic, Kernel::trig),
-                       ::testing::Values(30.0, 1e3)),
-    [](const auto& info) {
-      return to_string(std::get<0>(info.param)) + "_norm" + std::to_string(int(std::get<1>(info.param)));
-    });
+                         ::testing::Combine(::testing::Values(Kernel::positive, Kernel::hyperbolic,
+                                                              Kernel::trig),
+                                            ::testing::Values(30.0, 1e3)),
+                         [](const auto& info) {
+                           return to_string(std::get<0>(info.param)) + "_norm" +
+                                  std::to_string(int(std::get<1>(info.param)));
+                         });
 
 TEST(Stability, EqualsUnstabilisedFormulaWhereFinite) {
   // Norms up to 9 with D = 16 (|x|^2/2 up to 10): the unstabilised double formula is
@@ -77,8 +79,8 @@ TEST(Stability, EqualsUnstabilisedFormulaWhereFinite) {
   // an exponent computed in float32 carries ~E * 2^-24 absolute error, i.e. a relative
   // error of the features of E * 2^-24 ~ 2.4e-6, and a naive float32 evaluation of the same
   // formula shows that error too: the 2x-naive rule applies.
-  const Tensor q = random_tensor({1, 2, 100, 16}, 7, 6.0), k = random_tensor({1, 2, 100, 16}, 8, 6.0),
-               v = random_tensor({1, 2, 100, 8}, 9);
+  const Tensor q = random_tensor({1, 2, 100, 16}, 7, 6.0),
+               k = random_tensor({1, 2, 100, 16}, 8, 6.0), v = random_tensor({1, 2, 100, 8}, 9);
   const Projection w = Projection::draw(64, 16, {ProjectionKind::orthogonal, NormMode::chi, 1});
   for (bool causal : {false, true}) {
     AttentionOptions o;
@@ -88,7 +90,8 @@ TEST(Stability, EqualsUnstabilisedFormulaWhereFinite) {
     o.scale = 0.25;
     const auto naive32 = reference::naive::favor_attention<float>(q, k, v, w, o);
     for (float e : naive32) ASSERT_TRUE(std::isfinite(e));
-    EXPECT_LE(testing::rel_error(fast, ref.values), 2 * testing::rel_error(naive32, ref.values) + 1e-6);
+    EXPECT_LE(testing::rel_error(fast, ref.values),
+              2 * testing::rel_error(naive32, ref.values) + 1e-6);
   }
 }
 
@@ -96,8 +99,8 @@ TEST(Stability, BeyondFloatRangeMatchesDoubleReference) {
   // Norms ~25 (|x|^2/2 up to ~175): unstabilised float32 features overflow (exp > 88.7),
   // double does not. Exponent magnitudes reach E ~ 250, so features carry ~E * 2^-24 ~ 1.5e-5
   // relative error; outputs are ratios of such sums: bound 4 E 2^-24 = 6e-5.
-  const Tensor q = random_tensor({1, 1, 80, 16}, 17, 25.0), k = random_tensor({1, 1, 80, 16}, 18, 25.0),
-               v = random_tensor({1, 1, 80, 8}, 19);
+  const Tensor q = random_tensor({1, 1, 80, 16}, 17, 25.0),
+               k = random_tensor({1, 1, 80, 16}, 18, 25.0), v = random_tensor({1, 1, 80, 8}, 19);
   const Projection w = Projection::draw(64, 16, {ProjectionKind::orthogonal, NormMode::chi, 1});
   for (bool causal : {false, true}) {
     AttentionOptions o;

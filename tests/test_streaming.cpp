@@ -8,7 +8,8 @@ namespace {
 using testing::random_tensor;
 
 TensorView token(const Tensor& t, int64_t i, int64_t count = 1) {
-  return TensorView{&t.values()[0] + i * t.shape()[3], {t.shape()[0], t.shape()[1], count, t.shape()[3]},
+  return TensorView{&t.values()[0] + i * t.shape()[3],
+                    {t.shape()[0], t.shape()[1], count, t.shape()[3]},
                     contiguous_strides(t.shape())};
 }
 
@@ -61,7 +62,8 @@ TEST(Decoder, PrefillThenQueryEqualsLastCausalRow) {
 TEST(Decoder, EmptyStateGivesZerosAndResetClears) {
   const Projection w = Projection::draw(16, 4);
   Decoder dec(1, 1, 3, w);
-  const Tensor q = random_tensor({1, 1, 1, 4}, 1), k = random_tensor({1, 1, 1, 4}, 2), v = random_tensor({1, 1, 1, 3}, 3);
+  const Tensor q = random_tensor({1, 1, 1, 4}, 1), k = random_tensor({1, 1, 1, 4}, 2),
+               v = random_tensor({1, 1, 1, 3}, 3);
   const Tensor before = dec.query(q);
   for (float x : before.values()) EXPECT_EQ(x, 0.0f);
   dec.append(k, v);

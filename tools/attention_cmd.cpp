@@ -20,8 +20,10 @@ void run(const AttentionArgs& a) {
     throw Error("--method: '" + a.method + "' is not a method; use favor or exact");
   }
   const Kernel kernel = parse_kernel(a.kernel, "--kernel");
-  const InputTensor q = read_tensor(a.q, "--q"), k = read_tensor(a.k, "--k"), v = read_tensor(a.v, "--v");
-  if (q.rank != k.rank || q.rank != v.rank) throw Error("--q, --k, --v: must all be 2-D or all be 4-D");
+  const InputTensor q = read_tensor(a.q, "--q"), k = read_tensor(a.k, "--k"),
+                    v = read_tensor(a.v, "--v");
+  if (q.rank != k.rank || q.rank != v.rank)
+    throw Error("--q, --k, --v: must all be 2-D or all be 4-D");
   std::vector<uint8_t> mask;
   std::optional<KeyMaskView> mask_view;
   if (!a.key_mask.empty()) {
@@ -32,7 +34,8 @@ void run(const AttentionArgs& a) {
   StagedOutputs outputs;
   Tensor y;
   if (a.method == "exact") {
-    if (a.accumulate != "f32" && a.accumulate != "f64") throw Error("--accumulate: '" + a.accumulate + "' must be f32 or f64");
+    if (a.accumulate != "f32" && a.accumulate != "f64")
+      throw Error("--accumulate: '" + a.accumulate + "' must be f32 or f64");
     ExactOptions o;
     o.causal = a.causal;
     o.scale = a.scale;
@@ -50,10 +53,12 @@ void run(const AttentionArgs& a) {
     y = favor_attention(q.tensor, k.tensor, v.tensor, w, o, &stats);
     if (stats.zero_rows > 0) {
       std::cerr << "favor: note: " << stats.zero_rows
-                << " query rows had no visible key or a non-positive denominator and were written as zeros\n";
+                << " query rows had no visible key or a non-positive denominator and were written "
+                   "as zeros\n";
     }
     if (!a.projection.save.empty()) {
-      outputs.stage(a.projection.save, encode_npy_f32({w.m(), w.d()}, w.data()), "--save-projection");
+      outputs.stage(a.projection.save, encode_npy_f32({w.m(), w.d()}, w.data()),
+                    "--save-projection");
     }
   }
   outputs.stage(a.out, encode_tensor(y, q.rank), "--out");
@@ -64,17 +69,23 @@ void run(const AttentionArgs& a) {
 
 void add_attention_command(CLI::App& app) {
   auto args = std::make_shared<AttentionArgs>();
-  CLI::App* cmd = app.add_subcommand("attention", "Attention over .npy inputs: y = softmax(scale q.k) v, estimated by FAVOR or exact");
-  cmd->add_option("--q", args->q, "queries .npy, [Nq, D] or [B, H, Nq, D], float32/float64")->required();
+  CLI::App* cmd = app.add_subcommand(
+      "attention",
+      "Attention over .npy inputs: y = softmax(scale q.k) v, estimated by FAVOR or exact");
+  cmd->add_option("--q", args->q, "queries .npy, [Nq, D] or [B, H, Nq, D], float32/float64")
+      ->required();
   cmd->add_option("--k", args->k, "keys .npy, [Nk, D] or [B, H, Nk, D]")->required();
   cmd->add_option("--v", args->v, "values .npy, [Nk, Dv] or [B, H, Nk, Dv]")->required();
-  cmd->add_option("--out", args->out, "output .npy, float32 [Nq, Dv] or [B, H, Nq, Dv]")->required();
+  cmd->add_option("--out", args->out, "output .npy, float32 [Nq, Dv] or [B, H, Nq, Dv]")
+      ->required();
   cmd->add_option("--method", args->method, "favor | exact")->capture_default_str();
   cmd->add_flag("--causal", args->causal, "query i attends to keys j <= i (needs Nq == Nk)");
   cmd->add_option("--kernel", args->kernel, "positive | trig | hyperbolic")->capture_default_str();
   cmd->add_option("--scale", args->scale, "temperature: softmax(scale q.k); default 1/sqrt(D)");
-  cmd->add_option("--key-mask", args->key_mask, "bool/0-1 .npy [B, Nk] ([Nk] for 2-D inputs), true = key takes part");
-  cmd->add_option("--accumulate", args->accumulate, "exact method's accumulation: f32 | f64")->capture_default_str();
+  cmd->add_option("--key-mask", args->key_mask,
+                  "bool/0-1 .npy [B, Nk] ([Nk] for 2-D inputs), true = key takes part");
+  cmd->add_option("--accumulate", args->accumulate, "exact method's accumulation: f32 | f64")
+      ->capture_default_str();
   add_projection_options(cmd, args->projection);
   cmd->callback([args] { run(*args); });
 }

@@ -3,14 +3,18 @@
 namespace favor::cli {
 
 void add_projection_options(CLI::App* app, ProjectionArgs& a) {
-  a.features_opt = app->add_option("--features", a.features, "number of random projections m (F = m or 2m features)")
+  a.features_opt = app->add_option("--features", a.features,
+                                   "number of random projections m (F = m or 2m features)")
                        ->capture_default_str();
   a.kind_opt = app->add_option("--projection", a.kind, "iid | orthogonal")->capture_default_str();
-  a.norms_opt = app->add_option("--norms", a.norms,
-                                "chi (unbiased) | fixed (sqrt(d) row norms: the regularised kernel SMREG)")
-                    ->capture_default_str();
-  a.seed_opt = app->add_option("--seed", a.seed, "64-bit seed of the projection")->capture_default_str();
-  auto* file = app->add_option("--projection-file", a.file, "load W (an [m, D] .npy array) instead of drawing it");
+  a.norms_opt =
+      app->add_option("--norms", a.norms,
+                      "chi (unbiased) | fixed (sqrt(d) row norms: the regularised kernel SMREG)")
+          ->capture_default_str();
+  a.seed_opt =
+      app->add_option("--seed", a.seed, "64-bit seed of the projection")->capture_default_str();
+  auto* file = app->add_option("--projection-file", a.file,
+                               "load W (an [m, D] .npy array) instead of drawing it");
   file->excludes(a.features_opt)->excludes(a.kind_opt)->excludes(a.norms_opt)->excludes(a.seed_opt);
   app->add_option("--save-projection", a.save, "also write the W used, as an [m, D] float32 .npy");
 }
@@ -19,7 +23,8 @@ Projection make_projection(const ProjectionArgs& a, int64_t d) {
   if (!a.file.empty()) {
     NpyArray w = read_float_npy(a.file, "--projection-file");
     if (w.shape.size() != 2) {
-      throw Error("--projection-file: " + a.file + ": must be a 2-D [m, D] array, has rank " + std::to_string(w.shape.size()));
+      throw Error("--projection-file: " + a.file + ": must be a 2-D [m, D] array, has rank " +
+                  std::to_string(w.shape.size()));
     }
     if (w.shape[1] != d) {
       throw Error("--projection-file: " + a.file + ": has D = " + std::to_string(w.shape[1]) +
@@ -51,18 +56,22 @@ InputTensor read_tensor(const std::string& path, const std::string& argument) {
   } else if (t.rank == 4) {
     shape = {a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
   } else {
-    throw Error(argument + ": " + path + ": must be 2-D [N, D] or 4-D [B, H, N, D], has rank " + std::to_string(t.rank));
+    throw Error(argument + ": " + path + ": must be 2-D [N, D] or 4-D [B, H, N, D], has rank " +
+                std::to_string(t.rank));
   }
   t.tensor = Tensor(shape, std::move(a.values));
   return t;
 }
 
-std::vector<uint8_t> read_mask(const std::string& path, size_t input_rank, int64_t batch, int64_t nk) {
+std::vector<uint8_t> read_mask(const std::string& path, size_t input_rank, int64_t batch,
+                               int64_t nk) {
   NpyArray m = read_mask_npy(path, "--key-mask");
-  const std::vector<int64_t> expected = input_rank == 2 ? std::vector<int64_t>{nk} : std::vector<int64_t>{batch, nk};
+  const std::vector<int64_t> expected =
+      input_rank == 2 ? std::vector<int64_t>{nk} : std::vector<int64_t>{batch, nk};
   if (m.shape != expected) {
-    std::string want = input_rank == 2 ? "[Nk] = [" + std::to_string(nk) + "]"
-                                       : "[B, Nk] = [" + std::to_string(batch) + ", " + std::to_string(nk) + "]";
+    std::string want =
+        input_rank == 2 ? "[Nk] = [" + std::to_string(nk) + "]"
+                        : "[B, Nk] = [" + std::to_string(batch) + ", " + std::to_string(nk) + "]";
     throw Error("--key-mask: " + path + ": must have shape " + want);
   }
   return std::move(m.flags);
@@ -70,7 +79,8 @@ std::vector<uint8_t> read_mask(const std::string& path, size_t input_rank, int64
 
 std::string encode_tensor(const Tensor& t, size_t rank) {
   const auto& s = t.shape();
-  const std::vector<int64_t> shape = rank == 2 ? std::vector<int64_t>{s[2], s[3]} : std::vector<int64_t>{s[0], s[1], s[2], s[3]};
+  const std::vector<int64_t> shape =
+      rank == 2 ? std::vector<int64_t>{s[2], s[3]} : std::vector<int64_t>{s[0], s[1], s[2], s[3]};
   return encode_npy_f32(shape, t.data());
 }
 

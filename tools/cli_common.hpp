@@ -16,8 +16,8 @@ struct ProjectionArgs {
   std::string kind = "orthogonal";
   std::string norms = "chi";
   uint64_t seed = 0;
-  std::string file;       // --projection-file
-  std::string save;       // --save-projection
+  std::string file;  // --projection-file
+  std::string save;  // --save-projection
   CLI::Option* features_opt = nullptr;
   CLI::Option* kind_opt = nullptr;
   CLI::Option* norms_opt = nullptr;
@@ -35,7 +35,8 @@ struct InputTensor {
 };
 InputTensor read_tensor(const std::string& path, const std::string& argument);
 /// Mask [B, Nk] (rank-4 inputs) or [Nk] (rank-2 inputs).
-std::vector<uint8_t> read_mask(const std::string& path, size_t input_rank, int64_t batch, int64_t nk);
+std::vector<uint8_t> read_mask(const std::string& path, size_t input_rank, int64_t batch,
+                               int64_t nk);
 /// The .npy bytes of a tensor written back in the inputs' rank.
 std::string encode_tensor(const Tensor& t, size_t rank);
 

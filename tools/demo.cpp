@@ -50,18 +50,25 @@ double median_seconds(F&& f) {
 }
 
 void run(bool json, const std::vector<int64_t>& lengths) {
-  const Projection w = Projection::draw(kFeatures, kDim, {ProjectionKind::orthogonal, NormMode::chi, 0});
+  const Projection w =
+      Projection::draw(kFeatures, kDim, {ProjectionKind::orthogonal, NormMode::chi, 0});
   nlohmann::json records = nlohmann::json::array();
   if (!json) {
-    fmt::print("favor demo: FAVOR+ (positive features, m = {} orthogonal) vs exact softmax attention\n", kFeatures);
-    fmt::print("workload: B = 1, H = {}, D = Dv = {}; q, k random directions with |q| = |k| = D^(1/4); v ~ N(0, 1)\n",
-               kHeads, kDim);
+    fmt::print(
+        "favor demo: FAVOR+ (positive features, m = {} orthogonal) vs exact softmax attention\n",
+        kFeatures);
+    fmt::print(
+        "workload: B = 1, H = {}, D = Dv = {}; q, k random directions with |q| = |k| = D^(1/4); v "
+        "~ N(0, 1)\n",
+        kHeads, kDim);
     fmt::print("{}\n", build_info());
-    fmt::print("{:>6} {:>8} {:>12} {:>12} {:>9} {:>14}\n", "N", "mode", "favor [ms]", "exact [ms]", "speedup", "rel. error");
+    fmt::print("{:>6} {:>8} {:>12} {:>12} {:>9} {:>14}\n", "N", "mode", "favor [ms]", "exact [ms]",
+               "speedup", "rel. error");
   }
   for (int64_t n : lengths) {
     const double norm = std::pow(double(kDim), 0.25);
-    const Tensor q = gaussian({1, kHeads, n, kDim}, 100 + n, norm), k = gaussian({1, kHeads, n, kDim}, 200 + n, norm),
+    const Tensor q = gaussian({1, kHeads, n, kDim}, 100 + n, norm),
+                 k = gaussian({1, kHeads, n, kDim}, 200 + n, norm),
                  v = gaussian({1, kHeads, n, kDim}, 300 + n);
     for (bool causal : {false, true}) {
       AttentionOptions fo;
@@ -73,12 +80,19 @@ void run(bool json, const std::vector<int64_t>& lengths) {
       const double te = median_seconds([&] { exact = exact_attention(q, k, v, eo); });
       const double err = relative_frobenius_error(approx, exact);
       if (json) {
-        records.push_back({{"n", n}, {"causal", causal}, {"bh", kHeads}, {"d", kDim}, {"m", kFeatures},
-                           {"favor_seconds", tf}, {"exact_seconds", te}, {"speedup", te / tf},
-                           {"relative_error", err}, {"threads", num_threads()}});
+        records.push_back({{"n", n},
+                           {"causal", causal},
+                           {"bh", kHeads},
+                           {"d", kDim},
+                           {"m", kFeatures},
+                           {"favor_seconds", tf},
+                           {"exact_seconds", te},
+                           {"speedup", te / tf},
+                           {"relative_error", err},
+                           {"threads", num_threads()}});
       } else {
-        fmt::print("{:>6} {:>8} {:>12.3f} {:>12.3f} {:>8.2f}x {:>14.4f}\n", n, causal ? "causal" : "bidir", 1e3 * tf,
-                   1e3 * te, te / tf, err);
+        fmt::print("{:>6} {:>8} {:>12.3f} {:>12.3f} {:>8.2f}x {:>14.4f}\n", n,
+                   causal ? "causal" : "bidir", 1e3 * tf, 1e3 * te, te / tf, err);
       }
     }
   }
@@ -89,8 +103,10 @@ void run(bool json, const std::vector<int64_t>& lengths) {
 
 void add_demo_command(CLI::App& app) {
   auto json = std::make_shared<bool>(false);
-  auto lengths = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{512, 1024, 2048, 4096});
-  CLI::App* cmd = app.add_subcommand("demo", "FAVOR+ vs exact attention on a built-in workload: time and error per length");
+  auto lengths =
+      std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{512, 1024, 2048, 4096});
+  CLI::App* cmd = app.add_subcommand(
+      "demo", "FAVOR+ vs exact attention on a built-in workload: time and error per length");
   cmd->add_flag("--json", *json, "print the rows as a JSON array");
   cmd->add_option("--lengths", *lengths, "sequence lengths to run")->capture_default_str();
   cmd->callback([json, lengths] {

@@ -30,12 +30,17 @@ void run(const FeaturesArgs& a) {
 
 void add_features_command(CLI::App& app) {
   auto args = std::make_shared<FeaturesArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "features", "The exact feature map phi(x) (constants kept, no stabilisation): phi(q).phi(k) estimates exp(scale q.k)");
-  cmd->add_option("--x", args->x, "input .npy, [N, D] or [B, H, N, D], float32/float64")->required();
-  cmd->add_option("--out", args->out, "output .npy, float32 [N, F] or [B, H, N, F]; F = m (positive) or 2m")->required();
+  CLI::App* cmd = app.add_subcommand("features",
+                                     "The exact feature map phi(x) (constants kept, no "
+                                     "stabilisation): phi(q).phi(k) estimates exp(scale q.k)");
+  cmd->add_option("--x", args->x, "input .npy, [N, D] or [B, H, N, D], float32/float64")
+      ->required();
+  cmd->add_option("--out", args->out,
+                  "output .npy, float32 [N, F] or [B, H, N, F]; F = m (positive) or 2m")
+      ->required();
   cmd->add_option("--kernel", args->kernel, "positive | trig | hyperbolic")->capture_default_str();
-  cmd->add_option("--scale", args->scale, "temperature: the kernel is exp(scale x.y); default 1/sqrt(D)");
+  cmd->add_option("--scale", args->scale,
+                  "temperature: the kernel is exp(scale x.y); default 1/sqrt(D)");
   add_projection_options(cmd, args->projection);
   cmd->callback([args] { run(*args); });
 }

@@ -25,7 +25,8 @@ struct Header {
   size_t data_offset = 0;
 };
 
-[[noreturn]] void fail(const std::string& argument, const std::string& path, const std::string& rule) {
+[[noreturn]] void fail(const std::string& argument, const std::string& path,
+                       const std::string& rule) {
   throw Error(argument + ": " + path + ": " + rule);
 }
 
@@ -38,16 +39,20 @@ std::string read_file(const std::string& path, const std::string& argument) {
   return bytes;
 }
 
-Header parse_header(const std::string& bytes, const std::string& path, const std::string& argument) {
-  if (bytes.size() < 10 || bytes.compare(0, 6, kMagic, 6) != 0) fail(argument, path, "not a .npy file (bad magic)");
+Header parse_header(const std::string& bytes, const std::string& path,
+                    const std::string& argument) {
+  if (bytes.size() < 10 || bytes.compare(0, 6, kMagic, 6) != 0)
+    fail(argument, path, "not a .npy file (bad magic)");
   const auto major = static_cast<unsigned char>(bytes[6]);
   size_t len = 0, start = 0;
   if (major == 1) {
-    len = static_cast<unsigned char>(bytes[8]) | (static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8);
+    len = static_cast<unsigned char>(bytes[8]) |
+          (static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8);
     start = 10;
   } else if (major == 2 || major == 3) {
     if (bytes.size() < 12) fail(argument, path, "truncated header");
-    for (int i = 0; i < 4; ++i) len |= static_cast<size_t>(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      len |= static_cast<size_t>(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
     start = 12;
   } else {
     fail(argument, path, "unsupported .npy format version " + std::to_string(major));
@@ -57,13 +62,15 @@ Header parse_header(const std::string& bytes, const std::string& path, const std
   Header h;
   h.data_offset = start + len;
   std::smatch match;
-  if (!std::regex_search(dict, match, std::regex(R"('descr'\s*:\s*'([^']*)')"))) fail(argument, path, "header has no 'descr'");
+  if (!std::regex_search(dict, match, std::regex(R"('descr'\s*:\s*'([^']*)')")))
+    fail(argument, path, "header has no 'descr'");
   h.descr = match[1];
   if (!std::regex_search(dict, match, std::regex(R"('fortran_order'\s*:\s*(True|False))"))) {
     fail(argument, path, "header has no 'fortran_order'");
   }
   h.fortran = match[1] == "True";
-  if (!std::regex_search(dict, match, std::regex(R"('shape'\s*:\s*\(([^)]*)\))"))) fail(argument, path, "header has no 'shape'");
+  if (!std::regex_search(dict, match, std::regex(R"('shape'\s*:\s*\(([^)]*)\))")))
+    fail(argument, path, "header has no 'shape'");
   std::stringstream dims(match[1].str());
   std::string item;
   while (std::getline(dims, item, ',')) {
@@ -94,7 +101,8 @@ std::vector<size_t> fortran_to_c(const std::vector<int64_t>& shape) {
   std::vector<int64_t> idx(shape.size(), 0);
   for (size_t f = 0; f < n; ++f) {
     size_t c = 0;
-    for (size_t a = 0; a < shape.size(); ++a) c = c * static_cast<size_t>(shape[a]) + static_cast<size_t>(idx[a]);
+    for (size_t a = 0; a < shape.size(); ++a)
+      c = c * static_cast<size_t>(shape[a]) + static_cast<size_t>(idx[a]);
     map[f] = c;
     for (size_t a = 0; a < shape.size(); ++a) {  // Fortran order: first axis fastest
       if (++idx[a] < shape[a]) break;
@@ -122,7 +130,9 @@ Loaded load_checked(const std::string& path, const std::string& argument, size_t
   const size_t need = static_cast<size_t>(count(l.header.shape)) * item_size;
   const size_t have = l.bytes.size() - l.header.data_offset;
   if (have < need) {
-    fail(argument, path, "truncated: " + std::to_string(need) + " bytes of data expected, " + std::to_string(have) + " found");
+    fail(argument, path,
+         "truncated: " + std::to_string(need) + " bytes of data expected, " + std::to_string(have) +
+             " found");
   }
   if (count(l.header.shape) == 0) fail(argument, path, "array has no elements");
   return l;
@@ -139,7 +149,9 @@ size_t item_size_of(const std::string& descr) {
 
 }  // namespace
 
-int64_t NpyArray::numel() const { return count(shape); }
+int64_t NpyArray::numel() const {
+  return count(shape);
+}
 
 NpyArray read_float_npy(const std::string& path, const std::string& argument) {
   std::string descr;
@@ -148,7 +160,8 @@ NpyArray read_float_npy(const std::string& path, const std::string& argument) {
     descr = parse_header(bytes, path, argument).descr;
   }
   if (descr != "<f4" && descr != "<f8" && descr != "=f4" && descr != "=f8") {
-    fail(argument, path, "dtype '" + descr + "' is not supported; use little-endian float32 or float64");
+    fail(argument, path,
+         "dtype '" + descr + "' is not supported; use little-endian float32 or float64");
   }
   const size_t item = item_size_of(descr);
   Loaded l = load_checked(path, argument, item);
@@ -158,9 +171,11 @@ NpyArray read_float_npy(const std::string& path, const std::string& argument) {
   const size_t n = static_cast<size_t>(a.numel());
   a.values.resize(n);
   const char* data = l.bytes.data() + l.header.data_offset;
-  const std::vector<size_t> map = l.header.fortran && a.shape.size() > 1 ? fortran_to_c(a.shape) : std::vector<size_t>{};
+  const std::vector<size_t> map =
+      l.header.fortran && a.shape.size() > 1 ? fortran_to_c(a.shape) : std::vector<size_t>{};
   for (size_t i = 0; i < n; ++i) {
-    const float v = item == 4 ? load<float>(data + 4 * i) : static_cast<float>(load<double>(data + 8 * i));
+    const float v =
+        item == 4 ? load<float>(data + 4 * i) : static_cast<float>(load<double>(data + 8 * i));
     a.values[map.empty() ? i : map[i]] = v;
   }
   return a;
@@ -175,7 +190,8 @@ NpyArray read_mask_npy(const std::string& path, const std::string& argument) {
   const bool ok = descr == "|b1" || descr == "|u1" || descr == "|i1" ||
                   ((descr[0] == '<' || descr[0] == '=') && (descr[1] == 'i' || descr[1] == 'u') &&
                    (descr.substr(2) == "2" || descr.substr(2) == "4" || descr.substr(2) == "8"));
-  if (!ok) fail(argument, path, "dtype '" + descr + "' is not supported; a mask is bool or 0/1 integers");
+  if (!ok)
+    fail(argument, path, "dtype '" + descr + "' is not supported; a mask is bool or 0/1 integers");
   const size_t item = item_size_of(descr);
   Loaded l = load_checked(path, argument, item);
   NpyArray a;
@@ -184,7 +200,8 @@ NpyArray read_mask_npy(const std::string& path, const std::string& argument) {
   const size_t n = static_cast<size_t>(a.numel());
   a.flags.resize(n);
   const char* data = l.bytes.data() + l.header.data_offset;
-  const std::vector<size_t> map = l.header.fortran && a.shape.size() > 1 ? fortran_to_c(a.shape) : std::vector<size_t>{};
+  const std::vector<size_t> map =
+      l.header.fortran && a.shape.size() > 1 ? fortran_to_c(a.shape) : std::vector<size_t>{};
   for (size_t i = 0; i < n; ++i) {
     bool nonzero = false;
     for (size_t b = 0; b < item; ++b) nonzero = nonzero || data[item * i + b] != 0;
@@ -208,7 +225,8 @@ std::string encode_npy_f32(const std::vector<int64_t>& shape, const float* data)
   out += static_cast<char>(dict.size() & 0xff);
   out += static_cast<char>((dict.size() >> 8) & 0xff);
   out += dict;
-  out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(count(shape)) * sizeof(float));
+  out.append(reinterpret_cast<const char*>(data),
+             static_cast<size_t>(count(shape)) * sizeof(float));
   return out;
 }
 
@@ -216,10 +234,12 @@ StagedOutputs::~StagedOutputs() {
   for (const Entry& e : entries_) std::remove(e.temp.c_str());
 }
 
-void StagedOutputs::stage(const std::string& path, const std::string& bytes, const std::string& argument) {
+void StagedOutputs::stage(const std::string& path, const std::string& bytes,
+                          const std::string& argument) {
   std::string temp = path + ".partial-XXXXXX";
   const int fd = mkstemp(temp.data());
-  if (fd < 0) fail(argument, path, std::string("cannot create output (") + std::strerror(errno) + ")");
+  if (fd < 0)
+    fail(argument, path, std::string("cannot create output (") + std::strerror(errno) + ")");
   entries_.push_back({temp, path});
   const mode_t mask = ::umask(0);  // mkstemp creates 0600; give the usual 0666 & ~umask
   ::umask(mask);
@@ -233,13 +253,15 @@ void StagedOutputs::stage(const std::string& path, const std::string& bytes, con
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) fail(argument, path, std::string("write failed (") + std::strerror(errno) + ")");
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    fail(argument, path, std::string("write failed (") + std::strerror(errno) + ")");
 }
 
 void StagedOutputs::commit() {
   for (Entry& e : entries_) {
     if (std::rename(e.temp.c_str(), e.target.c_str()) != 0) {
-      fail("output", e.target, std::string("cannot move into place (") + std::strerror(errno) + ")");
+      fail("output", e.target,
+           std::string("cannot move into place (") + std::strerror(errno) + ")");
     }
     e.temp.clear();
   }

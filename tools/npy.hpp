@@ -10,9 +10,9 @@ namespace favor::cli {
 
 struct NpyArray {
   std::vector<int64_t> shape;
-  std::string descr;          // as in the file, e.g. "<f8"
-  std::vector<float> values;  // C order, for float arrays
-  std::vector<uint8_t> flags; // C order, for bool/integer arrays (nonzero -> 1)
+  std::string descr;           // as in the file, e.g. "<f8"
+  std::vector<float> values;   // C order, for float arrays
+  std::vector<uint8_t> flags;  // C order, for bool/integer arrays (nonzero -> 1)
   int64_t numel() const;
 };
 

@@ -22,7 +22,8 @@ struct DecoderOptions {
 /// favor_attention. Not thread-safe: one decoder per thread.
 class Decoder {
  public:
-  Decoder(int64_t batch, int64_t heads, int64_t dv, Projection w, const DecoderOptions& options = {});
+  Decoder(int64_t batch, int64_t heads, int64_t dv, Projection w,
+          const DecoderOptions& options = {});
 
   /// Appends T tokens: k [B, H, T, D], v [B, H, T, Dv].
   void append(TensorView k, TensorView v);
@@ -46,9 +47,9 @@ class Decoder {
   DecoderOptions options_;
   double sqrt_scale_;
   int64_t position_ = 0;
-  std::vector<float> S_;       // [B*H][F][Dv]
-  std::vector<float> s_;       // [B*H][F]
-  std::vector<double> max_;    // running key log-max per (b, h)
+  std::vector<float> S_;     // [B*H][F][Dv]
+  std::vector<float> s_;     // [B*H][F]
+  std::vector<double> max_;  // running key log-max per (b, h)
 };
 
 }  // namespace favor

@@ -61,7 +61,8 @@ std::vector<float> draw_orthogonal(int64_t m, int64_t d, uint64_t seed, NormMode
     detail::Rng nrng(seed, 2 * static_cast<uint64_t>(b) + 2);
     const int64_t rows = std::min(d, m - b * d);
     for (int64_t i = 0; i < rows; ++i) {
-      const double norm = norms == NormMode::chi ? chi_norm(nrng, d) : std::sqrt(static_cast<double>(d));
+      const double norm =
+          norms == NormMode::chi ? chi_norm(nrng, d) : std::sqrt(static_cast<double>(d));
       for (int64_t j = 0; j < d; ++j) {
         w[static_cast<size_t>((b * d + i) * d + j)] = static_cast<float>(norm * q(j, i));
       }
@@ -86,14 +87,14 @@ Projection Projection::draw(int64_t m, int64_t d, const ProjectionOptions& optio
 Projection Projection::from_matrix(int64_t m, int64_t d, std::vector<float> values) {
   check_sizes(m, d);
   if (static_cast<int64_t>(values.size()) != m * d) {
-    throw Error("projection matrix: " + std::to_string(values.size()) + " values; an m x d = " +
-                std::to_string(m) + " x " + std::to_string(d) + " matrix needs " +
-                std::to_string(m * d));
+    throw Error("projection matrix: " + std::to_string(values.size()) +
+                " values; an m x d = " + std::to_string(m) + " x " + std::to_string(d) +
+                " matrix needs " + std::to_string(m * d));
   }
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i])) {
-      throw Error("projection matrix: element [" + std::to_string(i / static_cast<size_t>(d)) + ',' +
-                  std::to_string(i % static_cast<size_t>(d)) + "] is not finite");
+      throw Error("projection matrix: element [" + std::to_string(i / static_cast<size_t>(d)) +
+                  ',' + std::to_string(i % static_cast<size_t>(d)) + "] is not finite");
     }
   }
   return Projection(m, d, std::move(values), ProjectionOptions{}, true);
@@ -110,7 +111,9 @@ std::string to_string(ProjectionKind kind) {
   return kind == ProjectionKind::iid ? "iid" : "orthogonal";
 }
 
-std::string to_string(NormMode mode) { return mode == NormMode::chi ? "chi" : "fixed"; }
+std::string to_string(NormMode mode) {
+  return mode == NormMode::chi ? "chi" : "fixed";
+}
 
 ProjectionKind parse_projection_kind(const std::string& text, const std::string& argument) {
   if (text == "iid") return ProjectionKind::iid;

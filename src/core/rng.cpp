@@ -5,7 +5,9 @@
 
 namespace favor::detail {
 namespace {
-uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 }  // namespace
 
 uint64_t splitmix64(uint64_t& state) {

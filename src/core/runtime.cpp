@@ -29,10 +29,14 @@ int threads_from_environment() {
 
 const char* blas_threading() {
   switch (openblas_get_parallel()) {
-    case 0: return "sequential";
-    case 1: return "pthreads";
-    case 2: return "openmp";
-    default: return "unknown";
+    case 0:
+      return "sequential";
+    case 1:
+      return "pthreads";
+    case 2:
+      return "openmp";
+    default:
+      return "unknown";
   }
 }
 
@@ -53,9 +57,9 @@ int num_threads() {
 }
 
 std::string build_info() {
-  return std::string("favor ") + FAVOR_VERSION_STRING + "; simd " + cpu::simd_target() +
-         "; blas " + openblas_get_config() + " (" + blas_threading() + " threading)" +
-         "; threads " + std::to_string(num_threads());
+  return std::string("favor ") + FAVOR_VERSION_STRING + "; simd " + cpu::simd_target() + "; blas " +
+         openblas_get_config() + " (" + blas_threading() + " threading)" + "; threads " +
+         std::to_string(num_threads());
 }
 
 }  // namespace favor

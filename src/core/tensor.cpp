@@ -17,7 +17,8 @@ Tensor::Tensor(const Shape4& shape, float fill) : shape_(shape) {
   data_.assign(static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3]), fill);
 }
 
-Tensor::Tensor(const Shape4& shape, std::vector<float> values) : shape_(shape), data_(std::move(values)) {
+Tensor::Tensor(const Shape4& shape, std::vector<float> values)
+    : shape_(shape), data_(std::move(values)) {
   const int64_t n = shape[0] * shape[1] * shape[2] * shape[3];
   if (n != static_cast<int64_t>(data_.size())) {
     throw Error("Tensor: shape " + shape_string(shape) + " needs " + std::to_string(n) +

@@ -10,7 +10,8 @@ namespace favor::detail {
 namespace {
 
 // Byte range [lo, hi) spanned by a view (strides >= 0).
-std::pair<uintptr_t, uintptr_t> span_of(const float* data, const Shape4& shape, const Shape4& strides) {
+std::pair<uintptr_t, uintptr_t> span_of(const float* data, const Shape4& shape,
+                                        const Shape4& strides) {
   int64_t last = 0;
   for (int i = 0; i < 4; ++i) last += (shape[i] - 1) * strides[i];
   auto lo = reinterpret_cast<uintptr_t>(data);
@@ -73,8 +74,8 @@ double resolve_scale(const std::optional<double>& scale, int64_t d) {
 void check_projection(const Projection& w, int64_t d, const std::string& name) {
   if (w.m() < 1) throw Error("projection: m = " + std::to_string(w.m()) + " must be >= 1");
   if (w.d() != d) {
-    throw Error("projection: d = " + std::to_string(w.d()) + " must equal the head dim D = " +
-                std::to_string(d) + " of " + name);
+    throw Error("projection: d = " + std::to_string(w.d()) +
+                " must equal the head dim D = " + std::to_string(d) + " of " + name);
   }
 }
 
@@ -83,7 +84,8 @@ AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, 
   check_view(q, "q");
   check_view(k, "k");
   check_view(v, "v");
-  const std::string qs = shape_string(q.shape), ks = shape_string(k.shape), vs = shape_string(v.shape);
+  const std::string qs = shape_string(q.shape), ks = shape_string(k.shape),
+                    vs = shape_string(v.shape);
   if (q.shape[0] != k.shape[0] || q.shape[1] != k.shape[1] || v.shape[0] != k.shape[0] ||
       v.shape[1] != k.shape[1]) {
     throw Error("q " + qs + ", k " + ks + ", v " + vs + ": batch B and heads H must agree");
@@ -100,11 +102,12 @@ AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, 
   if (mask) {
     if (mask->data == nullptr) throw Error("key_mask: data pointer is null");
     if (mask->batch != k.shape[0] || mask->n != k.shape[2]) {
-      throw Error("key_mask: shape [" + std::to_string(mask->batch) + ',' + std::to_string(mask->n) +
-                  "] must be [B, Nk] = [" + std::to_string(k.shape[0]) + ',' +
-                  std::to_string(k.shape[2]) + ']');
+      throw Error("key_mask: shape [" + std::to_string(mask->batch) + ',' +
+                  std::to_string(mask->n) + "] must be [B, Nk] = [" + std::to_string(k.shape[0]) +
+                  ',' + std::to_string(k.shape[2]) + ']');
     }
-    if (mask->stride_b < 0 || mask->stride_n < 0) throw Error("key_mask: strides must be non-negative");
+    if (mask->stride_b < 0 || mask->stride_n < 0)
+      throw Error("key_mask: strides must be non-negative");
   }
   check_finite(q, "q");
   check_finite(k, "k");

@@ -22,8 +22,8 @@ struct AttentionParams {
   const float* w;  // m x d, row-major
   int64_t m;
   Kernel kernel;
-  float sqrt_scale;        // inputs are multiplied by sqrt(scale) before the feature map
-  const uint8_t* mask;     // [B, Nk], nonzero = key takes part; null = no mask
+  float sqrt_scale;     // inputs are multiplied by sqrt(scale) before the feature map
+  const uint8_t* mask;  // [B, Nk], nonzero = key takes part; null = no mask
   int64_t mask_stride_b, mask_stride_n;
   int threads;
 };

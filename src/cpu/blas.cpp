@@ -4,12 +4,16 @@
 
 namespace favor::cpu {
 namespace {
-CBLAS_TRANSPOSE op(bool t) { return t ? CblasTrans : CblasNoTrans; }
-blasint i(int64_t x) { return static_cast<blasint>(x); }
+CBLAS_TRANSPOSE op(bool t) {
+  return t ? CblasTrans : CblasNoTrans;
+}
+blasint i(int64_t x) {
+  return static_cast<blasint>(x);
+}
 }  // namespace
 
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, op(ta), op(tb), i(M), i(N), i(K), alpha, A, i(lda), B, i(ldb), beta, C,
               i(ldc));
 }

@@ -26,18 +26,28 @@ struct Workspace {
   std::vector<T> q, k, v, scores, acc, mx, l;
   std::vector<char> visible;
   Workspace(int64_t d, int64_t dv)
-      : q(kQueryBlock * d), k(kKeyBlock * d), v(kKeyBlock * dv), scores(kQueryBlock * kKeyBlock),
-        acc(kQueryBlock * dv), mx(kQueryBlock), l(kQueryBlock), visible(kKeyBlock) {}
+      : q(kQueryBlock * d),
+        k(kKeyBlock * d),
+        v(kKeyBlock * dv),
+        scores(kQueryBlock * kKeyBlock),
+        acc(kQueryBlock * dv),
+        mx(kQueryBlock),
+        l(kQueryBlock),
+        visible(kKeyBlock) {}
 };
 
 template <class T>
-void gather(const float* base, int64_t stride_n, int64_t stride_d, int64_t rows, int64_t d, T mult, T* dst) {
+void gather(const float* base, int64_t stride_n, int64_t stride_d, int64_t rows, int64_t d, T mult,
+            T* dst) {
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t x = 0; x < d; ++x) dst[r * d + x] = mult * static_cast<T>(base[r * stride_n + x * stride_d]);
+    for (int64_t x = 0; x < d; ++x)
+      dst[r * d + x] = mult * static_cast<T>(base[r * stride_n + x * stride_d]);
 }
 
 // p = exp(s - mx) over a row, in place; float rows use the vectorised exp.
-void exp_shifted(float* row, int64_t n, float mx) { exp_affine(row, 1.0f, -mx, row, n); }
+void exp_shifted(float* row, int64_t n, float mx) {
+  exp_affine(row, 1.0f, -mx, row, n);
+}
 void exp_shifted(double* row, int64_t n, double mx) {
   for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - mx);
 }
@@ -62,12 +72,16 @@ int64_t run_block(const AttentionParams& p, bool causal, int64_t b, int64_t h, i
   const int64_t key_end = causal ? i0 + qrows : p.nk;
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int64_t krows = std::min(kKeyBlock, key_end - j0);
-    gather<T>(kh + j0 * p.k_strides[2], p.k_strides[2], p.k_strides[3], krows, d, T(1), ws.k.data());
-    gather<T>(vh + j0 * p.v_strides[2], p.v_strides[2], p.v_strides[3], krows, dv, T(1), ws.v.data());
+    gather<T>(kh + j0 * p.k_strides[2], p.k_strides[2], p.k_strides[3], krows, d, T(1),
+              ws.k.data());
+    gather<T>(vh + j0 * p.v_strides[2], p.v_strides[2], p.v_strides[3], krows, dv, T(1),
+              ws.v.data());
     for (int64_t j = 0; j < krows; ++j) {
-      ws.visible[j] = p.mask == nullptr || p.mask[b * p.mask_stride_b + (j0 + j) * p.mask_stride_n] != 0;
+      ws.visible[j] =
+          p.mask == nullptr || p.mask[b * p.mask_stride_b + (j0 + j) * p.mask_stride_n] != 0;
     }
-    gemm(false, true, qrows, krows, d, T(1), ws.q.data(), d, ws.k.data(), d, T(0), ws.scores.data(), krows);
+    gemm(false, true, qrows, krows, d, T(1), ws.q.data(), d, ws.k.data(), d, T(0), ws.scores.data(),
+         krows);
     for (int64_t i = 0; i < qrows; ++i) {
       T* row = ws.scores.data() + i * krows;
       // Causal: key j0 + j is visible to query i0 + i when j0 + j <= i0 + i.
@@ -90,7 +104,8 @@ int64_t run_block(const AttentionParams& p, bool causal, int64_t b, int64_t h, i
       for (int64_t x = 0; x < dv; ++x) ws.acc[i * dv + x] *= correction;
       ws.mx[i] = new_max;
     }
-    gemm(false, false, qrows, dv, krows, T(1), ws.scores.data(), krows, ws.v.data(), dv, T(1), ws.acc.data(), dv);
+    gemm(false, false, qrows, dv, krows, T(1), ws.scores.data(), krows, ws.v.data(), dv, T(1),
+         ws.acc.data(), dv);
   }
   int64_t empty_rows = 0;
   for (int64_t i = 0; i < qrows; ++i) {
@@ -125,7 +140,11 @@ int64_t run(const AttentionParams& p, bool causal) {
 
 }  // namespace
 
-int64_t exact_attention_f32(const AttentionParams& p, bool causal) { return run<float>(p, causal); }
-int64_t exact_attention_f64(const AttentionParams& p, bool causal) { return run<double>(p, causal); }
+int64_t exact_attention_f32(const AttentionParams& p, bool causal) {
+  return run<float>(p, causal);
+}
+int64_t exact_attention_f64(const AttentionParams& p, bool causal) {
+  return run<double>(p, causal);
+}
 
 }  // namespace favor::cpu

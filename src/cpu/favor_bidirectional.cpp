@@ -23,8 +23,17 @@ struct Workspace {
   std::vector<float> x, a, phi, v, y, den, ones, S, s, log_s;
   std::vector<double> half_norm2, g;
   Workspace(int64_t d, int64_t m, int64_t F, int64_t dv)
-      : x(kRowTile * d), a(kRowTile * m), phi(kRowTile * F), v(kRowTile * dv), y(kRowTile * dv),
-        den(kRowTile), ones(kRowTile, 1.0f), S(F * dv), s(F), log_s(F), half_norm2(kRowTile),
+      : x(kRowTile * d),
+        a(kRowTile * m),
+        phi(kRowTile * F),
+        v(kRowTile * dv),
+        y(kRowTile * dv),
+        den(kRowTile),
+        ones(kRowTile, 1.0f),
+        S(F * dv),
+        s(F),
+        log_s(F),
+        half_norm2(kRowTile),
         g(kRowTile) {}
 };
 
@@ -87,7 +96,8 @@ int64_t run_head(const AttentionParams& p, int64_t b, int64_t h, Workspace& ws) 
       const float c = query_shift(p.kernel, a, m, ws.log_s.data());
       query_features(p.kernel, a, m, c, ws.log_s.data(), ws.phi.data() + r * F);
     }
-    gemm(false, false, rows, p.dv, F, 1.0f, ws.phi.data(), F, ws.S.data(), p.dv, 0.0f, ws.y.data(), p.dv);
+    gemm(false, false, rows, p.dv, F, 1.0f, ws.phi.data(), F, ws.S.data(), p.dv, 0.0f, ws.y.data(),
+         p.dv);
     gemv(false, rows, F, 1.0f, ws.phi.data(), F, ws.s.data(), 0.0f, ws.den.data());
     zero_rows += write_rows(ws.y.data(), ws.den.data(), rows, p.dv, oh + i0 * p.out_strides[2],
                             p.out_strides[2], p.out_strides[3]);
@@ -109,7 +119,8 @@ int64_t favor_bidirectional(const AttentionParams& p) {
   for (int t = 0; t < threads; ++t) spaces.emplace_back(p.d, p.m, F, p.dv);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(+ : zero_rows)
   for (int64_t bh = 0; bh < heads; ++bh) {
-    zero_rows += run_head(p, bh / p.heads, bh % p.heads, spaces[static_cast<size_t>(omp_get_thread_num())]);
+    zero_rows +=
+        run_head(p, bh / p.heads, bh % p.heads, spaces[static_cast<size_t>(omp_get_thread_num())]);
   }
   return zero_rows;
 }

@@ -27,24 +27,42 @@ struct Workspace {
   std::vector<double> half_norm2, g, run_max;
   std::vector<char> visible;
   Workspace(int64_t d, int64_t m, int64_t F, int64_t dv)
-      : xk(kChunk * d), xq(kChunk * d), ak(kChunk * m), aq(kChunk * m), phik(kChunk * F),
-        phiq(kChunk * F), prefix(kChunk * F), v(kChunk * dv), y(kChunk * dv), den(kChunk),
-        ones(kChunk, 1.0f), G(kChunk * kChunk), S(F * dv), s(F), half_norm2(kChunk), g(kChunk),
-        run_max(kChunk), visible(kChunk) {}
+      : xk(kChunk * d),
+        xq(kChunk * d),
+        ak(kChunk * m),
+        aq(kChunk * m),
+        phik(kChunk * F),
+        phiq(kChunk * F),
+        prefix(kChunk * F),
+        v(kChunk * dv),
+        y(kChunk * dv),
+        den(kChunk),
+        ones(kChunk, 1.0f),
+        G(kChunk * kChunk),
+        S(F * dv),
+        s(F),
+        half_norm2(kChunk),
+        g(kChunk),
+        run_max(kChunk),
+        visible(kChunk) {}
 };
 
 // exp(from - to) for running maxima from <= to; 1 when equal (also both -inf).
-float rescale(double from, double to) { return from == to ? 1.0f : static_cast<float>(std::exp(from - to)); }
+float rescale(double from, double to) {
+  return from == to ? 1.0f : static_cast<float>(std::exp(from - to));
+}
 
 // Key features of one chunk, each relative to its running max run_max[r] (zeros for masked
 // keys). Returns true if the running max moved inside the chunk.
-bool chunk_key_features(const AttentionParams& p, int64_t rows, const HeadState& state, Workspace& ws) {
+bool chunk_key_features(const AttentionParams& p, int64_t rows, const HeadState& state,
+                        Workspace& ws) {
   const int64_t m = p.m, F = state.features;
   project_rows(ws.xk.data(), rows, p.d, p.w, m, ws.ak.data());
   double running = state.max;
   for (int64_t r = 0; r < rows; ++r) {
     ws.g[r] = key_log_weight(p.kernel, ws.half_norm2[r]);
-    if (ws.visible[r]) running = std::max(running, key_log_max(p.kernel, ws.ak.data() + r * m, m, ws.g[r]));
+    if (ws.visible[r])
+      running = std::max(running, key_log_max(p.kernel, ws.ak.data() + r * m, m, ws.g[r]));
     ws.run_max[r] = running;
     float* phi = ws.phik.data() + r * F;
     if (ws.visible[r]) {
@@ -59,7 +77,8 @@ bool chunk_key_features(const AttentionParams& p, int64_t rows, const HeadState&
 // Query features of one chunk; for the positive family each row's shift comes from its
 // exact prefix normaliser P_i = P_{i-1} exp(M_{i-1} - M_i) + phi(k_i), P_{-1} = s_{<c}
 // (computed in ws.prefix, then overwritten by its log).
-void chunk_query_features(const AttentionParams& p, int64_t rows, const HeadState& state, Workspace& ws) {
+void chunk_query_features(const AttentionParams& p, int64_t rows, const HeadState& state,
+                          Workspace& ws) {
   const int64_t m = p.m, F = state.features;
   project_rows(ws.xq.data(), rows, p.d, p.w, m, ws.aq.data());
   const bool pos = positive_family(p.kernel);
@@ -99,13 +118,15 @@ int64_t run_head(const AttentionParams& p, int64_t b, int64_t h, Workspace& ws) 
   for (int64_t c0 = 0; c0 < p.nq; c0 += kChunk) {
     const int64_t rows = std::min(kChunk, p.nq - c0);
     for (int64_t r = 0; r < rows; ++r) {
-      ws.visible[r] = p.mask == nullptr || p.mask[b * p.mask_stride_b + (c0 + r) * p.mask_stride_n] != 0;
+      ws.visible[r] =
+          p.mask == nullptr || p.mask[b * p.mask_stride_b + (c0 + r) * p.mask_stride_n] != 0;
     }
     gather_rows(kh + c0 * p.k_strides[2], p.k_strides[2], p.k_strides[3], rows, p.d, p.sqrt_scale,
                 ws.xk.data(), ws.half_norm2.data());
     gather_rows(qh + c0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.sqrt_scale,
                 ws.xq.data(), nullptr);
-    gather_rows(vh + c0 * p.v_strides[2], p.v_strides[2], p.v_strides[3], rows, dv, 1.0f, ws.v.data(), nullptr);
+    gather_rows(vh + c0 * p.v_strides[2], p.v_strides[2], p.v_strides[3], rows, dv, 1.0f,
+                ws.v.data(), nullptr);
 
     const bool moved = chunk_key_features(p, rows, state, ws);
     chunk_query_features(p, rows, state, ws);
@@ -121,7 +142,8 @@ int64_t run_head(const AttentionParams& p, int64_t b, int64_t h, Workspace& ws) 
       }
     }
     // Intra-chunk: G = phi(Q_c) phi(K_c)^T, lower triangle (j <= i), times exp(M_j - M_i).
-    gemm(false, true, rows, rows, F, 1.0f, ws.phiq.data(), F, ws.phik.data(), F, 0.0f, ws.G.data(), rows);
+    gemm(false, true, rows, rows, F, 1.0f, ws.phiq.data(), F, ws.phik.data(), F, 0.0f, ws.G.data(),
+         rows);
     for (int64_t i = 0; i < rows; ++i) {
       float* gi = ws.G.data() + i * rows;
       std::fill(gi + i + 1, gi + rows, 0.0f);
@@ -132,7 +154,8 @@ int64_t run_head(const AttentionParams& p, int64_t b, int64_t h, Workspace& ws) 
       for (int64_t j = 0; j <= i; ++j) sum += gi[j];
       ws.den[i] += sum;
     }
-    gemm(false, false, rows, dv, rows, 1.0f, ws.G.data(), rows, ws.v.data(), dv, 1.0f, ws.y.data(), dv);
+    gemm(false, false, rows, dv, rows, 1.0f, ws.G.data(), rows, ws.v.data(), dv, 1.0f, ws.y.data(),
+         dv);
     zero_rows += write_rows(ws.y.data(), ws.den.data(), rows, dv, oh + c0 * p.out_strides[2],
                             p.out_strides[2], p.out_strides[3]);
     // State update, relative to the chunk's last running max.
@@ -162,7 +185,8 @@ int64_t favor_causal(const AttentionParams& p) {
   int64_t zero_rows = 0;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(+ : zero_rows)
   for (int64_t bh = 0; bh < heads; ++bh) {
-    zero_rows += run_head(p, bh / p.heads, bh % p.heads, spaces[static_cast<size_t>(omp_get_thread_num())]);
+    zero_rows +=
+        run_head(p, bh / p.heads, bh % p.heads, spaces[static_cast<size_t>(omp_get_thread_num())]);
   }
   return zero_rows;
 }

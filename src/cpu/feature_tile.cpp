@@ -34,10 +34,12 @@ double key_log_weight(Kernel kernel, double half_norm2) {
 
 double key_log_max(Kernel kernel, const float* a_row, int64_t m, double g) {
   switch (kernel) {
-    case Kernel::positive: return static_cast<double>(max_value(a_row, m)) + g;
+    case Kernel::positive:
+      return static_cast<double>(max_value(a_row, m)) + g;
     case Kernel::hyperbolic:
       return static_cast<double>(std::max(max_value(a_row, m), -min_value(a_row, m))) + g;
-    case Kernel::trig: return g;
+    case Kernel::trig:
+      return g;
   }
   return g;
 }
@@ -45,7 +47,9 @@ double key_log_max(Kernel kernel, const float* a_row, int64_t m, double g) {
 void key_features(Kernel kernel, const float* a_row, int64_t m, double off, float* phi) {
   const auto offset = static_cast<float>(off);
   switch (kernel) {
-    case Kernel::positive: exp_affine(a_row, 1.0f, offset, phi, m); break;
+    case Kernel::positive:
+      exp_affine(a_row, 1.0f, offset, phi, m);
+      break;
     case Kernel::hyperbolic:
       exp_affine(a_row, 1.0f, offset, phi, m);
       exp_affine(a_row, -1.0f, offset, phi + m, m);
@@ -58,23 +62,30 @@ void key_features(Kernel kernel, const float* a_row, int64_t m, double off, floa
 
 float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log_s) {
   switch (kernel) {
-    case Kernel::positive: return max_of_signed_sum(a_row, 1.0f, log_s, m);
+    case Kernel::positive:
+      return max_of_signed_sum(a_row, 1.0f, log_s, m);
     case Kernel::hyperbolic:
       return std::max(max_of_signed_sum(a_row, 1.0f, log_s, m),
                       max_of_signed_sum(a_row, -1.0f, log_s + m, m));
-    case Kernel::trig: return 0.0f;
+    case Kernel::trig:
+      return 0.0f;
   }
   return 0.0f;
 }
 
-void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const float* log_s, float* phi) {
+void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const float* log_s,
+                    float* phi) {
   switch (kernel) {
-    case Kernel::positive: exp_shift_live(a_row, 1.0f, c, log_s, phi, m); break;
+    case Kernel::positive:
+      exp_shift_live(a_row, 1.0f, c, log_s, phi, m);
+      break;
     case Kernel::hyperbolic:
       exp_shift_live(a_row, 1.0f, c, log_s, phi, m);
       exp_shift_live(a_row, -1.0f, c, log_s + m, phi + m, m);
       break;
-    case Kernel::trig: sincos_scaled(a_row, 1.0f, phi, phi + m, m); break;
+    case Kernel::trig:
+      sincos_scaled(a_row, 1.0f, phi, phi + m, m);
+      break;
   }
 }
 

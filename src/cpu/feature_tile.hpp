@@ -13,7 +13,9 @@
 
 namespace favor::cpu {
 
-inline bool positive_family(Kernel k) { return k != Kernel::trig; }
+inline bool positive_family(Kernel k) {
+  return k != Kernel::trig;
+}
 
 /// dst[r, x] = mult * row_r[x] for `rows` rows starting at base (row stride stride_n,
 /// element stride stride_d); half_norm2[r] = |dst_r|^2 / 2 in double (if non-null).
@@ -34,6 +36,7 @@ float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log
 /// Query features: exp(L - c) (positive family) where log_s > -inf and 0 where the key
 /// sum s_f underflowed (S_f and s_f are then zero, so the feature contributes nothing, and
 /// exp(L - c) <= 1/s_f could overflow); [sin a, cos a] (trig, log_s unused).
-void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const float* log_s, float* phi);
+void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const float* log_s,
+                    float* phi);
 
 }  // namespace favor::cpu

@@ -19,7 +19,8 @@ using DF = hn::ScalableTag<float>;
 constexpr int64_t kTailLanes = 64;
 
 template <class Op>
-HWY_INLINE void unary_rows(const float* HWY_RESTRICT in, float* HWY_RESTRICT out, int64_t n, Op op) {
+HWY_INLINE void unary_rows(const float* HWY_RESTRICT in, float* HWY_RESTRICT out, int64_t n,
+                           Op op) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   int64_t i = 0;
@@ -57,7 +58,8 @@ void ExpShiftLive(const float* a, float sign, float c, const float* log_s, float
     const auto e = hn::Exp(d, hn::MulAdd(hn::LoadU(d, a + i), s, shift));
     hn::StoreU(hn::IfThenElseZero(hn::Gt(hn::LoadU(d, log_s + i), ninf), e), d, out + i);
   }
-  for (; i < n; ++i) out[i] = log_s[i] > -std::numeric_limits<float>::infinity() ? std::exp(sign * a[i] - c) : 0.0f;
+  for (; i < n; ++i)
+    out[i] = log_s[i] > -std::numeric_limits<float>::infinity() ? std::exp(sign * a[i] - c) : 0.0f;
 }
 
 float MaxOfSignedSum(const float* a, float sign, const float* b, int64_t n) {
@@ -134,14 +136,19 @@ void exp_affine(const float* in, float sign, float offset, float* out, int64_t n
 void log_or_neg_inf(const float* in, float* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(LogOrNegInf)(in, out, n);
 }
-void exp_shift_live(const float* a, float sign, float c, const float* log_s, float* out, int64_t n) {
+void exp_shift_live(const float* a, float sign, float c, const float* log_s, float* out,
+                    int64_t n) {
   HWY_DYNAMIC_DISPATCH(ExpShiftLive)(a, sign, c, log_s, out, n);
 }
 float max_of_signed_sum(const float* a, float sign, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(MaxOfSignedSum)(a, sign, b, n);
 }
-float max_value(const float* a, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxValue)(a, n); }
-float min_value(const float* a, int64_t n) { return HWY_DYNAMIC_DISPATCH(MinValue)(a, n); }
+float max_value(const float* a, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(MaxValue)(a, n);
+}
+float min_value(const float* a, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(MinValue)(a, n);
+}
 void sincos_scaled(const float* a, float mult, float* out_sin, float* out_cos, int64_t n) {
   HWY_DYNAMIC_DISPATCH(SinCosScaled)(a, mult, out_sin, out_cos, n);
 }

@@ -12,8 +12,8 @@ namespace favor::reference::naive {
 
 /// phi(x) of one head as N x F, constants kept, in T.
 template <class T>
-std::vector<T> head_features(const TensorView& x, int64_t b, int64_t h, const Projection& w, Kernel kernel,
-                             double scale) {
+std::vector<T> head_features(const TensorView& x, int64_t b, int64_t h, const Projection& w,
+                             Kernel kernel, double scale) {
   const int64_t n = x.shape[2], d = x.shape[3], m = w.m(), F = feature_count(kernel, m);
   const T ss = static_cast<T>(std::sqrt(scale));
   std::vector<T> phi(static_cast<size_t>(n * F));
@@ -29,7 +29,9 @@ std::vector<T> head_features(const TensorView& x, int64_t b, int64_t h, const Pr
       for (int64_t t = 0; t < d; ++t) a += static_cast<T>(w.at(f, t)) * xs[t];
       T* row = phi.data() + i * F;
       switch (kernel) {
-        case Kernel::positive: row[f] = std::exp(a - norm2 / 2) / std::sqrt(static_cast<T>(m)); break;
+        case Kernel::positive:
+          row[f] = std::exp(a - norm2 / 2) / std::sqrt(static_cast<T>(m));
+          break;
         case Kernel::trig: {
           const T c = std::exp(norm2 / 2) / std::sqrt(static_cast<T>(m));
           row[f] = c * std::sin(a);

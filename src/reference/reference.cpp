@@ -35,16 +35,19 @@ DTensor favor_attention(TensorView q, TensorView k, TensorView v, const Projecti
 DTensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOptions& options) {
   const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
   const double scale = detail::resolve_scale(options.scale, s.d);
-  DTensor out{{s.batch, s.heads, s.nq, s.dv}, std::vector<double>(static_cast<size_t>(s.batch * s.heads * s.nq * s.dv))};
+  DTensor out{{s.batch, s.heads, s.nq, s.dv},
+              std::vector<double>(static_cast<size_t>(s.batch * s.heads * s.nq * s.dv))};
   std::vector<double> scores(static_cast<size_t>(s.nk));
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
       for (int64_t i = 0; i < s.nq; ++i) {
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < s.nk; ++j) {
-          const bool visible = !(options.causal && j > i) && naive::key_visible(options.key_mask, b, j);
+          const bool visible =
+              !(options.causal && j > i) && naive::key_visible(options.key_mask, b, j);
           double dot = 0.0;
-          for (int64_t t = 0; t < s.d; ++t) dot += static_cast<double>(q.at(b, h, i, t)) * k.at(b, h, j, t);
+          for (int64_t t = 0; t < s.d; ++t)
+            dot += static_cast<double>(q.at(b, h, i, t)) * k.at(b, h, j, t);
           scores[j] = visible ? scale * dot : -std::numeric_limits<double>::infinity();
           mx = std::max(mx, scores[j]);
         }

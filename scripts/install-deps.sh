@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian packages favor needs, if any is missing. Runs apt-get as root (or
+# through sudo when not root). Safe to run again: does nothing when all are present.
+set -euo pipefail
+
+packages=(
+  g++ make cmake pkg-config        # toolchain (CMake >= 3.25)
+  libopenblas-openmp-dev           # BLAS, OpenMP build: single-threaded inside our parallel regions
+  libeigen3-dev                    # QR of the orthogonal projection blocks
+  libhwy-dev                       # Highway: run-time dispatched SIMD exp/log/sin/cos
+  libcli11-dev libfmt-dev nlohmann-json3-dev   # the favor CLI
+  libgtest-dev                     # tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+if [ "$(id -u)" -eq 0 ]; then
+  run=()
+elif command -v sudo >/dev/null 2>&1; then
+  run=(sudo)
+else
+  echo "install-deps: missing packages (${missing[*]}) and not root; run as root or install them" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${run[@]}" apt-get update -qq
+"${run[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
