@@ -119,25 +119,6 @@ T load(const char* p) {
   return v;
 }
 
-struct Loaded {
-  Header header;
-  std::string bytes;
-};
-
-Loaded load_checked(const std::string& path, const std::string& argument, size_t item_size) {
-  Loaded l{{}, read_file(path, argument)};
-  l.header = parse_header(l.bytes, path, argument);
-  const size_t need = static_cast<size_t>(count(l.header.shape)) * item_size;
-  const size_t have = l.bytes.size() - l.header.data_offset;
-  if (have < need) {
-    fail(argument, path,
-         "truncated: " + std::to_string(need) + " bytes of data expected, " + std::to_string(have) +
-             " found");
-  }
-  if (count(l.header.shape) == 0) fail(argument, path, "array has no elements");
-  return l;
-}
-
 size_t item_size_of(const std::string& descr) {
   if (descr.size() < 3) return 0;
   try {
@@ -147,6 +128,37 @@ size_t item_size_of(const std::string& descr) {
   }
 }
 
+struct Loaded {
+  Header header;
+  std::string bytes;
+  size_t item = 0;
+  std::vector<size_t> c_index;  // Fortran position -> C position; empty for C order
+  const char* data() const { return bytes.data() + header.data_offset; }
+  size_t at(size_t i) const { return c_index.empty() ? i : c_index[i]; }
+};
+
+// Reads the file, checks the dtype with `accept` (else fails with `rule`), the data size and
+// a non-empty shape, and precomputes the Fortran-to-C index map.
+template <class Accept>
+Loaded load_checked(const std::string& path, const std::string& argument, Accept accept,
+                    const std::string& rule) {
+  Loaded l{{}, read_file(path, argument), 0, {}};
+  l.header = parse_header(l.bytes, path, argument);
+  if (!accept(l.header.descr))
+    fail(argument, path, "dtype '" + l.header.descr + "' is not supported; " + rule);
+  l.item = item_size_of(l.header.descr);
+  const size_t need = static_cast<size_t>(count(l.header.shape)) * l.item;
+  const size_t have = l.bytes.size() - l.header.data_offset;
+  if (have < need) {
+    fail(argument, path,
+         "truncated: " + std::to_string(need) + " bytes of data expected, " + std::to_string(have) +
+             " found");
+  }
+  if (count(l.header.shape) == 0) fail(argument, path, "array has no elements");
+  if (l.header.fortran && l.header.shape.size() > 1) l.c_index = fortran_to_c(l.header.shape);
+  return l;
+}
+
 }  // namespace
 
 int64_t NpyArray::numel() const {
@@ -154,58 +166,35 @@ int64_t NpyArray::numel() const {
 }
 
 NpyArray read_float_npy(const std::string& path, const std::string& argument) {
-  std::string descr;
-  {
-    const std::string bytes = read_file(path, argument);
-    descr = parse_header(bytes, path, argument).descr;
-  }
-  if (descr != "<f4" && descr != "<f8" && descr != "=f4" && descr != "=f8") {
-    fail(argument, path,
-         "dtype '" + descr + "' is not supported; use little-endian float32 or float64");
-  }
-  const size_t item = item_size_of(descr);
-  Loaded l = load_checked(path, argument, item);
-  NpyArray a;
-  a.shape = l.header.shape;
-  a.descr = descr;
+  const Loaded l = load_checked(
+      path, argument,
+      [](const std::string& d) { return d == "<f4" || d == "<f8" || d == "=f4" || d == "=f8"; },
+      "use little-endian float32 or float64");
+  NpyArray a{l.header.shape, l.header.descr, {}, {}};
   const size_t n = static_cast<size_t>(a.numel());
   a.values.resize(n);
-  const char* data = l.bytes.data() + l.header.data_offset;
-  const std::vector<size_t> map =
-      l.header.fortran && a.shape.size() > 1 ? fortran_to_c(a.shape) : std::vector<size_t>{};
   for (size_t i = 0; i < n; ++i) {
-    const float v =
-        item == 4 ? load<float>(data + 4 * i) : static_cast<float>(load<double>(data + 8 * i));
-    a.values[map.empty() ? i : map[i]] = v;
+    a.values[l.at(i)] = l.item == 4 ? load<float>(l.data() + 4 * i)
+                                    : static_cast<float>(load<double>(l.data() + 8 * i));
   }
   return a;
 }
 
 NpyArray read_mask_npy(const std::string& path, const std::string& argument) {
-  std::string descr;
-  {
-    const std::string bytes = read_file(path, argument);
-    descr = parse_header(bytes, path, argument).descr;
-  }
-  const bool ok = descr == "|b1" || descr == "|u1" || descr == "|i1" ||
-                  ((descr[0] == '<' || descr[0] == '=') && (descr[1] == 'i' || descr[1] == 'u') &&
-                   (descr.substr(2) == "2" || descr.substr(2) == "4" || descr.substr(2) == "8"));
-  if (!ok)
-    fail(argument, path, "dtype '" + descr + "' is not supported; a mask is bool or 0/1 integers");
-  const size_t item = item_size_of(descr);
-  Loaded l = load_checked(path, argument, item);
-  NpyArray a;
-  a.shape = l.header.shape;
-  a.descr = descr;
+  const auto accept = [](const std::string& d) {
+    if (d == "|b1" || d == "|u1" || d == "|i1") return true;
+    const std::string size = d.substr(2);
+    return (d[0] == '<' || d[0] == '=') && (d[1] == 'i' || d[1] == 'u') &&
+           (size == "2" || size == "4" || size == "8");
+  };
+  const Loaded l = load_checked(path, argument, accept, "a mask is bool or 0/1 integers");
+  NpyArray a{l.header.shape, l.header.descr, {}, {}};
   const size_t n = static_cast<size_t>(a.numel());
   a.flags.resize(n);
-  const char* data = l.bytes.data() + l.header.data_offset;
-  const std::vector<size_t> map =
-      l.header.fortran && a.shape.size() > 1 ? fortran_to_c(a.shape) : std::vector<size_t>{};
   for (size_t i = 0; i < n; ++i) {
     bool nonzero = false;
-    for (size_t b = 0; b < item; ++b) nonzero = nonzero || data[item * i + b] != 0;
-    a.flags[map.empty() ? i : map[i]] = nonzero ? 1 : 0;
+    for (size_t b = 0; b < l.item; ++b) nonzero = nonzero || l.data()[l.item * i + b] != 0;
+    a.flags[l.at(i)] = nonzero ? 1 : 0;
   }
   return a;
 }
