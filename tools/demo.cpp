@@ -19,7 +19,7 @@ namespace {
 // |x| = 1 and logits q.k/sqrt(D) lie in [-1, 1]; v is standard Gaussian. Fixed seeds.
 // (The positive estimator's relative variance grows like exp(|x + y|^2) / m: at
 // |x| = |y| = 2.8, i.e. N(0,1) entries, its output error exceeds 100%. See docs/math.md.)
-constexpr int64_t kHeads = 4, kDim = 64, kFeatures = 256;
+constexpr int64_t kHeads = 4, kDim = 64;
 constexpr int kRepeats = 3;
 
 // Gaussian rows from the library's deterministic normal stream (an iid projection draw),
@@ -49,24 +49,23 @@ double median_seconds(F&& f) {
   return t[t.size() / 2];
 }
 
-void run(bool json, const std::vector<int64_t>& lengths) {
+void run(bool json, const std::vector<int64_t>& lengths, double norm, int64_t features) {
   const Projection w =
-      Projection::draw(kFeatures, kDim, {ProjectionKind::orthogonal, NormMode::chi, 0});
+      Projection::draw(features, kDim, {ProjectionKind::orthogonal, NormMode::chi, 0});
   nlohmann::json records = nlohmann::json::array();
   if (!json) {
     fmt::print(
         "favor demo: FAVOR+ (positive features, m = {} orthogonal) vs exact softmax attention\n",
-        kFeatures);
+        features);
     fmt::print(
-        "workload: B = 1, H = {}, D = Dv = {}; q, k random directions with |q| = |k| = D^(1/4); v "
-        "~ N(0, 1)\n",
-        kHeads, kDim);
+        "workload: B = 1, H = {}, D = Dv = {}; q, k random directions with |q| = |k| = {:.3g}; v ~ "
+        "N(0, 1)\n",
+        kHeads, kDim, norm);
     fmt::print("{}\n", build_info());
     fmt::print("{:>6} {:>8} {:>12} {:>12} {:>9} {:>14}\n", "N", "mode", "favor [ms]", "exact [ms]",
                "speedup", "rel. error");
   }
   for (int64_t n : lengths) {
-    const double norm = std::pow(double(kDim), 0.25);
     const Tensor q = gaussian({1, kHeads, n, kDim}, 100 + n, norm),
                  k = gaussian({1, kHeads, n, kDim}, 200 + n, norm),
                  v = gaussian({1, kHeads, n, kDim}, 300 + n);
@@ -84,11 +83,12 @@ void run(bool json, const std::vector<int64_t>& lengths) {
                            {"causal", causal},
                            {"bh", kHeads},
                            {"d", kDim},
-                           {"m", kFeatures},
+                           {"m", features},
                            {"favor_seconds", tf},
                            {"exact_seconds", te},
                            {"speedup", te / tf},
                            {"relative_error", err},
+                           {"qk_norm", norm},
                            {"threads", num_threads()}});
       } else {
         fmt::print("{:>6} {:>8} {:>12.3f} {:>12.3f} {:>8.2f}x {:>14.4f}\n", n,
@@ -105,15 +105,23 @@ void add_demo_command(CLI::App& app) {
   auto json = std::make_shared<bool>(false);
   auto lengths =
       std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{512, 1024, 2048, 4096});
+  auto norm = std::make_shared<double>(std::pow(double(kDim), 0.25));
+  auto features = std::make_shared<int64_t>(256);
   CLI::App* cmd = app.add_subcommand(
       "demo", "FAVOR+ vs exact attention on a built-in workload: time and error per length");
   cmd->add_flag("--json", *json, "print the rows as a JSON array");
   cmd->add_option("--lengths", *lengths, "sequence lengths to run")->capture_default_str();
-  cmd->callback([json, lengths] {
+  cmd->add_option("--qk-norm", *norm, "row norm of q and k (default D^(1/4): |q.k|/sqrt(D) <= 1)")
+      ->capture_default_str();
+  cmd->add_option("--features", *features, "random projections m")->capture_default_str();
+  cmd->callback([json, lengths, norm, features] {
+    if (*features < 1) throw Error("--features: " + std::to_string(*features) + " must be >= 1");
+    if (!(*norm > 0.0 && std::isfinite(*norm)))
+      throw Error("--qk-norm: " + std::to_string(*norm) + " must be finite and > 0");
     for (int64_t n : *lengths) {
       if (n < 1) throw Error("--lengths: " + std::to_string(n) + " must be >= 1");
     }
-    run(*json, *lengths);
+    run(*json, *lengths, *norm, *features);
   });
 }
 
