@@ -64,8 +64,9 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const P
 
 Tensor favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
                        const AttentionOptions& options, AttentionStats* stats) {
-  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
-  Tensor out(output_shape(s));
+  detail::check_view(q, "q");
+  detail::check_view(v, "v");
+  Tensor out({q.shape[0], q.shape[1], q.shape[2], v.shape[3]});  // the callee validates fully
   const AttentionStats st = favor_attention(q, k, v, w, out.mutable_view(), options);
   if (stats) *stats = st;
   return out;
@@ -85,8 +86,9 @@ void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView
 }
 
 Tensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOptions& options) {
-  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
-  Tensor out(output_shape(s));
+  detail::check_view(q, "q");
+  detail::check_view(v, "v");
+  Tensor out({q.shape[0], q.shape[1], q.shape[2], v.shape[3]});  // the callee validates fully
   exact_attention(q, k, v, out.mutable_view(), options);
   return out;
 }
