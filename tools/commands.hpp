@@ -8,5 +8,6 @@ namespace favor::cli {
 void add_demo_command(CLI::App& app);
 void add_attention_command(CLI::App& app);
 void add_features_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 
 }  // namespace favor::cli

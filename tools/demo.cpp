@@ -10,6 +10,7 @@
 
 #include "cli_common.hpp"
 #include "commands.hpp"
+#include "workload.hpp"
 
 namespace favor::cli {
 namespace {
@@ -21,33 +22,6 @@ namespace {
 // |x| = |y| = 2.8, i.e. N(0,1) entries, its output error exceeds 100%. See docs/math.md.)
 constexpr int64_t kHeads = 4, kDim = 64;
 constexpr int kRepeats = 3;
-
-// Gaussian rows from the library's deterministic normal stream (an iid projection draw),
-// rescaled to `norm` when norm > 0.
-Tensor gaussian(const Shape4& shape, uint64_t seed, double norm = 0.0) {
-  const int64_t rows = shape[0] * shape[1] * shape[2], d = shape[3];
-  const Projection p = Projection::draw(rows, d, {ProjectionKind::iid, NormMode::chi, seed});
-  Tensor t(shape, p.matrix());
-  for (int64_t r = 0; norm > 0.0 && r < rows; ++r) {
-    float* row = t.data() + r * d;
-    double n2 = 0.0;
-    for (int64_t x = 0; x < d; ++x) n2 += double(row[x]) * row[x];
-    for (int64_t x = 0; x < d; ++x) row[x] = static_cast<float>(row[x] * norm / std::sqrt(n2));
-  }
-  return t;
-}
-
-template <class F>
-double median_seconds(F&& f) {
-  std::vector<double> t;
-  for (int r = 0; r < kRepeats; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 void run(bool json, const std::vector<int64_t>& lengths, double norm, int64_t features) {
   const Projection w =
@@ -66,17 +40,17 @@ void run(bool json, const std::vector<int64_t>& lengths, double norm, int64_t fe
                "speedup", "rel. error");
   }
   for (int64_t n : lengths) {
-    const Tensor q = gaussian({1, kHeads, n, kDim}, 100 + n, norm),
-                 k = gaussian({1, kHeads, n, kDim}, 200 + n, norm),
-                 v = gaussian({1, kHeads, n, kDim}, 300 + n);
+    const Tensor q = gaussian_rows({1, kHeads, n, kDim}, 100 + n, norm),
+                 k = gaussian_rows({1, kHeads, n, kDim}, 200 + n, norm),
+                 v = gaussian_rows({1, kHeads, n, kDim}, 300 + n);
     for (bool causal : {false, true}) {
       AttentionOptions fo;
       fo.causal = causal;
       ExactOptions eo;
       eo.causal = causal;
       Tensor approx, exact;
-      const double tf = median_seconds([&] { approx = favor_attention(q, k, v, w, fo); });
-      const double te = median_seconds([&] { exact = exact_attention(q, k, v, eo); });
+      const double tf = median_seconds([&] { approx = favor_attention(q, k, v, w, fo); }, kRepeats);
+      const double te = median_seconds([&] { exact = exact_attention(q, k, v, eo); }, kRepeats);
       const double err = relative_frobenius_error(approx, exact);
       if (json) {
         records.push_back({{"n", n},

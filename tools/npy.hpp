@@ -36,6 +36,8 @@ class StagedOutputs {
   ~StagedOutputs();
   void stage(const std::string& path, const std::string& bytes, const std::string& argument);
   void commit();
+  /// The temporary path of the most recently staged file (for writers that fill it later).
+  const std::string& last_temp() const { return entries_.back().temp; }
 
  private:
   struct Entry {

@@ -1,6 +1,7 @@
 #pragma once
 /// \file runtime.hpp
 /// Threads and build information.
+#include <cstdint>
 #include <string>
 
 namespace favor {
@@ -12,5 +13,12 @@ int num_threads();
 
 /// One line: version, SIMD target chosen at run time, BLAS and its threading, threads.
 std::string build_info();
+
+/// Tile sizes of the CPU kernels, for cost models and benchmarks.
+struct KernelInfo {
+  int64_t row_tile;      ///< rows per feature tile (bidirectional)
+  int64_t causal_chunk;  ///< chunk length C of causal attention
+};
+KernelInfo kernel_info();
 
 }  // namespace favor

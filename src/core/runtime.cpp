@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cpu/tiles.hpp"
 #include "cpu/vec_math.hpp"
 #include "favor/error.hpp"
 #include "favor/version.hpp"
@@ -61,5 +62,7 @@ std::string build_info() {
          openblas_get_config() + " (" + blas_threading() + " threading)" + "; threads " +
          std::to_string(num_threads());
 }
+
+KernelInfo kernel_info() { return {cpu::kRowTile, cpu::kChunk}; }
 
 }  // namespace favor

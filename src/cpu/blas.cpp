@@ -1,6 +1,7 @@
 #include "cpu/blas.hpp"
 
 #include <cblas.h>
+#include <omp.h>
 
 namespace favor::cpu {
 namespace {
@@ -11,6 +12,10 @@ blasint i(int64_t x) {
   return static_cast<blasint>(x);
 }
 }  // namespace
+
+void blas_on_calling_thread() {
+  omp_set_num_threads(1);
+}
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {

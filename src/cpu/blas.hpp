@@ -5,6 +5,14 @@
 
 namespace favor::cpu {
 
+/// Makes BLAS calls from this thread run on this thread alone. Call at the top of every
+/// parallel region of favor's kernels: it sets the calling thread's OpenMP nthreads ICV
+/// to 1, which the OpenMP build of OpenBLAS reads (omp_get_max_threads) to size its team.
+/// A team of one thread is not "in parallel" for OpenMP, so without this a one-thread run
+/// would let every small GEMM spawn BLAS threads. The ICV belongs to the region's implicit
+/// task, so the caller's setting is unchanged after the region.
+void blas_on_calling_thread();
+
 /// C[M x N] = alpha * op(A) * op(B) + beta * C; op(X) = X^T when the flag is set.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);

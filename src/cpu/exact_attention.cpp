@@ -129,11 +129,15 @@ int64_t run(const AttentionParams& p, bool causal) {
   spaces.reserve(static_cast<size_t>(threads));
   for (int t = 0; t < threads; ++t) spaces.emplace_back(p.d, p.dv);
   int64_t empty_rows = 0;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(+ : empty_rows)
-  for (int64_t item = 0; item < items; ++item) {
-    const int64_t bh = item / qblocks, i0 = (item % qblocks) * kQueryBlock;
-    empty_rows += run_block<T>(p, causal, bh / p.heads, bh % p.heads, i0,
-                               spaces[static_cast<size_t>(omp_get_thread_num())]);
+#pragma omp parallel num_threads(threads) reduction(+ : empty_rows)
+  {
+    blas_on_calling_thread();
+    Workspace<T>& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t bh = item / qblocks, i0 = (item % qblocks) * kQueryBlock;
+      empty_rows += run_block<T>(p, causal, bh / p.heads, bh % p.heads, i0, ws);
+    }
   }
   return empty_rows;
 }

@@ -1,7 +1,11 @@
 // Bidirectional FAVOR attention, per (batch, head):
-//   1. key tiles: project, stabilise against the running key max, S += phi^T V, s += phi^T 1;
+//   1. keys, in tiles: project, stabilise against the running key max, S += phi^T V, s += phi^T 1
+//      (cpu/key_state.hpp);
 //   2. log s once;
-//   3. query tiles: project, shift each row by c_i = max_f (L_if + log s_f), y = phi S / phi s.
+//   3. queries, in tiles: project, shift each row by c_i = max_f (L_if + log s_f),
+//      y = phi S / phi s.
+// When there are fewer heads than threads, each head's keys and queries are split into
+// parts: partial states (each with its own max) are merged after a barrier.
 // Never holds more than one tile of features: memory O(threads * kRowTile * F).
 #include <omp.h>
 
@@ -13,6 +17,8 @@
 #include "cpu/blas.hpp"
 #include "cpu/feature_tile.hpp"
 #include "cpu/head_state.hpp"
+#include "cpu/key_state.hpp"
+#include "cpu/schedule.hpp"
 #include "cpu/tiles.hpp"
 #include "cpu/vec_math.hpp"
 
@@ -20,85 +26,56 @@ namespace favor::cpu {
 namespace {
 
 struct Workspace {
-  std::vector<float> x, a, phi, v, y, den, ones, S, s, log_s;
-  std::vector<double> half_norm2, g;
+  KeyTile tile;
+  std::vector<float> y, den, S, s, log_s;
   Workspace(int64_t d, int64_t m, int64_t F, int64_t dv)
-      : x(kRowTile * d),
-        a(kRowTile * m),
-        phi(kRowTile * F),
-        v(kRowTile * dv),
-        y(kRowTile * dv),
-        den(kRowTile),
-        ones(kRowTile, 1.0f),
-        S(F * dv),
-        s(F),
-        log_s(F),
-        half_norm2(kRowTile),
-        g(kRowTile) {}
+      : tile(d, m, F, dv), y(kRowTile * dv), den(kRowTile), S(F * dv), s(F), log_s(F) {}
+  HeadState state(int64_t F, int64_t dv) { return HeadState{S.data(), s.data(), F, dv}; }
 };
 
-// Gathers the next tile of unmasked keys starting at *next; returns the row count.
-int64_t gather_key_tile(const AttentionParams& p, const float* kh, const float* vh, int64_t b,
-                        int64_t* next, Workspace& ws) {
-  int64_t rows = 0;
-  while (rows < kRowTile && *next < p.nk) {
-    const int64_t j = (*next)++;
-    if (p.mask && p.mask[b * p.mask_stride_b + j * p.mask_stride_n] == 0) continue;
-    gather_rows(kh + j * p.k_strides[2], p.k_strides[2], p.k_strides[3], 1, p.d, p.sqrt_scale,
-                ws.x.data() + rows * p.d, ws.half_norm2.data() + rows);
-    gather_rows(vh + j * p.v_strides[2], p.v_strides[2], p.v_strides[3], 1, p.dv, 1.0f,
-                ws.v.data() + rows * p.dv, nullptr);
-    ++rows;
+// Partial key states of every task, allocated once per call.
+struct PartialStates {
+  std::vector<float> S, s;
+  std::vector<double> max;
+  int64_t F, dv;
+  PartialStates(int64_t tasks, int64_t F_, int64_t dv_)
+      : S(tasks * F_ * dv_), s(tasks * F_), max(tasks, -INFINITY), F(F_), dv(dv_) {}
+  HeadState at(int64_t task) {
+    return HeadState{S.data() + task * F * dv, s.data() + task * F, F, dv, max[task]};
   }
-  return rows;
+};
+
+void write_zero_rows(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end) {
+  float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
+  for (int64_t i = begin; i < end; ++i)
+    for (int64_t x = 0; x < p.dv; ++x) oh[i * p.out_strides[2] + x * p.out_strides[3]] = 0.0f;
 }
 
-int64_t run_head(const AttentionParams& p, int64_t b, int64_t h, Workspace& ws) {
-  const int64_t m = p.m, F = feature_count(p.kernel, m);
-  const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
-  const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
-  const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
-  float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
-  HeadState state{ws.S.data(), ws.s.data(), F, p.dv};
-  state.clear();
-
-  for (int64_t next = 0; next < p.nk;) {
-    const int64_t rows = gather_key_tile(p, kh, vh, b, &next, ws);
-    if (rows == 0) break;
-    project_rows(ws.x.data(), rows, p.d, p.w, m, ws.a.data());
-    double tile_max = -INFINITY;
-    for (int64_t r = 0; r < rows; ++r) {
-      ws.g[r] = key_log_weight(p.kernel, ws.half_norm2[r]);
-      tile_max = std::max(tile_max, key_log_max(p.kernel, ws.a.data() + r * m, m, ws.g[r]));
-    }
-    if (tile_max > state.max) state.raise_max(tile_max);
-    for (int64_t r = 0; r < rows; ++r) {
-      key_features(p.kernel, ws.a.data() + r * m, m, ws.g[r] - state.max, ws.phi.data() + r * F);
-    }
-    state.accumulate(ws.phi.data(), ws.v.data(), rows, ws.ones.data());
-  }
-
+// Queries [begin, end) of head (b, h) against the complete key state; returns zero rows.
+int64_t attend_queries(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end,
+                       const HeadState& state, Workspace& ws) {
   if (std::isinf(state.max)) {  // no visible key: every row is defined as zeros
-    for (int64_t i = 0; i < p.nq; ++i)
-      for (int64_t x = 0; x < p.dv; ++x) oh[i * p.out_strides[2] + x * p.out_strides[3]] = 0.0f;
-    return p.nq;
+    write_zero_rows(p, b, h, begin, end);
+    return end - begin;
   }
-  if (positive_family(p.kernel)) log_or_neg_inf(ws.s.data(), ws.log_s.data(), F);
-
+  const int64_t m = p.m, F = state.features;
+  const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
+  float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
+  if (positive_family(p.kernel)) log_or_neg_inf(state.s, ws.log_s.data(), F);
   int64_t zero_rows = 0;
-  for (int64_t i0 = 0; i0 < p.nq; i0 += kRowTile) {
-    const int64_t rows = std::min(kRowTile, p.nq - i0);
+  for (int64_t i0 = begin; i0 < end; i0 += kRowTile) {
+    const int64_t rows = std::min(kRowTile, end - i0);
     gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.sqrt_scale,
-                ws.x.data(), nullptr);
-    project_rows(ws.x.data(), rows, p.d, p.w, m, ws.a.data());
+                ws.tile.x.data(), nullptr);
+    project_rows(ws.tile.x.data(), rows, p.d, p.w, m, ws.tile.a.data());
     for (int64_t r = 0; r < rows; ++r) {
-      const float* a = ws.a.data() + r * m;
+      const float* a = ws.tile.a.data() + r * m;
       const float c = query_shift(p.kernel, a, m, ws.log_s.data());
-      query_features(p.kernel, a, m, c, ws.log_s.data(), ws.phi.data() + r * F);
+      query_features(p.kernel, a, m, c, ws.log_s.data(), ws.tile.phi.data() + r * F);
     }
-    gemm(false, false, rows, p.dv, F, 1.0f, ws.phi.data(), F, ws.S.data(), p.dv, 0.0f, ws.y.data(),
+    gemm(false, false, rows, p.dv, F, 1.0f, ws.tile.phi.data(), F, state.S, p.dv, 0.0f, ws.y.data(),
          p.dv);
-    gemv(false, rows, F, 1.0f, ws.phi.data(), F, ws.s.data(), 0.0f, ws.den.data());
+    gemv(false, rows, F, 1.0f, ws.tile.phi.data(), F, state.s, 0.0f, ws.den.data());
     zero_rows += write_rows(ws.y.data(), ws.den.data(), rows, p.dv, oh + i0 * p.out_strides[2],
                             p.out_strides[2], p.out_strides[3]);
   }
@@ -108,19 +85,57 @@ int64_t run_head(const AttentionParams& p, int64_t b, int64_t h, Workspace& ws) 
 }  // namespace
 
 int64_t favor_bidirectional(const AttentionParams& p) {
-  const int64_t heads = p.batch * p.heads;
-  const int threads = static_cast<int>(std::min<int64_t>(p.threads, heads));
   const int64_t F = feature_count(p.kernel, p.m);
-  int64_t zero_rows = 0;
-  // Workspaces are allocated here, outside the parallel region, so that an allocation
-  // failure throws to the caller instead of terminating inside OpenMP.
+  const Schedule plan = make_schedule(p.batch * p.heads, p.threads);
+  // Allocated here, outside the parallel region, so that an allocation failure throws to
+  // the caller instead of terminating inside OpenMP.
   std::vector<Workspace> spaces;
-  spaces.reserve(static_cast<size_t>(threads));
-  for (int t = 0; t < threads; ++t) spaces.emplace_back(p.d, p.m, F, p.dv);
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(+ : zero_rows)
-  for (int64_t bh = 0; bh < heads; ++bh) {
-    zero_rows +=
-        run_head(p, bh / p.heads, bh % p.heads, spaces[static_cast<size_t>(omp_get_thread_num())]);
+  spaces.reserve(static_cast<size_t>(plan.team));
+  for (int t = 0; t < plan.team; ++t) spaces.emplace_back(p.d, p.m, F, p.dv);
+  int64_t zero_rows = 0;
+
+  if (plan.parts == 1) {
+#pragma omp parallel num_threads(plan.team) reduction(+ : zero_rows)
+    {
+      blas_on_calling_thread();
+      Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t bh = 0; bh < plan.heads; ++bh) {
+        const int64_t b = bh / p.heads, h = bh % p.heads;
+        HeadState state = ws.state(F, p.dv);
+        state.clear();
+        accumulate_keys(p, b, h, 0, p.nk, ws.tile, state);
+        zero_rows += attend_queries(p, b, h, 0, p.nq, state, ws);
+      }
+    }
+    return zero_rows;
+  }
+
+  PartialStates partial(plan.tasks, F, p.dv);
+#pragma omp parallel num_threads(plan.team) reduction(+ : zero_rows)
+  {
+    blas_on_calling_thread();
+    const int tid = omp_get_thread_num(), team = omp_get_num_threads();
+    Workspace& ws = spaces[static_cast<size_t>(tid)];
+    for (int64_t task = tid; task < plan.tasks; task += team) {  // keys of each part
+      const int64_t bh = task / plan.parts, part = task % plan.parts;
+      HeadState st = partial.at(task);
+      st.clear();
+      accumulate_keys(p, bh / p.heads, bh % p.heads, split_point(p.nk, plan.parts, part),
+                      split_point(p.nk, plan.parts, part + 1), ws.tile, st);
+      partial.max[task] = st.max;
+    }
+#pragma omp barrier
+    for (int64_t task = tid; task < plan.tasks; task += team) {  // queries of each part
+      const int64_t bh = task / plan.parts, part = task % plan.parts;
+      HeadState merged = ws.state(F, p.dv);
+      merged.copy_from(partial.at(bh * plan.parts));
+      for (int64_t other = 1; other < plan.parts; ++other)
+        merged.add(partial.at(bh * plan.parts + other));
+      zero_rows +=
+          attend_queries(p, bh / p.heads, bh % p.heads, split_point(p.nq, plan.parts, part),
+                         split_point(p.nq, plan.parts, part + 1), merged, ws);
+    }
   }
   return zero_rows;
 }

@@ -6,26 +6,43 @@
 // key a query may see), and row i rescales what it reads by exp(M_j - M_i) <= 1. Query row
 // i is shifted by c_i = max_f (L_if + log P_if), P_i = its exact prefix normaliser, so its
 // denominator is >= 1. Masked keys get zero features. Memory O(threads * C * (F + C)).
+//
+// With fewer heads than threads, each head's sequence is split into segments, one per
+// thread, chained: the thread of segment s first computes the local key state of segment
+// s-1 (keys only, cpu/key_state.hpp), waits until the state before segment s-1 is
+// published, publishes the state before segment s (their sum) and sweeps its segment.
+// Segment 0 starts at once; later segments are shorter by the cost of that extra key pass.
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "cpu/attention_params.hpp"
 #include "cpu/blas.hpp"
 #include "cpu/feature_tile.hpp"
 #include "cpu/head_state.hpp"
+#include "cpu/key_state.hpp"
+#include "cpu/schedule.hpp"
 #include "cpu/tiles.hpp"
 #include "cpu/vec_math.hpp"
 
 namespace favor::cpu {
 namespace {
 
+// Cost of the keys-only pass over a token relative to a causal sweep over it (projection,
+// exps and the state GEMM against the full chunk step); sets the segment lengths. Measured
+// with `favor bench` (B*H = 1 rows): docs/performance.md.
+constexpr double kKeyPassCost = 0.4;
+
 struct Workspace {
-  std::vector<float> xk, xq, ak, aq, phik, phiq, prefix, v, y, den, ones, G, S, s;
+  std::vector<float> xk, xq, ak, aq, phik, phiq, prefix, v, y, den, ones, G, S, s, U, u;
   std::vector<double> half_norm2, g, run_max;
   std::vector<char> visible;
+  KeyTile tile;
   Workspace(int64_t d, int64_t m, int64_t F, int64_t dv)
       : xk(kChunk * d),
         xq(kChunk * d),
@@ -41,11 +58,64 @@ struct Workspace {
         G(kChunk * kChunk),
         S(F * dv),
         s(F),
+        U(F * dv),
+        u(F),
         half_norm2(kChunk),
         g(kChunk),
         run_max(kChunk),
-        visible(kChunk) {}
+        visible(kChunk),
+        tile(d, m, F, dv) {}
 };
+
+// States published by the segments of a split head: the state before segment `task`.
+struct Published {
+  std::vector<float> S, s;
+  std::vector<double> max;
+  std::unique_ptr<std::atomic<int>[]> ready;
+  int64_t F, dv;
+  Published(int64_t tasks, int64_t F_, int64_t dv_)
+      : S(tasks * F_ * dv_),
+        s(tasks * F_),
+        max(tasks),
+        ready(new std::atomic<int>[tasks]),
+        F(F_),
+        dv(dv_) {
+    for (int64_t t = 0; t < tasks; ++t) ready[t].store(0);
+  }
+  HeadState at(int64_t task) {
+    return HeadState{S.data() + task * F * dv, s.data() + task * F, F, dv, max[task]};
+  }
+  void publish(int64_t task, const HeadState& st) {
+    HeadState dst = at(task);
+    dst.copy_from(st);
+    max[task] = st.max;
+    ready[task].store(1, std::memory_order_release);
+  }
+  void wait(int64_t task) const {
+    while (ready[task].load(std::memory_order_acquire) == 0) std::this_thread::yield();
+  }
+};
+
+// Segment boundaries (multiples of kChunk) of a sequence of n tokens split into `parts`:
+// segment 0 costs L0, segment s costs kKeyPassCost * L(s-1) + L(s); all equal.
+std::vector<int64_t> segment_bounds(int64_t n, int64_t parts) {
+  std::vector<double> weight(parts);
+  double total = 0.0;
+  for (int64_t s = 0; s < parts; ++s) {
+    weight[s] = s == 0 ? 1.0 : 1.0 - kKeyPassCost * weight[s - 1];
+    total += weight[s];
+  }
+  std::vector<int64_t> bounds{0};
+  double acc = 0.0;
+  for (int64_t s = 0; s + 1 < parts; ++s) {
+    acc += weight[s];
+    const auto cut =
+        static_cast<int64_t>(std::llround(double(n) * acc / total / double(kChunk))) * kChunk;
+    bounds.push_back(std::clamp(cut, bounds.back(), n));
+  }
+  bounds.push_back(n);
+  return bounds;
+}
 
 // exp(from - to) for running maxima from <= to; 1 when equal (also both -inf).
 float rescale(double from, double to) {
@@ -105,18 +175,19 @@ void chunk_query_features(const AttentionParams& p, int64_t rows, const HeadStat
   }
 }
 
-int64_t run_head(const AttentionParams& p, int64_t b, int64_t h, Workspace& ws) {
-  const int64_t F = feature_count(p.kernel, p.m), dv = p.dv;
+// Causal sweep over rows [begin, end) of head (b, h), starting from `state` (the keys
+// before `begin`), which it advances. Returns the rows written as zeros.
+int64_t sweep(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end,
+              HeadState& state, Workspace& ws) {
+  const int64_t F = state.features, dv = p.dv;
   const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
   const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
   const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
   float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
-  HeadState state{ws.S.data(), ws.s.data(), F, dv};
-  state.clear();
   int64_t zero_rows = 0;
 
-  for (int64_t c0 = 0; c0 < p.nq; c0 += kChunk) {
-    const int64_t rows = std::min(kChunk, p.nq - c0);
+  for (int64_t c0 = begin; c0 < end; c0 += kChunk) {
+    const int64_t rows = std::min(kChunk, end - c0);
     for (int64_t r = 0; r < rows; ++r) {
       ws.visible[r] =
           p.mask == nullptr || p.mask[b * p.mask_stride_b + (c0 + r) * p.mask_stride_n] != 0;
@@ -176,17 +247,53 @@ int64_t run_head(const AttentionParams& p, int64_t b, int64_t h, Workspace& ws) 
 }  // namespace
 
 int64_t favor_causal(const AttentionParams& p) {
-  const int64_t heads = p.batch * p.heads;
-  const int threads = static_cast<int>(std::min<int64_t>(p.threads, heads));
   const int64_t F = feature_count(p.kernel, p.m);
+  const Schedule plan = make_schedule(p.batch * p.heads, p.threads);
   std::vector<Workspace> spaces;  // allocated outside the parallel region (see bidirectional)
-  spaces.reserve(static_cast<size_t>(threads));
-  for (int t = 0; t < threads; ++t) spaces.emplace_back(p.d, p.m, F, p.dv);
+  spaces.reserve(static_cast<size_t>(plan.team));
+  for (int t = 0; t < plan.team; ++t) spaces.emplace_back(p.d, p.m, F, p.dv);
   int64_t zero_rows = 0;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(+ : zero_rows)
-  for (int64_t bh = 0; bh < heads; ++bh) {
-    zero_rows +=
-        run_head(p, bh / p.heads, bh % p.heads, spaces[static_cast<size_t>(omp_get_thread_num())]);
+
+  if (plan.parts == 1) {
+#pragma omp parallel num_threads(plan.team) reduction(+ : zero_rows)
+    {
+      blas_on_calling_thread();
+      Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t bh = 0; bh < plan.heads; ++bh) {
+        HeadState state{ws.S.data(), ws.s.data(), F, p.dv};
+        state.clear();
+        zero_rows += sweep(p, bh / p.heads, bh % p.heads, 0, p.nq, state, ws);
+      }
+    }
+    return zero_rows;
+  }
+
+  const std::vector<int64_t> bounds = segment_bounds(p.nq, plan.parts);
+  Published published(plan.tasks, F, p.dv);
+  // Tasks run in increasing order on each thread and depend only on lower tasks, which
+  // publish before their long sweep: no deadlock even with fewer threads than tasks.
+#pragma omp parallel num_threads(plan.team) reduction(+ : zero_rows)
+  {
+    blas_on_calling_thread();
+    const int tid = omp_get_thread_num(), team = omp_get_num_threads();
+    Workspace& ws = spaces[static_cast<size_t>(tid)];
+    for (int64_t task = tid; task < plan.tasks; task += team) {
+      const int64_t bh = task / plan.parts, seg = task % plan.parts;
+      const int64_t b = bh / p.heads, h = bh % p.heads;
+      HeadState state{ws.S.data(), ws.s.data(), F, p.dv};
+      state.clear();
+      if (seg > 0) {
+        HeadState local{ws.U.data(), ws.u.data(), F, p.dv};
+        local.clear();
+        accumulate_keys(p, b, h, bounds[seg - 1], bounds[seg], ws.tile, local);
+        published.wait(task - 1);
+        state.copy_from(published.at(task - 1));
+        state.add(local);
+      }
+      published.publish(task, state);
+      zero_rows += sweep(p, b, h, bounds[seg], bounds[seg + 1], state, ws);
+    }
   }
   return zero_rows;
 }

@@ -1,5 +1,6 @@
 #include "cpu/head_state.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cpu/blas.hpp"
@@ -26,6 +27,20 @@ void HeadState::raise_max(double new_max) {
 void HeadState::accumulate(const float* phi, const float* v, int64_t rows, const float* ones) {
   gemm(true, false, features, dv, rows, 1.0f, phi, features, v, dv, 1.0f, S, dv);
   gemv(true, rows, features, 1.0f, phi, features, ones, 1.0f, s);
+}
+
+void HeadState::add(const HeadState& other) {
+  if (std::isinf(other.max)) return;  // other is empty
+  if (other.max > max) raise_max(other.max);
+  const auto factor = static_cast<float>(std::exp(other.max - max));
+  for (int64_t i = 0; i < features * dv; ++i) S[i] += factor * other.S[i];
+  for (int64_t i = 0; i < features; ++i) s[i] += factor * other.s[i];
+}
+
+void HeadState::copy_from(const HeadState& other) {
+  std::copy(other.S, other.S + features * dv, S);
+  std::copy(other.s, other.s + features, s);
+  max = other.max;
 }
 
 int64_t write_rows(const float* y, const float* den, int64_t rows, int64_t dv, float* out,

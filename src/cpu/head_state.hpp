@@ -18,6 +18,10 @@ struct HeadState {
   void raise_max(double new_max);
   /// S += phi^T v, s += phi^T 1 for `rows` feature rows phi (rows x F) and values v (rows x dv).
   void accumulate(const float* phi, const float* v, int64_t rows, const float* ones);
+  /// this = this + other (both rescaled to the larger max).
+  void add(const HeadState& other);
+  /// this = other (same sizes).
+  void copy_from(const HeadState& other);
 };
 
 /// out[r] = y[r] / den[r] for `rows` rows written through (stride_n, stride_d). A row whose

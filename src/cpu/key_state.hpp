@@ -1,0 +1,24 @@
+#pragma once
+// The key pass shared by the bidirectional kernel, the causal segment pre-pass and the
+// decoder's prefill: S += phi(K)^T V and s += phi(K)^T 1 over a range of keys, in tiles,
+// with the running-max stabiliser (cpu/feature_tile.hpp). Masked keys are skipped.
+#include <cstdint>
+#include <vector>
+
+#include "cpu/attention_params.hpp"
+#include "cpu/head_state.hpp"
+
+namespace favor::cpu {
+
+/// Buffers of one key tile (kRowTile rows).
+struct KeyTile {
+  std::vector<float> x, a, phi, v, ones;
+  std::vector<double> half_norm2, g;
+  KeyTile(int64_t d, int64_t m, int64_t features, int64_t dv);
+};
+
+/// Adds keys [begin, end) of head (b, h) to `state` (which may already hold keys).
+void accumulate_keys(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end,
+                     KeyTile& tile, HeadState& state);
+
+}  // namespace favor::cpu

@@ -1,0 +1,85 @@
+// Results do not depend on the thread count: every way of splitting heads, key/query parts
+// and causal segments over threads agrees with the reference (2x-naive rule) and with the
+// one-thread result. Thread counts above the core count are fine (OpenMP oversubscribes).
+#include <gtest/gtest.h>
+
+#include "reference/naive.hpp"
+#include "test_helpers.hpp"
+
+namespace favor {
+namespace {
+using testing::random_tensor;
+
+class ThreadCount {  // restores the thread count after the test
+ public:
+  ThreadCount() : saved_(num_threads()) {}
+  ~ThreadCount() { set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+struct Split {
+  int64_t B, H, N;
+};
+
+class ThreadSplits : public ::testing::TestWithParam<std::tuple<Split, bool>> {};
+
+TEST_P(ThreadSplits, FavorAgreesAcrossThreadCounts) {
+  const auto [split, causal] = GetParam();
+  ThreadCount restore;
+  const Tensor q = random_tensor({split.B, split.H, split.N, 16}, 1, 1.5),
+               k = random_tensor({split.B, split.H, split.N, 16}, 2, 1.5),
+               v = random_tensor({split.B, split.H, split.N, 8}, 3);
+  const Projection w = Projection::draw(48, 16, {ProjectionKind::orthogonal, NormMode::chi, 4});
+  std::vector<uint8_t> mask(static_cast<size_t>(split.B * split.N));
+  for (size_t j = 0; j < mask.size(); ++j) mask[j] = j % 7 != 3;
+  for (Kernel kernel : {Kernel::positive, Kernel::trig}) {
+    AttentionOptions o;
+    o.kernel = kernel;
+    o.causal = causal;
+    o.key_mask = KeyMaskView::contiguous(mask.data(), split.B, split.N);
+    const auto ref = reference::favor_attention(q, k, v, w, o);
+    AttentionOptions o32 = o;
+    o32.scale = 0.25;
+    const double naive_err = testing::rel_error(reference::naive::favor_attention<float>(q, k, v, w, o32), ref.values);
+    set_num_threads(1);
+    const Tensor one = favor_attention(q, k, v, w, o);
+    for (int threads : {2, 3, 5, 8}) {
+      set_num_threads(threads);
+      const Tensor y = favor_attention(q, k, v, w, o);
+      EXPECT_LE(testing::rel_error(y, ref.values), 2 * naive_err + 1e-6)
+          << threads << " threads, " << to_string(kernel);
+      // Splits change only the summation order: within float32 rounding of one another.
+      EXPECT_LE(relative_frobenius_error(y, one), 2e-6) << threads << " threads, " << to_string(kernel);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Splits, ThreadSplits,
+                         ::testing::Combine(::testing::Values(Split{1, 1, 700}, Split{1, 3, 333}, Split{2, 4, 130},
+                                                              Split{1, 1, 10}, Split{1, 1, 1}),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           const Split s = std::get<0>(info.param);
+                           return "B" + std::to_string(s.B) + "H" + std::to_string(s.H) + "N" + std::to_string(s.N) +
+                                  (std::get<1>(info.param) ? "_causal" : "_bidir");
+                         });
+
+TEST(Threads, ExactAgreesAcrossThreadCounts) {
+  ThreadCount restore;
+  const Tensor q = random_tensor({1, 1, 300, 8}, 1, 2.0), k = random_tensor({1, 1, 300, 8}, 2, 2.0),
+               v = random_tensor({1, 1, 300, 4}, 3);
+  for (bool causal : {false, true}) {
+    ExactOptions o;
+    o.causal = causal;
+    const auto ref = reference::exact_attention(q, k, v, o);
+    for (int threads : {1, 2, 5}) {
+      set_num_threads(threads);
+      EXPECT_LE(testing::rel_error(exact_attention(q, k, v, o), ref.values), 1e-5) << threads;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace favor

@@ -1,0 +1,321 @@
+// favor bench: FAVOR and exact attention across lengths, threads and decode positions, with
+// GFLOP/s from the cost model (bench/cost_model.hpp) and the same run's large-sgemm rate as
+// the machine's yardstick.
+#include <cblas.h>
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "alloc_tracker.hpp"
+#include "cli_common.hpp"
+#include "commands.hpp"
+#include "cost_model.hpp"
+#include "workload.hpp"
+
+namespace favor::cli {
+namespace {
+using namespace favor::bench;
+
+struct BenchArgs {
+  bool json = false;
+  std::string out, plot, kernel = "positive";
+  std::vector<int64_t> lengths{256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
+  int64_t bh = 8, d = 64, m = 256, max_exact_n = 32768, scaling_n = 16384, sgemm_n = 2048;
+  std::vector<int64_t> decode_positions{1024, 65536};
+  int repeats = 3;
+};
+
+// Resident-set figures of this process, in MiB, from /proc/self/status.
+double status_mib(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0)
+      return std::strtod(line.c_str() + std::strlen(field), nullptr) / 1024.0;
+  }
+  return 0.0;
+}
+
+struct Measured {
+  double seconds, heap_mb, rss_mb;
+};
+
+// Times f (median) and measures its memory beyond what is live before it: the peak of heap
+// bytes it allocates (all favor allocations go through operator new) and the growth of the
+// resident high-water mark (reset through /proc/self/clear_refs; BLAS buffers included).
+template <class F>
+Measured measure(F&& f, int repeats) {
+  f();  // warm-up: BLAS buffers, page faults of the output
+  reset_heap_peak();
+  const double rss_before = status_mib("VmRSS:");
+  { std::ofstream("/proc/self/clear_refs") << "5"; }
+  const double s = median_seconds(f, repeats, 1.0);
+  return {s, double(heap_peak_growth()) / (1024.0 * 1024.0),
+          std::max(0.0, status_mib("VmHWM:") - rss_before)};
+}
+
+class Bench {
+ public:
+  explicit Bench(const BenchArgs& a) : a_(a), kernel_(parse_kernel(a.kernel, "--kernel")) {}
+
+  void run() {
+    header();
+    sgemm();
+    for (int64_t n : a_.lengths) {
+      for (bool causal : {false, true}) {
+        favor_row(a_.bh, n, causal, num_threads());
+        if (n <= a_.max_exact_n) exact_row(a_.bh, n, causal);
+      }
+    }
+    const int64_t longest = *std::max_element(a_.lengths.begin(), a_.lengths.end());
+    for (bool causal : {false, true}) favor_row(1, longest, causal, num_threads());
+    if (num_threads() > 1) {  // thread scaling: the same problems on one thread
+      for (int64_t bh : {a_.bh, int64_t{1}}) {
+        for (bool causal : {false, true}) {
+          favor_row(bh, a_.scaling_n, causal, 1);
+          if (bh == 1) favor_row(bh, a_.scaling_n, causal, num_threads());
+        }
+      }
+    }
+    for (int64_t pos : a_.decode_positions) decode_row(pos);
+  }
+
+  const nlohmann::json& records() const { return records_; }
+
+ private:
+  Problem problem(int64_t bh, int64_t n) const {
+    return {bh, n, a_.d, a_.d, a_.m, feature_count(kernel_, a_.m)};
+  }
+
+  void header() {
+    if (a_.json) return;
+    fmt::print("favor bench: D = Dv = {}, m = {}, kernel {}; {}\n", a_.d, a_.m, to_string(kernel_),
+               build_info());
+    fmt::print("{:>7} {:>6} {:>6} {:>3} {:>3} {:>11} {:>9} {:>7} {:>12} {:>9} {:>9}\n", "method",
+               "causal", "N", "BH", "thr", "seconds", "GFLOP/s", "%sgemm", "tokens/s", "heap MiB",
+               "rss MiB");
+  }
+
+  void emit(nlohmann::json r) {
+    r["d"] = a_.d;
+    r["m"] = a_.m;
+    r["kernel"] = to_string(kernel_);
+    if (!r.contains("pass")) r["pass"] = "forward";
+    const double pct = sgemm_gflops_ > 0 ? 100.0 * r["gflops"].get<double>() / sgemm_gflops_ : 0.0;
+    r["percent_of_sgemm"] = pct;
+    if (!a_.json) {
+      fmt::print(
+          "{:>7} {:>6} {:>6} {:>3} {:>3} {:>11.5f} {:>9.1f} {:>6.0f}% {:>12.4g} {:>9.1f} "
+          "{:>9.1f}\n",
+          r["method"].get<std::string>(), r["causal"].get<bool>() ? "yes" : "no",
+          r["n"].get<int64_t>(), r["bh"].get<int64_t>(), r["threads"].get<int>(),
+          r["seconds"].get<double>(), r["gflops"].get<double>(), pct,
+          r["tokens_per_s"].get<double>(), r["peak_heap_mb"].get<double>(),
+          r["rss_growth_mb"].get<double>());
+      std::fflush(stdout);
+    }
+    records_.push_back(std::move(r));
+  }
+
+  void sgemm() {
+    const int64_t n = a_.sgemm_n;
+    std::vector<float> A(n * n, 1.0f), B(n * n, 0.5f), C(n * n, 0.0f);
+    const auto fn = [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(n), int(n), 1.0f, A.data(),
+                  int(n), B.data(), int(n), 0.0f, C.data(), int(n));
+    };
+    openblas_set_num_threads(num_threads());
+    const Measured t = measure(fn, a_.repeats);
+    sgemm_gflops_ = sgemm_flops(n) / t.seconds / 1e9;
+    emit({{"method", "sgemm"},
+          {"causal", false},
+          {"n", n},
+          {"bh", 1},
+          {"threads", num_threads()},
+          {"seconds", t.seconds},
+          {"gflops", sgemm_gflops_},
+          {"tokens_per_s", 0.0},
+          {"peak_heap_mb", t.heap_mb},
+          {"rss_growth_mb", t.rss_mb}});
+  }
+
+  void favor_row(int64_t bh, int64_t n, bool causal, int threads) {
+    const auto [q, k, v] = inputs(bh, n);
+    const Projection w =
+        Projection::draw(a_.m, a_.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
+    Tensor out({1, bh, n, a_.d}, 0.0f);
+    AttentionOptions o;
+    o.kernel = kernel_;
+    o.causal = causal;
+    const int saved = num_threads();
+    set_num_threads(threads);
+    const Measured t =
+        measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o); }, a_.repeats);
+    set_num_threads(saved);
+    const double flops = favor_flops(problem(bh, n), causal, kernel_info().causal_chunk);
+    emit({{"method", "favor"},
+          {"causal", causal},
+          {"n", n},
+          {"bh", bh},
+          {"threads", threads},
+          {"seconds", t.seconds},
+          {"gflops", flops / t.seconds / 1e9},
+          {"tokens_per_s", double(n * bh) / t.seconds},
+          {"peak_heap_mb", t.heap_mb},
+          {"rss_growth_mb", t.rss_mb}});
+  }
+
+  void exact_row(int64_t bh, int64_t n, bool causal) {
+    const auto [q, k, v] = inputs(bh, n);
+    Tensor out({1, bh, n, a_.d}, 0.0f);
+    ExactOptions o;
+    o.causal = causal;
+    const Measured t =
+        measure([&] { exact_attention(q, k, v, out.mutable_view(), o); }, a_.repeats);
+    emit({{"method", "exact"},
+          {"causal", causal},
+          {"n", n},
+          {"bh", bh},
+          {"threads", num_threads()},
+          {"seconds", t.seconds},
+          {"gflops", exact_flops(problem(bh, n), causal) / t.seconds / 1e9},
+          {"tokens_per_s", double(n * bh) / t.seconds},
+          {"peak_heap_mb", t.heap_mb},
+          {"rss_growth_mb", t.rss_mb}});
+  }
+
+  // Decode: prefill `position` tokens, then time steps of append(k, v) + query(q) for all
+  // heads at once. tokens/s counts steps (one token per sequence).
+  void decode_row(int64_t position) {
+    const int64_t bh = a_.bh, steps = 256;
+    const Projection w =
+        Projection::draw(a_.m, a_.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
+    Decoder dec(1, bh, a_.d, w, {kernel_, std::nullopt});
+    const int64_t chunk = 4096;
+    for (int64_t done = 0; done < position; done += chunk) {
+      const int64_t t = std::min(chunk, position - done);
+      const auto [q, k, v] = inputs(bh, t, 7000 + done);
+      dec.append(k, v);
+    }
+    const auto [q, k, v] = inputs(bh, steps, 99);
+    Tensor y({1, bh, 1, a_.d});
+    int64_t i = 0;
+    const auto step = [&] {
+      const auto slice = [&](const Tensor& t) {
+        return TensorView{
+            t.data() + (i % steps) * a_.d, {1, bh, 1, a_.d}, contiguous_strides(t.shape())};
+      };
+      dec.append(slice(k), slice(v));
+      dec.query(slice(q), y.mutable_view());
+      ++i;
+    };
+    const Measured t = measure(
+        [&] {
+          for (int64_t s = 0; s < steps; ++s) step();
+        },
+        a_.repeats);
+    const double per_step = t.seconds / double(steps);
+    emit({{"method", "decode"},
+          {"causal", true},
+          {"n", position},
+          {"bh", bh},
+          {"threads", num_threads()},
+          {"seconds", per_step},
+          {"gflops", decode_step_flops(problem(bh, 1)) / per_step / 1e9},
+          {"tokens_per_s", 1.0 / per_step},
+          {"peak_heap_mb", t.heap_mb},
+          {"rss_growth_mb", t.rss_mb}});
+  }
+
+  std::tuple<Tensor, Tensor, Tensor> inputs(int64_t bh, int64_t n, uint64_t seed = 0) const {
+    const double norm = std::pow(double(a_.d), 0.25);
+    return {gaussian_rows({1, bh, n, a_.d}, 11 + seed, norm),
+            gaussian_rows({1, bh, n, a_.d}, 22 + seed, norm),
+            gaussian_rows({1, bh, n, a_.d}, 33 + seed)};
+  }
+
+  BenchArgs a_;
+  Kernel kernel_;
+  double sgemm_gflops_ = 0.0;
+  nlohmann::json records_ = nlohmann::json::array();
+};
+
+std::string python_interpreter() {
+  const char* env = std::getenv("FAVOR_PYTHON");
+  return env && *env ? env : FAVOR_PYTHON;
+}
+
+std::string plot_script() {
+  const char* env = std::getenv("FAVOR_PLOT_SCRIPT");
+  if (env && *env) return env;
+  for (const char* candidate : {FAVOR_PLOT_SCRIPT_INSTALLED, FAVOR_PLOT_SCRIPT_SOURCE}) {
+    if (::access(candidate, R_OK) == 0) return candidate;
+  }
+  throw Error("--plot: plot_bench.py not found (set FAVOR_PLOT_SCRIPT)");
+}
+
+void run(const BenchArgs& a) {
+  for (int64_t n : a.lengths) {
+    if (n < 1) throw Error("--lengths: " + std::to_string(n) + " must be >= 1");
+  }
+  if (a.lengths.empty()) throw Error("--lengths: at least one length");
+  if (a.bh < 1 || a.d < 1 || a.m < 1 || a.repeats < 1)
+    throw Error("--bh, --dim, --features, --repeats: must be >= 1");
+  Bench bench(a);
+  bench.run();
+  const std::string text = bench.records().dump(2) + "\n";
+  if (a.json) fmt::print("{}", text);
+  StagedOutputs outputs;
+  if (!a.out.empty()) outputs.stage(a.out, text, "--out");
+  if (!a.plot.empty()) {
+    // The plot is drawn by matplotlib into a staged file, then moved into place with --out.
+    char json_path[] = "/tmp/favor-bench-XXXXXX";
+    const int fd = mkstemp(json_path);
+    if (fd < 0) throw Error("--plot: cannot create a temporary file");
+    ::close(fd);
+    std::ofstream(json_path) << text;
+    outputs.stage(a.plot, "", "--plot");
+    const std::string staged = outputs.last_temp();
+    const std::string cmd =
+        python_interpreter() + " '" + plot_script() + "' '" + json_path + "' '" + staged + "'";
+    const int rc = std::system(cmd.c_str());
+    std::remove(json_path);
+    if (rc != 0) throw Error("--plot: " + a.plot + ": the plot script failed (" + cmd + ")");
+  }
+  outputs.commit();
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Benchmark FAVOR and exact attention, decode and the BLAS yardstick");
+  cmd->add_flag("--json", a->json, "print the records as a JSON array instead of the table");
+  cmd->add_option("--out", a->out, "also write the JSON records to this file");
+  cmd->add_option("--plot", a->plot,
+                  "draw time vs N (log-log), favor vs exact, into this PNG (matplotlib)");
+  cmd->add_option("--lengths", a->lengths, "sequence lengths of the sweep")->capture_default_str();
+  cmd->add_option("--bh", a->bh, "batch x heads of the sweep")->capture_default_str();
+  cmd->add_option("--dim", a->d, "head dim D = Dv")->capture_default_str();
+  cmd->add_option("--features", a->m, "projections m")->capture_default_str();
+  cmd->add_option("--kernel", a->kernel, "positive | trig | hyperbolic")->capture_default_str();
+  cmd->add_option("--max-exact-n", a->max_exact_n, "longest N for exact attention")
+      ->capture_default_str();
+  cmd->add_option("--scaling-n", a->scaling_n, "N of the one-thread vs all-threads rows")
+      ->capture_default_str();
+  cmd->add_option("--decode-positions", a->decode_positions, "decode positions to time")
+      ->capture_default_str();
+  cmd->add_option("--sgemm-n", a->sgemm_n, "size of the yardstick sgemm")->capture_default_str();
+  cmd->add_option("--repeats", a->repeats,
+                  "timed repeats per row (median); runs over 1 s are timed once")
+      ->capture_default_str();
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace favor::cli
