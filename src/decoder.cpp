@@ -1,7 +1,13 @@
-// Streaming decoding: per token and head, one projection (GEMV), one feature row, and a
-// rank-1 update of S; a query is one projection, one feature row and a GEMV with S.
-// Stabilisation follows the batch kernels token by token (cpu/feature_tile.hpp).
+// Streaming decoding. One token per head costs a projection (m dot products), one feature
+// row, a rank-1 update of S and an axpy into s; a query costs a projection, one feature
+// row, S^T phi and a dot with s: O(F (D + Dv)) whatever the position, all in SIMD lanes
+// (cpu/vec_math.hpp), with heads spread over threads. Appending T > 1 tokens (prefill)
+// goes through the tiled key pass of the batch kernels (GEMMs). Stabilisation follows the
+// batch kernels (cpu/feature_tile.hpp): keys against the running max, queries shifted by
+// max_f (L_f + log s_f).
 #include "favor/decoder.hpp"
+
+#include <omp.h>
 
 #include <cmath>
 #include <vector>
@@ -10,8 +16,10 @@
 #include "cpu/blas.hpp"
 #include "cpu/feature_tile.hpp"
 #include "cpu/head_state.hpp"
+#include "cpu/key_state.hpp"
 #include "cpu/vec_math.hpp"
 #include "favor/error.hpp"
+#include "favor/runtime.hpp"
 
 namespace favor {
 namespace {
@@ -27,6 +35,26 @@ void check_step(const TensorView& t, int64_t batch, int64_t heads, int64_t dim,
   detail::check_finite(t, name);
 }
 
+// Per-thread buffers of the token path.
+struct TokenBuffers {
+  std::vector<float> x, a, phi, v, log_s, y;
+  TokenBuffers(int64_t d, int64_t m, int64_t F, int64_t dv)
+      : x(d), a(m), phi(F), v(dv), log_s(F), y(dv) {}
+};
+
+// a = W x from W^T (d x m, row-major): a = sum_t x_t W^T[t, :], whole SIMD rows, no
+// horizontal sums.
+void project(const std::vector<float>& wt, int64_t d, int64_t m, const float* x, float* a) {
+  cpu::transposed_matvec(wt.data(), x, d, m, a);
+}
+
+// Threads for a loop over `heads` heads of `work` flops each: one thread below ~50k flops
+// in all, where the cost of a parallel region (~a microsecond) would dominate.
+int threads_for(int64_t heads, double work) {
+  if (heads < 2 || work * double(heads) < 5e4) return 1;
+  return static_cast<int>(std::min<int64_t>(num_threads(), heads));
+}
+
 }  // namespace
 
 Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, Projection w,
@@ -37,6 +65,9 @@ Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, Projection w,
   if (dv < 1) throw Error("dv: " + std::to_string(dv) + " must be >= 1");
   sqrt_scale_ = std::sqrt(detail::resolve_scale(options.scale, w_.d()));
   features_ = feature_count(options.kernel, w_.m());
+  wt_.resize(static_cast<size_t>(w_.m() * w_.d()));
+  for (int64_t i = 0; i < w_.m(); ++i)
+    for (int64_t t = 0; t < w_.d(); ++t) wt_[static_cast<size_t>(t * w_.m() + i)] = w_.at(i, t);
   S_.assign(static_cast<size_t>(batch * heads * features_ * dv), 0.0f);
   s_.assign(static_cast<size_t>(batch * heads * features_), 0.0f);
   max_.assign(static_cast<size_t>(batch * heads), -INFINITY);
@@ -56,54 +87,91 @@ void Decoder::append(TensorView k, TensorView v) {
     throw Error("k " + shape_string(k.shape) + ", v " + shape_string(v.shape) +
                 ": same token count T");
   }
-  const int64_t m = w_.m(), d = w_.d(), F = features_;
-  std::vector<float> x(d), a(m), phi(F), vrow(dv_);
-  const float one = 1.0f;
-  for (int64_t t = 0; t < k.shape[2]; ++t)
-    for (int64_t b = 0; b < batch_; ++b)
-      for (int64_t h = 0; h < heads_; ++h) {
-        const size_t bh = static_cast<size_t>(b * heads_ + h);
-        cpu::HeadState state{S_.data() + bh * F * dv_, s_.data() + bh * F, F, dv_, max_[bh]};
-        double half_norm2 = 0.0;
-        cpu::gather_rows(&k.at(b, h, t, 0), 0, k.strides[3], 1, d, static_cast<float>(sqrt_scale_),
-                         x.data(), &half_norm2);
-        cpu::gather_rows(&v.at(b, h, t, 0), 0, v.strides[3], 1, dv_, 1.0f, vrow.data(), nullptr);
-        cpu::gemv(false, m, d, 1.0f, w_.data(), d, x.data(), 0.0f, a.data());
-        const double g = cpu::key_log_weight(options_.kernel, half_norm2);
-        const double row_max = cpu::key_log_max(options_.kernel, a.data(), m, g);
+  const int64_t m = w_.m(), d = w_.d(), F = features_, T = k.shape[2], heads = batch_ * heads_;
+  const Kernel kernel = options_.kernel;
+  const int threads = threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_));
+  // Buffers are allocated before the parallel region (allocation failures throw here).
+  std::vector<TokenBuffers> buffers;
+  std::vector<cpu::KeyTile> tiles;
+  for (int t = 0; t < threads; ++t) {
+    if (T == 1) buffers.emplace_back(d, m, F, dv_);
+    if (T > 1) tiles.emplace_back(d, m, F, dv_);
+  }
+  cpu::AttentionParams p{};
+  p.k = k.data;
+  p.k_strides = k.strides;
+  p.v = v.data;
+  p.v_strides = v.strides;
+  p.batch = batch_;
+  p.heads = heads_;
+  p.nk = T;
+  p.d = d;
+  p.dv = dv_;
+  p.w = w_.data();
+  p.m = m;
+  p.kernel = kernel;
+  p.sqrt_scale = static_cast<float>(sqrt_scale_);
+#pragma omp parallel num_threads(threads)
+  {
+    cpu::blas_on_calling_thread();
+    const auto tid = static_cast<size_t>(omp_get_thread_num());
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      const int64_t b = bh / heads_, h = bh % heads_;
+      cpu::HeadState state{S_.data() + bh * F * dv_, s_.data() + bh * F, F, dv_, max_[bh]};
+      if (T > 1) {  // prefill: the tiled key pass
+        cpu::accumulate_keys(p, b, h, 0, T, tiles[tid], state);
+      } else {
+        TokenBuffers& buf = buffers[tid];
+        const double half_norm2 =
+            0.5 * (k.strides[3] == 1
+                       ? cpu::scale_copy_norm2(&k.at(b, h, 0, 0), p.sqrt_scale, buf.x.data(), d)
+                       : (cpu::gather_rows(&k.at(b, h, 0, 0), 0, k.strides[3], 1, d, p.sqrt_scale,
+                                           buf.x.data(), nullptr),
+                          cpu::dot(buf.x.data(), buf.x.data(), d)));
+        cpu::gather_rows(&v.at(b, h, 0, 0), 0, v.strides[3], 1, dv_, 1.0f, buf.v.data(), nullptr);
+        project(wt_, d, m, buf.x.data(), buf.a.data());
+        const double g = cpu::key_log_weight(kernel, half_norm2);
+        const double row_max = cpu::key_log_max(kernel, buf.a.data(), m, g);
         if (row_max > state.max) state.raise_max(row_max);
-        cpu::key_features(options_.kernel, a.data(), m, g - state.max, phi.data());
-        state.accumulate(phi.data(), vrow.data(), 1, &one);
-        max_[bh] = state.max;
+        cpu::key_features(kernel, buf.a.data(), m, g - state.max, buf.phi.data());
+        cpu::rank1_update(state.S, buf.phi.data(), buf.v.data(), F, dv_);
+        for (int64_t f = 0; f < F; ++f) state.s[f] += buf.phi[f];
       }
-  position_ += k.shape[2];
+      max_[bh] = state.max;
+    }
+  }
+  position_ += T;
 }
 
 void Decoder::query(TensorView q, MutableTensorView out) const {
   check_step(q, batch_, heads_, w_.d(), "q", "D");
   detail::check_output(out, {batch_, heads_, q.shape[2], dv_}, "out", {q});
-  const int64_t m = w_.m(), d = w_.d(), F = features_;
-  std::vector<float> x(d), a(m), phi(F), log_s(F), y(dv_);
-  for (int64_t b = 0; b < batch_; ++b)
-    for (int64_t h = 0; h < heads_; ++h) {
-      const size_t bh = static_cast<size_t>(b * heads_ + h);
-      const float* S = S_.data() + bh * F * dv_;
-      const float* s = s_.data() + bh * F;
-      if (cpu::positive_family(options_.kernel)) cpu::log_or_neg_inf(s, log_s.data(), F);
-      for (int64_t t = 0; t < q.shape[2]; ++t) {
-        cpu::gather_rows(&q.at(b, h, t, 0), 0, q.strides[3], 1, d, static_cast<float>(sqrt_scale_),
-                         x.data(), nullptr);
-        cpu::gemv(false, m, d, 1.0f, w_.data(), d, x.data(), 0.0f, a.data());
-        const float c = cpu::query_shift(options_.kernel, a.data(), m, log_s.data());
-        float den = 0.0f;
-        if (!std::isinf(c)) {  // -inf: nothing appended for this head yet
-          cpu::query_features(options_.kernel, a.data(), m, c, log_s.data(), phi.data());
-          cpu::gemv(true, F, dv_, 1.0f, S, dv_, phi.data(), 0.0f, y.data());
-          for (int64_t f = 0; f < F; ++f) den += phi[f] * s[f];
-        }
-        cpu::write_rows(y.data(), &den, 1, dv_, &out.at(b, h, t, 0), 0, out.strides[3]);
+  const int64_t m = w_.m(), d = w_.d(), F = features_, T = q.shape[2], heads = batch_ * heads_;
+  const int threads = threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_));
+  std::vector<TokenBuffers> buffers;
+  for (int t = 0; t < threads; ++t) buffers.emplace_back(d, m, F, dv_);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    const int64_t b = bh / heads_, h = bh % heads_;
+    TokenBuffers& buf = buffers[static_cast<size_t>(omp_get_thread_num())];
+    const float* S = S_.data() + bh * F * dv_;
+    const float* s = s_.data() + bh * F;
+    if (cpu::positive_family(options_.kernel)) cpu::log_or_neg_inf(s, buf.log_s.data(), F);
+    for (int64_t t = 0; t < T; ++t) {
+      cpu::gather_rows(&q.at(b, h, t, 0), 0, q.strides[3], 1, d, static_cast<float>(sqrt_scale_),
+                       buf.x.data(), nullptr);
+      project(wt_, d, m, buf.x.data(), buf.a.data());
+      const float c = cpu::query_shift(options_.kernel, buf.a.data(), m, buf.log_s.data());
+      float den = 0.0f;
+      if (!std::isinf(c)) {  // -inf: nothing appended for this head yet
+        cpu::query_features(options_.kernel, buf.a.data(), m, c, buf.log_s.data(), buf.phi.data());
+        cpu::transposed_matvec(S, buf.phi.data(), F, dv_, buf.y.data());
+        den = cpu::dot(buf.phi.data(), s, F);
       }
+      cpu::write_rows(buf.y.data(), &den, 1, dv_, &out.at(b, h, t, 0), 0, out.strides[3]);
     }
+  }
 }
 
 Tensor Decoder::query(TensorView q) const {

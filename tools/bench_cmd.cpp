@@ -25,9 +25,13 @@ struct BenchArgs {
   bool json = false;
   std::string out, plot, kernel = "positive";
   std::vector<int64_t> lengths{256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
-  int64_t bh = 8, d = 64, m = 256, max_exact_n = 32768, scaling_n = 16384, sgemm_n = 2048;
+  int64_t bh = 8, d = 64, m = 256, max_exact_n = 32768, scaling_n = 16384, sgemm_n = 4096;
   std::vector<int64_t> decode_positions{1024, 65536};
+  std::vector<std::string> sections{"sweep", "long", "scaling", "decode"};
   int repeats = 3;
+  bool has(const std::string& section) const {
+    return std::find(sections.begin(), sections.end(), section) != sections.end();
+  }
 };
 
 // Resident-set figures of this process, in MiB, from /proc/self/status.
@@ -66,23 +70,29 @@ class Bench {
   void run() {
     header();
     sgemm();
-    for (int64_t n : a_.lengths) {
+    for (int64_t n : a_.has("sweep") ? a_.lengths : std::vector<int64_t>{}) {
       for (bool causal : {false, true}) {
         favor_row(a_.bh, n, causal, num_threads());
         if (n <= a_.max_exact_n) exact_row(a_.bh, n, causal);
       }
     }
     const int64_t longest = *std::max_element(a_.lengths.begin(), a_.lengths.end());
-    for (bool causal : {false, true}) favor_row(1, longest, causal, num_threads());
-    if (num_threads() > 1) {  // thread scaling: the same problems on one thread
+    for (bool causal : {false, true}) {
+      if (a_.has("long")) favor_row(1, longest, causal, num_threads());
+    }
+    if (a_.has("scaling") && num_threads() > 1) {  // the same problems on one thread and on all
       for (int64_t bh : {a_.bh, int64_t{1}}) {
         for (bool causal : {false, true}) {
           favor_row(bh, a_.scaling_n, causal, 1);
-          if (bh == 1) favor_row(bh, a_.scaling_n, causal, num_threads());
+          favor_row(bh, a_.scaling_n, causal, num_threads());
         }
       }
     }
-    for (int64_t pos : a_.decode_positions) decode_row(pos);
+    if (a_.has("decode") && !a_.decode_positions.empty()) {
+      decode_row(a_.decode_positions.front(),
+                 false);  // warm-up (thread pool, caches), not reported
+      for (int64_t pos : a_.decode_positions) decode_row(pos, true);
+    }
   }
 
   const nlohmann::json& records() const { return records_; }
@@ -191,7 +201,7 @@ class Bench {
 
   // Decode: prefill `position` tokens, then time steps of append(k, v) + query(q) for all
   // heads at once. tokens/s counts steps (one token per sequence).
-  void decode_row(int64_t position) {
+  void decode_row(int64_t position, bool report) {
     const int64_t bh = a_.bh, steps = 256;
     const Projection w =
         Projection::draw(a_.m, a_.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
@@ -220,6 +230,7 @@ class Bench {
         },
         a_.repeats);
     const double per_step = t.seconds / double(steps);
+    if (!report) return;
     emit({{"method", "decode"},
           {"causal", true},
           {"n", position},
@@ -312,6 +323,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--decode-positions", a->decode_positions, "decode positions to time")
       ->capture_default_str();
   cmd->add_option("--sgemm-n", a->sgemm_n, "size of the yardstick sgemm")->capture_default_str();
+  cmd->add_option("--sections", a->sections,
+                  "which rows: sweep (N x causal, favor and exact), long (B*H = 1 at the "
+                  "longest N), scaling (1 thread vs all), decode")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sweep", "long", "scaling", "decode"}));
   cmd->add_option("--repeats", a->repeats,
                   "timed repeats per row (median); runs over 1 s are timed once")
       ->capture_default_str();

@@ -18,10 +18,12 @@ Tensor gaussian_rows(const Shape4& shape, uint64_t seed, double norm = 0.0);
 
 namespace favor::cli {
 
-/// Median wall time of `repeats` runs after one warm-up run. A warm-up that takes longer
-/// than `single_run_s` is itself the measurement (long runs are not repeated).
+/// Median wall time of at least `repeats` runs after one warm-up run; short runs are
+/// repeated until `min_total_s` of measurements are in (at most 200 runs), which steadies
+/// them on a shared machine. A warm-up that takes longer than `single_run_s` is itself the
+/// measurement (long runs are not repeated).
 template <class F>
-double median_seconds(F&& f, int repeats, double single_run_s = 1.0) {
+double median_seconds(F&& f, int repeats, double single_run_s = 1.0, double min_total_s = 0.3) {
   const auto time_once = [&f] {
     const auto start = std::chrono::steady_clock::now();
     f();
@@ -30,7 +32,11 @@ double median_seconds(F&& f, int repeats, double single_run_s = 1.0) {
   const double first = time_once();
   if (first > single_run_s) return first;
   std::vector<double> t;
-  for (int r = 0; r < repeats; ++r) t.push_back(time_once());
+  double total = 0.0;
+  while (static_cast<int>(t.size()) < repeats || (total < min_total_s && t.size() < 200)) {
+    t.push_back(time_once());
+    total += t.back();
+  }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }

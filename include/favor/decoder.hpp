@@ -44,6 +44,7 @@ class Decoder {
  private:
   int64_t batch_, heads_, dv_, features_;
   Projection w_;
+  std::vector<float> wt_;  // W^T (d x m): the per-token projection as d vector axpys
   DecoderOptions options_;
   double sqrt_scale_;
   int64_t position_ = 0;

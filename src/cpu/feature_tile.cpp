@@ -15,10 +15,13 @@ void gather_rows(const float* base, int64_t stride_n, int64_t stride_d, int64_t 
     const float* src = base + r * stride_n;
     float* out = dst + r * d;
     double norm2 = 0.0;
-    for (int64_t x = 0; x < d; ++x) {
-      const float value = mult * src[x * stride_d];
-      out[x] = value;
-      norm2 += static_cast<double>(value) * value;
+    if (stride_d == 1) {
+      norm2 = scale_copy_norm2(src, mult, out, d);
+    } else {
+      for (int64_t x = 0; x < d; ++x) {
+        out[x] = mult * src[x * stride_d];
+        norm2 += static_cast<double>(out[x]) * out[x];
+      }
     }
     if (half_norm2) half_norm2[r] = 0.5 * norm2;
   }

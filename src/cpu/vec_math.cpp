@@ -99,6 +99,61 @@ float MinValue(const float* a, int64_t n) {
   return best;
 }
 
+double ScaleCopyNorm2(const float* src, float mult, float* dst, int64_t n) {
+  // Half-width float vectors promoted to full-width doubles: the sum of squares is exact
+  // to double rounding (large norms enter the key exponent as -|y|^2/2).
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(dd));
+  const auto m = hn::Set(df, mult);
+  auto acc = hn::Zero(dd);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::Mul(hn::LoadU(df, src + i), m);
+    hn::StoreU(v, df, dst + i);
+    const auto w = hn::PromoteTo(dd, v);
+    acc = hn::MulAdd(w, w, acc);
+  }
+  double sum = hn::GetLane(hn::SumOfLanes(dd, acc));
+  for (; i < n; ++i) {
+    dst[i] = mult * src[i];
+    sum += static_cast<double>(dst[i]) * dst[i];
+  }
+  return sum;
+}
+
+float Dot(const float* a, const float* b, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  auto acc = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    acc = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc);
+  float sum = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// out[:] += c * x[:] over n floats.
+HWY_INLINE void Axpy(float c, const float* HWY_RESTRICT x, float* HWY_RESTRICT out, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto cv = hn::Set(d, c);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    hn::StoreU(hn::MulAdd(cv, hn::LoadU(d, x + i), hn::LoadU(d, out + i)), d, out + i);
+  for (; i < n; ++i) out[i] += c * x[i];
+}
+
+void Rank1Update(float* S, const float* phi, const float* v, int64_t F, int64_t dv) {
+  for (int64_t f = 0; f < F; ++f) Axpy(phi[f], v, S + f * dv, dv);
+}
+
+void TransposedMatvec(const float* S, const float* phi, int64_t F, int64_t dv, float* y) {
+  for (int64_t x = 0; x < dv; ++x) y[x] = 0.0f;
+  for (int64_t f = 0; f < F; ++f) Axpy(phi[f], S + f * dv, y, dv);
+}
+
 void SinCosScaled(const float* a, float mult, float* out_sin, float* out_cos, int64_t n) {
   // Highway's Sin/Cos hold 3 ulp on [-39000, 39000]; outside it use libm.
   constexpr float kRange = 39000.0f;
@@ -129,6 +184,10 @@ HWY_EXPORT(MaxOfSignedSum);
 HWY_EXPORT(MaxValue);
 HWY_EXPORT(MinValue);
 HWY_EXPORT(SinCosScaled);
+HWY_EXPORT(ScaleCopyNorm2);
+HWY_EXPORT(Dot);
+HWY_EXPORT(Rank1Update);
+HWY_EXPORT(TransposedMatvec);
 
 void exp_affine(const float* in, float sign, float offset, float* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(ExpAffine)(in, sign, offset, out, n);
@@ -151,6 +210,18 @@ float min_value(const float* a, int64_t n) {
 }
 void sincos_scaled(const float* a, float mult, float* out_sin, float* out_cos, int64_t n) {
   HWY_DYNAMIC_DISPATCH(SinCosScaled)(a, mult, out_sin, out_cos, n);
+}
+double scale_copy_norm2(const float* src, float mult, float* dst, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(ScaleCopyNorm2)(src, mult, dst, n);
+}
+float dot(const float* a, const float* b, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(Dot)(a, b, n);
+}
+void rank1_update(float* S, const float* phi, const float* v, int64_t F, int64_t dv) {
+  HWY_DYNAMIC_DISPATCH(Rank1Update)(S, phi, v, F, dv);
+}
+void transposed_matvec(const float* S, const float* phi, int64_t F, int64_t dv, float* y) {
+  HWY_DYNAMIC_DISPATCH(TransposedMatvec)(S, phi, F, dv, y);
 }
 std::string simd_target() {
   const auto targets = hwy::SupportedAndGeneratedTargets();

@@ -20,6 +20,14 @@ float max_value(const float* a, int64_t n);
 float min_value(const float* a, int64_t n);
 /// out_sin[i] = mult * sin(a[i]), out_cos[i] = mult * cos(a[i]).
 void sincos_scaled(const float* a, float mult, float* out_sin, float* out_cos, int64_t n);
+/// dst[i] = mult * src[i] (src contiguous); returns sum_i dst[i]^2 accumulated in double.
+double scale_copy_norm2(const float* src, float mult, float* dst, int64_t n);
+/// sum_i a[i] b[i] (float accumulation in SIMD lanes).
+float dot(const float* a, const float* b, int64_t n);
+/// S[f, :] += phi[f] * v[:] for f < F (S is F x dv, row-major): a rank-1 update.
+void rank1_update(float* S, const float* phi, const float* v, int64_t F, int64_t dv);
+/// y[:] = sum_f phi[f] * S[f, :] (S is F x dv): y = S^T phi.
+void transposed_matvec(const float* S, const float* phi, int64_t F, int64_t dv, float* y);
 /// Name of the SIMD target chosen on this machine, e.g. "AVX3".
 std::string simd_target();
 
