@@ -18,7 +18,7 @@ namespace favor::cpu {
 namespace {
 
 // Query rows per block; key rows per block: 64 x 256 scores = 64 KiB (float) in L2.
-constexpr int64_t kQueryBlock = 64;
+constexpr int64_t kQueryBlock = 128;
 constexpr int64_t kKeyBlock = 256;
 
 template <class T>
@@ -44,12 +44,27 @@ void gather(const float* base, int64_t stride_n, int64_t stride_d, int64_t rows,
       dst[r * d + x] = mult * static_cast<T>(base[r * stride_n + x * stride_d]);
 }
 
-// p = exp(s - mx) over a row, in place; float rows use the vectorised exp.
+// Row reductions and p = exp(s - mx) in place: float rows use the SIMD kernels, double
+// rows (the f64 accuracy option) plain loops.
 void exp_shifted(float* row, int64_t n, float mx) {
   exp_affine(row, 1.0f, -mx, row, n);
 }
 void exp_shifted(double* row, int64_t n, double mx) {
   for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - mx);
+}
+float row_max(const float* row, int64_t n) {
+  return max_value(row, n);
+}
+double row_max(const double* row, int64_t n) {
+  return *std::max_element(row, row + n);
+}
+float row_sum(const float* row, int64_t n) {
+  return sum_values(row, n);
+}
+double row_sum(const double* row, int64_t n) {
+  double s = 0;
+  for (int64_t j = 0; j < n; ++j) s += row[j];
+  return s;
 }
 
 // One query block [i0, i0 + qrows) of head (b, h); returns its rows with no visible key.
@@ -82,26 +97,29 @@ int64_t run_block(const AttentionParams& p, bool causal, int64_t b, int64_t h, i
     }
     gemm(false, true, qrows, krows, d, T(1), ws.q.data(), d, ws.k.data(), d, T(0), ws.scores.data(),
          krows);
+    bool block_masked = false;
+    for (int64_t j = 0; j < krows; ++j) block_masked = block_masked || !ws.visible[j];
     for (int64_t i = 0; i < qrows; ++i) {
       T* row = ws.scores.data() + i * krows;
       // Causal: key j0 + j is visible to query i0 + i when j0 + j <= i0 + i.
       const int64_t limit = causal ? std::clamp<int64_t>(i0 + i - j0 + 1, 0, krows) : krows;
-      T block_max = ninf;
-      for (int64_t j = 0; j < krows; ++j) {
-        if (j >= limit || !ws.visible[j]) row[j] = ninf;
-        block_max = std::max(block_max, row[j]);
+      std::fill(row + limit, row + krows, ninf);
+      if (block_masked) {
+        for (int64_t j = 0; j < limit; ++j) {
+          if (!ws.visible[j]) row[j] = ninf;
+        }
       }
-      const T new_max = std::max(ws.mx[i], block_max);
+      const T new_max = std::max(ws.mx[i], row_max(row, krows));
       if (new_max == ninf) {  // nothing visible so far: p = 0 for the whole block
         std::fill(row, row + krows, T(0));
         continue;
       }
       const T correction = std::exp(ws.mx[i] - new_max);  // exp(-inf) = 0 on the first block
       exp_shifted(row, krows, new_max);
-      T sum = 0;
-      for (int64_t j = 0; j < krows; ++j) sum += row[j];
-      ws.l[i] = ws.l[i] * correction + sum;
-      for (int64_t x = 0; x < dv; ++x) ws.acc[i * dv + x] *= correction;
+      ws.l[i] = ws.l[i] * correction + row_sum(row, krows);
+      if (correction != T(1)) {
+        for (int64_t x = 0; x < dv; ++x) ws.acc[i * dv + x] *= correction;
+      }
       ws.mx[i] = new_max;
     }
     gemm(false, false, qrows, dv, krows, T(1), ws.scores.data(), krows, ws.v.data(), dv, T(1),

@@ -122,6 +122,17 @@ double ScaleCopyNorm2(const float* src, float mult, float* dst, int64_t n) {
   return sum;
 }
 
+float SumValues(const float* a, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  auto acc = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) acc = hn::Add(acc, hn::LoadU(d, a + i));
+  float sum = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; i < n; ++i) sum += a[i];
+  return sum;
+}
+
 float Dot(const float* a, const float* b, int64_t n) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -186,6 +197,7 @@ HWY_EXPORT(MinValue);
 HWY_EXPORT(SinCosScaled);
 HWY_EXPORT(ScaleCopyNorm2);
 HWY_EXPORT(Dot);
+HWY_EXPORT(SumValues);
 HWY_EXPORT(Rank1Update);
 HWY_EXPORT(TransposedMatvec);
 
@@ -213,6 +225,9 @@ void sincos_scaled(const float* a, float mult, float* out_sin, float* out_cos, i
 }
 double scale_copy_norm2(const float* src, float mult, float* dst, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(ScaleCopyNorm2)(src, mult, dst, n);
+}
+float sum_values(const float* a, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(SumValues)(a, n);
 }
 float dot(const float* a, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(Dot)(a, b, n);

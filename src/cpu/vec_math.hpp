@@ -22,6 +22,8 @@ float min_value(const float* a, int64_t n);
 void sincos_scaled(const float* a, float mult, float* out_sin, float* out_cos, int64_t n);
 /// dst[i] = mult * src[i] (src contiguous); returns sum_i dst[i]^2 accumulated in double.
 double scale_copy_norm2(const float* src, float mult, float* dst, int64_t n);
+/// sum_i a[i] (float accumulation in SIMD lanes).
+float sum_values(const float* a, int64_t n);
 /// sum_i a[i] b[i] (float accumulation in SIMD lanes).
 float dot(const float* a, const float* b, int64_t n);
 /// S[f, :] += phi[f] * v[:] for f < F (S is F x dv, row-major): a rank-1 update.
