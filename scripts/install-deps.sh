@@ -9,7 +9,8 @@ packages=(
   libeigen3-dev                    # QR of the orthogonal projection blocks
   libhwy-dev                       # Highway: run-time dispatched SIMD exp/log/sin/cos
   libcli11-dev libfmt-dev nlohmann-json3-dev   # the favor CLI
-  libgtest-dev                     # tests
+  libgtest-dev libbenchmark-dev    # tests, the Google Benchmark target
+  python3-matplotlib               # favor bench --plot (Debian's /usr/bin/python3)
 )
 
 missing=()

@@ -37,9 +37,9 @@ void check_step(const TensorView& t, int64_t batch, int64_t heads, int64_t dim,
 
 // Per-thread buffers of the token path.
 struct TokenBuffers {
-  std::vector<float> x, a, phi, v, log_s, y;
+  std::vector<float> x, a, phi, vx, s, log_s, yx;
   TokenBuffers(int64_t d, int64_t m, int64_t F, int64_t dv)
-      : x(d), a(m), phi(F), v(dv), log_s(F), y(dv) {}
+      : x(d), a(m), phi(F), vx(dv + 1), s(F), log_s(F), yx(dv + 1) {}
 };
 
 // a = W x from W^T (d x m, row-major): a = sum_t x_t W^T[t, :], whole SIMD rows, no
@@ -68,14 +68,12 @@ Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, Projection w,
   wt_.resize(static_cast<size_t>(w_.m() * w_.d()));
   for (int64_t i = 0; i < w_.m(); ++i)
     for (int64_t t = 0; t < w_.d(); ++t) wt_[static_cast<size_t>(t * w_.m() + i)] = w_.at(i, t);
-  S_.assign(static_cast<size_t>(batch * heads * features_ * dv), 0.0f);
-  s_.assign(static_cast<size_t>(batch * heads * features_), 0.0f);
+  S_.assign(static_cast<size_t>(batch * heads * features_ * (dv + 1)), 0.0f);
   max_.assign(static_cast<size_t>(batch * heads), -INFINITY);
 }
 
 void Decoder::reset() {
   std::fill(S_.begin(), S_.end(), 0.0f);
-  std::fill(s_.begin(), s_.end(), 0.0f);
   std::fill(max_.begin(), max_.end(), -INFINITY);
   position_ = 0;
 }
@@ -118,7 +116,7 @@ void Decoder::append(TensorView k, TensorView v) {
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh) {
       const int64_t b = bh / heads_, h = bh % heads_;
-      cpu::HeadState state{S_.data() + bh * F * dv_, s_.data() + bh * F, F, dv_, max_[bh]};
+      cpu::HeadState state{S_.data() + bh * F * (dv_ + 1), F, dv_, max_[bh]};
       if (T > 1) {  // prefill: the tiled key pass
         cpu::accumulate_keys(p, b, h, 0, T, tiles[tid], state);
       } else {
@@ -129,14 +127,14 @@ void Decoder::append(TensorView k, TensorView v) {
                        : (cpu::gather_rows(&k.at(b, h, 0, 0), 0, k.strides[3], 1, d, p.sqrt_scale,
                                            buf.x.data(), nullptr),
                           cpu::dot(buf.x.data(), buf.x.data(), d)));
-        cpu::gather_rows(&v.at(b, h, 0, 0), 0, v.strides[3], 1, dv_, 1.0f, buf.v.data(), nullptr);
+        cpu::gather_values(&v.at(b, h, 0, 0), 0, v.strides[3], 1, dv_, buf.vx.data());
         project(wt_, d, m, buf.x.data(), buf.a.data());
         const double g = cpu::key_log_weight(kernel, half_norm2);
         const double row_max = cpu::key_log_max(kernel, buf.a.data(), m, g);
         if (row_max > state.max) state.raise_max(row_max);
         cpu::key_features(kernel, buf.a.data(), m, g - state.max, buf.phi.data());
-        cpu::rank1_update(state.S, buf.phi.data(), buf.v.data(), F, dv_);
-        for (int64_t f = 0; f < F; ++f) state.s[f] += buf.phi[f];
+        cpu::rank1_update(state.Sx, buf.phi.data(), buf.vx.data(), F,
+                          dv_ + 1);  // [S | s] += phi [v | 1]
       }
       max_[bh] = state.max;
     }
@@ -155,21 +153,24 @@ void Decoder::query(TensorView q, MutableTensorView out) const {
   for (int64_t bh = 0; bh < heads; ++bh) {
     const int64_t b = bh / heads_, h = bh % heads_;
     TokenBuffers& buf = buffers[static_cast<size_t>(omp_get_thread_num())];
-    const float* S = S_.data() + bh * F * dv_;
-    const float* s = s_.data() + bh * F;
-    if (cpu::positive_family(options_.kernel)) cpu::log_or_neg_inf(s, buf.log_s.data(), F);
+    const cpu::HeadState state{const_cast<float*>(S_.data()) + bh * F * (dv_ + 1), F, dv_,
+                               max_[bh]};
+    if (cpu::positive_family(options_.kernel)) {
+      state.copy_normaliser(buf.s.data());
+      cpu::log_or_neg_inf(buf.s.data(), buf.log_s.data(), F);
+    }
     for (int64_t t = 0; t < T; ++t) {
       cpu::gather_rows(&q.at(b, h, t, 0), 0, q.strides[3], 1, d, static_cast<float>(sqrt_scale_),
                        buf.x.data(), nullptr);
       project(wt_, d, m, buf.x.data(), buf.a.data());
       const float c = cpu::query_shift(options_.kernel, buf.a.data(), m, buf.log_s.data());
-      float den = 0.0f;
-      if (!std::isinf(c)) {  // -inf: nothing appended for this head yet
+      if (std::isinf(c)) {  // -inf: nothing appended for this head yet; den 0 gives zeros
+        std::fill(buf.yx.begin(), buf.yx.end(), 0.0f);
+      } else {
         cpu::query_features(options_.kernel, buf.a.data(), m, c, buf.log_s.data(), buf.phi.data());
-        cpu::transposed_matvec(S, buf.phi.data(), F, dv_, buf.y.data());
-        den = cpu::dot(buf.phi.data(), s, F);
+        cpu::transposed_matvec(state.Sx, buf.phi.data(), F, dv_ + 1, buf.yx.data());  // [y | den]
       }
-      cpu::write_rows(buf.y.data(), &den, 1, dv_, &out.at(b, h, t, 0), 0, out.strides[3]);
+      cpu::write_rows(buf.yx.data(), 1, dv_, &out.at(b, h, t, 0), 0, out.strides[3]);
     }
   }
 }

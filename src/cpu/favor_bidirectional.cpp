@@ -1,9 +1,9 @@
 // Bidirectional FAVOR attention, per (batch, head):
-//   1. keys, in tiles: project, stabilise against the running key max, S += phi^T V, s += phi^T 1
-//      (cpu/key_state.hpp);
+//   1. keys, in tiles: project, stabilise against the running key max,
+//      [S | s] += phi^T [V | 1] (cpu/key_state.hpp);
 //   2. log s once;
 //   3. queries, in tiles: project, shift each row by c_i = max_f (L_if + log s_f),
-//      y = phi S / phi s.
+//      [y | den] = phi [S | s] (one GEMM), y / den.
 // When there are fewer heads than threads, each head's keys and queries are split into
 // parts: partial states (each with its own max) are merged after a barrier.
 // Never holds more than one tile of features: memory O(threads * kRowTile * F).
@@ -27,21 +27,21 @@ namespace {
 
 struct Workspace {
   KeyTile tile;
-  std::vector<float> y, den, S, s, log_s;
+  std::vector<float> yx, Sx, s, log_s;
   Workspace(int64_t d, int64_t m, int64_t F, int64_t dv)
-      : tile(d, m, F, dv), y(kRowTile * dv), den(kRowTile), S(F * dv), s(F), log_s(F) {}
-  HeadState state(int64_t F, int64_t dv) { return HeadState{S.data(), s.data(), F, dv}; }
+      : tile(d, m, F, dv), yx(kRowTile * (dv + 1)), Sx(F * (dv + 1)), s(F), log_s(F) {}
+  HeadState state(int64_t F, int64_t dv) { return HeadState{Sx.data(), F, dv}; }
 };
 
 // Partial key states of every task, allocated once per call.
 struct PartialStates {
-  std::vector<float> S, s;
+  std::vector<float> Sx;
   std::vector<double> max;
   int64_t F, dv;
   PartialStates(int64_t tasks, int64_t F_, int64_t dv_)
-      : S(tasks * F_ * dv_), s(tasks * F_), max(tasks, -INFINITY), F(F_), dv(dv_) {}
+      : Sx(tasks * F_ * (dv_ + 1)), max(tasks, -INFINITY), F(F_), dv(dv_) {}
   HeadState at(int64_t task) {
-    return HeadState{S.data() + task * F * dv, s.data() + task * F, F, dv, max[task]};
+    return HeadState{Sx.data() + task * F * (dv + 1), F, dv, max[task]};
   }
 };
 
@@ -61,7 +61,10 @@ int64_t attend_queries(const AttentionParams& p, int64_t b, int64_t h, int64_t b
   const int64_t m = p.m, F = state.features;
   const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
   float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
-  if (positive_family(p.kernel)) log_or_neg_inf(state.s, ws.log_s.data(), F);
+  if (positive_family(p.kernel)) {
+    state.copy_normaliser(ws.s.data());
+    log_or_neg_inf(ws.s.data(), ws.log_s.data(), F);
+  }
   int64_t zero_rows = 0;
   for (int64_t i0 = begin; i0 < end; i0 += kRowTile) {
     const int64_t rows = std::min(kRowTile, end - i0);
@@ -73,11 +76,10 @@ int64_t attend_queries(const AttentionParams& p, int64_t b, int64_t h, int64_t b
       const float c = query_shift(p.kernel, a, m, ws.log_s.data());
       query_features(p.kernel, a, m, c, ws.log_s.data(), ws.tile.phi.data() + r * F);
     }
-    gemm(false, false, rows, p.dv, F, 1.0f, ws.tile.phi.data(), F, state.S, p.dv, 0.0f, ws.y.data(),
-         p.dv);
-    gemv(false, rows, F, 1.0f, ws.tile.phi.data(), F, state.s, 0.0f, ws.den.data());
-    zero_rows += write_rows(ws.y.data(), ws.den.data(), rows, p.dv, oh + i0 * p.out_strides[2],
-                            p.out_strides[2], p.out_strides[3]);
+    gemm(false, false, rows, state.ld(), F, 1.0f, ws.tile.phi.data(), F, state.Sx, state.ld(), 0.0f,
+         ws.yx.data(), state.ld());
+    zero_rows += write_rows(ws.yx.data(), rows, p.dv, oh + i0 * p.out_strides[2], p.out_strides[2],
+                            p.out_strides[3]);
   }
   return zero_rows;
 }

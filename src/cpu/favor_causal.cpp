@@ -1,11 +1,16 @@
 // Causal FAVOR attention in chunks of C = kChunk tokens, per (batch, head):
-//   Y_c = phi(Q_c) S_{<c} + mask(phi(Q_c) phi(K_c)^T) V_c   (and the same for the denominator)
-//   S_{<c+1} = S_{<c} + phi(K_c)^T V_c
+//   [Y_c | den_c] = [phi(Q_c) | tril(phi(Q_c) phi(K_c)^T)] [S_{<c} | s_{<c} ; V_c | 1]
+//   [S | s]_{<c+1} = [S | s]_{<c} + phi(K_c)^T [V_c | 1]
+// The chunk's augmented values sit right below the state in one buffer, so the inter- and
+// intra-chunk terms, numerator and denominator, come out of a single GEMM. Per chunk:
+// one projection GEMM for keys and queries together, G, the fused output GEMM, and the
+// state update.
+//
 // Stabilisation is the streaming decoder's, token by token: key j is scaled by its running
 // max M_j = max over visible keys <= j (never by a future key, which could underflow every
 // key a query may see), and row i rescales what it reads by exp(M_j - M_i) <= 1. Query row
 // i is shifted by c_i = max_f (L_if + log P_if), P_i = its exact prefix normaliser, so its
-// denominator is >= 1. Masked keys get zero features. Memory O(threads * C * (F + C)).
+// denominator is >= 1. Masked keys get zero features. Memory O(threads * C * (F + C + D)).
 //
 // With fewer heads than threads, each head's sequence is split into segments, one per
 // thread, chained: the thread of segment s first computes the local key state of segment
@@ -34,56 +39,181 @@ namespace favor::cpu {
 namespace {
 
 // Cost of the keys-only pass over a token relative to a causal sweep over it (projection,
-// exps and the state GEMM against the full chunk step); sets the segment lengths. Measured
-// with `favor bench` (B*H = 1 rows): docs/performance.md.
-constexpr double kKeyPassCost = 0.4;
+// exps and the state GEMM against the full chunk step); sets the segment lengths.
+constexpr double kKeyPassCost = 0.3;
 
 struct Workspace {
-  std::vector<float> xk, xq, ak, aq, phik, phiq, prefix, v, y, den, ones, G, S, s, U, u;
+  int64_t F, dv;
+  std::vector<float> x;       // 2C x d: the chunk's keys, then its queries
+  std::vector<float> a;       // 2C x m: their projections
+  std::vector<float> phik;    // C x F
+  std::vector<float> qg;      // C x (F + C): [phi(Q_c) | G]
+  std::vector<float> prefix;  // C x F: prefix normalisers, then their logs
+  std::vector<float> sv;      // (F + C) x (dv + 1): [S | s] of the state, then [V_c | 1]
+  std::vector<float> yx;      // C x (dv + 1)
+  std::vector<float> s;       // F: the state's normaliser column
+  std::vector<float> local;   // F x (dv + 1): a segment's local key state
   std::vector<double> half_norm2, g, run_max;
   std::vector<char> visible;
   KeyTile tile;
-  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv)
-      : xk(kChunk * d),
-        xq(kChunk * d),
-        ak(kChunk * m),
-        aq(kChunk * m),
-        phik(kChunk * F),
-        phiq(kChunk * F),
-        prefix(kChunk * F),
-        v(kChunk * dv),
-        y(kChunk * dv),
-        den(kChunk),
-        ones(kChunk, 1.0f),
-        G(kChunk * kChunk),
-        S(F * dv),
-        s(F),
-        U(F * dv),
-        u(F),
+  Workspace(int64_t d, int64_t m, int64_t F_, int64_t dv_)
+      : F(F_),
+        dv(dv_),
+        x(2 * kChunk * d),
+        a(2 * kChunk * m),
+        phik(kChunk * F_),
+        qg(kChunk * (F_ + kChunk)),
+        prefix(kChunk * F_),
+        sv((F_ + kChunk) * (dv_ + 1)),
+        yx(kChunk * (dv_ + 1)),
+        s(F_),
+        local(F_ * (dv_ + 1)),
         half_norm2(kChunk),
         g(kChunk),
         run_max(kChunk),
         visible(kChunk),
-        tile(d, m, F, dv) {}
+        tile(d, m, F_, dv_) {}
+  HeadState state() { return HeadState{sv.data(), F, dv}; }
+  int64_t ldq() const { return F + kChunk; }
 };
+
+// exp(from - to) for running maxima from <= to; 1 when equal (also both -inf).
+float rescale(double from, double to) {
+  return from == to ? 1.0f : static_cast<float>(std::exp(from - to));
+}
+
+// Key features of one chunk, each relative to its running max run_max[r] (zeros for masked
+// keys). Returns true if the running max moved inside the chunk.
+bool chunk_key_features(const AttentionParams& p, int64_t rows, const HeadState& state,
+                        Workspace& ws) {
+  const int64_t m = p.m, F = ws.F;
+  double running = state.max;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = ws.a.data() + r * m;
+    ws.g[r] = key_log_weight(p.kernel, ws.half_norm2[r]);
+    if (ws.visible[r]) running = std::max(running, key_log_max(p.kernel, a, m, ws.g[r]));
+    ws.run_max[r] = running;
+    float* phi = ws.phik.data() + r * F;
+    if (ws.visible[r]) {
+      key_features(p.kernel, a, m, ws.g[r] - running, phi);
+    } else {
+      std::fill(phi, phi + F, 0.0f);
+    }
+  }
+  return ws.run_max[0] != ws.run_max[rows - 1] || ws.run_max[0] != state.max;
+}
+
+// Query features of one chunk into the left block of qg. For the positive family each
+// row's shift comes from its exact prefix normaliser P_i = P_{i-1} exp(M_{i-1} - M_i) +
+// phi(k_i), P_{-1} = s_{<c} (computed in ws.prefix, then overwritten by its log).
+void chunk_query_features(const AttentionParams& p, int64_t rows, const HeadState& state,
+                          Workspace& ws) {
+  const int64_t m = p.m, F = ws.F;
+  const float* aq = ws.a.data() + rows * m;
+  const bool pos = positive_family(p.kernel);
+  if (pos) state.copy_normaliser(ws.s.data());
+  for (int64_t r = 0; pos && r < rows; ++r) {
+    float* row = ws.prefix.data() + r * F;
+    const float* prev = r == 0 ? ws.s.data() : row - F;  // still the raw prefix of row r-1
+    const float f = rescale(r == 0 ? state.max : ws.run_max[r - 1], ws.run_max[r]);
+    const float* phik = ws.phik.data() + r * F;
+    for (int64_t x = 0; x < F; ++x) row[x] = prev[x] * f + phik[x];
+  }
+  if (pos) log_or_neg_inf(ws.prefix.data(), ws.prefix.data(), rows * F);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = aq + r * m;
+    float* phi = ws.qg.data() + r * ws.ldq();
+    const float* log_p = ws.prefix.data() + r * F;
+    const float c = query_shift(p.kernel, a, m, log_p);
+    if (std::isinf(c)) {  // no visible key yet: zero features give a zero denominator
+      std::fill(phi, phi + F, 0.0f);
+    } else {
+      query_features(p.kernel, a, m, c, log_p, phi);
+    }
+  }
+}
+
+// Causal sweep over rows [begin, end) of head (b, h), starting from the state in ws.sv
+// (the keys before `begin`), which it advances. Returns the rows written as zeros.
+int64_t sweep(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end,
+              double& max, Workspace& ws) {
+  const int64_t F = ws.F, dv = p.dv, ldv = dv + 1, ldq = ws.ldq();
+  const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
+  const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
+  const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
+  float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
+  HeadState state = ws.state();
+  state.max = max;
+  float* vx = ws.sv.data() + F * ldv;  // the chunk's [V_c | 1], right below the state
+  float* G = ws.qg.data() + F;         // right of phi(Q_c)
+  int64_t zero_rows = 0;
+
+  for (int64_t c0 = begin; c0 < end; c0 += kChunk) {
+    const int64_t rows = std::min(kChunk, end - c0);
+    for (int64_t r = 0; r < rows; ++r) {
+      ws.visible[r] =
+          p.mask == nullptr || p.mask[b * p.mask_stride_b + (c0 + r) * p.mask_stride_n] != 0;
+    }
+    gather_rows(kh + c0 * p.k_strides[2], p.k_strides[2], p.k_strides[3], rows, p.d, p.sqrt_scale,
+                ws.x.data(), ws.half_norm2.data());
+    gather_rows(qh + c0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.sqrt_scale,
+                ws.x.data() + rows * p.d, nullptr);
+    gather_values(vh + c0 * p.v_strides[2], p.v_strides[2], p.v_strides[3], rows, dv, vx);
+    project_rows(ws.x.data(), 2 * rows, p.d, p.w, p.m, ws.a.data());  // keys and queries at once
+
+    const bool moved = chunk_key_features(p, rows, state, ws);
+    chunk_query_features(p, rows, state, ws);
+
+    // G = phi(Q_c) phi(K_c)^T, lower triangle (j <= i), each term read at scale exp(M_j - M_i).
+    gemm(false, true, rows, rows, F, 1.0f, ws.qg.data(), ldq, ws.phik.data(), F, 0.0f, G, ldq);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* gi = G + i * ldq;
+      std::fill(gi + i + 1, gi + rows, 0.0f);
+      if (moved) {
+        for (int64_t j = 0; j <= i; ++j) gi[j] *= rescale(ws.run_max[j], ws.run_max[i]);
+      }
+    }
+    // The state is read by row i at scale exp(M_{<c} - M_i): scale phi(q_i) (after G).
+    if (moved) {
+      for (int64_t i = 0; i < rows; ++i) {
+        const float f = rescale(state.max, ws.run_max[i]);
+        float* phi = ws.qg.data() + i * ldq;
+        for (int64_t x = 0; x < F; ++x) phi[x] *= f;
+      }
+    }
+    gemm(false, false, rows, ldv, F + rows, 1.0f, ws.qg.data(), ldq, ws.sv.data(), ldv, 0.0f,
+         ws.yx.data(), ldv);
+    zero_rows += write_rows(ws.yx.data(), rows, dv, oh + c0 * p.out_strides[2], p.out_strides[2],
+                            p.out_strides[3]);
+
+    // State update, relative to the chunk's last running max.
+    const double last = ws.run_max[rows - 1];
+    if (last > state.max) state.raise_max(last);
+    if (moved) {
+      for (int64_t j = 0; j < rows; ++j) {
+        const float f = rescale(ws.run_max[j], last);
+        float* phi = ws.phik.data() + j * F;
+        for (int64_t x = 0; x < F; ++x) phi[x] *= f;
+      }
+    }
+    state.accumulate(ws.phik.data(), vx, rows);
+  }
+  max = state.max;
+  return zero_rows;
+}
 
 // States published by the segments of a split head: the state before segment `task`.
 struct Published {
-  std::vector<float> S, s;
+  std::vector<float> Sx;
   std::vector<double> max;
   std::unique_ptr<std::atomic<int>[]> ready;
   int64_t F, dv;
   Published(int64_t tasks, int64_t F_, int64_t dv_)
-      : S(tasks * F_ * dv_),
-        s(tasks * F_),
-        max(tasks),
-        ready(new std::atomic<int>[tasks]),
-        F(F_),
-        dv(dv_) {
+      : Sx(tasks * F_ * (dv_ + 1)), max(tasks), ready(new std::atomic<int>[tasks]), F(F_), dv(dv_) {
     for (int64_t t = 0; t < tasks; ++t) ready[t].store(0);
   }
   HeadState at(int64_t task) {
-    return HeadState{S.data() + task * F * dv, s.data() + task * F, F, dv, max[task]};
+    return HeadState{Sx.data() + task * F * (dv + 1), F, dv, max[task]};
   }
   void publish(int64_t task, const HeadState& st) {
     HeadState dst = at(task);
@@ -117,133 +247,6 @@ std::vector<int64_t> segment_bounds(int64_t n, int64_t parts) {
   return bounds;
 }
 
-// exp(from - to) for running maxima from <= to; 1 when equal (also both -inf).
-float rescale(double from, double to) {
-  return from == to ? 1.0f : static_cast<float>(std::exp(from - to));
-}
-
-// Key features of one chunk, each relative to its running max run_max[r] (zeros for masked
-// keys). Returns true if the running max moved inside the chunk.
-bool chunk_key_features(const AttentionParams& p, int64_t rows, const HeadState& state,
-                        Workspace& ws) {
-  const int64_t m = p.m, F = state.features;
-  project_rows(ws.xk.data(), rows, p.d, p.w, m, ws.ak.data());
-  double running = state.max;
-  for (int64_t r = 0; r < rows; ++r) {
-    ws.g[r] = key_log_weight(p.kernel, ws.half_norm2[r]);
-    if (ws.visible[r])
-      running = std::max(running, key_log_max(p.kernel, ws.ak.data() + r * m, m, ws.g[r]));
-    ws.run_max[r] = running;
-    float* phi = ws.phik.data() + r * F;
-    if (ws.visible[r]) {
-      key_features(p.kernel, ws.ak.data() + r * m, m, ws.g[r] - running, phi);
-    } else {
-      std::fill(phi, phi + F, 0.0f);
-    }
-  }
-  return ws.run_max[0] != ws.run_max[rows - 1] || ws.run_max[0] != state.max;
-}
-
-// Query features of one chunk; for the positive family each row's shift comes from its
-// exact prefix normaliser P_i = P_{i-1} exp(M_{i-1} - M_i) + phi(k_i), P_{-1} = s_{<c}
-// (computed in ws.prefix, then overwritten by its log).
-void chunk_query_features(const AttentionParams& p, int64_t rows, const HeadState& state,
-                          Workspace& ws) {
-  const int64_t m = p.m, F = state.features;
-  project_rows(ws.xq.data(), rows, p.d, p.w, m, ws.aq.data());
-  const bool pos = positive_family(p.kernel);
-  for (int64_t r = 0; pos && r < rows; ++r) {
-    float* row = ws.prefix.data() + r * F;
-    const float* prev = r == 0 ? state.s : row - F;  // still the raw prefix of row r-1
-    const float f = rescale(r == 0 ? state.max : ws.run_max[r - 1], ws.run_max[r]);
-    const float* phik = ws.phik.data() + r * F;
-    for (int64_t x = 0; x < F; ++x) row[x] = prev[x] * f + phik[x];
-  }
-  for (int64_t r = rows - 1; pos && r >= 0; --r) {
-    float* row = ws.prefix.data() + r * F;
-    log_or_neg_inf(row, row, F);
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* a = ws.aq.data() + r * m;
-    float* phi = ws.phiq.data() + r * F;
-    const float c = query_shift(p.kernel, a, m, ws.prefix.data() + r * F);
-    if (std::isinf(c)) {  // no visible key yet: zero features give a zero denominator
-      std::fill(phi, phi + F, 0.0f);
-    } else {
-      query_features(p.kernel, a, m, c, ws.prefix.data() + r * F, phi);
-    }
-  }
-}
-
-// Causal sweep over rows [begin, end) of head (b, h), starting from `state` (the keys
-// before `begin`), which it advances. Returns the rows written as zeros.
-int64_t sweep(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end,
-              HeadState& state, Workspace& ws) {
-  const int64_t F = state.features, dv = p.dv;
-  const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
-  const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
-  const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
-  float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
-  int64_t zero_rows = 0;
-
-  for (int64_t c0 = begin; c0 < end; c0 += kChunk) {
-    const int64_t rows = std::min(kChunk, end - c0);
-    for (int64_t r = 0; r < rows; ++r) {
-      ws.visible[r] =
-          p.mask == nullptr || p.mask[b * p.mask_stride_b + (c0 + r) * p.mask_stride_n] != 0;
-    }
-    gather_rows(kh + c0 * p.k_strides[2], p.k_strides[2], p.k_strides[3], rows, p.d, p.sqrt_scale,
-                ws.xk.data(), ws.half_norm2.data());
-    gather_rows(qh + c0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.sqrt_scale,
-                ws.xq.data(), nullptr);
-    gather_rows(vh + c0 * p.v_strides[2], p.v_strides[2], p.v_strides[3], rows, dv, 1.0f,
-                ws.v.data(), nullptr);
-
-    const bool moved = chunk_key_features(p, rows, state, ws);
-    chunk_query_features(p, rows, state, ws);
-
-    // Inter-chunk: everything before the chunk, read by row i at scale exp(M_{<c} - M_i).
-    gemm(false, false, rows, dv, F, 1.0f, ws.phiq.data(), F, state.S, dv, 0.0f, ws.y.data(), dv);
-    gemv(false, rows, F, 1.0f, ws.phiq.data(), F, state.s, 0.0f, ws.den.data());
-    if (moved) {
-      for (int64_t i = 0; i < rows; ++i) {
-        const float f = rescale(state.max, ws.run_max[i]);
-        for (int64_t x = 0; x < dv; ++x) ws.y[i * dv + x] *= f;
-        ws.den[i] *= f;
-      }
-    }
-    // Intra-chunk: G = phi(Q_c) phi(K_c)^T, lower triangle (j <= i), times exp(M_j - M_i).
-    gemm(false, true, rows, rows, F, 1.0f, ws.phiq.data(), F, ws.phik.data(), F, 0.0f, ws.G.data(),
-         rows);
-    for (int64_t i = 0; i < rows; ++i) {
-      float* gi = ws.G.data() + i * rows;
-      std::fill(gi + i + 1, gi + rows, 0.0f);
-      if (moved) {
-        for (int64_t j = 0; j <= i; ++j) gi[j] *= rescale(ws.run_max[j], ws.run_max[i]);
-      }
-      float sum = 0.0f;
-      for (int64_t j = 0; j <= i; ++j) sum += gi[j];
-      ws.den[i] += sum;
-    }
-    gemm(false, false, rows, dv, rows, 1.0f, ws.G.data(), rows, ws.v.data(), dv, 1.0f, ws.y.data(),
-         dv);
-    zero_rows += write_rows(ws.y.data(), ws.den.data(), rows, dv, oh + c0 * p.out_strides[2],
-                            p.out_strides[2], p.out_strides[3]);
-    // State update, relative to the chunk's last running max.
-    const double last = ws.run_max[rows - 1];
-    if (last > state.max) state.raise_max(last);
-    if (moved) {
-      for (int64_t j = 0; j < rows; ++j) {
-        const float f = rescale(ws.run_max[j], last);
-        float* phi = ws.phik.data() + j * F;
-        for (int64_t x = 0; x < F; ++x) phi[x] *= f;
-      }
-    }
-    state.accumulate(ws.phik.data(), ws.v.data(), rows, ws.ones.data());
-  }
-  return zero_rows;
-}
-
 }  // namespace
 
 int64_t favor_causal(const AttentionParams& p) {
@@ -261,9 +264,9 @@ int64_t favor_causal(const AttentionParams& p) {
       Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bh = 0; bh < plan.heads; ++bh) {
-        HeadState state{ws.S.data(), ws.s.data(), F, p.dv};
+        HeadState state = ws.state();
         state.clear();
-        zero_rows += sweep(p, bh / p.heads, bh % p.heads, 0, p.nq, state, ws);
+        zero_rows += sweep(p, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
       }
     }
     return zero_rows;
@@ -281,10 +284,10 @@ int64_t favor_causal(const AttentionParams& p) {
     for (int64_t task = tid; task < plan.tasks; task += team) {
       const int64_t bh = task / plan.parts, seg = task % plan.parts;
       const int64_t b = bh / p.heads, h = bh % p.heads;
-      HeadState state{ws.S.data(), ws.s.data(), F, p.dv};
+      HeadState state = ws.state();
       state.clear();
       if (seg > 0) {
-        HeadState local{ws.U.data(), ws.u.data(), F, p.dv};
+        HeadState local{ws.local.data(), F, p.dv};
         local.clear();
         accumulate_keys(p, b, h, bounds[seg - 1], bounds[seg], ws.tile, local);
         published.wait(task - 1);
@@ -292,7 +295,7 @@ int64_t favor_causal(const AttentionParams& p) {
         state.add(local);
       }
       published.publish(task, state);
-      zero_rows += sweep(p, b, h, bounds[seg], bounds[seg + 1], state, ws);
+      zero_rows += sweep(p, b, h, bounds[seg], bounds[seg + 1], state.max, ws);
     }
   }
   return zero_rows;

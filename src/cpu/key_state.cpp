@@ -12,8 +12,7 @@ KeyTile::KeyTile(int64_t d, int64_t m, int64_t features, int64_t dv)
     : x(kRowTile * d),
       a(kRowTile * m),
       phi(kRowTile * features),
-      v(kRowTile * dv),
-      ones(kRowTile, 1.0f),
+      vx(kRowTile * (dv + 1)),
       half_norm2(kRowTile),
       g(kRowTile) {}
 
@@ -23,14 +22,14 @@ void accumulate_keys(const AttentionParams& p, int64_t b, int64_t h, int64_t beg
   const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
   const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
   for (int64_t next = begin; next < end;) {
-    // Gather the next tile of unmasked keys (contiguous runs are copied row by row).
+    // The next tile of unmasked keys.
     int64_t rows = 0;
     for (; rows < kRowTile && next < end; ++next) {
       if (p.mask && p.mask[b * p.mask_stride_b + next * p.mask_stride_n] == 0) continue;
       gather_rows(kh + next * p.k_strides[2], p.k_strides[2], p.k_strides[3], 1, p.d, p.sqrt_scale,
                   t.x.data() + rows * p.d, t.half_norm2.data() + rows);
-      gather_rows(vh + next * p.v_strides[2], p.v_strides[2], p.v_strides[3], 1, p.dv, 1.0f,
-                  t.v.data() + rows * p.dv, nullptr);
+      gather_values(vh + next * p.v_strides[2], p.v_strides[2], p.v_strides[3], 1, p.dv,
+                    t.vx.data() + rows * (p.dv + 1));
       ++rows;
     }
     if (rows == 0) break;
@@ -44,7 +43,7 @@ void accumulate_keys(const AttentionParams& p, int64_t b, int64_t h, int64_t beg
     for (int64_t r = 0; r < rows; ++r) {
       key_features(p.kernel, t.a.data() + r * m, m, t.g[r] - state.max, t.phi.data() + r * F);
     }
-    state.accumulate(t.phi.data(), t.v.data(), rows, t.ones.data());
+    state.accumulate(t.phi.data(), t.vx.data(), rows);
   }
 }
 

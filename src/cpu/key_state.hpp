@@ -1,7 +1,7 @@
 #pragma once
 // The key pass shared by the bidirectional kernel, the causal segment pre-pass and the
-// decoder's prefill: S += phi(K)^T V and s += phi(K)^T 1 over a range of keys, in tiles,
-// with the running-max stabiliser (cpu/feature_tile.hpp). Masked keys are skipped.
+// decoder's prefill: [S | s] += phi(K)^T [V | 1] over a range of keys, in tiles, with the
+// running-max stabiliser (cpu/feature_tile.hpp). Masked keys are skipped.
 #include <cstdint>
 #include <vector>
 
@@ -10,9 +10,9 @@
 
 namespace favor::cpu {
 
-/// Buffers of one key tile (kRowTile rows).
+/// Buffers of one tile of kRowTile rows (keys, or queries in the bidirectional kernel).
 struct KeyTile {
-  std::vector<float> x, a, phi, v, ones;
+  std::vector<float> x, a, phi, vx;
   std::vector<double> half_norm2, g;
   KeyTile(int64_t d, int64_t m, int64_t features, int64_t dv);
 };
