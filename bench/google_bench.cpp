@@ -28,9 +28,9 @@ favor::Tensor rows(int64_t bh, int64_t n, uint64_t seed, double norm) {
 }
 
 void set_rate(benchmark::State& state, double flops_per_iteration, double tokens_per_iteration) {
-  state.counters["GFLOP/s"] =
+  state.counters["GFLOP"] =
       benchmark::Counter(flops_per_iteration * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["tokens/s"] = benchmark::Counter(tokens_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens"] = benchmark::Counter(tokens_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Args: N, B*H, causal.

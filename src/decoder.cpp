@@ -153,10 +153,9 @@ void Decoder::query(TensorView q, MutableTensorView out) const {
   for (int64_t bh = 0; bh < heads; ++bh) {
     const int64_t b = bh / heads_, h = bh % heads_;
     TokenBuffers& buf = buffers[static_cast<size_t>(omp_get_thread_num())];
-    const cpu::HeadState state{const_cast<float*>(S_.data()) + bh * F * (dv_ + 1), F, dv_,
-                               max_[bh]};
+    const float* Sx = S_.data() + bh * F * (dv_ + 1);  // [S | s]
     if (cpu::positive_family(options_.kernel)) {
-      state.copy_normaliser(buf.s.data());
+      for (int64_t f = 0; f < F; ++f) buf.s[f] = Sx[f * (dv_ + 1) + dv_];
       cpu::log_or_neg_inf(buf.s.data(), buf.log_s.data(), F);
     }
     for (int64_t t = 0; t < T; ++t) {
@@ -168,7 +167,7 @@ void Decoder::query(TensorView q, MutableTensorView out) const {
         std::fill(buf.yx.begin(), buf.yx.end(), 0.0f);
       } else {
         cpu::query_features(options_.kernel, buf.a.data(), m, c, buf.log_s.data(), buf.phi.data());
-        cpu::transposed_matvec(state.Sx, buf.phi.data(), F, dv_ + 1, buf.yx.data());  // [y | den]
+        cpu::transposed_matvec(Sx, buf.phi.data(), F, dv_ + 1, buf.yx.data());  // [y | den]
       }
       cpu::write_rows(buf.yx.data(), 1, dv_, &out.at(b, h, t, 0), 0, out.strides[3]);
     }

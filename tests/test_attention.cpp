@@ -74,6 +74,10 @@ std::vector<Case> cases() {
       out.push_back({1, 1, 1, 1, 4, 4, 8, kernel, causal, false, false, 1.0});
       out.push_back({1, 1, 17, 17, 1, 1, 1, kernel, causal, false, false, 0.5});
       out.push_back({1, 1, 300, 300, 16, 16, 1, kernel, causal, false, true, 0.5});
+      // The row tile (256) and the causal chunk (32): exactly, one over, two tiles + 1.
+      out.push_back({1, 2, 256, 256, 12, 10, 20, kernel, causal, false, false, 1.0});
+      out.push_back({1, 1, 257, 257, 12, 10, 20, kernel, causal, true, false, 1.0});
+      out.push_back({1, 1, 513, 513, 5, 3, 9, kernel, causal, false, true, 1.0});
     }
   }
   return out;

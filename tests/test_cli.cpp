@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "npy.hpp"
@@ -291,6 +293,54 @@ TEST_F(Cli, ErrorsExitTwoWithOneLineAndNoOutput) {
                      " --kernel trig --scale 1 --save-projection " + path("wp.npy"),
                  "overflow float32", "phi.npy");
   EXPECT_FALSE(fs::exists(path("wp.npy")));
+}
+
+}  // namespace
+}  // namespace favor
+
+namespace favor {
+namespace {
+
+TEST_F(Cli, BenchWritesRecordsAndPlot) {
+  const std::string args =
+      "bench --lengths 64 96 --max-exact-n 96 --scaling-n 64 --decode-positions 8 40 --sgemm-n 64 "
+      "--repeats 1 --min-time 0 --threads 2 --out " +
+      path("bench.json") + " --plot " + path("bench.png");
+  const Result r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(path("bench.json"));
+  const nlohmann::json records = nlohmann::json::parse(in);
+  std::set<std::string> methods;
+  for (const auto& rec : records) {
+    for (const char* field : {"method", "pass", "causal", "n", "d", "m", "bh", "seconds", "gflops",
+                              "threads", "section"}) {
+      EXPECT_TRUE(rec.contains(field)) << field << " missing in " << rec.dump();
+    }
+    EXPECT_GT(rec["seconds"].get<double>(), 0.0);
+    EXPECT_GT(rec["gflops"].get<double>(), 0.0);
+    methods.insert(rec["method"].get<std::string>());
+  }
+  EXPECT_EQ(methods, (std::set<std::string>{"decode", "exact", "favor", "sgemm"}));
+  // 1 sgemm + 2 lengths x 2 modes x (favor, exact) + 2 long + 8 scaling + 2 decode.
+  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 2u);
+  const std::string png = slurp("bench.png");
+  ASSERT_GE(png.size(), 8u);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+}
+
+TEST_F(Cli, BenchErrorsLeaveNoFiles) {
+  expect_failure("bench --sections everything --out " + path("b.json"), "everything", "b.json");
+  expect_failure("bench --lengths 0 --out " + path("b.json"), "--lengths: 0 must be >= 1",
+                 "b.json");
+  // A failing plot script: neither the JSON nor the PNG is left behind.
+  ::setenv("FAVOR_PLOT_SCRIPT", path("missing.py").c_str(), 1);
+  expect_failure(
+      "bench --lengths 32 --sections sweep --max-exact-n 0 --sgemm-n 32 --repeats 1 --min-time 0 "
+      "--out " +
+          path("b.json") + " --plot " + path("b.png"),
+      "--plot", "b.json");
+  ::unsetenv("FAVOR_PLOT_SCRIPT");
+  EXPECT_FALSE(fs::exists(path("b.png")));
 }
 
 }  // namespace

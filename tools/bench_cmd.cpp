@@ -28,7 +28,8 @@ struct BenchArgs {
   int64_t bh = 8, d = 64, m = 256, max_exact_n = 32768, scaling_n = 16384, sgemm_n = 4096;
   std::vector<int64_t> decode_positions{1024, 65536};
   std::vector<std::string> sections{"sweep", "long", "scaling", "decode"};
-  int repeats = 3;
+  int repeats = 5;
+  double min_time = 0.3;
   bool has(const std::string& section) const {
     return std::find(sections.begin(), sections.end(), section) != sections.end();
   }
@@ -53,12 +54,12 @@ struct Measured {
 // bytes it allocates (all favor allocations go through operator new) and the growth of the
 // resident high-water mark (reset through /proc/self/clear_refs; BLAS buffers included).
 template <class F>
-Measured measure(F&& f, int repeats) {
+Measured measure(F&& f, int repeats, double min_time) {
   f();  // warm-up: BLAS buffers, page faults of the output
   reset_heap_peak();
   const double rss_before = status_mib("VmRSS:");
   { std::ofstream("/proc/self/clear_refs") << "5"; }
-  const double s = median_seconds(f, repeats, 1.0);
+  const double s = median_seconds(f, repeats, 1.0, min_time);
   return {s, double(heap_peak_growth()) / (1024.0 * 1024.0),
           std::max(0.0, status_mib("VmHWM:") - rss_before)};
 }
@@ -70,16 +71,19 @@ class Bench {
   void run() {
     header();
     sgemm();
+    section_ = "sweep";
     for (int64_t n : a_.has("sweep") ? a_.lengths : std::vector<int64_t>{}) {
       for (bool causal : {false, true}) {
         favor_row(a_.bh, n, causal, num_threads());
         if (n <= a_.max_exact_n) exact_row(a_.bh, n, causal);
       }
     }
+    section_ = "long";
     const int64_t longest = *std::max_element(a_.lengths.begin(), a_.lengths.end());
     for (bool causal : {false, true}) {
       if (a_.has("long")) favor_row(1, longest, causal, num_threads());
     }
+    section_ = "scaling";
     if (a_.has("scaling") && num_threads() > 1) {  // the same problems on one thread and on all
       for (int64_t bh : {a_.bh, int64_t{1}}) {
         for (bool causal : {false, true}) {
@@ -88,9 +92,10 @@ class Bench {
         }
       }
     }
+    section_ = "decode";
     if (a_.has("decode") && !a_.decode_positions.empty()) {
       decode_row(a_.decode_positions.front(),
-                 false);  // warm-up (thread pool, caches), not reported
+                 false);  // warm-up (thread pool, caches): not reported
       for (int64_t pos : a_.decode_positions) decode_row(pos, true);
     }
   }
@@ -112,6 +117,7 @@ class Bench {
   }
 
   void emit(nlohmann::json r) {
+    r["section"] = section_;
     r["d"] = a_.d;
     r["m"] = a_.m;
     r["kernel"] = to_string(kernel_);
@@ -140,7 +146,7 @@ class Bench {
                   int(n), B.data(), int(n), 0.0f, C.data(), int(n));
     };
     openblas_set_num_threads(num_threads());
-    const Measured t = measure(fn, a_.repeats);
+    const Measured t = measure(fn, a_.repeats, a_.min_time);
     sgemm_gflops_ = sgemm_flops(n) / t.seconds / 1e9;
     emit({{"method", "sgemm"},
           {"causal", false},
@@ -164,8 +170,8 @@ class Bench {
     o.causal = causal;
     const int saved = num_threads();
     set_num_threads(threads);
-    const Measured t =
-        measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o); }, a_.repeats);
+    const Measured t = measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o); },
+                               a_.repeats, a_.min_time);
     set_num_threads(saved);
     const double flops = favor_flops(problem(bh, n), causal, kernel_info().causal_chunk);
     emit({{"method", "favor"},
@@ -186,7 +192,7 @@ class Bench {
     ExactOptions o;
     o.causal = causal;
     const Measured t =
-        measure([&] { exact_attention(q, k, v, out.mutable_view(), o); }, a_.repeats);
+        measure([&] { exact_attention(q, k, v, out.mutable_view(), o); }, a_.repeats, a_.min_time);
     emit({{"method", "exact"},
           {"causal", causal},
           {"n", n},
@@ -228,7 +234,7 @@ class Bench {
         [&] {
           for (int64_t s = 0; s < steps; ++s) step();
         },
-        a_.repeats);
+        a_.repeats, a_.min_time);
     const double per_step = t.seconds / double(steps);
     if (!report) return;
     emit({{"method", "decode"},
@@ -252,6 +258,7 @@ class Bench {
 
   BenchArgs a_;
   Kernel kernel_;
+  std::string section_ = "yardstick";
   double sgemm_gflops_ = 0.0;
   nlohmann::json records_ = nlohmann::json::array();
 };
@@ -275,8 +282,13 @@ void run(const BenchArgs& a) {
     if (n < 1) throw Error("--lengths: " + std::to_string(n) + " must be >= 1");
   }
   if (a.lengths.empty()) throw Error("--lengths: at least one length");
-  if (a.bh < 1 || a.d < 1 || a.m < 1 || a.repeats < 1)
-    throw Error("--bh, --dim, --features, --repeats: must be >= 1");
+  if (a.bh < 1 || a.d < 1 || a.m < 1 || a.repeats < 1 || a.sgemm_n < 1 || a.scaling_n < 1) {
+    throw Error("--bh, --dim, --features, --repeats, --sgemm-n, --scaling-n: must be >= 1");
+  }
+  if (!(a.min_time >= 0.0)) throw Error("--min-time: must be >= 0");
+  for (int64_t pos : a.decode_positions) {
+    if (pos < 0) throw Error("--decode-positions: " + std::to_string(pos) + " must be >= 0");
+  }
   Bench bench(a);
   bench.run();
   const std::string text = bench.records().dump(2) + "\n";
@@ -292,11 +304,23 @@ void run(const BenchArgs& a) {
     std::ofstream(json_path) << text;
     outputs.stage(a.plot, "", "--plot");
     const std::string staged = outputs.last_temp();
-    const std::string cmd =
-        python_interpreter() + " '" + plot_script() + "' '" + json_path + "' '" + staged + "'";
+    const std::string log_path = std::string(json_path) + ".log";
+    const std::string cmd = python_interpreter() + " '" + plot_script() + "' '" + json_path +
+                            "' '" + staged + "' 2>'" + log_path + "'";
     const int rc = std::system(cmd.c_str());
+    std::string last_line;  // the script's own last word on stderr, for the one-line error
+    {
+      std::ifstream log(log_path);
+      for (std::string line; std::getline(log, line);) {
+        if (!line.empty()) last_line = line;
+      }
+    }
     std::remove(json_path);
-    if (rc != 0) throw Error("--plot: " + a.plot + ": the plot script failed (" + cmd + ")");
+    std::remove(log_path.c_str());
+    if (rc != 0) {
+      throw Error("--plot: " + a.plot + ": the plot script " + plot_script() + " failed" +
+                  (last_line.empty() ? std::string() : ": " + last_line));
+    }
   }
   outputs.commit();
 }
@@ -328,6 +352,9 @@ void add_bench_command(CLI::App& app) {
                   "longest N), scaling (1 thread vs all), decode")
       ->capture_default_str()
       ->check(CLI::IsMember({"sweep", "long", "scaling", "decode"}));
+  cmd->add_option("--min-time", a->min_time,
+                  "seconds of timed runs per row at least (short rows repeat)")
+      ->capture_default_str();
   cmd->add_option("--repeats", a->repeats,
                   "timed repeats per row (median); runs over 1 s are timed once")
       ->capture_default_str();

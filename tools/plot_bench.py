@@ -15,7 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 def main(records_path, out_path):
     with open(records_path) as f:
         records = json.load(f)
-    sweep = [r for r in records if r["method"] in ("favor", "exact") and r.get("pass", "forward") == "forward"]
+    sweep = [r for r in records if r["method"] in ("favor", "exact") and r.get("pass", "forward") == "forward"
+             and r.get("section", "sweep") == "sweep"]
     if not sweep:
         raise SystemExit("no favor/exact records to plot")
     bh = max(r["bh"] for r in sweep)
