@@ -16,13 +16,15 @@ using favor::bench::Problem;
 constexpr int64_t kDim = 64, kFeatures = 256;
 
 favor::Tensor rows(int64_t bh, int64_t n, uint64_t seed, double norm) {
-  const favor::Projection p =
-      favor::Projection::draw(bh * n, kDim, {favor::ProjectionKind::iid, favor::NormMode::chi, seed});
+  const favor::Projection p = favor::Projection::draw(
+      bh * n, kDim, {favor::ProjectionKind::iid, favor::NormMode::chi, seed});
   favor::Tensor t({1, bh, n, kDim}, p.matrix());
   for (int64_t r = 0; norm > 0 && r < bh * n; ++r) {
     double n2 = 0;
-    for (int64_t x = 0; x < kDim; ++x) n2 += double(t.data()[r * kDim + x]) * t.data()[r * kDim + x];
-    for (int64_t x = 0; x < kDim; ++x) t.data()[r * kDim + x] *= static_cast<float>(norm / std::sqrt(n2));
+    for (int64_t x = 0; x < kDim; ++x)
+      n2 += double(t.data()[r * kDim + x]) * t.data()[r * kDim + x];
+    for (int64_t x = 0; x < kDim; ++x)
+      t.data()[r * kDim + x] *= static_cast<float>(norm / std::sqrt(n2));
   }
   return t;
 }
@@ -30,7 +32,8 @@ favor::Tensor rows(int64_t bh, int64_t n, uint64_t seed, double norm) {
 void set_rate(benchmark::State& state, double flops_per_iteration, double tokens_per_iteration) {
   state.counters["GFLOP"] =
       benchmark::Counter(flops_per_iteration * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["tokens"] = benchmark::Counter(tokens_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens"] =
+      benchmark::Counter(tokens_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Args: N, B*H, causal.
@@ -44,8 +47,9 @@ void BM_Favor(benchmark::State& state) {
   favor::AttentionOptions o;
   o.causal = causal;
   for (auto _ : state) favor::favor_attention(q, k, v, w, out.mutable_view(), o);
-  set_rate(state, favor::bench::favor_flops({bh, n, kDim, kDim, kFeatures, kFeatures}, causal,
-                                            favor::kernel_info().causal_chunk),
+  set_rate(state,
+           favor::bench::favor_flops({bh, n, kDim, kDim, kFeatures, kFeatures}, causal,
+                                     favor::kernel_info().causal_chunk),
            double(bh * n));
 }
 
@@ -58,7 +62,8 @@ void BM_Exact(benchmark::State& state) {
   favor::ExactOptions o;
   o.causal = causal;
   for (auto _ : state) favor::exact_attention(q, k, v, out.mutable_view(), o);
-  set_rate(state, favor::bench::exact_flops({bh, n, kDim, kDim, kFeatures, kFeatures}, causal), double(bh * n));
+  set_rate(state, favor::bench::exact_flops({bh, n, kDim, kDim, kFeatures, kFeatures}, causal),
+           double(bh * n));
 }
 
 // Args: position. One step appends one token and queries one, for B*H = 8 heads.
@@ -84,8 +89,8 @@ void BM_Sgemm(benchmark::State& state) {
   std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
   openblas_set_num_threads(favor::num_threads());
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(n), int(n), 1.0f, a.data(), int(n), b.data(),
-                int(n), 0.0f, c.data(), int(n));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(n), int(n), 1.0f, a.data(),
+                int(n), b.data(), int(n), 0.0f, c.data(), int(n));
   }
   set_rate(state, favor::bench::sgemm_flops(n), 0.0);
 }
@@ -97,7 +102,10 @@ BENCHMARK(BM_Favor)
     ->Args({65536, 1, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK(BM_Exact)->ArgsProduct({benchmark::CreateRange(256, 4096, 4), {8}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Exact)
+    ->ArgsProduct({benchmark::CreateRange(256, 4096, 4), {8}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_Decode)->Arg(1024)->Arg(65536)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace

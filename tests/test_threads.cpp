@@ -42,7 +42,8 @@ TEST_P(ThreadSplits, FavorAgreesAcrossThreadCounts) {
     const auto ref = reference::favor_attention(q, k, v, w, o);
     AttentionOptions o32 = o;
     o32.scale = 0.25;
-    const double naive_err = testing::rel_error(reference::naive::favor_attention<float>(q, k, v, w, o32), ref.values);
+    const double naive_err =
+        testing::rel_error(reference::naive::favor_attention<float>(q, k, v, w, o32), ref.values);
     set_num_threads(1);
     const Tensor one = favor_attention(q, k, v, w, o);
     for (int threads : {2, 3, 5, 8}) {
@@ -51,18 +52,21 @@ TEST_P(ThreadSplits, FavorAgreesAcrossThreadCounts) {
       EXPECT_LE(testing::rel_error(y, ref.values), 2 * naive_err + 1e-6)
           << threads << " threads, " << to_string(kernel);
       // Splits change only the summation order: within float32 rounding of one another.
-      EXPECT_LE(relative_frobenius_error(y, one), 2e-6) << threads << " threads, " << to_string(kernel);
+      EXPECT_LE(relative_frobenius_error(y, one), 2e-6)
+          << threads << " threads, " << to_string(kernel);
     }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Splits, ThreadSplits,
-                         ::testing::Combine(::testing::Values(Split{1, 1, 700}, Split{1, 3, 333}, Split{2, 4, 130},
-                                                              Split{1, 1, 10}, Split{1, 1, 1}),
+                         ::testing::Combine(::testing::Values(Split{1, 1, 700}, Split{1, 3, 333},
+                                                              Split{2, 4, 130}, Split{1, 1, 10},
+                                                              Split{1, 1, 1}),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            const Split s = std::get<0>(info.param);
-                           return "B" + std::to_string(s.B) + "H" + std::to_string(s.H) + "N" + std::to_string(s.N) +
+                           return "B" + std::to_string(s.B) + "H" + std::to_string(s.H) + "N" +
+                                  std::to_string(s.N) +
                                   (std::get<1>(info.param) ? "_causal" : "_bidir");
                          });
 

@@ -63,6 +63,8 @@ std::string build_info() {
          std::to_string(num_threads());
 }
 
-KernelInfo kernel_info() { return {cpu::kRowTile, cpu::kChunk}; }
+KernelInfo kernel_info() {
+  return {cpu::kRowTile, cpu::kChunk};
+}
 
 }  // namespace favor
