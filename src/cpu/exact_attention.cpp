@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/blas.hpp"
+#include "cpu/schedule.hpp"
 #include "cpu/vec_math.hpp"
 
 namespace favor::cpu {
@@ -143,9 +144,7 @@ int64_t run(const AttentionParams& p, bool causal) {
   const int64_t qblocks = (p.nq + kQueryBlock - 1) / kQueryBlock;
   const int64_t items = p.batch * p.heads * qblocks;
   const int threads = static_cast<int>(std::min<int64_t>(p.threads, items));
-  std::vector<Workspace<T>> spaces;  // allocated before the parallel region
-  spaces.reserve(static_cast<size_t>(threads));
-  for (int t = 0; t < threads; ++t) spaces.emplace_back(p.d, p.dv);
+  std::vector<Workspace<T>> spaces = make_workspaces<Workspace<T>>(threads, p.d, p.dv);
   int64_t empty_rows = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : empty_rows)
   {

@@ -89,30 +89,18 @@ int64_t attend_queries(const AttentionParams& p, int64_t b, int64_t h, int64_t b
 int64_t favor_bidirectional(const AttentionParams& p) {
   const int64_t F = feature_count(p.kernel, p.m);
   const Schedule plan = make_schedule(p.batch * p.heads, p.threads);
-  // Allocated here, outside the parallel region, so that an allocation failure throws to
-  // the caller instead of terminating inside OpenMP.
-  std::vector<Workspace> spaces;
-  spaces.reserve(static_cast<size_t>(plan.team));
-  for (int t = 0; t < plan.team; ++t) spaces.emplace_back(p.d, p.m, F, p.dv);
-  int64_t zero_rows = 0;
-
+  std::vector<Workspace> spaces = make_workspaces<Workspace>(plan.team, p.d, p.m, F, p.dv);
   if (plan.parts == 1) {
-#pragma omp parallel num_threads(plan.team) reduction(+ : zero_rows)
-    {
-      blas_on_calling_thread();
-      Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t bh = 0; bh < plan.heads; ++bh) {
-        const int64_t b = bh / p.heads, h = bh % p.heads;
-        HeadState state = ws.state(F, p.dv);
-        state.clear();
-        accumulate_keys(p, b, h, 0, p.nk, ws.tile, state);
-        zero_rows += attend_queries(p, b, h, 0, p.nq, state, ws);
-      }
-    }
-    return zero_rows;
+    return for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
+      const int64_t b = bh / p.heads, h = bh % p.heads;
+      HeadState state = ws.state(F, p.dv);
+      state.clear();
+      accumulate_keys(p, b, h, 0, p.nk, ws.tile, state);
+      return attend_queries(p, b, h, 0, p.nq, state, ws);
+    });
   }
 
+  int64_t zero_rows = 0;
   PartialStates partial(plan.tasks, F, p.dv);
 #pragma omp parallel num_threads(plan.team) reduction(+ : zero_rows)
   {

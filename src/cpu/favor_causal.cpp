@@ -253,26 +253,16 @@ std::vector<int64_t> segment_bounds(int64_t n, int64_t parts) {
 int64_t favor_causal(const AttentionParams& p) {
   const int64_t F = feature_count(p.kernel, p.m);
   const Schedule plan = make_schedule(p.batch * p.heads, p.threads);
-  std::vector<Workspace> spaces;  // allocated outside the parallel region (see bidirectional)
-  spaces.reserve(static_cast<size_t>(plan.team));
-  for (int t = 0; t < plan.team; ++t) spaces.emplace_back(p.d, p.m, F, p.dv);
-  int64_t zero_rows = 0;
-
+  std::vector<Workspace> spaces = make_workspaces<Workspace>(plan.team, p.d, p.m, F, p.dv);
   if (plan.parts == 1) {
-#pragma omp parallel num_threads(plan.team) reduction(+ : zero_rows)
-    {
-      blas_on_calling_thread();
-      Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t bh = 0; bh < plan.heads; ++bh) {
-        HeadState state = ws.state();
-        state.clear();
-        zero_rows += sweep(p, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
-      }
-    }
-    return zero_rows;
+    return for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
+      HeadState state = ws.state();
+      state.clear();
+      return sweep(p, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
+    });
   }
 
+  int64_t zero_rows = 0;
   const std::vector<int64_t> bounds = segment_bounds(p.nq, plan.parts);
   Published published(plan.tasks, F, p.dv);
   // Tasks run in increasing order on each thread and depend only on lower tasks, which

@@ -3,8 +3,13 @@
 // heads as threads, each head is one task. With fewer, each head is split into `parts`
 // tasks (keys and queries of bidirectional attention, sequence segments of causal
 // attention), so that one long sequence also uses every thread.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <vector>
+
+#include "cpu/blas.hpp"
 
 namespace favor::cpu {
 
@@ -17,6 +22,31 @@ inline Schedule make_schedule(int64_t heads, int threads) {
   const int64_t parts = heads >= threads ? 1 : threads / heads;
   const int64_t tasks = heads * parts;
   return {heads, parts, tasks, static_cast<int>(std::min<int64_t>(threads, tasks))};
+}
+
+/// One workspace per thread of the team, allocated before the parallel region so that an
+/// allocation failure throws to the caller instead of terminating inside OpenMP.
+template <class Workspace, class... Args>
+std::vector<Workspace> make_workspaces(int team, const Args&... args) {
+  std::vector<Workspace> spaces;
+  spaces.reserve(static_cast<size_t>(team));
+  for (int t = 0; t < team; ++t) spaces.emplace_back(args...);
+  return spaces;
+}
+
+/// fn(bh, workspace) for every (batch, head) pair, spread over the team (BLAS on the
+/// calling thread); returns the sum of fn's results.
+template <class Workspace, class Fn>
+int64_t for_each_head(const Schedule& plan, std::vector<Workspace>& spaces, Fn fn) {
+  int64_t total = 0;
+#pragma omp parallel num_threads(plan.team) reduction(+ : total)
+  {
+    blas_on_calling_thread();
+    Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < plan.heads; ++bh) total += fn(bh, ws);
+  }
+  return total;
 }
 
 /// Start of part `i` of `n` items split into `parts` nearly equal ranges.
