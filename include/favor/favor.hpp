@@ -14,6 +14,7 @@
 ///   naming the argument and the rule; nothing is written to outputs in that case.
 /// - Functions are thread-safe for distinct outputs; favor::Decoder is not.
 #include "favor/attention.hpp"
+#include "favor/backward.hpp"
 #include "favor/decoder.hpp"
 #include "favor/error.hpp"
 #include "favor/features.hpp"

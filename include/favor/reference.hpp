@@ -32,4 +32,17 @@ DTensor favor_attention(TensorView q, TensorView k, TensorView v, const Projecti
 /// Naive softmax attention in double (scores materialised per row, max-subtracted).
 DTensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOptions& options = {});
 
+/// Gradients of the materialised FAVOR formula in double (the formula of
+/// favor_attention), for L = sum dy . y: dq, dk, dv and dW (m x d, row-major).
+struct DGrads {
+  DTensor dq, dk, dv;
+  std::vector<double> dw;
+};
+DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                const Projection& w, const AttentionOptions& options = {});
+
+/// Gradients of naive softmax attention in double.
+DGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                const ExactOptions& options = {});
+
 }  // namespace favor::reference

@@ -28,9 +28,24 @@ struct AttentionParams {
   int threads;
 };
 
+/// The backward pass: the forward's params plus dy and the gradient outputs, which are
+/// C-contiguous [B, H, N, X] and zero-initialised by the caller.
+struct BackwardParams {
+  AttentionParams fwd;
+  const float* dy;
+  Shape4 dy_strides;
+  float* dq;
+  float* dk;
+  float* dv;
+  float* dw;  // m x d, accumulated; null when not requested
+};
+
 /// Bidirectional FAVOR attention; returns the number of rows written as zeros.
 int64_t favor_bidirectional(const AttentionParams& p);
 /// Causal FAVOR attention (chunked); returns the number of rows written as zeros.
 int64_t favor_causal(const AttentionParams& p);
+/// Gradients of bidirectional and causal FAVOR attention.
+void favor_backward_bidirectional(const BackwardParams& p);
+void favor_backward_causal(const BackwardParams& p);
 
 }  // namespace favor::cpu

@@ -8,5 +8,7 @@ namespace favor::cpu {
 /// Returns the number of rows with no visible key (written as zeros).
 int64_t exact_attention_f32(const AttentionParams& p, bool causal);
 int64_t exact_attention_f64(const AttentionParams& p, bool causal);
+/// Gradients of exact attention (float32, blockwise, from the row log-sum-exp).
+void exact_attention_backward(const BackwardParams& p, bool causal);
 
 }  // namespace favor::cpu

@@ -16,22 +16,29 @@ KeyTile::KeyTile(int64_t d, int64_t m, int64_t features, int64_t dv)
       half_norm2(kRowTile),
       g(kRowTile) {}
 
+int64_t gather_key_tile(const AttentionParams& p, int64_t b, int64_t h, int64_t* next, int64_t end,
+                        KeyTile& t, int64_t* index) {
+  const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
+  const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
+  int64_t rows = 0;
+  for (; rows < kRowTile && *next < end; ++*next) {
+    const int64_t j = *next;
+    if (p.mask && p.mask[b * p.mask_stride_b + j * p.mask_stride_n] == 0) continue;
+    gather_rows(kh + j * p.k_strides[2], p.k_strides[2], p.k_strides[3], 1, p.d, p.sqrt_scale,
+                t.x.data() + rows * p.d, t.half_norm2.data() + rows);
+    gather_values(vh + j * p.v_strides[2], p.v_strides[2], p.v_strides[3], 1, p.dv,
+                  t.vx.data() + rows * (p.dv + 1));
+    if (index) index[rows] = j;
+    ++rows;
+  }
+  return rows;
+}
+
 void accumulate_keys(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end,
                      KeyTile& t, HeadState& state) {
   const int64_t m = p.m, F = state.features;
-  const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
-  const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
   for (int64_t next = begin; next < end;) {
-    // The next tile of unmasked keys.
-    int64_t rows = 0;
-    for (; rows < kRowTile && next < end; ++next) {
-      if (p.mask && p.mask[b * p.mask_stride_b + next * p.mask_stride_n] == 0) continue;
-      gather_rows(kh + next * p.k_strides[2], p.k_strides[2], p.k_strides[3], 1, p.d, p.sqrt_scale,
-                  t.x.data() + rows * p.d, t.half_norm2.data() + rows);
-      gather_values(vh + next * p.v_strides[2], p.v_strides[2], p.v_strides[3], 1, p.dv,
-                    t.vx.data() + rows * (p.dv + 1));
-      ++rows;
-    }
+    const int64_t rows = gather_key_tile(p, b, h, &next, end, t, nullptr);
     if (rows == 0) break;
     project_rows(t.x.data(), rows, p.d, p.w, m, t.a.data());
     double tile_max = -INFINITY;

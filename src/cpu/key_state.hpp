@@ -17,6 +17,12 @@ struct KeyTile {
   KeyTile(int64_t d, int64_t m, int64_t features, int64_t dv);
 };
 
+/// Gathers the next tile of unmasked keys of head (b, h), from *next up to end: scaled key
+/// rows into tile.x (and half norms), [v | 1] into tile.vx, original indices into `index`
+/// (if non-null). Advances *next; returns the row count (0 at the end).
+int64_t gather_key_tile(const AttentionParams& p, int64_t b, int64_t h, int64_t* next, int64_t end,
+                        KeyTile& tile, int64_t* index);
+
 /// Adds keys [begin, end) of head (b, h) to `state` (which may already hold keys).
 void accumulate_keys(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end,
                      KeyTile& tile, HeadState& state);

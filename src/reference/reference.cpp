@@ -6,6 +6,7 @@
 
 #include "core/validate.hpp"
 #include "reference/naive.hpp"
+#include "reference/naive_grad.hpp"
 
 namespace favor::reference {
 
@@ -62,6 +63,109 @@ DTensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOpt
         for (int64_t x = 0; x < s.dv; ++x) dst[x] /= den;
       }
   return out;
+}
+
+namespace {
+
+std::vector<double> head_rows(const TensorView& t, int64_t b, int64_t h) {
+  std::vector<double> out;
+  out.reserve(static_cast<size_t>(t.shape[2] * t.shape[3]));
+  for (int64_t n = 0; n < t.shape[2]; ++n)
+    for (int64_t x = 0; x < t.shape[3]; ++x) out.push_back(t.at(b, h, n, x));
+  return out;
+}
+
+void put_head(DTensor& t, int64_t b, int64_t h, const std::vector<double>& rows) {
+  const size_t offset = static_cast<size_t>((b * t.shape[1] + h) * t.shape[2] * t.shape[3]);
+  std::copy(rows.begin(), rows.end(), t.values.begin() + static_cast<std::ptrdiff_t>(offset));
+}
+
+DGrads zero_grads(const detail::AttentionShape& s) {
+  DGrads g;
+  g.dq = DTensor{{s.batch, s.heads, s.nq, s.d},
+                 std::vector<double>(static_cast<size_t>(s.batch * s.heads * s.nq * s.d))};
+  g.dk = DTensor{{s.batch, s.heads, s.nk, s.d},
+                 std::vector<double>(static_cast<size_t>(s.batch * s.heads * s.nk * s.d))};
+  g.dv = DTensor{{s.batch, s.heads, s.nk, s.dv},
+                 std::vector<double>(static_cast<size_t>(s.batch * s.heads * s.nk * s.dv))};
+  return g;
+}
+
+}  // namespace
+
+DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                const Projection& w, const AttentionOptions& options) {
+  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  detail::check_projection(w, s.d, "q and k");
+  const double scale = detail::resolve_scale(options.scale, s.d);
+  DGrads g = zero_grads(s);
+  g.dw.assign(static_cast<size_t>(w.m() * w.d()), 0.0);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      naive::Head<double> head{s.nq,
+                               s.nk,
+                               s.d,
+                               s.dv,
+                               w.m(),
+                               head_rows(q, b, h),
+                               head_rows(k, b, h),
+                               head_rows(v, b, h),
+                               std::vector<double>(w.matrix().begin(), w.matrix().end()),
+                               {}};
+      if (options.key_mask) {
+        for (int64_t j = 0; j < s.nk; ++j) head.mask.push_back(options.key_mask->at(b, j) ? 1 : 0);
+      }
+      const auto hg =
+          naive::backward(head, head_rows(dy, b, h), options.kernel, scale, options.causal);
+      put_head(g.dq, b, h, hg.dq);
+      put_head(g.dk, b, h, hg.dk);
+      put_head(g.dv, b, h, hg.dv);
+      for (size_t i = 0; i < g.dw.size(); ++i) g.dw[i] += hg.dw[i];
+    }
+  return g;
+}
+
+DGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                const ExactOptions& options) {
+  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  const double scale = detail::resolve_scale(options.scale, s.d);
+  DGrads g = zero_grads(s);
+  std::vector<double> p(static_cast<size_t>(s.nk)), dp(static_cast<size_t>(s.nk));
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t i = 0; i < s.nq; ++i) {
+        // P = softmax row, dP = dy V^T, dS = P (dP - sum_j P dP), dq = scale dS K, dk += scale dS
+        // q.
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < s.nk; ++j) {
+          const bool visible =
+              !(options.causal && j > i) && naive::key_visible(options.key_mask, b, j);
+          double dot = 0.0;
+          for (int64_t t = 0; t < s.d; ++t) dot += double(q.at(b, h, i, t)) * k.at(b, h, j, t);
+          p[j] = visible ? scale * dot : -INFINITY;
+          mx = std::max(mx, p[j]);
+        }
+        if (std::isinf(mx)) continue;
+        double den = 0.0;
+        for (int64_t j = 0; j < s.nk; ++j) den += (p[j] = std::exp(p[j] - mx));
+        double mean = 0.0;
+        for (int64_t j = 0; j < s.nk; ++j) {
+          p[j] /= den;
+          dp[j] = 0.0;
+          for (int64_t x = 0; x < s.dv; ++x) dp[j] += double(dy.at(b, h, i, x)) * v.at(b, h, j, x);
+          mean += p[j] * dp[j];
+        }
+        for (int64_t j = 0; j < s.nk; ++j) {
+          const double ds = p[j] * (dp[j] - mean);
+          for (int64_t t = 0; t < s.d; ++t) {
+            g.dq.values[((b * s.heads + h) * s.nq + i) * s.d + t] += scale * ds * k.at(b, h, j, t);
+            g.dk.values[((b * s.heads + h) * s.nk + j) * s.d + t] += scale * ds * q.at(b, h, i, t);
+          }
+          for (int64_t x = 0; x < s.dv; ++x)
+            g.dv.values[((b * s.heads + h) * s.nk + j) * s.dv + x] += p[j] * dy.at(b, h, i, x);
+        }
+      }
+  return g;
 }
 
 }  // namespace favor::reference

@@ -1,0 +1,33 @@
+#pragma once
+/// \file backward.hpp
+/// Gradients of FAVOR and exact attention, for training and fine-tuning.
+#include <vector>
+
+#include "favor/attention.hpp"
+#include "favor/projection.hpp"
+#include "favor/tensor.hpp"
+
+namespace favor {
+
+/// dL/dq, dL/dk, dL/dv (shapes of q, k, v) and, when asked for, dL/dW (m x d, row-major).
+struct AttentionGrads {
+  Tensor dq, dk, dv;
+  std::vector<float> dw;  ///< empty unless requested
+};
+
+/// Backward pass of favor_attention with the same inputs and options: given dy = dL/dy
+/// [B, H, Nq, Dv], returns the gradients of L. The stabiliser's shifts are constants of the
+/// backward pass (they cancel in the output, so the gradient is exact: docs/gradients.md).
+/// Rows that the forward pass defined as zeros (no visible key, trig denominator <= 0)
+/// pass no gradient. Memory O(N (D + Dv) + F Dv) per head; causal attention recomputes
+/// chunk states instead of storing them. with_projection_grad also returns dL/dW.
+AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        const Projection& w, const AttentionOptions& options = {},
+                                        bool with_projection_grad = false);
+
+/// Backward pass of exact softmax attention (blockwise, recomputing probabilities from
+/// the row log-sum-exp; never N x N). Rows with no visible key pass no gradient.
+AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        const ExactOptions& options = {});
+
+}  // namespace favor

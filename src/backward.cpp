@@ -1,0 +1,103 @@
+// The backward facade: validates arguments like the forward pass, allocates zeroed
+// gradients and dispatches to the CPU kernels.
+#include "favor/backward.hpp"
+
+#include <cmath>
+
+#include "core/validate.hpp"
+#include "cpu/attention_params.hpp"
+#include "cpu/exact_attention.hpp"
+#include "favor/error.hpp"
+#include "favor/runtime.hpp"
+
+namespace favor {
+namespace {
+
+struct Checked {
+  detail::AttentionShape s;
+  double scale;
+};
+
+Checked check_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& dy, bool causal, const std::optional<KeyMaskView>& mask,
+                       const std::optional<double>& scale) {
+  const auto s = detail::check_attention_inputs(q, k, v, causal, mask);
+  detail::check_view(dy, "dy");
+  const Shape4 expected{s.batch, s.heads, s.nq, s.dv};
+  if (dy.shape != expected) {
+    throw Error("dy: shape " + shape_string(dy.shape) +
+                " must be the output's shape [B, H, Nq, Dv] = " + shape_string(expected));
+  }
+  detail::check_finite(dy, "dy");
+  return {s, detail::resolve_scale(scale, s.d)};
+}
+
+cpu::BackwardParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& dy, const Checked& c,
+                                const std::optional<KeyMaskView>& mask, AttentionGrads& g) {
+  cpu::BackwardParams bp{};
+  cpu::AttentionParams& p = bp.fwd;
+  p.q = q.data;
+  p.q_strides = q.strides;
+  p.k = k.data;
+  p.k_strides = k.strides;
+  p.v = v.data;
+  p.v_strides = v.strides;
+  p.batch = c.s.batch;
+  p.heads = c.s.heads;
+  p.nq = c.s.nq;
+  p.nk = c.s.nk;
+  p.d = c.s.d;
+  p.dv = c.s.dv;
+  p.sqrt_scale = static_cast<float>(std::sqrt(c.scale));
+  if (mask) {
+    p.mask = mask->data;
+    p.mask_stride_b = mask->stride_b;
+    p.mask_stride_n = mask->stride_n;
+  }
+  p.threads = num_threads();
+  bp.dy = dy.data;
+  bp.dy_strides = dy.strides;
+  g.dq = Tensor({c.s.batch, c.s.heads, c.s.nq, c.s.d});
+  g.dk = Tensor({c.s.batch, c.s.heads, c.s.nk, c.s.d});
+  g.dv = Tensor({c.s.batch, c.s.heads, c.s.nk, c.s.dv});
+  bp.dq = g.dq.data();
+  bp.dk = g.dk.data();
+  bp.dv = g.dv.data();
+  return bp;
+}
+
+}  // namespace
+
+AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        const Projection& w, const AttentionOptions& options,
+                                        bool with_projection_grad) {
+  const Checked c = check_backward(q, k, v, dy, options.causal, options.key_mask, options.scale);
+  detail::check_projection(w, c.s.d, "q and k");
+  AttentionGrads g;
+  cpu::BackwardParams bp = make_params(q, k, v, dy, c, options.key_mask, g);
+  bp.fwd.w = w.data();
+  bp.fwd.m = w.m();
+  bp.fwd.kernel = options.kernel;
+  if (with_projection_grad) {
+    g.dw.assign(static_cast<size_t>(w.m() * w.d()), 0.0f);
+    bp.dw = g.dw.data();
+  }
+  if (options.causal) {
+    cpu::favor_backward_causal(bp);
+  } else {
+    cpu::favor_backward_bidirectional(bp);
+  }
+  return g;
+}
+
+AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        const ExactOptions& options) {
+  const Checked c = check_backward(q, k, v, dy, options.causal, options.key_mask, options.scale);
+  AttentionGrads g;
+  const cpu::BackwardParams bp = make_params(q, k, v, dy, c, options.key_mask, g);
+  cpu::exact_attention_backward(bp, options.causal);
+  return g;
+}
+
+}  // namespace favor

@@ -1,0 +1,137 @@
+#include "cpu/causal_chunk.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "cpu/blas.hpp"
+#include "cpu/feature_tile.hpp"
+#include "cpu/vec_math.hpp"
+
+namespace favor::cpu {
+
+ChunkWorkspace::ChunkWorkspace(int64_t d, int64_t m, int64_t F_, int64_t dv_)
+    : F(F_),
+      dv(dv_),
+      x(2 * kChunk * d),
+      a(2 * kChunk * m),
+      phik(kChunk * F_),
+      qg(kChunk * (F_ + kChunk)),
+      prefix(kChunk * F_),
+      sv((F_ + kChunk) * (dv_ + 1)),
+      yx(kChunk * (dv_ + 1)),
+      s(F_),
+      local(F_ * (dv_ + 1)),
+      half_norm2(kChunk),
+      g(kChunk),
+      run_max(kChunk),
+      visible(kChunk),
+      tile(d, m, F_, dv_) {}
+
+float rescale(double from, double to) {
+  return from == to ? 1.0f : static_cast<float>(std::exp(from - to));
+}
+
+void load_chunk(const AttentionParams& p, int64_t b, int64_t h, int64_t c0, int64_t rows, float* vx,
+                ChunkWorkspace& ws) {
+  const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
+  const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
+  const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
+  for (int64_t r = 0; r < rows; ++r) {
+    ws.visible[r] =
+        p.mask == nullptr || p.mask[b * p.mask_stride_b + (c0 + r) * p.mask_stride_n] != 0;
+  }
+  gather_rows(kh + c0 * p.k_strides[2], p.k_strides[2], p.k_strides[3], rows, p.d, p.sqrt_scale,
+              ws.x.data(), ws.half_norm2.data());
+  gather_rows(qh + c0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.sqrt_scale,
+              ws.x.data() + rows * p.d, nullptr);
+  gather_values(vh + c0 * p.v_strides[2], p.v_strides[2], p.v_strides[3], rows, p.dv, vx);
+  project_rows(ws.x.data(), 2 * rows, p.d, p.w, p.m, ws.a.data());  // keys and queries at once
+}
+
+bool chunk_key_features(const AttentionParams& p, int64_t rows, double prev_max,
+                        ChunkWorkspace& ws) {
+  const int64_t m = p.m, F = ws.F;
+  double running = prev_max;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = ws.a.data() + r * m;
+    ws.g[r] = key_log_weight(p.kernel, ws.half_norm2[r]);
+    if (ws.visible[r]) running = std::max(running, key_log_max(p.kernel, a, m, ws.g[r]));
+    ws.run_max[r] = running;
+    float* phi = ws.phik.data() + r * F;
+    if (ws.visible[r]) {
+      key_features(p.kernel, a, m, ws.g[r] - running, phi);
+    } else {
+      std::fill(phi, phi + F, 0.0f);
+    }
+  }
+  return ws.run_max[0] != ws.run_max[rows - 1] || ws.run_max[0] != prev_max;
+}
+
+void chunk_query_features(const AttentionParams& p, int64_t rows, const float* s_prev,
+                          double prev_max, ChunkWorkspace& ws) {
+  const int64_t m = p.m, F = ws.F;
+  const float* aq = ws.a.data() + rows * m;
+  const bool pos = positive_family(p.kernel);
+  for (int64_t r = 0; pos && r < rows; ++r) {
+    float* row = ws.prefix.data() + r * F;
+    const float* prev = r == 0 ? s_prev : row - F;  // still the raw prefix of row r-1
+    const float f = rescale(r == 0 ? prev_max : ws.run_max[r - 1], ws.run_max[r]);
+    const float* phik = ws.phik.data() + r * F;
+    for (int64_t x = 0; x < F; ++x) row[x] = prev[x] * f + phik[x];
+  }
+  if (pos) log_or_neg_inf(ws.prefix.data(), ws.prefix.data(), rows * F);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = aq + r * m;
+    float* phi = ws.qg.data() + r * ws.ldq();
+    const float* log_p = ws.prefix.data() + r * F;
+    const float c = query_shift(p.kernel, a, m, log_p);
+    if (std::isinf(c)) {  // no visible key yet: zero features give a zero denominator
+      std::fill(phi, phi + F, 0.0f);
+    } else {
+      query_features(p.kernel, a, m, c, log_p, phi);
+    }
+  }
+}
+
+void chunk_kernel_matrix(int64_t rows, bool moved, ChunkWorkspace& ws) {
+  const int64_t F = ws.F, ldq = ws.ldq();
+  float* G = ws.qg.data() + F;
+  gemm(false, true, rows, rows, F, 1.0f, ws.qg.data(), ldq, ws.phik.data(), F, 0.0f, G, ldq);
+  for (int64_t i = 0; i < rows; ++i) {
+    float* gi = G + i * ldq;
+    std::fill(gi + i + 1, gi + rows, 0.0f);
+    if (moved) {
+      for (int64_t j = 0; j <= i; ++j) gi[j] *= rescale(ws.run_max[j], ws.run_max[i]);
+    }
+  }
+}
+
+void chunk_output(int64_t rows, double state_max, bool moved, ChunkWorkspace& ws) {
+  const int64_t F = ws.F, ldq = ws.ldq(), ldv = ws.dv + 1;
+  if (moved) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const float f = rescale(state_max, ws.run_max[i]);
+      float* phi = ws.qg.data() + i * ldq;
+      for (int64_t x = 0; x < F; ++x) phi[x] *= f;
+    }
+  }
+  gemm(false, false, rows, ldv, F + rows, 1.0f, ws.qg.data(), ldq, ws.sv.data(), ldv, 0.0f,
+       ws.yx.data(), ldv);
+}
+
+void chunk_state_update(int64_t rows, bool moved, HeadState& state, const float* vx,
+                        ChunkWorkspace& ws) {
+  const int64_t F = ws.F;
+  const double last = ws.run_max[rows - 1];
+  if (last > state.max) state.raise_max(last);
+  if (moved) {
+    for (int64_t j = 0; j < rows; ++j) {
+      const float f = rescale(ws.run_max[j], last);
+      float* phi = ws.phik.data() + j * F;
+      for (int64_t x = 0; x < F; ++x) phi[x] *= f;
+    }
+  }
+  state.accumulate(ws.phik.data(), vx, rows);
+}
+
+}  // namespace favor::cpu

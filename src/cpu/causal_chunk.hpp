@@ -1,0 +1,66 @@
+#pragma once
+// Pieces of one causal chunk shared by the forward sweep (favor_causal.cpp) and the
+// backward sweeps (favor_backward_causal.cpp): the chunk workspace, key features against
+// the per-token running max, and query features shifted by each row's exact prefix
+// normaliser (docs/numerics.md).
+#include <cstdint>
+#include <vector>
+
+#include "cpu/attention_params.hpp"
+#include "cpu/head_state.hpp"
+#include "cpu/key_state.hpp"
+#include "cpu/tiles.hpp"
+
+namespace favor::cpu {
+
+struct ChunkWorkspace {
+  int64_t F, dv;
+  std::vector<float> x;       // 2C x d: the chunk's keys, then its queries
+  std::vector<float> a;       // 2C x m: their projections
+  std::vector<float> phik;    // C x F
+  std::vector<float> qg;      // C x (F + C): [phi(Q_c) | G]
+  std::vector<float> prefix;  // C x F: prefix normalisers, then their logs
+  std::vector<float> sv;      // (F + C) x (dv + 1): [S | s] of the state, then [V_c | 1]
+  std::vector<float> yx;      // C x (dv + 1)
+  std::vector<float> s;       // F: the state's normaliser column
+  std::vector<float> local;   // F x (dv + 1): a segment's local key state
+  std::vector<double> half_norm2, g, run_max;
+  std::vector<char> visible;
+  KeyTile tile;
+  ChunkWorkspace(int64_t d, int64_t m, int64_t F_, int64_t dv_);
+  HeadState state() { return HeadState{sv.data(), F, dv}; }
+  int64_t ldq() const { return F + kChunk; }
+};
+
+/// exp(from - to) for running maxima from <= to; 1 when equal (also both -inf).
+float rescale(double from, double to);
+
+/// Gathers chunk rows [c0, c0 + rows) of head (b, h): key and query rows (scaled) into x,
+/// [V | 1] into vx, mask flags into visible; projects keys and queries with one GEMM.
+void load_chunk(const AttentionParams& p, int64_t b, int64_t h, int64_t c0, int64_t rows, float* vx,
+                ChunkWorkspace& ws);
+
+/// Key features of the chunk, each relative to its running max run_max[r], starting from
+/// the state's max `prev_max` (zeros for masked keys). True if the max moved in the chunk.
+bool chunk_key_features(const AttentionParams& p, int64_t rows, double prev_max,
+                        ChunkWorkspace& ws);
+
+/// Query features of the chunk into the left block of qg, each row shifted by
+/// max_f (L_f + log P_f), P_i = P_{i-1} exp(M_{i-1} - M_i) + phi(k_i), P_{-1} = s_prev (the
+/// state's normaliser, relative to prev_max). Leaves log P in ws.prefix.
+void chunk_query_features(const AttentionParams& p, int64_t rows, const float* s_prev,
+                          double prev_max, ChunkWorkspace& ws);
+
+/// G = phi(Q_c) phi(K_c)^T into the right block of qg: lower triangle (j <= i), each term
+/// at scale exp(M_j - M_i).
+void chunk_kernel_matrix(int64_t rows, bool moved, ChunkWorkspace& ws);
+
+/// [num | den] of the chunk into ws.yx: [phi(Q_c) | G] [S | s ; V_c | 1] in one GEMM, the
+/// state read by row i at scale exp(M_{<c} - M_i) (phi(Q_c) rows are scaled in place).
+void chunk_output(int64_t rows, double state_max, bool moved, ChunkWorkspace& ws);
+
+/// Adds the chunk's keys to the state, relative to the chunk's last running max.
+void chunk_state_update(int64_t rows, bool moved, HeadState& state, const float* vx,
+                        ChunkWorkspace& ws);
+
+}  // namespace favor::cpu

@@ -1,0 +1,132 @@
+// Backward pass of bidirectional FAVOR attention, per (batch, head), in three tiled passes
+// (memory O(tile F + F Dv)):
+//   1. keys: the forward state [S | s] (cpu/key_state.hpp), relative to the final key max;
+//   2. queries: recompute phi(q) and [num | den] = phi [S | s]; the upstream gradient in
+//      augmented form gx = [dy / den, -(dy . y) / den]; dphi(Q) = gx [S | s]^T, which the
+//      feature backward turns into dq; and R += phi(Q)^T gx (F x (Dv + 1));
+//   3. keys again: dphi(K) = [V | 1] R^T, dV = phi(K) R[:, :Dv], and dk.
+// With stabilised features every product dphi * phi equals the unstabilised one (the shifts
+// cancel), so the gradients are exact: docs/gradients.md.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/attention_params.hpp"
+#include "cpu/blas.hpp"
+#include "cpu/feature_grad.hpp"
+#include "cpu/feature_tile.hpp"
+#include "cpu/head_state.hpp"
+#include "cpu/key_state.hpp"
+#include "cpu/schedule.hpp"
+#include "cpu/tiles.hpp"
+#include "cpu/vec_math.hpp"
+
+namespace favor::cpu {
+namespace {
+
+struct Workspace {
+  KeyTile tile;
+  std::vector<float> yx, gx, dphi, pa, dx, dvx, Sx, R, s, log_s, dw;
+  std::vector<int64_t> index;
+  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, bool want_dw)
+      : tile(d, m, F, dv),
+        yx(kRowTile * (dv + 1)),
+        gx(kRowTile * (dv + 1)),
+        dphi(kRowTile * F),
+        pa(kRowTile * m),
+        dx(kRowTile * d),
+        dvx(kRowTile * dv),
+        Sx(F * (dv + 1)),
+        R(F * (dv + 1)),
+        s(F),
+        log_s(F),
+        dw(want_dw ? m * d : 0),
+        index(kRowTile) {}
+};
+
+void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t m = p.m, d = p.d, dv = p.dv, F = feature_count(p.kernel, m), ld = dv + 1;
+  HeadState state{ws.Sx.data(), F, dv};
+  state.clear();
+  accumulate_keys(p, b, h, 0, p.nk, ws.tile, state);
+  if (std::isinf(state.max)) return;  // no visible key: the forward wrote zeros, no gradient
+  if (positive_family(p.kernel)) {
+    state.copy_normaliser(ws.s.data());
+    log_or_neg_inf(ws.s.data(), ws.log_s.data(), F);
+  }
+  float* dw = ws.dw.empty() ? nullptr : ws.dw.data();
+  const int64_t bh = b * p.heads + h;
+
+  // Queries: dq, and R = phi(Q)^T gx.
+  std::fill(ws.R.begin(), ws.R.end(), 0.0f);
+  const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
+  const float* dyh = bp.dy + b * bp.dy_strides[0] + h * bp.dy_strides[1];
+  KeyTile& t = ws.tile;
+  for (int64_t i0 = 0; i0 < p.nq; i0 += kRowTile) {
+    const int64_t rows = std::min(kRowTile, p.nq - i0);
+    gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, d, p.sqrt_scale,
+                t.x.data(), nullptr);
+    project_rows(t.x.data(), rows, d, p.w, m, t.a.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* a = t.a.data() + r * m;
+      query_features(p.kernel, a, m, query_shift(p.kernel, a, m, ws.log_s.data()), ws.log_s.data(),
+                     t.phi.data() + r * F);
+    }
+    gemm(false, false, rows, ld, F, 1.0f, t.phi.data(), F, ws.Sx.data(), ld, 0.0f, ws.yx.data(),
+         ld);
+    upstream_rows(ws.yx.data(), dyh + i0 * bp.dy_strides[2], bp.dy_strides[2], bp.dy_strides[3],
+                  rows, dv, ws.gx.data());
+    gemm(false, true, rows, F, ld, 1.0f, ws.gx.data(), ld, ws.Sx.data(), ld, 0.0f, ws.dphi.data(),
+         F);
+    gemm(true, false, F, ld, rows, 1.0f, t.phi.data(), F, ws.gx.data(), ld, 1.0f, ws.R.data(), ld);
+    feature_backward(p.kernel, false, rows, d, m, t.x.data(), t.phi.data(), ws.dphi.data(), p.w,
+                     p.sqrt_scale, ws.pa.data(), bp.dq + (bh * p.nq + i0) * d, dw);
+  }
+
+  // Keys: dk and dv (masked keys keep their zero gradients).
+  for (int64_t next = 0; next < p.nk;) {
+    const int64_t rows = gather_key_tile(p, b, h, &next, p.nk, t, ws.index.data());
+    if (rows == 0) break;
+    project_rows(t.x.data(), rows, d, p.w, m, t.a.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const double g = key_log_weight(p.kernel, t.half_norm2[r]);
+      key_features(p.kernel, t.a.data() + r * m, m, g - state.max, t.phi.data() + r * F);
+    }
+    gemm(false, true, rows, F, ld, 1.0f, t.vx.data(), ld, ws.R.data(), ld, 0.0f, ws.dphi.data(), F);
+    gemm(false, false, rows, dv, F, 1.0f, t.phi.data(), F, ws.R.data(), ld, 0.0f, ws.dvx.data(),
+         dv);
+    feature_backward(p.kernel, true, rows, d, m, t.x.data(), t.phi.data(), ws.dphi.data(), p.w,
+                     p.sqrt_scale, ws.pa.data(), ws.dx.data(), dw);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t j = ws.index[r];
+      std::copy(ws.dx.data() + r * d, ws.dx.data() + (r + 1) * d, bp.dk + (bh * p.nk + j) * d);
+      std::copy(ws.dvx.data() + r * dv, ws.dvx.data() + (r + 1) * dv, bp.dv + (bh * p.nk + j) * dv);
+    }
+  }
+}
+
+}  // namespace
+
+void favor_backward_bidirectional(const BackwardParams& bp) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t F = feature_count(p.kernel, p.m);
+  // Heads over threads (a head is not split in the backward pass).
+  Schedule plan = make_schedule(p.batch * p.heads, p.threads);
+  plan.parts = 1;
+  plan.team = static_cast<int>(std::min<int64_t>(p.threads, plan.heads));
+  std::vector<Workspace> spaces =
+      make_workspaces<Workspace>(plan.team, p.d, p.m, F, p.dv, bp.dw != nullptr);
+  for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
+    run_head(bp, bh / p.heads, bh % p.heads, ws);
+    return int64_t{0};
+  });
+  if (bp.dw) {
+    for (const Workspace& ws : spaces)
+      for (size_t i = 0; i < ws.dw.size(); ++i) bp.dw[i] += ws.dw[i];
+  }
+}
+
+}  // namespace favor::cpu

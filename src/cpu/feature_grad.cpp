@@ -1,0 +1,65 @@
+#include "cpu/feature_grad.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "cpu/blas.hpp"
+
+namespace favor::cpu {
+
+void feature_backward(Kernel kernel, bool key, int64_t rows, int64_t d, int64_t m, const float* x,
+                      const float* phi, const float* dphi, const float* w, float sqrt_scale,
+                      float* pa, float* dx, float* dw) {
+  const int64_t F = feature_count(kernel, m);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = phi + r * F;
+    const float* dp = dphi + r * F;
+    float* out = pa + r * m;
+    switch (kernel) {
+      case Kernel::positive:
+        for (int64_t f = 0; f < m; ++f) out[f] = dp[f] * p[f];
+        break;
+      case Kernel::hyperbolic:
+        for (int64_t f = 0; f < m; ++f) out[f] = dp[f] * p[f] - dp[m + f] * p[m + f];
+        break;
+      case Kernel::trig:
+        for (int64_t f = 0; f < m; ++f) out[f] = dp[f] * p[m + f] - dp[m + f] * p[f];
+        break;
+    }
+  }
+  gemm(false, false, rows, d, m, sqrt_scale, pa, m, w, d, 0.0f, dx, d);
+  if (key) {
+    const float sign = kernel == Kernel::trig ? 1.0f : -1.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      float total = 0.0f;
+      for (int64_t f = 0; f < F; ++f) total += dphi[r * F + f] * phi[r * F + f];
+      for (int64_t t = 0; t < d; ++t) dx[r * d + t] += sqrt_scale * sign * total * x[r * d + t];
+    }
+  }
+  if (dw) gemm(true, false, m, d, rows, 1.0f, pa, m, x, d, 1.0f, dw, d);
+}
+
+void upstream_rows(const float* yx, const float* dy, int64_t dy_stride_n, int64_t dy_stride_d,
+                   int64_t rows, int64_t dv, float* gx) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = yx + r * (dv + 1);
+    float* g = gx + r * (dv + 1);
+    const float den = src[dv];
+    bool ok = den > 0.0f;
+    float dot = 0.0f;
+    for (int64_t x = 0; ok && x < dv; ++x) {
+      const float y = src[x] / den;
+      ok = std::isfinite(y);
+      const float d = dy[r * dy_stride_n + x * dy_stride_d];
+      dot += d * y;
+      g[x] = d / den;
+    }
+    if (ok) {
+      g[dv] = -dot / den;
+    } else {
+      std::fill(g, g + dv + 1, 0.0f);
+    }
+  }
+}
+
+}  // namespace favor::cpu

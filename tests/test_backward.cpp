@@ -1,0 +1,280 @@
+// Gradients. (1) The materialised reference gradient (double) equals central finite
+// differences of the double forward to 1e-6. (2) The fast float32 kernels equal the
+// reference within twice the error of a naive float32 evaluation of the same gradient
+// (+1e-6). (3) Exact attention's blockwise backward equals the naive softmax gradient.
+// (4) FAVOR gradients approach the exact ones like 1/sqrt(m).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "core/rng.hpp"
+#include "reference/naive_grad.hpp"
+#include "test_helpers.hpp"
+
+namespace favor {
+namespace {
+using testing::random_tensor;
+using testing::rel_error;
+namespace naive = reference::naive;
+
+// ---- (1) finite differences ----
+
+naive::Head<double> random_head(int64_t nq, int64_t nk, int64_t d, int64_t dv, int64_t m, double norm, uint64_t seed) {
+  detail::Rng rng(seed, 7);
+  naive::Head<double> h{nq, nk, d, dv, m, {}, {}, {}, {}, {}};
+  auto fill = [&](std::vector<double>& x, int64_t n, double s) {
+    for (int64_t i = 0; i < n; ++i) x.push_back(s * rng.normal());
+  };
+  fill(h.q, nq * d, norm / std::sqrt(double(d)));
+  fill(h.k, nk * d, norm / std::sqrt(double(d)));
+  fill(h.v, nk * dv, 1.0);
+  fill(h.w, m * d, 1.0);
+  return h;
+}
+
+double loss(const naive::Head<double>& h, const std::vector<double>& dy, Kernel kernel, double scale, bool causal) {
+  const auto y = naive::forward(h, kernel, scale, causal);
+  double l = 0;
+  for (size_t i = 0; i < y.size(); ++i) l += dy[i] * y[i];
+  return l;
+}
+
+// || fd - analytic || / || analytic || over one parameter array.
+double fd_error(naive::Head<double> h, std::vector<double> naive::Head<double>::*field, const std::vector<double>& analytic,
+                const std::vector<double>& dy, Kernel kernel, double scale, bool causal) {
+  const double step = 1e-5;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < (h.*field).size(); ++i) {
+    const double saved = (h.*field)[i];
+    (h.*field)[i] = saved + step;
+    const double up = loss(h, dy, kernel, scale, causal);
+    (h.*field)[i] = saved - step;
+    const double down = loss(h, dy, kernel, scale, causal);
+    (h.*field)[i] = saved;
+    const double fd = (up - down) / (2 * step);
+    diff += (fd - analytic[i]) * (fd - analytic[i]);
+    norm += analytic[i] * analytic[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+struct FdCase {
+  Kernel kernel;
+  bool causal, masked;
+};
+
+class GradientVsFiniteDifferences : public ::testing::TestWithParam<FdCase> {};
+
+TEST_P(GradientVsFiniteDifferences, RelativeErrorBelow1e6) {
+  const FdCase c = GetParam();
+  // D != Dv; N = 7 is not a multiple of anything; scale 0.6 (not 1/sqrt(D)).
+  const int64_t nk = 7, nq = c.causal ? 7 : 5;
+  naive::Head<double> h = random_head(nq, nk, 3, 2, c.kernel == Kernel::trig ? 24 : 6, 0.8, 11);
+  if (c.masked) h.mask = {1, 0, 1, 1, 0, 1, 1};
+  const std::vector<double> dy = random_head(nq, 1, 2, 1, 1, 1.0, 5).q;
+  const double scale = 0.6;
+  const auto g = naive::backward(h, dy, c.kernel, scale, c.causal);
+  // Central differences with step 1e-5: truncation ~1e-10 and rounding ~1e-11 relative.
+  EXPECT_LE(fd_error(h, &naive::Head<double>::q, g.dq, dy, c.kernel, scale, c.causal), 1e-6) << "dq";
+  EXPECT_LE(fd_error(h, &naive::Head<double>::k, g.dk, dy, c.kernel, scale, c.causal), 1e-6) << "dk";
+  EXPECT_LE(fd_error(h, &naive::Head<double>::v, g.dv, dy, c.kernel, scale, c.causal), 1e-6) << "dv";
+  EXPECT_LE(fd_error(h, &naive::Head<double>::w, g.dw, dy, c.kernel, scale, c.causal), 1e-6) << "dW";
+}
+
+std::vector<FdCase> fd_cases() {
+  std::vector<FdCase> out;
+  for (Kernel k : {Kernel::positive, Kernel::hyperbolic, Kernel::trig})
+    for (bool causal : {false, true})
+      for (bool masked : {false, true}) out.push_back({k, causal, masked});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GradientVsFiniteDifferences, ::testing::ValuesIn(fd_cases()), [](const auto& info) {
+  return to_string(info.param.kernel) + (info.param.causal ? "_causal" : "_bidir") + (info.param.masked ? "_masked" : "");
+});
+
+// ---- (2) fast kernels against the reference ----
+
+struct Case {
+  int64_t B, H, Nq, Nk, D, Dv, m;
+  Kernel kernel;
+  bool causal, masked, strided;
+};
+
+std::string name_of(const Case& c) {
+  return to_string(c.kernel) + (c.causal ? "_causal" : "_bidir") + (c.masked ? "_masked" : "") +
+         (c.strided ? "_strided" : "") + "_N" + std::to_string(c.Nq) + "x" + std::to_string(c.Nk) + "_D" +
+         std::to_string(c.D) + "_Dv" + std::to_string(c.Dv) + "_m" + std::to_string(c.m);
+}
+
+// The naive float32 gradient of every head, flattened like the tensors.
+struct FlatGrads {
+  std::vector<float> dq, dk, dv, dw;
+};
+
+FlatGrads naive_float_grads(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dy, const Projection& w,
+                            const std::vector<uint8_t>& mask, const Case& c) {
+  FlatGrads out;
+  out.dw.assign(static_cast<size_t>(w.m() * w.d()), 0.0f);
+  auto rows = [](const Tensor& t, int64_t b, int64_t h) {
+    const int64_t n = t.shape()[2] * t.shape()[3];
+    return std::vector<float>(t.data() + (b * t.shape()[1] + h) * n, t.data() + (b * t.shape()[1] + h + 1) * n);
+  };
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.H; ++h) {
+      naive::Head<float> head{c.Nq, c.Nk, c.D, c.Dv, c.m, rows(q, b, h), rows(k, b, h), rows(v, b, h), w.matrix(), {}};
+      if (c.masked) head.mask.assign(mask.begin() + b * c.Nk, mask.begin() + (b + 1) * c.Nk);
+      const auto g = naive::backward(head, rows(dy, b, h), c.kernel, float(1.0 / std::sqrt(double(c.D))), c.causal);
+      out.dq.insert(out.dq.end(), g.dq.begin(), g.dq.end());
+      out.dk.insert(out.dk.end(), g.dk.begin(), g.dk.end());
+      out.dv.insert(out.dv.end(), g.dv.begin(), g.dv.end());
+      for (size_t i = 0; i < out.dw.size(); ++i) out.dw[i] += g.dw[i];
+    }
+  return out;
+}
+
+class BackwardVsReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BackwardVsReference, WithinTwiceNaiveFloatError) {
+  const Case c = GetParam();
+  const Tensor q = random_tensor({c.B, c.H, c.Nq, c.D}, 1, 1.0), k = random_tensor({c.B, c.H, c.Nk, c.D}, 2, 1.0),
+               v = random_tensor({c.B, c.H, c.Nk, c.Dv}, 3), dy = random_tensor({c.B, c.H, c.Nq, c.Dv}, 4);
+  const Projection w = Projection::draw(c.m, c.D, {ProjectionKind::orthogonal, NormMode::chi, 7});
+  std::vector<uint8_t> mask(static_cast<size_t>(c.B * c.Nk), 1);
+  AttentionOptions o;
+  o.kernel = c.kernel;
+  o.causal = c.causal;
+  if (c.masked) {
+    for (size_t j = 0; j < mask.size(); ++j) mask[j] = (j % 3 != 1);
+    o.key_mask = KeyMaskView::contiguous(mask.data(), c.B, c.Nk);
+  }
+  testing::StridedCopy qs(q), ks(k), vs(v), dys(dy);
+  const AttentionGrads fast = c.strided ? favor_attention_backward(qs.view, ks.view, vs.view, dys.view, w, o, true)
+                                        : favor_attention_backward(q, k, v, dy, w, o, true);
+  const auto ref = reference::favor_attention_backward(q, k, v, dy, w, o);
+  const FlatGrads n32 = naive_float_grads(q, k, v, dy, w, mask, c);
+  const auto check = [&](const std::vector<float>& got, const std::vector<float>& naive, const std::vector<double>& exact,
+                         const char* what) {
+    double exact_norm = 0, got_max = 0;
+    for (double e : exact) exact_norm = std::max(exact_norm, std::abs(e));
+    for (float g : got) got_max = std::max(got_max, double(std::abs(g)));
+    if (exact_norm == 0.0) {
+      // One key: y = v_0 whatever q and k, so dq, dk, dW are exactly 0; the fast result is
+      // a cancellation of O(|v| |dy|) terms: rounding ~F 2^-24 ~ 1e-6.
+      EXPECT_LE(got_max, 1e-5) << what << " of " << name_of(c);
+      return;
+    }
+    const double naive_err = rel_error(naive, exact);
+    EXPECT_LE(rel_error(got, exact), 2 * naive_err + 1e-6) << what << " of " << name_of(c) << ", naive " << naive_err;
+  };
+  check(fast.dq.values(), n32.dq, ref.dq.values, "dq");
+  check(fast.dk.values(), n32.dk, ref.dk.values, "dk");
+  check(fast.dv.values(), n32.dv, ref.dv.values, "dv");
+  check(fast.dw, n32.dw, ref.dw, "dW");
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (Kernel kernel : {Kernel::positive, Kernel::hyperbolic, Kernel::trig}) {
+    for (bool causal : {false, true}) {
+      // Tails of the causal chunk (32) and the row tile (256); D != Dv; masks; strides.
+      out.push_back({2, 3, 70, causal ? 70 : 45, 12, 5, 24, kernel, causal, false, false});
+      out.push_back({1, 2, 33, 33, 8, 8, 16, kernel, causal, true, true});
+      out.push_back({1, 1, 300, 300, 6, 9, 17, kernel, causal, true, false});
+      out.push_back({1, 1, 1, 1, 4, 3, 8, kernel, causal, false, false});
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, BackwardVsReference, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+// ---- (3) exact attention ----
+
+TEST(ExactBackward, MatchesNaiveDoubleGradient) {
+  for (bool causal : {false, true}) {
+    for (bool masked : {false, true}) {
+      const Tensor q = random_tensor({2, 2, 150, 12}, 5, 3.0), k = random_tensor({2, 2, 150, 12}, 6, 3.0),
+                   v = random_tensor({2, 2, 150, 7}, 7), dy = random_tensor({2, 2, 150, 7}, 8);
+      std::vector<uint8_t> mask(300, 1);
+      ExactOptions o;
+      o.causal = causal;
+      if (masked) {
+        for (size_t j = 0; j < mask.size(); ++j) mask[j] = j % 5 != 2;
+        o.key_mask = KeyMaskView::contiguous(mask.data(), 2, 150);
+      }
+      const AttentionGrads g = exact_attention_backward(q, k, v, dy, o);
+      const auto ref = reference::exact_attention_backward(q, k, v, dy, o);
+      // float32 scores (|s| <= 9 with norms <= 4.5) carry ~D 2^-24 |s| ~ 6e-6 relative error,
+      // which exp turns into the same relative error of P; sums over 150 keys add ~sqrt(150)
+      // 2^-24. dS = P (dP - D) subtracts nearly equal terms: bound 1e-4.
+      EXPECT_LE(rel_error(g.dq, ref.dq.values), 1e-4) << causal << masked;
+      EXPECT_LE(rel_error(g.dk, ref.dk.values), 1e-4) << causal << masked;
+      EXPECT_LE(rel_error(g.dv, ref.dv.values), 1e-5) << causal << masked;
+    }
+  }
+}
+
+// ---- (4) FAVOR gradients approach the exact ones ----
+
+TEST(Backward, ApproachesExactGradientsAsMGrows) {
+  // Like the outputs, the gradients' error against exact attention falls like 1/sqrt(m):
+  // averaged over 6 seeds, m = 64 -> 4096 should cut it ~8x; require a ratio in [4, 16].
+  const Tensor q = random_tensor({1, 2, 48, 16}, 31, 2.0), k = random_tensor({1, 2, 64, 16}, 32, 2.0),
+               v = random_tensor({1, 2, 64, 8}, 33), dy = random_tensor({1, 2, 48, 8}, 34);
+  const auto exact = reference::exact_attention_backward(q, k, v, dy, {});
+  for (const char* which : {"dq", "dk", "dv"}) {
+    double small = 0, large = 0;
+    for (uint64_t seed = 0; seed < 6; ++seed) {
+      const auto g64 = favor_attention_backward(q, k, v, dy, Projection::draw(64, 16, {ProjectionKind::iid, NormMode::chi, seed}));
+      const auto g4k = favor_attention_backward(q, k, v, dy, Projection::draw(4096, 16, {ProjectionKind::iid, NormMode::chi, seed}));
+      const auto pick = [&](const AttentionGrads& g) -> const Tensor& {
+        return which[1] == 'q' ? g.dq : which[1] == 'k' ? g.dk : g.dv;
+      };
+      const auto& ref = which[1] == 'q' ? exact.dq : which[1] == 'k' ? exact.dk : exact.dv;
+      small += rel_error(pick(g64), ref.values) / 6;
+      large += rel_error(pick(g4k), ref.values) / 6;
+    }
+    EXPECT_GE(small / large, 4.0) << which << ": " << small << " -> " << large;
+    EXPECT_LE(small / large, 16.0) << which << ": " << small << " -> " << large;
+  }
+}
+
+TEST(Backward, NoVisibleKeyPassesNoGradient) {
+  const Tensor q = random_tensor({1, 1, 40, 4}, 1, 1.0), k = random_tensor({1, 1, 40, 4}, 2, 1.0),
+               v = random_tensor({1, 1, 40, 3}, 3), dy = random_tensor({1, 1, 40, 3}, 4);
+  std::vector<uint8_t> mask(40, 1);
+  for (int j = 0; j < 5; ++j) mask[j] = 0;
+  mask[20] = 0;
+  AttentionOptions o;
+  o.causal = true;
+  o.key_mask = KeyMaskView::contiguous(mask.data(), 1, 40);
+  const AttentionGrads g = favor_attention_backward(q, k, v, dy, Projection::draw(16, 4), o);
+  for (int64_t i = 0; i < 5; ++i)  // queries 0..4 see no key; keys 0..4 and 20 are masked
+    for (int64_t t = 0; t < 4; ++t) EXPECT_EQ(g.dq.at(0, 0, i, t), 0.0f);
+  for (int64_t j : {0, 3, 20}) {
+    for (int64_t t = 0; t < 4; ++t) EXPECT_EQ(g.dk.at(0, 0, j, t), 0.0f);
+    for (int64_t t = 0; t < 3; ++t) EXPECT_EQ(g.dv.at(0, 0, j, t), 0.0f);
+  }
+  EXPECT_NE(g.dq.at(0, 0, 5, 0), 0.0f);
+}
+
+TEST(Backward, Errors) {
+  const Tensor q = random_tensor({1, 1, 4, 4}, 1), k = random_tensor({1, 1, 4, 4}, 2), v = random_tensor({1, 1, 4, 3}, 3);
+  Tensor dy = random_tensor({1, 1, 4, 2}, 4);
+  try {
+    favor_attention_backward(q, k, v, dy, Projection::draw(8, 4));
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dy: shape [1,1,4,2] must be the output's shape"), std::string::npos) << e.what();
+  }
+  Tensor dy2 = random_tensor({1, 1, 4, 3}, 4);
+  dy2.at(0, 0, 2, 1) = NAN;
+  EXPECT_THROW(favor_attention_backward(q, k, v, dy2, Projection::draw(8, 4)), Error);
+  EXPECT_THROW(exact_attention_backward(q, k, v, dy2), Error);
+}
+
+}  // namespace
+}  // namespace favor
