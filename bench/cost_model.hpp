@@ -24,6 +24,27 @@ inline double favor_flops(const Problem& p, bool causal, int64_t chunk) {
   return double(p.bh) * (per_head + intra);
 }
 
+/// FAVOR backward as implemented (src/cpu/favor_backward*.cpp): bidirectional recomputes
+/// the key projection twice and the query projection once (3 x 2 N d m), chains two
+/// feature gradients (2 x 2 N d m) and runs six N x F x (dv + 1) products; causal
+/// recomputes both projections in each of its two sweeps and adds the intra-chunk terms.
+/// dW (optional) adds 2 x 2 N d m and is not counted.
+inline double favor_backward_flops(const Problem& p, bool causal, int64_t chunk) {
+  const double n = double(p.n), dm = double(p.d) * double(p.m), fv = double(p.f) * double(p.dv + 1);
+  const double per_head =
+      causal ? n * (12.0 * dm + 10.0 * fv + 2.0 * double(chunk) * (4.0 * p.f + 3.0 * (p.dv + 1)))
+             : n * (10.0 * dm + 12.0 * fv);
+  return double(p.bh) * per_head;
+}
+
+/// Exact backward as implemented (src/cpu/exact_backward.cpp): the forward with the row
+/// log-sum-exp (4 N^2 d), then Q K^T, dy V^T and dS K for dq, then Q K^T, dy V^T, P^T dy and
+/// dS^T Q for dk and dv: 18 N^2 d for d = dv, half of it when causal.
+inline double exact_backward_flops(const Problem& p, bool causal) {
+  const double full = 9.0 * double(p.n) * double(p.n) * double(p.d + p.dv);
+  return double(p.bh) * (causal ? full / 2 : full);
+}
+
 /// Exact softmax attention: Q K^T and P V, 4 N^2 d (d = dv here), half of it when causal.
 inline double exact_flops(const Problem& p, bool causal) {
   const double full = 2.0 * double(p.n) * double(p.n) * double(p.d + p.dv);

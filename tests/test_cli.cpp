@@ -304,7 +304,7 @@ namespace {
 TEST_F(Cli, BenchWritesRecordsAndPlot) {
   const std::string args =
       "bench --lengths 64 96 --max-exact-n 96 --scaling-n 64 --decode-positions 8 40 --sgemm-n 64 "
-      "--repeats 1 --min-time 0 --threads 2 --out " +
+      "--backward-lengths 64 96 --repeats 1 --min-time 0 --threads 2 --out " +
       path("bench.json") + " --plot " + path("bench.png");
   const Result r = run(args);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -321,8 +321,14 @@ TEST_F(Cli, BenchWritesRecordsAndPlot) {
     methods.insert(rec["method"].get<std::string>());
   }
   EXPECT_EQ(methods, (std::set<std::string>{"decode", "exact", "favor", "sgemm"}));
-  // 1 sgemm + 2 lengths x 2 modes x (favor, exact) + 2 long + 8 scaling + 2 decode.
-  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 2u);
+  // 1 sgemm + 2 lengths x 2 modes x (favor, exact) + 2 long + 8 scaling + 2 decode + backward:
+  // 2 lengths x 2 modes x (favor fwd, favor bwd) and, at 64 <= max-exact-backward-n, exact fwd +
+  // bwd.
+  // ... + backward: 2 lengths x 2 modes x (favor fwd, favor bwd, exact fwd, exact bwd).
+  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 2u + 16u);
+  size_t backward = 0;
+  for (const auto& rec : records) backward += rec["pass"] == "backward" ? 1 : 0;
+  EXPECT_EQ(backward, 8u);
   const std::string png = slurp("bench.png");
   ASSERT_GE(png.size(), 8u);
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));

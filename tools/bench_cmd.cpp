@@ -27,7 +27,9 @@ struct BenchArgs {
   std::vector<int64_t> lengths{256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
   int64_t bh = 8, d = 64, m = 256, max_exact_n = 32768, scaling_n = 16384, sgemm_n = 4096;
   std::vector<int64_t> decode_positions{1024, 65536};
-  std::vector<std::string> sections{"sweep", "long", "scaling", "decode"};
+  std::vector<std::string> sections{"sweep", "long", "scaling", "decode", "backward"};
+  std::vector<int64_t> backward_lengths{1024, 4096, 16384, 65536};
+  int64_t max_exact_backward_n = 4096;
   int repeats = 5;
   double min_time = 0.3;
   bool has(const std::string& section) const {
@@ -92,6 +94,15 @@ class Bench {
         }
       }
     }
+    section_ = "backward";
+    for (int64_t n : a_.has("backward") ? a_.backward_lengths : std::vector<int64_t>{}) {
+      for (bool causal : {false, true}) {
+        const double forward = favor_row(a_.bh, n, causal, num_threads());
+        favor_backward_row(a_.bh, n, causal, forward);
+        if (n <= a_.max_exact_backward_n)
+          exact_backward_row(a_.bh, n, causal, exact_row(a_.bh, n, causal));
+      }
+    }
     section_ = "decode";
     if (a_.has("decode") && !a_.decode_positions.empty()) {
       decode_row(a_.decode_positions.front(),
@@ -111,9 +122,9 @@ class Bench {
     if (a_.json) return;
     fmt::print("favor bench: D = Dv = {}, m = {}, kernel {}; {}\n", a_.d, a_.m, to_string(kernel_),
                build_info());
-    fmt::print("{:>7} {:>6} {:>6} {:>3} {:>3} {:>11} {:>9} {:>7} {:>12} {:>9} {:>9}\n", "method",
-               "causal", "N", "BH", "thr", "seconds", "GFLOP/s", "%sgemm", "tokens/s", "heap MiB",
-               "rss MiB");
+    fmt::print("{:>7} {:>4} {:>6} {:>6} {:>3} {:>3} {:>11} {:>9} {:>7} {:>12} {:>9} {:>9}\n",
+               "method", "pass", "causal", "N", "BH", "thr", "seconds", "GFLOP/s", "%sgemm",
+               "tokens/s", "heap MiB", "rss MiB");
   }
 
   void emit(nlohmann::json r) {
@@ -126,11 +137,12 @@ class Bench {
     r["percent_of_sgemm"] = pct;
     if (!a_.json) {
       fmt::print(
-          "{:>7} {:>6} {:>6} {:>3} {:>3} {:>11.5f} {:>9.1f} {:>6.0f}% {:>12.4g} {:>9.1f} "
+          "{:>7} {:>4} {:>6} {:>6} {:>3} {:>3} {:>11.5f} {:>9.1f} {:>6.0f}% {:>12.4g} {:>9.1f} "
           "{:>9.1f}\n",
-          r["method"].get<std::string>(), r["causal"].get<bool>() ? "yes" : "no",
-          r["n"].get<int64_t>(), r["bh"].get<int64_t>(), r["threads"].get<int>(),
-          r["seconds"].get<double>(), r["gflops"].get<double>(), pct,
+          r["method"].get<std::string>(),
+          r["pass"].get<std::string>() == "backward" ? "bwd" : "fwd",
+          r["causal"].get<bool>() ? "yes" : "no", r["n"].get<int64_t>(), r["bh"].get<int64_t>(),
+          r["threads"].get<int>(), r["seconds"].get<double>(), r["gflops"].get<double>(), pct,
           r["tokens_per_s"].get<double>(), r["peak_heap_mb"].get<double>(),
           r["rss_growth_mb"].get<double>());
       std::fflush(stdout);
@@ -160,7 +172,7 @@ class Bench {
           {"rss_growth_mb", t.rss_mb}});
   }
 
-  void favor_row(int64_t bh, int64_t n, bool causal, int threads) {
+  double favor_row(int64_t bh, int64_t n, bool causal, int threads) {
     const auto [q, k, v] = inputs(bh, n);
     const Projection w =
         Projection::draw(a_.m, a_.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
@@ -184,9 +196,10 @@ class Bench {
           {"tokens_per_s", double(n * bh) / t.seconds},
           {"peak_heap_mb", t.heap_mb},
           {"rss_growth_mb", t.rss_mb}});
+    return t.seconds;
   }
 
-  void exact_row(int64_t bh, int64_t n, bool causal) {
+  double exact_row(int64_t bh, int64_t n, bool causal) {
     const auto [q, k, v] = inputs(bh, n);
     Tensor out({1, bh, n, a_.d}, 0.0f);
     ExactOptions o;
@@ -203,6 +216,54 @@ class Bench {
           {"tokens_per_s", double(n * bh) / t.seconds},
           {"peak_heap_mb", t.heap_mb},
           {"rss_growth_mb", t.rss_mb}});
+    return t.seconds;
+  }
+
+  // Backward rows: the gradients dq, dk, dv are returned (allocated by the call), so the
+  // heap figure includes them; `extra_heap_mb` is the heap beyond those outputs.
+  // `ratio_to_forward` divides by the forward time measured just before.
+  void backward_record(const char* method, int64_t bh, int64_t n, bool causal, const Measured& t,
+                       double flops, double forward_seconds) {
+    const double outputs_mb = double(bh * n * (2 * a_.d + a_.d)) * 4.0 / (1024.0 * 1024.0);
+    emit({{"method", method},
+          {"pass", "backward"},
+          {"causal", causal},
+          {"n", n},
+          {"bh", bh},
+          {"threads", num_threads()},
+          {"seconds", t.seconds},
+          {"gflops", flops / t.seconds / 1e9},
+          {"tokens_per_s", double(n * bh) / t.seconds},
+          {"peak_heap_mb", t.heap_mb},
+          {"extra_heap_mb", t.heap_mb - outputs_mb},
+          {"rss_growth_mb", t.rss_mb},
+          {"ratio_to_forward", t.seconds / forward_seconds}});
+  }
+
+  void favor_backward_row(int64_t bh, int64_t n, bool causal, double forward_seconds) {
+    const auto [q, k, v] = inputs(bh, n);
+    const Tensor dy = gaussian_rows({1, bh, n, a_.d}, 44);
+    const Projection w =
+        Projection::draw(a_.m, a_.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
+    AttentionOptions o;
+    o.kernel = kernel_;
+    o.causal = causal;
+    const Measured t =
+        measure([&] { favor_attention_backward(q, k, v, dy, w, o); }, a_.repeats, a_.min_time);
+    backward_record("favor", bh, n, causal, t,
+                    favor_backward_flops(problem(bh, n), causal, kernel_info().causal_chunk),
+                    forward_seconds);
+  }
+
+  void exact_backward_row(int64_t bh, int64_t n, bool causal, double forward_seconds) {
+    const auto [q, k, v] = inputs(bh, n);
+    const Tensor dy = gaussian_rows({1, bh, n, a_.d}, 44);
+    ExactOptions o;
+    o.causal = causal;
+    const Measured t =
+        measure([&] { exact_attention_backward(q, k, v, dy, o); }, a_.repeats, a_.min_time);
+    backward_record("exact", bh, n, causal, t, exact_backward_flops(problem(bh, n), causal),
+                    forward_seconds);
   }
 
   // Decode: prefill `position` tokens, then time steps of append(k, v) + query(q) for all
@@ -349,9 +410,13 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--sgemm-n", a->sgemm_n, "size of the yardstick sgemm")->capture_default_str();
   cmd->add_option("--sections", a->sections,
                   "which rows: sweep (N x causal, favor and exact), long (B*H = 1 at the "
-                  "longest N), scaling (1 thread vs all), decode")
+                  "longest N), scaling (1 thread vs all), decode, backward")
       ->capture_default_str()
-      ->check(CLI::IsMember({"sweep", "long", "scaling", "decode"}));
+      ->check(CLI::IsMember({"sweep", "long", "scaling", "decode", "backward"}));
+  cmd->add_option("--backward-lengths", a->backward_lengths, "N of the backward rows")
+      ->capture_default_str();
+  cmd->add_option("--max-exact-backward-n", a->max_exact_backward_n, "longest N for exact backward")
+      ->capture_default_str();
   cmd->add_option("--min-time", a->min_time,
                   "seconds of timed runs per row at least (short rows repeat)")
       ->capture_default_str();
