@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <iostream>
 
 #include "core/rng.hpp"
 #include "reference/naive_grad.hpp"
@@ -20,7 +21,8 @@ namespace naive = reference::naive;
 
 // ---- (1) finite differences ----
 
-naive::Head<double> random_head(int64_t nq, int64_t nk, int64_t d, int64_t dv, int64_t m, double norm, uint64_t seed) {
+naive::Head<double> random_head(int64_t nq, int64_t nk, int64_t d, int64_t dv, int64_t m,
+                                double norm, uint64_t seed) {
   detail::Rng rng(seed, 7);
   naive::Head<double> h{nq, nk, d, dv, m, {}, {}, {}, {}, {}};
   auto fill = [&](std::vector<double>& x, int64_t n, double s) {
@@ -33,7 +35,8 @@ naive::Head<double> random_head(int64_t nq, int64_t nk, int64_t d, int64_t dv, i
   return h;
 }
 
-double loss(const naive::Head<double>& h, const std::vector<double>& dy, Kernel kernel, double scale, bool causal) {
+double loss(const naive::Head<double>& h, const std::vector<double>& dy, Kernel kernel,
+            double scale, bool causal) {
   const auto y = naive::forward(h, kernel, scale, causal);
   double l = 0;
   for (size_t i = 0; i < y.size(); ++i) l += dy[i] * y[i];
@@ -41,8 +44,9 @@ double loss(const naive::Head<double>& h, const std::vector<double>& dy, Kernel 
 }
 
 // || fd - analytic || / || analytic || over one parameter array.
-double fd_error(naive::Head<double> h, std::vector<double> naive::Head<double>::*field, const std::vector<double>& analytic,
-                const std::vector<double>& dy, Kernel kernel, double scale, bool causal) {
+double fd_error(naive::Head<double> h, std::vector<double> naive::Head<double>::*field,
+                const std::vector<double>& analytic, const std::vector<double>& dy, Kernel kernel,
+                double scale, bool causal) {
   const double step = 1e-5;
   double diff = 0, norm = 0;
   for (size_t i = 0; i < (h.*field).size(); ++i) {
@@ -76,10 +80,14 @@ TEST_P(GradientVsFiniteDifferences, RelativeErrorBelow1e6) {
   const double scale = 0.6;
   const auto g = naive::backward(h, dy, c.kernel, scale, c.causal);
   // Central differences with step 1e-5: truncation ~1e-10 and rounding ~1e-11 relative.
-  EXPECT_LE(fd_error(h, &naive::Head<double>::q, g.dq, dy, c.kernel, scale, c.causal), 1e-6) << "dq";
-  EXPECT_LE(fd_error(h, &naive::Head<double>::k, g.dk, dy, c.kernel, scale, c.causal), 1e-6) << "dk";
-  EXPECT_LE(fd_error(h, &naive::Head<double>::v, g.dv, dy, c.kernel, scale, c.causal), 1e-6) << "dv";
-  EXPECT_LE(fd_error(h, &naive::Head<double>::w, g.dw, dy, c.kernel, scale, c.causal), 1e-6) << "dW";
+  EXPECT_LE(fd_error(h, &naive::Head<double>::q, g.dq, dy, c.kernel, scale, c.causal), 1e-6)
+      << "dq";
+  EXPECT_LE(fd_error(h, &naive::Head<double>::k, g.dk, dy, c.kernel, scale, c.causal), 1e-6)
+      << "dk";
+  EXPECT_LE(fd_error(h, &naive::Head<double>::v, g.dv, dy, c.kernel, scale, c.causal), 1e-6)
+      << "dv";
+  EXPECT_LE(fd_error(h, &naive::Head<double>::w, g.dw, dy, c.kernel, scale, c.causal), 1e-6)
+      << "dW";
 }
 
 std::vector<FdCase> fd_cases() {
@@ -90,9 +98,12 @@ std::vector<FdCase> fd_cases() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(All, GradientVsFiniteDifferences, ::testing::ValuesIn(fd_cases()), [](const auto& info) {
-  return to_string(info.param.kernel) + (info.param.causal ? "_causal" : "_bidir") + (info.param.masked ? "_masked" : "");
-});
+INSTANTIATE_TEST_SUITE_P(All, GradientVsFiniteDifferences, ::testing::ValuesIn(fd_cases()),
+                         [](const auto& info) {
+                           return to_string(info.param.kernel) +
+                                  (info.param.causal ? "_causal" : "_bidir") +
+                                  (info.param.masked ? "_masked" : "");
+                         });
 
 // ---- (2) fast kernels against the reference ----
 
@@ -104,8 +115,8 @@ struct Case {
 
 std::string name_of(const Case& c) {
   return to_string(c.kernel) + (c.causal ? "_causal" : "_bidir") + (c.masked ? "_masked" : "") +
-         (c.strided ? "_strided" : "") + "_N" + std::to_string(c.Nq) + "x" + std::to_string(c.Nk) + "_D" +
-         std::to_string(c.D) + "_Dv" + std::to_string(c.Dv) + "_m" + std::to_string(c.m);
+         (c.strided ? "_strided" : "") + "_N" + std::to_string(c.Nq) + "x" + std::to_string(c.Nk) +
+         "_D" + std::to_string(c.D) + "_Dv" + std::to_string(c.Dv) + "_m" + std::to_string(c.m);
 }
 
 // The naive float32 gradient of every head, flattened like the tensors.
@@ -113,19 +124,22 @@ struct FlatGrads {
   std::vector<float> dq, dk, dv, dw;
 };
 
-FlatGrads naive_float_grads(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dy, const Projection& w,
-                            const std::vector<uint8_t>& mask, const Case& c) {
+FlatGrads naive_float_grads(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dy,
+                            const Projection& w, const std::vector<uint8_t>& mask, const Case& c) {
   FlatGrads out;
   out.dw.assign(static_cast<size_t>(w.m() * w.d()), 0.0f);
   auto rows = [](const Tensor& t, int64_t b, int64_t h) {
     const int64_t n = t.shape()[2] * t.shape()[3];
-    return std::vector<float>(t.data() + (b * t.shape()[1] + h) * n, t.data() + (b * t.shape()[1] + h + 1) * n);
+    return std::vector<float>(t.data() + (b * t.shape()[1] + h) * n,
+                              t.data() + (b * t.shape()[1] + h + 1) * n);
   };
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t h = 0; h < c.H; ++h) {
-      naive::Head<float> head{c.Nq, c.Nk, c.D, c.Dv, c.m, rows(q, b, h), rows(k, b, h), rows(v, b, h), w.matrix(), {}};
+      naive::Head<float> head{c.Nq,          c.Nk,          c.D,           c.Dv,       c.m,
+                              rows(q, b, h), rows(k, b, h), rows(v, b, h), w.matrix(), {}};
       if (c.masked) head.mask.assign(mask.begin() + b * c.Nk, mask.begin() + (b + 1) * c.Nk);
-      const auto g = naive::backward(head, rows(dy, b, h), c.kernel, float(1.0 / std::sqrt(double(c.D))), c.causal);
+      const auto g = naive::backward(head, rows(dy, b, h), c.kernel,
+                                     float(1.0 / std::sqrt(double(c.D))), c.causal);
       out.dq.insert(out.dq.end(), g.dq.begin(), g.dq.end());
       out.dk.insert(out.dk.end(), g.dk.begin(), g.dk.end());
       out.dv.insert(out.dv.end(), g.dv.begin(), g.dv.end());
@@ -138,8 +152,10 @@ class BackwardVsReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(BackwardVsReference, WithinTwiceNaiveFloatError) {
   const Case c = GetParam();
-  const Tensor q = random_tensor({c.B, c.H, c.Nq, c.D}, 1, 1.0), k = random_tensor({c.B, c.H, c.Nk, c.D}, 2, 1.0),
-               v = random_tensor({c.B, c.H, c.Nk, c.Dv}, 3), dy = random_tensor({c.B, c.H, c.Nq, c.Dv}, 4);
+  const Tensor q = random_tensor({c.B, c.H, c.Nq, c.D}, 1, 1.0),
+               k = random_tensor({c.B, c.H, c.Nk, c.D}, 2, 1.0),
+               v = random_tensor({c.B, c.H, c.Nk, c.Dv}, 3),
+               dy = random_tensor({c.B, c.H, c.Nq, c.Dv}, 4);
   const Projection w = Projection::draw(c.m, c.D, {ProjectionKind::orthogonal, NormMode::chi, 7});
   std::vector<uint8_t> mask(static_cast<size_t>(c.B * c.Nk), 1);
   AttentionOptions o;
@@ -150,12 +166,13 @@ TEST_P(BackwardVsReference, WithinTwiceNaiveFloatError) {
     o.key_mask = KeyMaskView::contiguous(mask.data(), c.B, c.Nk);
   }
   testing::StridedCopy qs(q), ks(k), vs(v), dys(dy);
-  const AttentionGrads fast = c.strided ? favor_attention_backward(qs.view, ks.view, vs.view, dys.view, w, o, true)
-                                        : favor_attention_backward(q, k, v, dy, w, o, true);
+  const AttentionGrads fast =
+      c.strided ? favor_attention_backward(qs.view, ks.view, vs.view, dys.view, w, o, true)
+                : favor_attention_backward(q, k, v, dy, w, o, true);
   const auto ref = reference::favor_attention_backward(q, k, v, dy, w, o);
   const FlatGrads n32 = naive_float_grads(q, k, v, dy, w, mask, c);
-  const auto check = [&](const std::vector<float>& got, const std::vector<float>& naive, const std::vector<double>& exact,
-                         const char* what) {
+  const auto check = [&](const std::vector<float>& got, const std::vector<float>& naive,
+                         const std::vector<double>& exact, const char* what) {
     double exact_norm = 0, got_max = 0;
     for (double e : exact) exact_norm = std::max(exact_norm, std::abs(e));
     for (float g : got) got_max = std::max(got_max, double(std::abs(g)));
@@ -166,7 +183,8 @@ TEST_P(BackwardVsReference, WithinTwiceNaiveFloatError) {
       return;
     }
     const double naive_err = rel_error(naive, exact);
-    EXPECT_LE(rel_error(got, exact), 2 * naive_err + 1e-6) << what << " of " << name_of(c) << ", naive " << naive_err;
+    EXPECT_LE(rel_error(got, exact), 2 * naive_err + 1e-6)
+        << what << " of " << name_of(c) << ", naive " << naive_err;
   };
   check(fast.dq.values(), n32.dq, ref.dq.values, "dq");
   check(fast.dk.values(), n32.dk, ref.dk.values, "dk");
@@ -196,8 +214,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, BackwardVsReference, ::testing::ValuesIn(cases
 TEST(ExactBackward, MatchesNaiveDoubleGradient) {
   for (bool causal : {false, true}) {
     for (bool masked : {false, true}) {
-      const Tensor q = random_tensor({2, 2, 150, 12}, 5, 3.0), k = random_tensor({2, 2, 150, 12}, 6, 3.0),
-                   v = random_tensor({2, 2, 150, 7}, 7), dy = random_tensor({2, 2, 150, 7}, 8);
+      const Tensor q = random_tensor({2, 2, 150, 12}, 5, 3.0),
+                   k = random_tensor({2, 2, 150, 12}, 6, 3.0), v = random_tensor({2, 2, 150, 7}, 7),
+                   dy = random_tensor({2, 2, 150, 7}, 8);
       std::vector<uint8_t> mask(300, 1);
       ExactOptions o;
       o.causal = causal;
@@ -222,14 +241,17 @@ TEST(ExactBackward, MatchesNaiveDoubleGradient) {
 TEST(Backward, ApproachesExactGradientsAsMGrows) {
   // Like the outputs, the gradients' error against exact attention falls like 1/sqrt(m):
   // averaged over 6 seeds, m = 64 -> 4096 should cut it ~8x; require a ratio in [4, 16].
-  const Tensor q = random_tensor({1, 2, 48, 16}, 31, 2.0), k = random_tensor({1, 2, 64, 16}, 32, 2.0),
-               v = random_tensor({1, 2, 64, 8}, 33), dy = random_tensor({1, 2, 48, 8}, 34);
+  const Tensor q = random_tensor({1, 2, 48, 16}, 31, 2.0),
+               k = random_tensor({1, 2, 64, 16}, 32, 2.0), v = random_tensor({1, 2, 64, 8}, 33),
+               dy = random_tensor({1, 2, 48, 8}, 34);
   const auto exact = reference::exact_attention_backward(q, k, v, dy, {});
   for (const char* which : {"dq", "dk", "dv"}) {
     double small = 0, large = 0;
     for (uint64_t seed = 0; seed < 6; ++seed) {
-      const auto g64 = favor_attention_backward(q, k, v, dy, Projection::draw(64, 16, {ProjectionKind::iid, NormMode::chi, seed}));
-      const auto g4k = favor_attention_backward(q, k, v, dy, Projection::draw(4096, 16, {ProjectionKind::iid, NormMode::chi, seed}));
+      const auto g64 = favor_attention_backward(
+          q, k, v, dy, Projection::draw(64, 16, {ProjectionKind::iid, NormMode::chi, seed}));
+      const auto g4k = favor_attention_backward(
+          q, k, v, dy, Projection::draw(4096, 16, {ProjectionKind::iid, NormMode::chi, seed}));
       const auto pick = [&](const AttentionGrads& g) -> const Tensor& {
         return which[1] == 'q' ? g.dq : which[1] == 'k' ? g.dk : g.dv;
       };
@@ -237,6 +259,8 @@ TEST(Backward, ApproachesExactGradientsAsMGrows) {
       small += rel_error(pick(g64), ref.values) / 6;
       large += rel_error(pick(g4k), ref.values) / 6;
     }
+    std::cout << "[ favor vs exact gradient ] " << which << ": relative error m=64 " << small
+              << ", m=4096 " << large << ", ratio " << small / large << "\n";
     EXPECT_GE(small / large, 4.0) << which << ": " << small << " -> " << large;
     EXPECT_LE(small / large, 16.0) << which << ": " << small << " -> " << large;
   }
@@ -262,13 +286,16 @@ TEST(Backward, NoVisibleKeyPassesNoGradient) {
 }
 
 TEST(Backward, Errors) {
-  const Tensor q = random_tensor({1, 1, 4, 4}, 1), k = random_tensor({1, 1, 4, 4}, 2), v = random_tensor({1, 1, 4, 3}, 3);
+  const Tensor q = random_tensor({1, 1, 4, 4}, 1), k = random_tensor({1, 1, 4, 4}, 2),
+               v = random_tensor({1, 1, 4, 3}, 3);
   Tensor dy = random_tensor({1, 1, 4, 2}, 4);
   try {
     favor_attention_backward(q, k, v, dy, Projection::draw(8, 4));
     ADD_FAILURE() << "no exception";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("dy: shape [1,1,4,2] must be the output's shape"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dy: shape [1,1,4,2] must be the output's shape"),
+              std::string::npos)
+        << e.what();
   }
   Tensor dy2 = random_tensor({1, 1, 4, 3}, 4);
   dy2.at(0, 0, 2, 1) = NAN;
