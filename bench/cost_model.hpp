@@ -37,6 +37,12 @@ inline double favor_backward_flops(const Problem& p, bool causal, int64_t chunk)
   return double(p.bh) * per_head;
 }
 
+/// The bidirectional backward given the forward's saved key state: no key pass to redo.
+inline double favor_backward_flops_with_context(const Problem& p) {
+  const double n = double(p.n), dm = double(p.d) * double(p.m), fv = double(p.f) * double(p.dv + 1);
+  return double(p.bh) * n * (8.0 * dm + 10.0 * fv);
+}
+
 /// Exact backward as implemented (src/cpu/exact_backward.cpp): the forward with the row
 /// log-sum-exp (4 N^2 d), then Q K^T, dy V^T and dS K for dq, then Q K^T, dy V^T, P^T dy and
 /// dS^T Q for dk and dv: 18 N^2 d for d = dv, half of it when causal.

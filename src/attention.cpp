@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/fingerprint.hpp"
 #include "core/validate.hpp"
 #include "cpu/attention_params.hpp"
 #include "cpu/exact_attention.hpp"
@@ -48,7 +49,8 @@ Shape4 output_shape(const detail::AttentionShape& s) {
 }  // namespace
 
 AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
-                               MutableTensorView out, const AttentionOptions& options) {
+                               MutableTensorView out, const AttentionOptions& options,
+                               AttentionContext* context) {
   const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
   detail::check_projection(w, s.d, "q and k");
   detail::check_output(out, output_shape(s), "out", {q, k, v});
@@ -57,6 +59,17 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const P
   p.w = w.data();
   p.m = w.m();
   p.kernel = options.kernel;
+  if (context) {
+    *context = AttentionContext{};
+    if (!options.causal) {  // causal attention saves nothing: its state depends on the position
+      const int64_t F = feature_count(options.kernel, w.m());
+      context->states.resize(static_cast<size_t>(s.batch * s.heads * F * (s.dv + 1)));
+      context->maxima.resize(static_cast<size_t>(s.batch * s.heads));
+      p.ctx_states = context->states.data();
+      p.ctx_maxima = context->maxima.data();
+      context->fingerprint = detail::context_fingerprint(k, v, w, options, scale);
+    }
+  }
   AttentionStats stats;
   stats.zero_rows = options.causal ? cpu::favor_causal(p) : cpu::favor_bidirectional(p);
   return stats;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/fingerprint.hpp"
 #include "core/validate.hpp"
 #include "cpu/attention_params.hpp"
 #include "cpu/exact_attention.hpp"
@@ -71,7 +72,8 @@ cpu::BackwardParams make_params(const TensorView& q, const TensorView& k, const 
 
 AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                                         const Projection& w, const AttentionOptions& options,
-                                        bool with_projection_grad) {
+                                        bool with_projection_grad,
+                                        const AttentionContext* context) {
   const Checked c = check_backward(q, k, v, dy, options.causal, options.key_mask, options.scale);
   detail::check_projection(w, c.s.d, "q and k");
   AttentionGrads g;
@@ -79,6 +81,20 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
   bp.fwd.w = w.data();
   bp.fwd.m = w.m();
   bp.fwd.kernel = options.kernel;
+  if (context) {
+    const int64_t F = feature_count(options.kernel, w.m());
+    if (options.causal || !context->valid()) {
+      throw Error("context: only a bidirectional forward call saves a context (this one is empty)");
+    }
+    if (context->states.size() != static_cast<size_t>(c.s.batch * c.s.heads * F * (c.s.dv + 1)) ||
+        context->maxima.size() != static_cast<size_t>(c.s.batch * c.s.heads) ||
+        context->fingerprint != detail::context_fingerprint(k, v, w, options, c.scale)) {
+      throw Error(
+          "context: it was saved for other k, v, W, mask or options than this backward call's");
+    }
+    bp.ctx_states = context->states.data();
+    bp.ctx_maxima = context->maxima.data();
+  }
   if (with_projection_grad) {
     g.dw.assign(static_cast<size_t>(w.m() * w.d()), 0.0f);
     bp.dw = g.dw.data();

@@ -305,3 +305,62 @@ TEST(Backward, Errors) {
 
 }  // namespace
 }  // namespace favor
+
+namespace favor {
+namespace {
+
+TEST(Backward, SavedContextGivesTheSameGradients) {
+  for (int64_t heads : {int64_t{1}, int64_t{4}}) {  // one head: the forward splits it over threads
+    const Tensor q = testing::random_tensor({1, heads, 90, 8}, 1, 1.5),
+                 k = testing::random_tensor({1, heads, 110, 8}, 2, 1.5),
+                 v = testing::random_tensor({1, heads, 110, 5}, 3),
+                 dy = testing::random_tensor({1, heads, 90, 5}, 4);
+    const Projection w = Projection::draw(24, 8, {ProjectionKind::orthogonal, NormMode::chi, 3});
+    std::vector<uint8_t> mask(110);
+    for (size_t j = 0; j < mask.size(); ++j) mask[j] = j % 4 != 1;
+    for (Kernel kernel : {Kernel::positive, Kernel::trig}) {
+      AttentionOptions o;
+      o.kernel = kernel;
+      o.key_mask = KeyMaskView::contiguous(mask.data(), 1, 110);
+      Tensor y({1, heads, 90, 5});
+      AttentionContext ctx;
+      favor_attention(q, k, v, w, y.mutable_view(), o, &ctx);
+      ASSERT_TRUE(ctx.valid());
+      const AttentionGrads with = favor_attention_backward(q, k, v, dy, w, o, true, &ctx);
+      const AttentionGrads without = favor_attention_backward(q, k, v, dy, w, o, true);
+      // The saved state is the forward's (possibly merged from parts): equal up to the
+      // summation order of the state.
+      EXPECT_LE(relative_frobenius_error(with.dq, without.dq), 1e-6);
+      EXPECT_LE(relative_frobenius_error(with.dk, without.dk), 1e-6);
+      EXPECT_LE(relative_frobenius_error(with.dv, without.dv), 1e-6);
+    }
+  }
+}
+
+TEST(Backward, StaleOrCausalContextIsRefused) {
+  const Tensor q = testing::random_tensor({1, 2, 20, 4}, 1),
+               k = testing::random_tensor({1, 2, 20, 4}, 2),
+               v = testing::random_tensor({1, 2, 20, 3}, 3),
+               dy = testing::random_tensor({1, 2, 20, 3}, 4);
+  const Projection w = Projection::draw(8, 4);
+  Tensor y({1, 2, 20, 3});
+  AttentionContext ctx;
+  favor_attention(q, k, v, w, y.mutable_view(), {}, &ctx);
+  Tensor v2 = v;
+  v2.at(0, 1, 7, 2) += 1.0f;
+  EXPECT_THROW(favor_attention_backward(q, k, v2, dy, w, {}, false, &ctx), Error);
+  EXPECT_THROW(favor_attention_backward(
+                   q, k, v, dy, Projection::draw(8, 4, {ProjectionKind::iid, NormMode::chi, 1}), {},
+                   false, &ctx),
+               Error);
+  AttentionOptions causal;
+  causal.causal = true;
+  AttentionContext causal_ctx;
+  favor_attention(q, k, v, w, y.mutable_view(), causal, &causal_ctx);
+  EXPECT_FALSE(causal_ctx.valid());
+  EXPECT_THROW(favor_attention_backward(q, k, v, dy, w, causal, false, &causal_ctx), Error);
+  EXPECT_NO_THROW(favor_attention_backward(q, k, v, dy, w, {}, false, &ctx));
+}
+
+}  // namespace
+}  // namespace favor

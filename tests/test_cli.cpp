@@ -324,11 +324,12 @@ TEST_F(Cli, BenchWritesRecordsAndPlot) {
   // 1 sgemm + 2 lengths x 2 modes x (favor, exact) + 2 long + 8 scaling + 2 decode + backward:
   // 2 lengths x 2 modes x (favor fwd, favor bwd) and, at 64 <= max-exact-backward-n, exact fwd +
   // bwd.
-  // ... + backward: 2 lengths x 2 modes x (favor fwd, favor bwd, exact fwd, exact bwd).
-  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 2u + 16u);
+  // ... + backward: 2 lengths x 2 modes x (favor fwd, favor bwd, exact fwd, exact bwd), and
+  // for bidirectional favor also the backward with a saved context.
+  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 2u + 18u);
   size_t backward = 0;
   for (const auto& rec : records) backward += rec["pass"] == "backward" ? 1 : 0;
-  EXPECT_EQ(backward, 8u);
+  EXPECT_EQ(backward, 10u);
   const std::string png = slurp("bench.png");
   ASSERT_GE(png.size(), 8u);
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));

@@ -223,7 +223,7 @@ class Bench {
   // heap figure includes them; `extra_heap_mb` is the heap beyond those outputs.
   // `ratio_to_forward` divides by the forward time measured just before.
   void backward_record(const char* method, int64_t bh, int64_t n, bool causal, const Measured& t,
-                       double flops, double forward_seconds) {
+                       double flops, double forward_seconds, bool context) {
     const double outputs_mb = double(bh * n * (2 * a_.d + a_.d)) * 4.0 / (1024.0 * 1024.0);
     emit({{"method", method},
           {"pass", "backward"},
@@ -237,9 +237,12 @@ class Bench {
           {"peak_heap_mb", t.heap_mb},
           {"extra_heap_mb", t.heap_mb - outputs_mb},
           {"rss_growth_mb", t.rss_mb},
+          {"context", context},
           {"ratio_to_forward", t.seconds / forward_seconds}});
   }
 
+  // FAVOR backward. Bidirectional: also the training pattern, a forward that saves its
+  // key state (AttentionContext) and a backward that uses it; its ratio is to that forward.
   void favor_backward_row(int64_t bh, int64_t n, bool causal, double forward_seconds) {
     const auto [q, k, v] = inputs(bh, n);
     const Tensor dy = gaussian_rows({1, bh, n, a_.d}, 44);
@@ -248,11 +251,22 @@ class Bench {
     AttentionOptions o;
     o.kernel = kernel_;
     o.causal = causal;
+    const Problem prob = problem(bh, n);
+    const int64_t chunk = kernel_info().causal_chunk;
     const Measured t =
         measure([&] { favor_attention_backward(q, k, v, dy, w, o); }, a_.repeats, a_.min_time);
-    backward_record("favor", bh, n, causal, t,
-                    favor_backward_flops(problem(bh, n), causal, kernel_info().causal_chunk),
-                    forward_seconds);
+    backward_record("favor", bh, n, causal, t, favor_backward_flops(prob, causal, chunk),
+                    forward_seconds, false);
+    if (!causal) {
+      Tensor out({1, bh, n, a_.d});
+      AttentionContext ctx;
+      const Measured f = measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o, &ctx); },
+                                 a_.repeats, a_.min_time);
+      const Measured b = measure([&] { favor_attention_backward(q, k, v, dy, w, o, false, &ctx); },
+                                 a_.repeats, a_.min_time);
+      backward_record("favor", bh, n, causal, b, favor_backward_flops_with_context(prob), f.seconds,
+                      true);
+    }
   }
 
   void exact_backward_row(int64_t bh, int64_t n, bool causal, double forward_seconds) {
@@ -263,7 +277,7 @@ class Bench {
     const Measured t =
         measure([&] { exact_attention_backward(q, k, v, dy, o); }, a_.repeats, a_.min_time);
     backward_record("exact", bh, n, causal, t, exact_backward_flops(problem(bh, n), causal),
-                    forward_seconds);
+                    forward_seconds, false);
   }
 
   // Decode: prefill `position` tokens, then time steps of append(k, v) + query(q) for all

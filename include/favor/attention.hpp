@@ -1,7 +1,9 @@
 #pragma once
 /// \file attention.hpp
 /// FAVOR+ attention (bidirectional, causal, masked, cross) in linear time and memory.
+#include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "favor/features.hpp"
 #include "favor/projection.hpp"
@@ -27,12 +29,25 @@ struct AttentionStats {
   int64_t zero_rows = 0;
 };
 
+/// What a bidirectional favor_attention call can save for its backward pass: per (batch,
+/// head) the key state [S | s] (F x (Dv + 1) floats) and its stabiliser, plus a fingerprint
+/// of k, v, W, the mask and the options, which favor_attention_backward checks before using
+/// it (a context from other inputs is refused, not silently used). Causal attention saves
+/// nothing (its state depends on the position); the backward pass then recomputes.
+struct AttentionContext {
+  std::vector<float> states;   ///< [B*H][F][Dv + 1]
+  std::vector<double> maxima;  ///< [B*H]
+  uint64_t fingerprint = 0;
+  bool valid() const { return !states.empty(); }
+};
+
 /// y = phi(Q) (phi(K)^T V) / phi(Q) (phi(K)^T 1), per (batch, head).
 /// q: [B, H, Nq, D], k: [B, H, Nk, D], v: [B, H, Nk, Dv], out: [B, H, Nq, Dv] (caller-owned,
 /// may not alias the inputs). Time O(B H (Nq + Nk) F (D + Dv)); memory O(threads * tile).
 /// Thread-safe for distinct outputs. Throws favor::Error on any broken rule.
 AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
-                               MutableTensorView out, const AttentionOptions& options = {});
+                               MutableTensorView out, const AttentionOptions& options = {},
+                               AttentionContext* context = nullptr);
 
 /// Convenience overload that allocates the output.
 Tensor favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,

@@ -20,10 +20,13 @@ struct AttentionGrads {
 /// backward pass (they cancel in the output, so the gradient is exact: docs/gradients.md).
 /// Rows that the forward pass defined as zeros (no visible key, trig denominator <= 0)
 /// pass no gradient. Memory O(N (D + Dv) + F Dv) per head; causal attention recomputes
-/// chunk states instead of storing them. with_projection_grad also returns dL/dW.
+/// chunk states instead of storing them. with_projection_grad also returns dL/dW. A context
+/// saved by the bidirectional forward call skips the recomputation of the key state; it
+/// must come from the same k, v, W, mask and options (checked; else favor::Error).
 AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                                         const Projection& w, const AttentionOptions& options = {},
-                                        bool with_projection_grad = false);
+                                        bool with_projection_grad = false,
+                                        const AttentionContext* context = nullptr);
 
 /// Backward pass of exact softmax attention (blockwise, recomputing probabilities from
 /// the row log-sum-exp; never N x N). Rows with no visible key pass no gradient.

@@ -25,7 +25,7 @@ constexpr int64_t kBlock = 128;  // query and key rows per block: 128 x 128 scor
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Workspace {
-  std::vector<float> q, k, v, dy, s, dp, acc;
+  std::vector<float> q, k, v, dy, s, dp, acc, mx, l;
   std::vector<char> visible;
   Workspace(int64_t d, int64_t dv)
       : q(kBlock * d),
@@ -35,6 +35,8 @@ struct Workspace {
         s(kBlock * kBlock),
         dp(kBlock * kBlock),
         acc(kBlock * std::max(d, dv)),
+        mx(kBlock),
+        l(kBlock),
         visible(kBlock) {}
 };
 
@@ -91,7 +93,10 @@ void query_block(const BackwardParams& bp, bool causal, int64_t b, int64_t h, Ro
   gather(bp.dy, bp.dy_strides, b, h, qr, dv, 1.0f, ws.dy.data());
   const int64_t key_end = causal ? qr.start + qr.count : p.nk;
   // Forward: running max and sum, y in acc.
-  std::vector<float> mx(qr.count, kNegInf), l(qr.count, 0.0f);
+  std::vector<float>& mx = ws.mx;
+  std::vector<float>& l = ws.l;
+  std::fill(mx.begin(), mx.end(), kNegInf);
+  std::fill(l.begin(), l.end(), 0.0f);
   std::fill(ws.acc.begin(), ws.acc.begin() + qr.count * dv, 0.0f);
   for (int64_t j0 = 0; j0 < key_end; j0 += kBlock) {
     const Rows kr{j0, std::min(kBlock, key_end - j0)};

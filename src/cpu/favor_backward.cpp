@@ -50,15 +50,20 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
   const AttentionParams& p = bp.fwd;
   const int64_t m = p.m, d = p.d, dv = p.dv, F = feature_count(p.kernel, m), ld = dv + 1;
   HeadState state{ws.Sx.data(), F, dv};
-  state.clear();
-  accumulate_keys(p, b, h, 0, p.nk, ws.tile, state);
+  const int64_t bh = b * p.heads + h;
+  if (bp.ctx_states) {  // the forward pass saved the key state
+    std::copy_n(bp.ctx_states + bh * F * ld, F * ld, ws.Sx.data());
+    state.max = bp.ctx_maxima[bh];
+  } else {
+    state.clear();
+    accumulate_keys(p, b, h, 0, p.nk, ws.tile, state);
+  }
   if (std::isinf(state.max)) return;  // no visible key: the forward wrote zeros, no gradient
   if (positive_family(p.kernel)) {
     state.copy_normaliser(ws.s.data());
     log_or_neg_inf(ws.s.data(), ws.log_s.data(), F);
   }
   float* dw = ws.dw.empty() ? nullptr : ws.dw.data();
-  const int64_t bh = b * p.heads + h;
 
   // Queries: dq, and R = phi(Q)^T gx.
   std::fill(ws.R.begin(), ws.R.end(), 0.0f);

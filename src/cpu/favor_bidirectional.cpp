@@ -45,6 +45,14 @@ struct PartialStates {
   }
 };
 
+// Saves a head's complete key state into the caller's context, if one was asked for.
+void save_state(const AttentionParams& p, int64_t bh, const HeadState& state) {
+  if (p.ctx_states == nullptr) return;
+  const int64_t n = state.features * state.ld();
+  std::copy(state.Sx, state.Sx + n, p.ctx_states + bh * n);
+  p.ctx_maxima[bh] = state.max;
+}
+
 void write_zero_rows(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end) {
   float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
   for (int64_t i = begin; i < end; ++i)
@@ -96,6 +104,7 @@ int64_t favor_bidirectional(const AttentionParams& p) {
       HeadState state = ws.state(F, p.dv);
       state.clear();
       accumulate_keys(p, b, h, 0, p.nk, ws.tile, state);
+      save_state(p, bh, state);
       return attend_queries(p, b, h, 0, p.nq, state, ws);
     });
   }
@@ -122,6 +131,7 @@ int64_t favor_bidirectional(const AttentionParams& p) {
       merged.copy_from(partial.at(bh * plan.parts));
       for (int64_t other = 1; other < plan.parts; ++other)
         merged.add(partial.at(bh * plan.parts + other));
+      if (part == 0) save_state(p, bh, merged);
       zero_rows +=
           attend_queries(p, bh / p.heads, bh % p.heads, split_point(p.nq, plan.parts, part),
                          split_point(p.nq, plan.parts, part + 1), merged, ws);
