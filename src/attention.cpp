@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/fingerprint.hpp"
+#include "core/params.hpp"
 #include "core/validate.hpp"
 #include "cpu/attention_params.hpp"
 #include "cpu/exact_attention.hpp"
@@ -17,28 +18,9 @@ namespace {
 cpu::AttentionParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const MutableTensorView& out, const detail::AttentionShape& s,
                                  double scale, const std::optional<KeyMaskView>& mask) {
-  cpu::AttentionParams p{};
-  p.q = q.data;
-  p.q_strides = q.strides;
-  p.k = k.data;
-  p.k_strides = k.strides;
-  p.v = v.data;
-  p.v_strides = v.strides;
+  cpu::AttentionParams p = detail::attention_params(q, k, v, s, scale, mask);
   p.out = out.data;
   p.out_strides = out.strides;
-  p.batch = s.batch;
-  p.heads = s.heads;
-  p.nq = s.nq;
-  p.nk = s.nk;
-  p.d = s.d;
-  p.dv = s.dv;
-  p.sqrt_scale = static_cast<float>(std::sqrt(scale));
-  if (mask) {
-    p.mask = mask->data;
-    p.mask_stride_b = mask->stride_b;
-    p.mask_stride_n = mask->stride_n;
-  }
-  p.threads = num_threads();
   return p;
 }
 

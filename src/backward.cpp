@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/fingerprint.hpp"
+#include "core/params.hpp"
 #include "core/validate.hpp"
 #include "cpu/attention_params.hpp"
 #include "cpu/exact_attention.hpp"
@@ -37,26 +38,7 @@ cpu::BackwardParams make_params(const TensorView& q, const TensorView& k, const 
                                 const TensorView& dy, const Checked& c,
                                 const std::optional<KeyMaskView>& mask, AttentionGrads& g) {
   cpu::BackwardParams bp{};
-  cpu::AttentionParams& p = bp.fwd;
-  p.q = q.data;
-  p.q_strides = q.strides;
-  p.k = k.data;
-  p.k_strides = k.strides;
-  p.v = v.data;
-  p.v_strides = v.strides;
-  p.batch = c.s.batch;
-  p.heads = c.s.heads;
-  p.nq = c.s.nq;
-  p.nk = c.s.nk;
-  p.d = c.s.d;
-  p.dv = c.s.dv;
-  p.sqrt_scale = static_cast<float>(std::sqrt(c.scale));
-  if (mask) {
-    p.mask = mask->data;
-    p.mask_stride_b = mask->stride_b;
-    p.mask_stride_n = mask->stride_n;
-  }
-  p.threads = num_threads();
+  bp.fwd = detail::attention_params(q, k, v, c.s, c.scale, mask);
   bp.dy = dy.data;
   bp.dy_strides = dy.strides;
   g.dq = Tensor({c.s.batch, c.s.heads, c.s.nq, c.s.d});

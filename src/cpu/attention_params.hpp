@@ -26,8 +26,8 @@ struct AttentionParams {
   const uint8_t* mask;  // [B, Nk], nonzero = key takes part; null = no mask
   int64_t mask_stride_b, mask_stride_n;
   int threads;
-  float* ctx_states = nullptr;    // bidirectional: save [S | s] per head here (B*H x F x (dv + 1))
-  double* ctx_maxima = nullptr;   // ... and its max per head
+  float* ctx_states = nullptr;   // bidirectional: save [S | s] per head here (B*H x F x (dv + 1))
+  double* ctx_maxima = nullptr;  // ... and its max per head
 };
 
 /// The backward pass: the forward's params plus dy and the gradient outputs, which are
@@ -39,8 +39,8 @@ struct BackwardParams {
   float* dq;
   float* dk;
   float* dv;
-  float* dw;  // m x d, accumulated; null when not requested
-  const float* ctx_states = nullptr;   // bidirectional: the forward's saved [S | s] per head
+  float* dw;                          // m x d, accumulated; null when not requested
+  const float* ctx_states = nullptr;  // bidirectional: the forward's saved [S | s] per head
   const double* ctx_maxima = nullptr;
 };
 

@@ -150,20 +150,10 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
 
 void favor_backward_causal(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
-  const int64_t F = feature_count(p.kernel, p.m);
-  Schedule plan = make_schedule(p.batch * p.heads, p.threads);
-  plan.parts = 1;  // heads over threads; a head is not split in the backward pass
-  plan.team = static_cast<int>(std::min<int64_t>(p.threads, plan.heads));
-  std::vector<Workspace> spaces =
-      make_workspaces<Workspace>(plan.team, p.d, p.m, F, p.dv, bp.dw != nullptr);
-  for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
-    run_head(bp, bh / p.heads, bh % p.heads, ws);
-    return int64_t{0};
-  });
-  if (bp.dw) {
-    for (const Workspace& ws : spaces)
-      for (size_t i = 0; i < ws.dw.size(); ++i) bp.dw[i] += ws.dw[i];
-  }
+  backward_over_heads<Workspace>(
+      p.batch * p.heads, p.threads, bp.dw,
+      [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d, p.m,
+      feature_count(p.kernel, p.m), p.dv, bp.dw != nullptr);
 }
 
 }  // namespace favor::cpu

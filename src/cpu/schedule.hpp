@@ -49,6 +49,24 @@ int64_t for_each_head(const Schedule& plan, std::vector<Workspace>& spaces, Fn f
   return total;
 }
 
+/// The backward kernels' driver: heads over threads (a head is not split in the backward
+/// pass), run_head(bh, workspace) per head, and the per-thread dW partials (a `dw` member of
+/// each workspace, empty when not requested) summed into `dw`.
+template <class Workspace, class RunHead, class... Args>
+void backward_over_heads(int64_t heads, int threads, float* dw, RunHead run_head,
+                         const Args&... args) {
+  Schedule plan = make_schedule(heads, threads);
+  plan.parts = 1;
+  plan.team = static_cast<int>(std::min<int64_t>(threads, heads));
+  std::vector<Workspace> spaces = make_workspaces<Workspace>(plan.team, args...);
+  for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
+    run_head(bh, ws);
+    return int64_t{0};
+  });
+  for (const Workspace& ws : spaces)
+    for (size_t i = 0; dw && i < ws.dw.size(); ++i) dw[i] += ws.dw[i];
+}
+
 /// Start of part `i` of `n` items split into `parts` nearly equal ranges.
 inline int64_t split_point(int64_t n, int64_t parts, int64_t i) {
   return n * i / parts;
