@@ -29,9 +29,4 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
               i(ldc));
 }
 
-void gemv(bool trans, int64_t rows, int64_t cols, float alpha, const float* A, int64_t lda,
-          const float* x, float beta, float* y) {
-  cblas_sgemv(CblasRowMajor, op(trans), i(rows), i(cols), alpha, A, i(lda), x, 1, beta, y, 1);
-}
-
 }  // namespace favor::cpu
