@@ -121,12 +121,9 @@ void Decoder::append(TensorView k, TensorView v) {
         cpu::accumulate_keys(p, b, h, 0, T, tiles[tid], state);
       } else {
         TokenBuffers& buf = buffers[tid];
-        const double half_norm2 =
-            0.5 * (k.strides[3] == 1
-                       ? cpu::scale_copy_norm2(&k.at(b, h, 0, 0), p.sqrt_scale, buf.x.data(), d)
-                       : (cpu::gather_rows(&k.at(b, h, 0, 0), 0, k.strides[3], 1, d, p.sqrt_scale,
-                                           buf.x.data(), nullptr),
-                          cpu::dot(buf.x.data(), buf.x.data(), d)));
+        double half_norm2 = 0.0;  // |y|^2 / 2 accumulated in double, as in the batch kernels
+        cpu::gather_rows(&k.at(b, h, 0, 0), 0, k.strides[3], 1, d, p.sqrt_scale, buf.x.data(),
+                         &half_norm2);
         cpu::gather_values(&v.at(b, h, 0, 0), 0, v.strides[3], 1, dv_, buf.vx.data());
         project(wt_, d, m, buf.x.data(), buf.a.data());
         const double g = cpu::key_log_weight(kernel, half_norm2);

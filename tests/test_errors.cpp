@@ -155,3 +155,31 @@ TEST(Errors, MetricsRules) {
 
 }  // namespace
 }  // namespace favor
+
+namespace favor {
+namespace {
+
+TEST(Errors, FeaturesOverflowFarBeyondExpRange) {
+  // Exponents far above float's range (here a - |x|^2/2 = e - 0.5 up to ~1e4) must still be
+  // reported as overflow, not returned as finite values (the SIMD exp is only valid to ~104).
+  for (float e : {150.0f, 950.0f, 9950.0f}) {
+    const Projection w = Projection::from_matrix(1, 1, {e});
+    const Tensor x({1, 1, 1, 1}, 1.0f);
+    EXPECT_THROW(features(x, w, {Kernel::positive, 1.0}), Error) << e;
+    EXPECT_THROW(features(x, w, {Kernel::hyperbolic, 1.0}), Error) << e;
+  }
+}
+
+TEST(Errors, OutputWithZeroStrideIsRefused) {
+  const Tensor q = testing::random_tensor({1, 2, 5, 4}, 1),
+               k = testing::random_tensor({1, 2, 5, 4}, 2),
+               v = testing::random_tensor({1, 2, 5, 3}, 3);
+  std::vector<float> storage(15, 9.0f);
+  MutableTensorView out{storage.data(), {1, 2, 5, 3}, {15, 0, 3, 1}};  // both heads on one block
+  expect_error([&] { favor_attention(q, k, v, Projection::draw(8, 4), out); }, "zero stride");
+  expect_error([&] { exact_attention(q, k, v, out); }, "zero stride");
+  for (float x : storage) EXPECT_EQ(x, 9.0f);
+}
+
+}  // namespace
+}  // namespace favor

@@ -78,3 +78,24 @@ TEST(Decoder, EmptyStateGivesZerosAndResetClears) {
 
 }  // namespace
 }  // namespace favor
+
+namespace favor {
+namespace {
+
+TEST(Decoder, StridedKeysEqualContiguousAtLargeNorms) {
+  // The key norm enters the exponent as -|y|^2/2: both layouts accumulate it in double.
+  const Tensor k = random_tensor({1, 2, 6, 16}, 1, 1e3), v = random_tensor({1, 2, 6, 4}, 2),
+               q = random_tensor({1, 2, 1, 16}, 3, 1e3);
+  testing::StridedCopy ks(k);
+  const Projection w = Projection::draw(32, 16);
+  Decoder a(1, 2, 4, w), b(1, 2, 4, w);
+  for (int64_t t = 0; t < 6; ++t) {
+    a.append(token(k, t), token(v, t));
+    const TensorView kt{ks.view.data + t * ks.view.strides[2], {1, 2, 1, 16}, ks.view.strides};
+    b.append(kt, token(v, t));
+  }
+  EXPECT_EQ(a.query(q).values(), b.query(q).values());
+}
+
+}  // namespace
+}  // namespace favor

@@ -93,8 +93,10 @@ namespace {
 
 TEST(Threads, BackwardAgreesAcrossThreadCounts) {
   ThreadCount restore;
-  const Tensor q = testing::random_tensor({1, 3, 100, 8}, 1, 1.5), k = testing::random_tensor({1, 3, 100, 8}, 2, 1.5),
-               v = testing::random_tensor({1, 3, 100, 5}, 3), dy = testing::random_tensor({1, 3, 100, 5}, 4);
+  const Tensor q = testing::random_tensor({1, 3, 100, 8}, 1, 1.5),
+               k = testing::random_tensor({1, 3, 100, 8}, 2, 1.5),
+               v = testing::random_tensor({1, 3, 100, 5}, 3),
+               dy = testing::random_tensor({1, 3, 100, 5}, 4);
   const Projection w = Projection::draw(24, 8);
   for (bool causal : {false, true}) {
     AttentionOptions o;
@@ -110,7 +112,8 @@ TEST(Threads, BackwardAgreesAcrossThreadCounts) {
       EXPECT_EQ(g.dq.values(), one.dq.values()) << threads;
       EXPECT_EQ(g.dk.values(), one.dk.values()) << threads;
       EXPECT_EQ(g.dv.values(), one.dv.values()) << threads;
-      EXPECT_LE(testing::rel_error(g.dw, std::vector<double>(one.dw.begin(), one.dw.end())), 1e-6) << threads;
+      EXPECT_LE(testing::rel_error(g.dw, std::vector<double>(one.dw.begin(), one.dw.end())), 1e-6)
+          << threads;
       const AttentionGrads e = exact_attention_backward(q, k, v, dy, {causal});
       EXPECT_EQ(e.dq.values(), exact_one.dq.values()) << threads;
       EXPECT_EQ(e.dk.values(), exact_one.dk.values()) << threads;

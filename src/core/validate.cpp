@@ -73,6 +73,13 @@ void check_output(const MutableTensorView& out, const Shape4& expected, const st
     throw Error(name + ": shape " + shape_string(out.shape) + " must be " + shape_string(expected));
   }
   check_view(TensorView{out.data, out.shape, out.strides}, name);
+  for (int i = 0; i < 4; ++i) {
+    if (out.shape[i] > 1 && out.strides[i] == 0) {
+      throw Error(
+          name + ": strides " + shape_string(out.strides) +
+          " have a zero stride on an axis of extent > 1; an output's elements must not alias");
+    }
+  }
   auto [olo, ohi] = span_of(out.data, out.shape, out.strides);
   for (const TensorView& in : inputs) {
     auto [ilo, ihi] = span_of(in.data, in.shape, in.strides);

@@ -30,7 +30,9 @@ struct Workspace {
   std::vector<float> phiq, gscaled, dmat, dphi, pa, dx, dvv, R, dw;
   std::vector<float> gstore, chunk_s;  // per head: N x (dv + 1); chunks x F
   std::vector<double> chunk_max;       // per head: chunks
-  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, bool want_dw)
+  // Sized for a whole head of n tokens here, before the parallel region (allocation failures
+  // then throw to the caller).
+  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, bool want_dw, int64_t n)
       : chunk(d, m, F, dv),
         phiq(kChunk * F),
         gscaled(kChunk * (dv + 1)),
@@ -40,7 +42,10 @@ struct Workspace {
         dx(kChunk * d),
         dvv(kChunk * dv),
         R(F * (dv + 1)),
-        dw(want_dw ? m * d : 0) {}
+        dw(want_dw ? m * d : 0),
+        gstore(n * (dv + 1)),
+        chunk_s((n + kChunk - 1) / kChunk * F),
+        chunk_max((n + kChunk - 1) / kChunk) {}
 };
 
 // D = tril(gx [V_c | 1]^T), D_ij at scale exp(M_j - M_i).
@@ -71,9 +76,6 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
   ChunkWorkspace& ws = w.chunk;
   const int64_t F = ws.F, d = p.d, m = p.m, dv = p.dv, ldv = dv + 1, ldq = ws.ldq(), n = p.nq;
   const int64_t chunks = (n + kChunk - 1) / kChunk, bh = b * p.heads + h;
-  w.gstore.resize(static_cast<size_t>(n * ldv));
-  w.chunk_s.resize(static_cast<size_t>(chunks * F));
-  w.chunk_max.resize(static_cast<size_t>(chunks));
   float* dw = w.dw.empty() ? nullptr : w.dw.data();
   const float* dyh = bp.dy + b * bp.dy_strides[0] + h * bp.dy_strides[1];
   float* vx = ws.sv.data() + F * ldv;
@@ -153,7 +155,7 @@ void favor_backward_causal(const BackwardParams& bp) {
   backward_over_heads<Workspace>(
       p.batch * p.heads, p.threads, bp.dw,
       [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d, p.m,
-      feature_count(p.kernel, p.m), p.dv, bp.dw != nullptr);
+      feature_count(p.kernel, p.m), p.dv, bp.dw != nullptr, p.nq);
 }
 
 }  // namespace favor::cpu

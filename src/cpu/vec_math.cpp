@@ -33,9 +33,20 @@ HWY_INLINE void unary_rows(const float* HWY_RESTRICT in, float* HWY_RESTRICT out
   }
 }
 
+// Highway's float Exp is valid up to +104 and returns finite garbage far above: every exp
+// here returns +inf above log(FLT_MAX), so overflow is seen as overflow.
+constexpr float kExpMax = 88.72283f;
+
+template <class V>
+HWY_INLINE V ExpOrInf(const DF d, V x) {
+  return hn::IfThenElse(hn::Gt(x, hn::Set(d, kExpMax)),
+                        hn::Set(d, std::numeric_limits<float>::infinity()),
+                        hn::Exp(d, hn::Min(x, hn::Set(d, kExpMax))));
+}
+
 void ExpAffine(const float* in, float sign, float offset, float* out, int64_t n) {
   unary_rows(in, out, n, [sign, offset](const DF d, auto v) HWY_ATTR {
-    return hn::Exp(d, hn::MulAdd(v, hn::Set(d, sign), hn::Set(d, offset)));
+    return ExpOrInf(d, hn::MulAdd(v, hn::Set(d, sign), hn::Set(d, offset)));
   });
 }
 
@@ -55,7 +66,7 @@ void ExpShiftLive(const float* a, float sign, float c, const float* log_s, float
   const auto ninf = hn::Set(d, -std::numeric_limits<float>::infinity());
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) {
-    const auto e = hn::Exp(d, hn::MulAdd(hn::LoadU(d, a + i), s, shift));
+    const auto e = ExpOrInf(d, hn::MulAdd(hn::LoadU(d, a + i), s, shift));
     hn::StoreU(hn::IfThenElseZero(hn::Gt(hn::LoadU(d, log_s + i), ninf), e), d, out + i);
   }
   for (; i < n; ++i)
