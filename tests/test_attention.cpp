@@ -42,7 +42,7 @@ TEST_P(FavorVsReference, WithinTwiceNaiveFloatError) {
   o.kernel = c.kernel;
   o.causal = c.causal;
   if (c.masked) {
-    for (size_t j = 0; j < mask.size(); ++j) mask[j] = (j % 3 != 1);  // every third key out
+    mask = testing::periodic_mask(mask.size(), 3, 1);  // every third key out
     o.key_mask = KeyMaskView::contiguous(mask.data(), c.B, c.Nk);
   }
   testing::StridedCopy qs(q), ks(k), vs(v);
@@ -224,7 +224,7 @@ TEST_P(ExactVsNaive, MatchesNaiveDoubleSoftmax) {
   o.causal = c.causal;
   o.accumulation = c.acc;
   if (c.masked) {
-    for (size_t j = 0; j < mask.size(); ++j) mask[j] = (j % 4 != 2);
+    mask = testing::periodic_mask(mask.size(), 4, 2);
     o.key_mask = KeyMaskView::contiguous(mask.data(), c.B, c.Nk);
   }
   const Tensor y = exact_attention(q, k, v, o);

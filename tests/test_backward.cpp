@@ -162,7 +162,7 @@ TEST_P(BackwardVsReference, WithinTwiceNaiveFloatError) {
   o.kernel = c.kernel;
   o.causal = c.causal;
   if (c.masked) {
-    for (size_t j = 0; j < mask.size(); ++j) mask[j] = (j % 3 != 1);
+    mask = testing::periodic_mask(mask.size(), 3, 1);
     o.key_mask = KeyMaskView::contiguous(mask.data(), c.B, c.Nk);
   }
   testing::StridedCopy qs(q), ks(k), vs(v), dys(dy);
@@ -221,7 +221,7 @@ TEST(ExactBackward, MatchesNaiveDoubleGradient) {
       ExactOptions o;
       o.causal = causal;
       if (masked) {
-        for (size_t j = 0; j < mask.size(); ++j) mask[j] = j % 5 != 2;
+        mask = testing::periodic_mask(mask.size(), 5, 2);
         o.key_mask = KeyMaskView::contiguous(mask.data(), 2, 150);
       }
       const AttentionGrads g = exact_attention_backward(q, k, v, dy, o);
@@ -317,7 +317,7 @@ TEST(Backward, SavedContextGivesTheSameGradients) {
                  dy = testing::random_tensor({1, heads, 90, 5}, 4);
     const Projection w = Projection::draw(24, 8, {ProjectionKind::orthogonal, NormMode::chi, 3});
     std::vector<uint8_t> mask(110);
-    for (size_t j = 0; j < mask.size(); ++j) mask[j] = j % 4 != 1;
+    mask = testing::periodic_mask(mask.size(), 4, 1);
     for (Kernel kernel : {Kernel::positive, Kernel::trig}) {
       AttentionOptions o;
       o.kernel = kernel;

@@ -29,6 +29,13 @@ inline Tensor random_tensor(const Shape4& shape, uint64_t seed, double norm = 0.
   return t;
 }
 
+/// Key-mask flags for n keys: key j is masked out when j % period == dropped.
+inline std::vector<uint8_t> periodic_mask(size_t n, size_t period, size_t dropped) {
+  std::vector<uint8_t> mask(n);
+  for (size_t j = 0; j < n; ++j) mask[j] = j % period != dropped;
+  return mask;
+}
+
 /// Relative Frobenius error of a float tensor against a double vector (same layout).
 inline double rel_error(const Tensor& approx, const std::vector<double>& exact) {
   double diff = 0.0, norm = 0.0;

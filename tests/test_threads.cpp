@@ -33,7 +33,7 @@ TEST_P(ThreadSplits, FavorAgreesAcrossThreadCounts) {
                v = random_tensor({split.B, split.H, split.N, 8}, 3);
   const Projection w = Projection::draw(48, 16, {ProjectionKind::orthogonal, NormMode::chi, 4});
   std::vector<uint8_t> mask(static_cast<size_t>(split.B * split.N));
-  for (size_t j = 0; j < mask.size(); ++j) mask[j] = j % 7 != 3;
+  mask = testing::periodic_mask(mask.size(), 7, 3);
   for (Kernel kernel : {Kernel::positive, Kernel::trig}) {
     AttentionOptions o;
     o.kernel = kernel;
