@@ -6,7 +6,8 @@ set -euo pipefail
 packages=(
   g++ make cmake pkg-config        # toolchain (CMake >= 3.25)
   libopenblas-openmp-dev           # BLAS, OpenMP build: single-threaded inside our parallel regions
-  libeigen3-dev                    # QR of the orthogonal projection blocks
+  libeigen3-dev                    # QR of the orthogonal projection blocks, FAVOR# eigenvectors
+  libboost-dev                     # Boost.Math (chi quantiles, inverse normal CDF), Sobol points
   libhwy-dev                       # Highway: run-time dispatched SIMD exp/log/sin/cos
   libcli11-dev libfmt-dev nlohmann-json3-dev   # the favor CLI
   libgtest-dev libbenchmark-dev    # tests, the Google Benchmark target

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/adapted.hpp"
 #include "core/fingerprint.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
@@ -38,8 +39,8 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const P
   detail::check_output(out, output_shape(s), "out", {q, k, v});
   const double scale = detail::resolve_scale(options.scale, s.d);
   cpu::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
-  p.w = w.data();
-  p.m = w.m();
+  const detail::AdaptedProjection adapted = detail::attention_projection(q, k, options, scale, w);
+  detail::use_projection(adapted, w, p);
   p.kernel = options.kernel;
   if (context) {
     *context = AttentionContext{};
@@ -49,7 +50,8 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const P
       context->maxima.resize(static_cast<size_t>(s.batch * s.heads));
       p.ctx_states = context->states.data();
       p.ctx_maxima = context->maxima.data();
-      context->fingerprint = detail::context_fingerprint(k, v, w, options, scale);
+      context->fingerprint =
+          detail::context_fingerprint(k, v, w, options, scale) ^ detail::fingerprint(adapted);
     }
   }
   AttentionStats stats;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/adapted.hpp"
 #include "core/fingerprint.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
@@ -60,8 +61,12 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
   detail::check_projection(w, c.s.d, "q and k");
   AttentionGrads g;
   cpu::BackwardParams bp = make_params(q, k, v, dy, c, options.key_mask, g);
-  bp.fwd.w = w.data();
-  bp.fwd.m = w.m();
+  if (with_projection_grad && data_adapted(options.kernel)) {
+    throw Error("with_projection_grad: dW is not available for the " + to_string(options.kernel) +
+                " kernel (W enters through the fitted transform; docs/gradients.md)");
+  }
+  const detail::AdaptedProjection adapted = detail::attention_projection(q, k, options, c.scale, w);
+  detail::use_projection(adapted, w, bp.fwd);
   bp.fwd.kernel = options.kernel;
   if (context) {
     const int64_t F = feature_count(options.kernel, w.m());
@@ -70,7 +75,8 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
     }
     if (context->states.size() != static_cast<size_t>(c.s.batch * c.s.heads * F * (c.s.dv + 1)) ||
         context->maxima.size() != static_cast<size_t>(c.s.batch * c.s.heads) ||
-        context->fingerprint != detail::context_fingerprint(k, v, w, options, c.scale)) {
+        context->fingerprint != (detail::context_fingerprint(k, v, w, options, c.scale) ^
+                                 detail::fingerprint(adapted))) {
       throw Error(
           "context: it was saved for other k, v, W, mask or options than this backward call's");
     }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/adapted.hpp"
 #include "core/validate.hpp"
 #include "cpu/blas.hpp"
 #include "cpu/feature_tile.hpp"
@@ -44,8 +45,11 @@ struct TokenBuffers {
 
 // a = W x from W^T (d x m, row-major): a = sum_t x_t W^T[t, :], whole SIMD rows, no
 // horizontal sums.
-void project(const std::vector<float>& wt, int64_t d, int64_t m, const float* x, float* a) {
-  cpu::transposed_matvec(wt.data(), x, d, m, a);
+void project(const float* wt, const float* bias, int64_t d, int64_t m, const float* x, float* a) {
+  cpu::transposed_matvec(wt, x, d, m, a);
+  if (bias) {
+    for (int64_t f = 0; f < m; ++f) a[f] += bias[f];
+  }
 }
 
 // Threads for a loop over `heads` heads of `work` flops each: one thread below ~50k flops
@@ -65,9 +69,27 @@ Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, Projection w,
   if (dv < 1) throw Error("dv: " + std::to_string(dv) + " must be >= 1");
   sqrt_scale_ = std::sqrt(detail::resolve_scale(options.scale, w_.d()));
   features_ = feature_count(options.kernel, w_.m());
-  wt_.resize(static_cast<size_t>(w_.m() * w_.d()));
-  for (int64_t i = 0; i < w_.m(); ++i)
-    for (int64_t t = 0; t < w_.d(); ++t) wt_[static_cast<size_t>(t * w_.m() + i)] = w_.at(i, t);
+  const int64_t m = w_.m(), d = w_.d();
+  if (data_adapted(options.kernel)) {
+    if (!options.fit) {
+      throw Error("fit: a " + to_string(options.kernel) +
+                  " decoder needs DecoderOptions::fit (fit_kernel on calibration data, or "
+                  "KernelFit::constant): it never sees the tokens still to come");
+    }
+    detail::check_fit(*options.fit, d, batch * heads, "fit");
+    detail::AdaptedProjection adapted = detail::adapt_projection(*options.fit, w_);
+    proj_heads_ = adapted.heads;
+    w_eff_ = std::move(adapted.w);
+    bias_ = std::move(adapted.bias);
+  } else {
+    w_eff_ = w_.matrix();
+  }
+  wt_.resize(w_eff_.size());
+  for (int64_t g = 0; g < proj_heads_; ++g)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t t = 0; t < d; ++t)
+        wt_[static_cast<size_t>((g * d + t) * m + i)] =
+            w_eff_[static_cast<size_t>((g * m + i) * d + t)];
   S_.assign(static_cast<size_t>(batch * heads * features_ * (dv + 1)), 0.0f);
   max_.assign(static_cast<size_t>(batch * heads), -INFINITY);
 }
@@ -105,10 +127,14 @@ void Decoder::append(TensorView k, TensorView v) {
   p.nk = T;
   p.d = d;
   p.dv = dv_;
-  p.w = w_.data();
+  p.w = w_eff_.data();
   p.m = m;
+  p.w_head_stride = proj_heads_ == 1 ? 0 : m * d;
+  p.bias = bias_.empty() ? nullptr : bias_.data();
+  p.bias_head_stride = proj_heads_ == 1 ? 0 : m;
   p.kernel = kernel;
   p.sqrt_scale = static_cast<float>(sqrt_scale_);
+  auto head_wt = [&](int64_t bh) { return wt_.data() + (proj_heads_ == 1 ? 0 : bh * d * m); };
 #pragma omp parallel num_threads(threads)
   {
     cpu::blas_on_calling_thread();
@@ -125,7 +151,7 @@ void Decoder::append(TensorView k, TensorView v) {
         cpu::gather_rows(&k.at(b, h, 0, 0), 0, k.strides[3], 1, d, p.sqrt_scale, buf.x.data(),
                          &half_norm2);
         cpu::gather_values(&v.at(b, h, 0, 0), 0, v.strides[3], 1, dv_, buf.vx.data());
-        project(wt_, d, m, buf.x.data(), buf.a.data());
+        project(head_wt(bh), p.head_bias(bh), d, m, buf.x.data(), buf.a.data());
         const double g = cpu::key_log_weight(kernel, half_norm2);
         const double row_max = cpu::key_log_max(kernel, buf.a.data(), m, g);
         if (row_max > state.max) state.raise_max(row_max);
@@ -146,6 +172,11 @@ void Decoder::query(TensorView q, MutableTensorView out) const {
   const int threads = threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_));
   std::vector<TokenBuffers> buffers;
   for (int t = 0; t < threads; ++t) buffers.emplace_back(d, m, F, dv_);
+  const int64_t g_stride = proj_heads_ == 1 ? 0 : 1;
+  auto head_wt = [&](int64_t bh) { return wt_.data() + g_stride * bh * d * m; };
+  auto head_bias = [&](int64_t bh) {
+    return bias_.empty() ? nullptr : bias_.data() + g_stride * bh * m;
+  };
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t bh = 0; bh < heads; ++bh) {
     const int64_t b = bh / heads_, h = bh % heads_;
@@ -158,7 +189,7 @@ void Decoder::query(TensorView q, MutableTensorView out) const {
     for (int64_t t = 0; t < T; ++t) {
       cpu::gather_rows(&q.at(b, h, t, 0), 0, q.strides[3], 1, d, static_cast<float>(sqrt_scale_),
                        buf.x.data(), nullptr);
-      project(wt_, d, m, buf.x.data(), buf.a.data());
+      project(head_wt(bh), head_bias(bh), d, m, buf.x.data(), buf.a.data());
       const float c = cpu::query_shift(options_.kernel, buf.a.data(), m, buf.log_s.data());
       if (std::isinf(c)) {  // -inf: nothing appended for this head yet; den 0 gives zeros
         std::fill(buf.yx.begin(), buf.yx.end(), 0.0f);

@@ -101,7 +101,7 @@ TEST(Errors, ImpossibleParameters) {
   }
   expect_error([] { set_num_threads(0); }, "threads: 0 must be >= 1");
   expect_error([] { parse_kernel("softmax", "--kernel"); }, "--kernel: 'softmax' is not a kernel");
-  expect_error([] { parse_projection_kind("sorf", "--projection"); }, "--projection: 'sorf'");
+  expect_error([] { parse_projection_kind("hadamard", "--projection"); }, "--projection: 'hadamard'");
   expect_error([] { Decoder(0, 1, 1, Projection::draw(4, 4)); }, "batch: 0");
   expect_error([] { Tensor({1, 1, 2, 2}, std::vector<float>(3)); }, "needs 4 values");
 }

@@ -19,6 +19,9 @@ struct AttentionOptions {
   std::optional<double> scale;
   /// Key padding mask [B, Nk]; masked keys leave numerator and denominator.
   std::optional<KeyMaskView> key_mask;
+  /// FAVOR++ / FAVOR# parameters (estimators.hpp). Empty: bidirectional attention fits
+  /// them to q and k; causal attention refuses (a fit on the sequence sees the future).
+  std::optional<KernelFit> fit;
 };
 
 /// What happened to rows whose output favor had to define (docs/numerics.md).

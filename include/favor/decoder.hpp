@@ -14,6 +14,9 @@ namespace favor {
 struct DecoderOptions {
   Kernel kernel = Kernel::positive;
   std::optional<double> scale;  ///< default 1/sqrt(D), D = projection.d()
+  /// FAVOR++ / FAVOR# parameters, required for those kernels (a fixed or calibrated fit:
+  /// the decoder never sees future tokens). heads must be 1 or batch * heads.
+  std::optional<KernelFit> fit;
 };
 
 /// Holds, per (batch, head), S = sum phi(k) v^T (F x Dv), s = sum phi(k) (F), and the
@@ -44,7 +47,10 @@ class Decoder {
  private:
   int64_t batch_, heads_, dv_, features_;
   Projection w_;
-  std::vector<float> wt_;  // W^T (d x m): the per-token projection as d vector axpys
+  int64_t proj_heads_ = 1;    // 1, or B*H for a per-head FAVOR++ / FAVOR# fit
+  std::vector<float> w_eff_;  // [proj_heads][m][d]: W, or the fitted per-head projections
+  std::vector<float> bias_;   // [proj_heads][m]: FAVOR++ / FAVOR# log biases (else empty)
+  std::vector<float> wt_;     // [proj_heads][d][m]: W^T, the per-token projection as axpys
   DecoderOptions options_;
   double sqrt_scale_;
   int64_t position_ = 0;

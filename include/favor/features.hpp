@@ -4,20 +4,24 @@
 #include <optional>
 #include <string>
 
+#include "favor/estimators.hpp"
 #include "favor/projection.hpp"
 #include "favor/tensor.hpp"
 
 namespace favor {
 
-/// The feature map. F (features per row) is m for positive and 2m for trig and hyperbolic.
+/// The feature map. F (features per row) is 2m for trig and hyperbolic, m for the others.
 enum class Kernel {
   positive,    ///< FAVOR+: m^-1/2 exp(W x - |x|^2/2)
   trig,        ///< RFF: m^-1/2 exp(|x|^2/2) [sin(W x), cos(W x)]
   hyperbolic,  ///< (2m)^-1/2 exp(-|x|^2/2) [exp(W x), exp(-W x)]
+  favorpp,     ///< FAVOR++ (OPRF), positive features with the optimal A (estimators.hpp)
+  favorsharp,  ///< FAVOR# (SDERF), positive features with per-direction A_l (estimators.hpp)
 };
 
 std::string to_string(Kernel kernel);
-/// Parses "positive" / "trig" / "hyperbolic"; throws favor::Error naming `argument`.
+/// Parses "positive" / "trig" / "hyperbolic" / "favorpp" / "favorsharp" (also "favor++",
+/// "favor#"); throws favor::Error naming `argument`.
 Kernel parse_kernel(const std::string& text, const std::string& argument);
 /// Features per row for a kernel with m projections.
 int64_t feature_count(Kernel kernel, int64_t m);
@@ -27,7 +31,12 @@ struct FeatureOptions {
   /// Softmax temperature: the kernel is exp(scale * q.k). Default 1/sqrt(D); 1 gives the
   /// raw exp(q.k). Inputs are multiplied by sqrt(scale) before the map.
   std::optional<double> scale;
+  /// FAVOR++ / FAVOR# parameters (fit_kernel or KernelFit::constant); required by
+  /// features() for those kernels, ignored by the others.
+  std::optional<KernelFit> fit;
 };
+/// True for the kernels whose parameters come from a KernelFit.
+bool data_adapted(Kernel kernel);
 
 /// The exact feature map phi(x) as math.md s.2 defines it (all constants kept, no
 /// stabilisation), so that phi(q).phi(k) is an unbiased estimate of exp(scale q.k).

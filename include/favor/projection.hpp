@@ -7,16 +7,29 @@
 
 namespace favor {
 
-/// How the rows of W are drawn.
+/// How the rows of W are drawn (docs/projections.md has one section per kind).
 enum class ProjectionKind {
   iid,         ///< rows w_i ~ N(0, I_d)
   orthogonal,  ///< ceil(m/d) blocks, each the Q of a d x d Gaussian QR (default)
+  radial,      ///< orthogonal directions; norms F^-1((i-1+u_i)/m) of chi(d), stratified
+               ///< (unbiased) or, with NormMode::quantile, F^-1(i/(m+1)) (seed 004, biased);
+               ///< handed to the rows in random order
+  qmc,         ///< Sobol points (d <= 3667), random digital shift, inverse normal CDF per
+               ///< coordinate: every row marginally N(0, I), unbiased (seed 003)
+  sorf,        ///< blocks sqrt(d') H D1 H D2 H D3 (Walsh-Hadamard, random signs, d' = the next
+               ///< power of two >= d, first d columns); rows not Gaussian: slightly biased
+  simplex,     ///< blocks of d unit directions of a randomly rotated regular simplex (pairwise
+               ///< inner product -1/(d-1)), chi(d) or sqrt(d) norms; needs d >= 2
 };
 
-/// Row norms of orthogonal projections.
+/// Row norms. Valid combinations: iid, qmc, sorf take chi only (their norms are as
+/// constructed); orthogonal and simplex take chi or fixed; radial takes chi or quantile.
 enum class NormMode {
-  chi,    ///< independent chi(d) norms: every row is marginally N(0, I); unbiased (default)
-  fixed,  ///< every row has norm sqrt(d): estimates the regularised kernel SMREG, not SM
+  chi,       ///< chi(d) norms (independent; stratified for radial), so that every row is
+             ///< marginally N(0, I) and the estimator unbiased; for qmc and sorf: the norms
+             ///< as constructed (default)
+  fixed,     ///< every row has norm sqrt(d): estimates the regularised kernel SMREG, not SM
+  quantile,  ///< radial only: the seed's deterministic chi(d) quantiles i/(m+1) (biased)
 };
 
 struct ProjectionOptions {
@@ -29,7 +42,8 @@ struct ProjectionOptions {
 /// (kind, norms, d, m, seed) alone: the same bits on every compiler and run.
 class Projection {
  public:
-  /// Draws W. Throws favor::Error if m < 1 or d < 1.
+  /// Draws W. Throws favor::Error if m < 1 or d < 1, for a norms mode the kind does not take,
+  /// for simplex with d < 2 and for qmc with d > 3667.
   static Projection draw(int64_t m, int64_t d, const ProjectionOptions& options = {});
   /// Wraps a user matrix (e.g. from a trained model). values: m*d floats, row-major, finite.
   static Projection from_matrix(int64_t m, int64_t d, std::vector<float> values);
@@ -58,7 +72,10 @@ class Projection {
 
 std::string to_string(ProjectionKind kind);
 std::string to_string(NormMode mode);
-/// Parses "iid" / "orthogonal"; throws favor::Error naming `argument` otherwise.
+/// Parses "iid" / "orthogonal" / "radial" / "qmc" / "sorf" / "simplex"; throws favor::Error
+/// naming `argument` otherwise.
 ProjectionKind parse_projection_kind(const std::string& text, const std::string& argument);
+/// Parses "chi" / "fixed" / "quantile"; throws favor::Error naming `argument` otherwise.
+NormMode parse_norm_mode(const std::string& text, const std::string& argument);
 
 }  // namespace favor

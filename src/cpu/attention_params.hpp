@@ -19,8 +19,11 @@ struct AttentionParams {
   float* out;
   Shape4 out_strides;
   int64_t batch, heads, nq, nk, d, dv;
-  const float* w;  // m x d, row-major
+  const float* w;  // m x d, row-major; one per (batch, head) when w_head_stride != 0
   int64_t m;
+  int64_t w_head_stride = 0;     // floats between the W of consecutive (batch, head); 0 = shared
+  const float* bias = nullptr;   // FAVOR++ / FAVOR#: log bias per feature, [B*H or 1][m]
+  int64_t bias_head_stride = 0;  // floats between consecutive heads' biases; 0 = shared
   Kernel kernel;
   float sqrt_scale;     // inputs are multiplied by sqrt(scale) before the feature map
   const uint8_t* mask;  // [B, Nk], nonzero = key takes part; null = no mask
@@ -28,6 +31,9 @@ struct AttentionParams {
   int threads;
   float* ctx_states = nullptr;   // bidirectional: save [S | s] per head here (B*H x F x (dv + 1))
   double* ctx_maxima = nullptr;  // ... and its max per head
+
+  const float* head_w(int64_t bh) const { return w + bh * w_head_stride; }
+  const float* head_bias(int64_t bh) const { return bias ? bias + bh * bias_head_stride : nullptr; }
 };
 
 /// The backward pass: the forward's params plus dy and the gradient outputs, which are

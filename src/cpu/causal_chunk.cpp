@@ -33,6 +33,7 @@ float rescale(double from, double to) {
 
 void load_chunk(const AttentionParams& p, int64_t b, int64_t h, int64_t c0, int64_t rows, float* vx,
                 ChunkWorkspace& ws) {
+  const int64_t bh = b * p.heads + h;
   const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
   const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
   const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
@@ -45,7 +46,8 @@ void load_chunk(const AttentionParams& p, int64_t b, int64_t h, int64_t c0, int6
   gather_rows(qh + c0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.sqrt_scale,
               ws.x.data() + rows * p.d, nullptr);
   gather_values(vh + c0 * p.v_strides[2], p.v_strides[2], p.v_strides[3], rows, p.dv, vx);
-  project_rows(ws.x.data(), 2 * rows, p.d, p.w, p.m, ws.a.data());  // keys and queries at once
+  project_rows(ws.x.data(), 2 * rows, p.d, p.head_w(bh), p.m, ws.a.data(),
+               p.head_bias(bh));  // keys and queries at once
 }
 
 bool chunk_key_features(const AttentionParams& p, int64_t rows, double prev_max,

@@ -74,7 +74,7 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     const int64_t rows = std::min(kRowTile, p.nq - i0);
     gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, d, p.sqrt_scale,
                 t.x.data(), nullptr);
-    project_rows(t.x.data(), rows, d, p.w, m, t.a.data());
+    project_rows(t.x.data(), rows, d, p.head_w(bh), m, t.a.data(), p.head_bias(bh));
     for (int64_t r = 0; r < rows; ++r) {
       const float* a = t.a.data() + r * m;
       query_features(p.kernel, a, m, query_shift(p.kernel, a, m, ws.log_s.data()), ws.log_s.data(),
@@ -87,15 +87,15 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     gemm(false, true, rows, F, ld, 1.0f, ws.gx.data(), ld, ws.Sx.data(), ld, 0.0f, ws.dphi.data(),
          F);
     gemm(true, false, F, ld, rows, 1.0f, t.phi.data(), F, ws.gx.data(), ld, 1.0f, ws.R.data(), ld);
-    feature_backward(p.kernel, false, rows, d, m, t.x.data(), t.phi.data(), ws.dphi.data(), p.w,
-                     p.sqrt_scale, ws.pa.data(), bp.dq + (bh * p.nq + i0) * d, dw);
+    feature_backward(p.kernel, false, rows, d, m, t.x.data(), t.phi.data(), ws.dphi.data(),
+                     p.head_w(bh), p.sqrt_scale, ws.pa.data(), bp.dq + (bh * p.nq + i0) * d, dw);
   }
 
   // Keys: dk and dv (masked keys keep their zero gradients).
   for (int64_t next = 0; next < p.nk;) {
     const int64_t rows = gather_key_tile(p, b, h, &next, p.nk, t, ws.index.data());
     if (rows == 0) break;
-    project_rows(t.x.data(), rows, d, p.w, m, t.a.data());
+    project_rows(t.x.data(), rows, d, p.head_w(bh), m, t.a.data(), p.head_bias(bh));
     for (int64_t r = 0; r < rows; ++r) {
       const double g = key_log_weight(p.kernel, t.half_norm2[r]);
       key_features(p.kernel, t.a.data() + r * m, m, g - state.max, t.phi.data() + r * F);
@@ -103,8 +103,8 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     gemm(false, true, rows, F, ld, 1.0f, t.vx.data(), ld, ws.R.data(), ld, 0.0f, ws.dphi.data(), F);
     gemm(false, false, rows, dv, F, 1.0f, t.phi.data(), F, ws.R.data(), ld, 0.0f, ws.dvx.data(),
          dv);
-    feature_backward(p.kernel, true, rows, d, m, t.x.data(), t.phi.data(), ws.dphi.data(), p.w,
-                     p.sqrt_scale, ws.pa.data(), ws.dx.data(), dw);
+    feature_backward(p.kernel, true, rows, d, m, t.x.data(), t.phi.data(), ws.dphi.data(),
+                     p.head_w(bh), p.sqrt_scale, ws.pa.data(), ws.dx.data(), dw);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t j = ws.index[r];
       std::copy(ws.dx.data() + r * d, ws.dx.data() + (r + 1) * d, bp.dk + (bh * p.nk + j) * d);

@@ -104,7 +104,8 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
     gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
          w.dphi.data(), F);
     feature_backward(p.kernel, false, rows, d, m, ws.x.data() + rows * d, w.phiq.data(),
-                     w.dphi.data(), p.w, p.sqrt_scale, w.pa.data(), bp.dq + (bh * n + c0) * d, dw);
+                     w.dphi.data(), p.head_w(bh), p.sqrt_scale, w.pa.data(),
+                     bp.dq + (bh * n + c0) * d, dw);
     chunk_state_update(rows, moved, state, vx, ws);
   }
 
@@ -135,8 +136,8 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
     gemm(true, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.qg.data(), ldq, 1.0f,
          w.dphi.data(), F);
     gemm(true, false, rows, dv, rows, 1.0f, ws.qg.data() + F, ldq, gx, ldv, 1.0f, w.dvv.data(), dv);
-    feature_backward(p.kernel, true, rows, d, m, ws.x.data(), ws.phik.data(), w.dphi.data(), p.w,
-                     p.sqrt_scale, w.pa.data(), bp.dk + (bh * n + c0) * d, dw);
+    feature_backward(p.kernel, true, rows, d, m, ws.x.data(), ws.phik.data(), w.dphi.data(),
+                     p.head_w(bh), p.sqrt_scale, w.pa.data(), bp.dk + (bh * n + c0) * d, dw);
     std::copy_n(w.dvv.data(), rows * dv, bp.dv + (bh * n + c0) * dv);
     if (ci > 0) {  // R relative to the previous chunk's last max (= this chunk's starting max)
       const float f = rescale(prev_max, end_max);

@@ -66,7 +66,7 @@ int64_t attend_queries(const AttentionParams& p, int64_t b, int64_t h, int64_t b
     write_zero_rows(p, b, h, begin, end);
     return end - begin;
   }
-  const int64_t m = p.m, F = state.features;
+  const int64_t m = p.m, F = state.features, bh = b * p.heads + h;
   const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
   float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
   if (positive_family(p.kernel)) {
@@ -78,7 +78,7 @@ int64_t attend_queries(const AttentionParams& p, int64_t b, int64_t h, int64_t b
     const int64_t rows = std::min(kRowTile, end - i0);
     gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.sqrt_scale,
                 ws.tile.x.data(), nullptr);
-    project_rows(ws.tile.x.data(), rows, p.d, p.w, m, ws.tile.a.data());
+    project_rows(ws.tile.x.data(), rows, p.d, p.head_w(bh), m, ws.tile.a.data(), p.head_bias(bh));
     for (int64_t r = 0; r < rows; ++r) {
       const float* a = ws.tile.a.data() + r * m;
       const float c = query_shift(p.kernel, a, m, ws.log_s.data());

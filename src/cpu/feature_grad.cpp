@@ -17,6 +17,8 @@ void feature_backward(Kernel kernel, bool key, int64_t rows, int64_t d, int64_t 
     float* out = pa + r * m;
     switch (kernel) {
       case Kernel::positive:
+      case Kernel::favorpp:
+      case Kernel::favorsharp:
         for (int64_t f = 0; f < m; ++f) out[f] = dp[f] * p[f];
         break;
       case Kernel::hyperbolic:

@@ -27,8 +27,14 @@ void gather_rows(const float* base, int64_t stride_n, int64_t stride_d, int64_t 
   }
 }
 
-void project_rows(const float* x, int64_t rows, int64_t d, const float* w, int64_t m, float* a) {
+void project_rows(const float* x, int64_t rows, int64_t d, const float* w, int64_t m, float* a,
+                  const float* bias) {
   gemm(false, true, rows, m, d, 1.0f, x, d, w, d, 0.0f, a, m);
+  if (!bias) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = a + r * m;
+    for (int64_t f = 0; f < m; ++f) row[f] += bias[f];
+  }
 }
 
 double key_log_weight(Kernel kernel, double half_norm2) {
@@ -38,6 +44,8 @@ double key_log_weight(Kernel kernel, double half_norm2) {
 double key_log_max(Kernel kernel, const float* a_row, int64_t m, double g) {
   switch (kernel) {
     case Kernel::positive:
+    case Kernel::favorpp:
+    case Kernel::favorsharp:
       return static_cast<double>(max_value(a_row, m)) + g;
     case Kernel::hyperbolic:
       return static_cast<double>(std::max(max_value(a_row, m), -min_value(a_row, m))) + g;
@@ -51,6 +59,8 @@ void key_features(Kernel kernel, const float* a_row, int64_t m, double off, floa
   const auto offset = static_cast<float>(off);
   switch (kernel) {
     case Kernel::positive:
+    case Kernel::favorpp:
+    case Kernel::favorsharp:
       exp_affine(a_row, 1.0f, offset, phi, m);
       break;
     case Kernel::hyperbolic:
@@ -66,6 +76,8 @@ void key_features(Kernel kernel, const float* a_row, int64_t m, double off, floa
 float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log_s) {
   switch (kernel) {
     case Kernel::positive:
+    case Kernel::favorpp:
+    case Kernel::favorsharp:
       return max_of_signed_sum(a_row, 1.0f, log_s, m);
     case Kernel::hyperbolic:
       return std::max(max_of_signed_sum(a_row, 1.0f, log_s, m),
@@ -80,6 +92,8 @@ void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const
                     float* phi) {
   switch (kernel) {
     case Kernel::positive:
+    case Kernel::favorpp:
+    case Kernel::favorsharp:
       exp_shift_live(a_row, 1.0f, c, log_s, phi, m);
       break;
     case Kernel::hyperbolic:

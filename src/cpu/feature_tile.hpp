@@ -21,8 +21,10 @@ inline bool positive_family(Kernel k) {
 /// element stride stride_d); half_norm2[r] = |dst_r|^2 / 2 in double (if non-null).
 void gather_rows(const float* base, int64_t stride_n, int64_t stride_d, int64_t rows, int64_t d,
                  float mult, float* dst, double* half_norm2);
-/// a[rows x m] = x[rows x d] * W^T.
-void project_rows(const float* x, int64_t rows, int64_t d, const float* w, int64_t m, float* a);
+/// a[rows x m] = x[rows x d] * W^T (+ bias[m] on every row when bias is non-null: the
+/// log bias of FAVOR++ / FAVOR#, which enters every feature like a projection would).
+void project_rows(const float* x, int64_t rows, int64_t d, const float* w, int64_t m, float* a,
+                  const float* bias = nullptr);
 
 /// Log weight of a key row: -|y|^2/2 (positive family) or +|y|^2/2 (trig).
 double key_log_weight(Kernel kernel, double half_norm2);

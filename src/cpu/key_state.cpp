@@ -36,11 +36,11 @@ int64_t gather_key_tile(const AttentionParams& p, int64_t b, int64_t h, int64_t*
 
 void accumulate_keys(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end,
                      KeyTile& t, HeadState& state) {
-  const int64_t m = p.m, F = state.features;
+  const int64_t m = p.m, F = state.features, bh = b * p.heads + h;
   for (int64_t next = begin; next < end;) {
     const int64_t rows = gather_key_tile(p, b, h, &next, end, t, nullptr);
     if (rows == 0) break;
-    project_rows(t.x.data(), rows, p.d, p.w, m, t.a.data());
+    project_rows(t.x.data(), rows, p.d, p.head_w(bh), m, t.a.data(), p.head_bias(bh));
     double tile_max = -INFINITY;
     for (int64_t r = 0; r < rows; ++r) {
       t.g[r] = key_log_weight(p.kernel, t.half_norm2[r]);

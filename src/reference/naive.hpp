@@ -6,16 +6,63 @@
 #include <vector>
 
 #include "favor/attention.hpp"
+#include "favor/error.hpp"
+#include "favor/estimators.hpp"
 #include "favor/reference.hpp"
 
 namespace favor::reference::naive {
 
+/// The map of head bh in double: W (m x d) or the FAVOR++ / FAVOR# effective projection
+/// Q diag(sqrt(1 - 4 A_l)) w_f, the log bias sum_l A_l w_fl^2 per feature (zero for the
+/// fixed kernels) and the log of the constant factor (math.md s.2). Built here from the fit
+/// directly, independently of the library's float path (src/estimators.cpp).
+struct HeadMap {
+  std::vector<double> w, bias;
+  double log_c = 0.0;
+};
+
+inline HeadMap head_map(const Projection& w, Kernel kernel, const std::optional<KernelFit>& fit,
+                        int64_t bh) {
+  const int64_t m = w.m(), d = w.d();
+  HeadMap map{std::vector<double>(w.matrix().begin(), w.matrix().end()),
+              std::vector<double>(static_cast<size_t>(m), 0.0),
+              -0.5 * std::log(static_cast<double>(kernel == Kernel::hyperbolic ? 2 * m : m))};
+  if (!data_adapted(kernel)) return map;
+  const int64_t g = fit->heads == 1 ? 0 : bh;
+  const double* a = fit->a.data() + g * d;
+  const double* q = fit->basis.data() + g * d * d;
+  for (int64_t l = 0; l < d; ++l) map.log_c += 0.25 * std::log(1.0 - 4.0 * a[l]);
+  for (int64_t f = 0; f < m; ++f) {
+    double bias = 0.0;
+    for (int64_t l = 0; l < d; ++l) bias += a[l] * w.at(f, l) * w.at(f, l);
+    map.bias[f] = bias;
+    for (int64_t t = 0; t < d; ++t) {
+      double sum = 0.0;
+      for (int64_t l = 0; l < d; ++l)
+        sum += q[t * d + l] * std::sqrt(1.0 - 4.0 * a[l]) * w.at(f, l);
+      map.w[f * d + t] = sum;
+    }
+  }
+  return map;
+}
+
+/// The fit an attention call uses: options.fit, or (bidirectional) the library's fit to q
+/// and k; causal calls without a fit throw, as the library does.
+inline std::optional<KernelFit> attention_fit(const TensorView& q, const TensorView& k,
+                                              const AttentionOptions& o, double scale) {
+  if (!data_adapted(o.kernel) || o.fit) return o.fit;
+  if (o.causal) throw Error("fit: causal " + to_string(o.kernel) + " attention needs a fit");
+  return fit_kernel(o.kernel, q, k, scale, o.key_mask);
+}
+
 /// phi(x) of one head as N x F, constants kept, in T.
 template <class T>
 std::vector<T> head_features(const TensorView& x, int64_t b, int64_t h, const Projection& w,
-                             Kernel kernel, double scale) {
+                             Kernel kernel, double scale, const std::optional<KernelFit>& fit) {
   const int64_t n = x.shape[2], d = x.shape[3], m = w.m(), F = feature_count(kernel, m);
+  const HeadMap map = head_map(w, kernel, fit, b * x.shape[1] + h);
   const T ss = static_cast<T>(std::sqrt(scale));
+  const T c = std::exp(static_cast<T>(map.log_c));
   std::vector<T> phi(static_cast<size_t>(n * F));
   std::vector<T> xs(static_cast<size_t>(d));
   for (int64_t i = 0; i < n; ++i) {
@@ -25,25 +72,23 @@ std::vector<T> head_features(const TensorView& x, int64_t b, int64_t h, const Pr
       norm2 += xs[t] * xs[t];
     }
     for (int64_t f = 0; f < m; ++f) {
-      T a = 0;
-      for (int64_t t = 0; t < d; ++t) a += static_cast<T>(w.at(f, t)) * xs[t];
+      T a = static_cast<T>(map.bias[f]);
+      for (int64_t t = 0; t < d; ++t) a += static_cast<T>(map.w[f * d + t]) * xs[t];
       T* row = phi.data() + i * F;
       switch (kernel) {
         case Kernel::positive:
-          row[f] = std::exp(a - norm2 / 2) / std::sqrt(static_cast<T>(m));
+        case Kernel::favorpp:
+        case Kernel::favorsharp:
+          row[f] = c * std::exp(a - norm2 / 2);
           break;
-        case Kernel::trig: {
-          const T c = std::exp(norm2 / 2) / std::sqrt(static_cast<T>(m));
-          row[f] = c * std::sin(a);
-          row[m + f] = c * std::cos(a);
+        case Kernel::trig:
+          row[f] = c * std::exp(norm2 / 2) * std::sin(a);
+          row[m + f] = c * std::exp(norm2 / 2) * std::cos(a);
           break;
-        }
-        case Kernel::hyperbolic: {
-          const T c = std::exp(-norm2 / 2) / std::sqrt(static_cast<T>(2 * m));
-          row[f] = c * std::exp(a);
-          row[m + f] = c * std::exp(-a);
+        case Kernel::hyperbolic:
+          row[f] = c * std::exp(-norm2 / 2) * std::exp(a);
+          row[m + f] = c * std::exp(-norm2 / 2) * std::exp(-a);
           break;
-        }
       }
     }
   }
@@ -61,11 +106,12 @@ std::vector<T> favor_attention(const TensorView& q, const TensorView& k, const T
   const int64_t B = q.shape[0], H = q.shape[1], nq = q.shape[2], nk = k.shape[2], dv = v.shape[3];
   const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(q.shape[3]));
   const int64_t F = feature_count(o.kernel, w.m());
+  const std::optional<KernelFit> fit = attention_fit(q, k, o, scale);
   std::vector<T> out(static_cast<size_t>(B * H * nq * dv), T(0));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
-      const auto pq = head_features<T>(q, b, h, w, o.kernel, scale);
-      const auto pk = head_features<T>(k, b, h, w, o.kernel, scale);
+      const auto pq = head_features<T>(q, b, h, w, o.kernel, scale, fit);
+      const auto pk = head_features<T>(k, b, h, w, o.kernel, scale, fit);
       for (int64_t i = 0; i < nq; ++i) {
         std::vector<T> num(static_cast<size_t>(dv), T(0));
         T den = 0;

@@ -15,6 +15,7 @@ struct Head {
   int64_t nq, nk, d, dv, m;
   std::vector<T> q, k, v, w;  // nq x d, nk x d, nk x dv, m x d (row-major)
   std::vector<uint8_t> mask;  // nk flags (empty: all keys take part)
+  std::vector<T> bias;        // FAVOR++ / FAVOR#: log bias per feature (w is then W_eff)
 };
 
 template <class T>
@@ -25,18 +26,20 @@ struct HeadGrads {
 // phi of the rows of x (n x d), times sqrt(scale) first: n x F.
 template <class T>
 std::vector<T> phi_rows(const std::vector<T>& x, int64_t n, int64_t d, const std::vector<T>& w,
-                        int64_t m, Kernel kernel, T ss) {
+                        int64_t m, Kernel kernel, T ss, const std::vector<T>& bias = {}) {
   const int64_t F = feature_count(kernel, m);
   std::vector<T> out(static_cast<size_t>(n * F));
   for (int64_t i = 0; i < n; ++i) {
     T n2 = 0;
     for (int64_t t = 0; t < d; ++t) n2 += (ss * x[i * d + t]) * (ss * x[i * d + t]);
     for (int64_t f = 0; f < m; ++f) {
-      T a = 0;
+      T a = bias.empty() ? T(0) : bias[f];
       for (int64_t t = 0; t < d; ++t) a += w[f * d + t] * ss * x[i * d + t];
       T* row = out.data() + i * F;
       switch (kernel) {
         case Kernel::positive:
+        case Kernel::favorpp:  // with W_eff and the bias; the constant cancels in y
+        case Kernel::favorsharp:
           row[f] = std::exp(a - n2 / 2) / std::sqrt(T(m));
           break;
         case Kernel::trig:
@@ -77,8 +80,9 @@ template <class T>
 std::vector<T> forward(const Head<T>& h, Kernel kernel, T scale, bool causal) {
   const T ss = std::sqrt(scale);
   const int64_t F = feature_count(kernel, h.m);
-  const auto a = kernel_matrix(phi_rows(h.q, h.nq, h.d, h.w, h.m, kernel, ss),
-                               phi_rows(h.k, h.nk, h.d, h.w, h.m, kernel, ss), h, F, causal);
+  const auto a =
+      kernel_matrix(phi_rows(h.q, h.nq, h.d, h.w, h.m, kernel, ss, h.bias),
+                    phi_rows(h.k, h.nk, h.d, h.w, h.m, kernel, ss, h.bias), h, F, causal);
   std::vector<T> y(static_cast<size_t>(h.nq * h.dv), T(0));
   for (int64_t i = 0; i < h.nq; ++i) {
     T den = 0;
@@ -107,6 +111,8 @@ void phi_backward(const std::vector<T>& x, const std::vector<T>& phi, const std:
       T coef = 0;  // d/da_f of sum dphi . phi
       switch (kernel) {
         case Kernel::positive:
+        case Kernel::favorpp:
+        case Kernel::favorsharp:
           coef = dp[f] * p[f];
           break;
         case Kernel::hyperbolic:
@@ -133,8 +139,8 @@ HeadGrads<T> backward(const Head<T>& h, const std::vector<T>& dy, Kernel kernel,
                       bool causal) {
   const T ss = std::sqrt(scale);
   const int64_t F = feature_count(kernel, h.m);
-  const auto pq = phi_rows(h.q, h.nq, h.d, h.w, h.m, kernel, ss);
-  const auto pk = phi_rows(h.k, h.nk, h.d, h.w, h.m, kernel, ss);
+  const auto pq = phi_rows(h.q, h.nq, h.d, h.w, h.m, kernel, ss, h.bias);
+  const auto pk = phi_rows(h.k, h.nk, h.d, h.w, h.m, kernel, ss, h.bias);
   const auto a = kernel_matrix(pq, pk, h, F, causal);
   HeadGrads<T> g;
   g.dv.assign(static_cast<size_t>(h.nk * h.dv), T(0));

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/validate.hpp"
+#include "favor/error.hpp"
 #include "reference/naive.hpp"
 #include "reference/naive_grad.hpp"
 
@@ -15,10 +16,13 @@ DTensor features(TensorView x, const Projection& w, const FeatureOptions& option
   detail::check_projection(w, x.shape[3], "x");
   const double scale = detail::resolve_scale(options.scale, x.shape[3]);
   const int64_t F = feature_count(options.kernel, w.m());
+  if (data_adapted(options.kernel) && !options.fit) {
+    throw Error("fit: the " + to_string(options.kernel) + " kernel needs FeatureOptions::fit");
+  }
   DTensor out{{x.shape[0], x.shape[1], x.shape[2], F}, {}};
   for (int64_t b = 0; b < x.shape[0]; ++b)
     for (int64_t h = 0; h < x.shape[1]; ++h) {
-      const auto phi = naive::head_features<double>(x, b, h, w, options.kernel, scale);
+      const auto phi = naive::head_features<double>(x, b, h, w, options.kernel, scale, options.fit);
       out.values.insert(out.values.end(), phi.begin(), phi.end());
     }
   return out;
@@ -100,8 +104,12 @@ DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, Tensor
   const double scale = detail::resolve_scale(options.scale, s.d);
   DGrads g = zero_grads(s);
   g.dw.assign(static_cast<size_t>(w.m() * w.d()), 0.0);
+  const std::optional<KernelFit> fit = naive::attention_fit(q, k, options, scale);
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
+      // FAVOR++ / FAVOR#: the gradient through W_eff and the bias with the fit held fixed;
+      // dW is then the gradient with respect to W_eff.
+      const naive::HeadMap map = naive::head_map(w, options.kernel, fit, b * s.heads + h);
       naive::Head<double> head{s.nq,
                                s.nk,
                                s.d,
@@ -110,8 +118,9 @@ DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, Tensor
                                head_rows(q, b, h),
                                head_rows(k, b, h),
                                head_rows(v, b, h),
-                               std::vector<double>(w.matrix().begin(), w.matrix().end()),
-                               {}};
+                               map.w,
+                               {},
+                               data_adapted(options.kernel) ? map.bias : std::vector<double>{}};
       if (options.key_mask) {
         for (int64_t j = 0; j < s.nk; ++j) head.mask.push_back(options.key_mask->at(b, j) ? 1 : 0);
       }

@@ -1,0 +1,42 @@
+#pragma once
+// FAVOR++ / FAVOR# as positive features with a per-head effective projection and a
+// per-feature log bias: log phi_f(x) = (W_h x)_f + b_hf - |x|^2/2 + c_h, where
+// W_h row f = Q_h diag(sqrt(1 - 4 A_hl)) w_f, b_hf = sum_l A_hl w_fl^2 and
+// c_h = sum_l log(1 - 4 A_hl) / 4 - log(m) / 2 (docs/estimators.md).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpu/attention_params.hpp"
+#include "favor/attention.hpp"
+#include "favor/estimators.hpp"
+#include "favor/projection.hpp"
+
+namespace favor::detail {
+
+struct AdaptedProjection {
+  int64_t heads = 0, m = 0, d = 0;
+  std::vector<float> w;           // heads x m x d
+  std::vector<float> bias;        // heads x m
+  std::vector<double> log_const;  // heads
+};
+
+/// Checks a fit against W and the number of (batch, head) pairs `heads` (fit.heads must
+/// be 1 or heads; A_l finite and < 1/8; basis orthonormal); throws favor::Error naming
+/// `argument` otherwise.
+void check_fit(const KernelFit& fit, int64_t d, int64_t heads, const std::string& argument);
+/// The effective projections of a checked fit, one per fit head.
+AdaptedProjection adapt_projection(const KernelFit& fit, const Projection& w);
+
+/// The effective projection of an attention call: empty for kernels without a fit;
+/// otherwise options.fit, or (bidirectional only) a fit to q and k. Causal calls without a
+/// fit are refused: a fit on the sequence would let every position see future tokens.
+AdaptedProjection attention_projection(const TensorView& q, const TensorView& k,
+                                       const AttentionOptions& options, double scale,
+                                       const Projection& w);
+/// Points the kernel params at W (empty adapted) or at the per-head projections.
+void use_projection(const AdaptedProjection& adapted, const Projection& w, cpu::AttentionParams& p);
+/// A 64-bit hash of the per-head projections and biases (0 when empty).
+uint64_t fingerprint(const AdaptedProjection& adapted);
+
+}  // namespace favor::detail

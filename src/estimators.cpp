@@ -1,0 +1,309 @@
+// FAVOR++ and FAVOR# (math.md s.2): the optimal A, fitting per (batch, head), and the
+// effective per-head projections the positive kernels run with.
+#include "favor/estimators.hpp"
+
+#include <Eigen/Eigenvalues>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "core/adapted.hpp"
+#include "core/validate.hpp"
+#include "cpu/blas.hpp"
+#include "cpu/tiles.hpp"
+#include "favor/error.hpp"
+#include "favor/features.hpp"
+#include "favor/runtime.hpp"
+
+namespace favor {
+namespace {
+
+// First and second moments of the normalised rows of one head.
+struct Moments {
+  int64_t count = 0;
+  std::vector<double> sum;     // d
+  std::vector<double> second;  // d x d (full) or 1 (trace only)
+};
+
+Moments head_moments(const TensorView& x, int64_t b, int64_t h, double sqrt_scale, bool full,
+                     const std::optional<KeyMaskView>& mask, std::vector<double>& tile) {
+  const int64_t n = x.shape[2], d = x.shape[3];
+  Moments mo;
+  mo.sum.assign(static_cast<size_t>(d), 0.0);
+  mo.second.assign(full ? static_cast<size_t>(d * d) : 1, 0.0);
+  int64_t rows = 0;
+  auto flush = [&] {
+    if (full && rows > 0) {
+      cpu::gemm(true, false, d, d, rows, 1.0, tile.data(), d, tile.data(), d, 1.0, mo.second.data(),
+                d);
+    }
+    rows = 0;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    if (mask && !mask->at(b, i)) continue;
+    double* row = tile.data() + rows * d;
+    double norm2 = 0.0;
+    for (int64_t t = 0; t < d; ++t) {
+      row[t] = sqrt_scale * static_cast<double>(x.at(b, h, i, t));
+      mo.sum[static_cast<size_t>(t)] += row[t];
+      norm2 += row[t] * row[t];
+    }
+    if (!full) mo.second[0] += norm2;
+    ++mo.count;
+    if (++rows == cpu::kRowTile) flush();
+  }
+  flush();
+  return mo;
+}
+
+// P = M1 + M2 + mu1 mu2^T + mu2 mu1^T (full) or its trace / d (FAVOR++'s rho).
+void fit_head(Kernel kernel, const Moments& mq, const Moments& mk, int64_t d, double* a,
+              double* basis) {
+  const double nq = static_cast<double>(std::max<int64_t>(mq.count, 1));
+  const double nk = static_cast<double>(std::max<int64_t>(mk.count, 1));
+  if (kernel == Kernel::favorpp) {
+    double cross = 0.0;
+    for (int64_t t = 0; t < d; ++t) cross += (mq.sum[t] / nq) * (mk.sum[t] / nk);
+    const double rho = std::max(0.0, (mq.second[0] / nq + mk.second[0] / nk + 2.0 * cross) / d);
+    const double value = optimal_a(rho);
+    for (int64_t l = 0; l < d; ++l) {
+      a[l] = value;
+      for (int64_t r = 0; r < d; ++r) basis[r * d + l] = r == l ? 1.0 : 0.0;
+    }
+    return;
+  }
+  Eigen::MatrixXd p(d, d);
+  for (int64_t r = 0; r < d; ++r)
+    for (int64_t c = 0; c < d; ++c) {
+      const double mu = (mq.sum[r] / nq) * (mk.sum[c] / nk) + (mk.sum[r] / nk) * (mq.sum[c] / nq);
+      p(r, c) = mq.second[r * d + c] / nq + mk.second[r * d + c] / nk + mu;
+    }
+  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(p);
+  const Eigen::VectorXd& s = eig.eigenvalues();
+  const Eigen::MatrixXd& q = eig.eigenvectors();
+  for (int64_t l = 0; l < d; ++l) {
+    a[l] = optimal_a(std::max(0.0, s(l)));  // P is PSD; clip rounding below zero
+    for (int64_t r = 0; r < d; ++r) basis[r * d + l] = q(r, l);
+  }
+}
+
+}  // namespace
+
+double optimal_a(double rho) {
+  if (!(rho >= 0.0) || !std::isfinite(rho)) {
+    throw Error("rho: " + std::to_string(rho) + "; the mean |x + y|^2 / d must be finite and >= 0");
+  }
+  return (1.0 - 2.0 * rho - std::sqrt((2.0 * rho + 1.0) * (2.0 * rho + 1.0) + 8.0 * rho)) / 16.0;
+}
+
+double iid_mse(Kernel kernel, const double* x, const double* y, int64_t d, int64_t m,
+               const KernelFit* fit, int64_t head) {
+  if (m < 1) throw Error("m: " + std::to_string(m) + " projections; m must be >= 1");
+  double xx = 0.0, yy = 0.0, xy = 0.0;
+  for (int64_t t = 0; t < d; ++t) {
+    xx += x[t] * x[t];
+    yy += y[t] * y[t];
+    xy += x[t] * y[t];
+  }
+  const double zz = xx + yy + 2.0 * xy, dd = xx + yy - 2.0 * xy, sm = std::exp(xy);
+  const double positive = std::exp(2.0 * zz - xx - yy) - sm * sm;  // Var_1, FAVOR+
+  switch (kernel) {
+    case Kernel::positive:
+      return positive / m;
+    case Kernel::trig:
+      return std::exp(zz) / (sm * sm) * std::pow(-std::expm1(-dd), 2) / (2.0 * m);
+    case Kernel::hyperbolic:
+      return -0.5 * std::expm1(-zz) * positive / m;
+    case Kernel::favorpp:
+    case Kernel::favorsharp:
+      break;
+  }
+  if (!fit) throw Error("fit: the closed-form MSE of " + to_string(kernel) + " needs its fit");
+  detail::check_fit(*fit, d, fit->heads, "fit");
+  if (head < 0 || head >= fit->heads) {
+    throw Error("head: " + std::to_string(head) + " is not a head of the fit");
+  }
+  // Second moment per eigen-direction l of u = Q^T z (docs/estimators.md):
+  // prod_l (1-4A_l)(1-8A_l)^(-1/2) exp(2(1-4A_l)/(1-8A_l) u_l^2) * exp(-|x|^2 - |y|^2).
+  const double* a = fit->a.data() + head * d;
+  const double* q = fit->basis.data() + head * d * d;
+  double log_m2 = -xx - yy;
+  for (int64_t l = 0; l < d; ++l) {
+    double u = 0.0;
+    for (int64_t t = 0; t < d; ++t) u += q[t * d + l] * (x[t] + y[t]);
+    log_m2 += std::log1p(-4.0 * a[l]) - 0.5 * std::log1p(-8.0 * a[l]) +
+              2.0 * (1.0 - 4.0 * a[l]) / (1.0 - 8.0 * a[l]) * u * u;
+  }
+  return (std::exp(log_m2) - sm * sm) / m;
+}
+
+KernelFit KernelFit::constant(double a, int64_t d) {
+  if (d < 1) throw Error("d: " + std::to_string(d) + " head dim; d must be >= 1");
+  KernelFit fit;
+  fit.heads = 1;
+  fit.d = d;
+  fit.a.assign(static_cast<size_t>(d), a);
+  fit.basis.assign(static_cast<size_t>(d * d), 0.0);
+  for (int64_t l = 0; l < d; ++l) fit.basis[static_cast<size_t>(l * d + l)] = 1.0;
+  detail::check_fit(fit, d, 1, "a");
+  return fit;
+}
+
+KernelFit fit_kernel(Kernel kernel, TensorView q, TensorView k, std::optional<double> scale,
+                     std::optional<KeyMaskView> key_mask) {
+  if (!data_adapted(kernel)) {
+    throw Error("kernel: '" + to_string(kernel) +
+                "' has no parameters to fit; fit_kernel applies to favorpp and favorsharp");
+  }
+  const auto s = detail::check_attention_inputs(q, k, k, false, key_mask);
+  const double sqrt_scale = std::sqrt(detail::resolve_scale(scale, s.d));
+  const int64_t d = s.d, heads = s.batch * s.heads;
+  KernelFit fit;
+  fit.heads = heads;
+  fit.d = d;
+  fit.a.resize(static_cast<size_t>(heads * d));
+  fit.basis.resize(static_cast<size_t>(heads * d * d));
+  const bool full = kernel == Kernel::favorsharp;
+#pragma omp parallel num_threads(num_threads())
+  {
+    cpu::blas_on_calling_thread();
+    std::vector<double> tile(static_cast<size_t>(cpu::kRowTile * d));
+#pragma omp for schedule(dynamic)
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      const int64_t b = bh / s.heads, h = bh % s.heads;
+      const Moments mq = head_moments(q, b, h, sqrt_scale, full, std::nullopt, tile);
+      const Moments mk = head_moments(k, b, h, sqrt_scale, full, key_mask, tile);
+      fit_head(kernel, mq, mk, d, fit.a.data() + bh * d, fit.basis.data() + bh * d * d);
+    }
+  }
+  return fit;
+}
+
+namespace detail {
+
+void check_fit(const KernelFit& fit, int64_t d, int64_t heads, const std::string& argument) {
+  std::ostringstream os;
+  os << argument << ": ";
+  if (fit.d != d) {
+    os << "the fit is for head dim " << fit.d << ", the inputs have D = " << d;
+    throw Error(os.str());
+  }
+  if (fit.heads != 1 && fit.heads != heads) {
+    os << "the fit has " << fit.heads << " heads; it must have 1 or B*H = " << heads;
+    throw Error(os.str());
+  }
+  if (fit.a.size() != static_cast<size_t>(fit.heads * d) ||
+      fit.basis.size() != static_cast<size_t>(fit.heads * d * d)) {
+    os << "a must hold heads*d = " << fit.heads * d
+       << " values and basis heads*d*d = " << fit.heads * d * d << " (got " << fit.a.size()
+       << " and " << fit.basis.size() << ")";
+    throw Error(os.str());
+  }
+  for (size_t i = 0; i < fit.a.size(); ++i) {
+    if (!std::isfinite(fit.a[i]) || !(fit.a[i] < 0.125)) {
+      os << "A[" << i / static_cast<size_t>(d) << ',' << i % static_cast<size_t>(d)
+         << "] = " << fit.a[i] << "; every A must be finite and < 1/8";
+      throw Error(os.str());
+    }
+  }
+  for (int64_t g = 0; g < fit.heads; ++g) {
+    const double* q = fit.basis.data() + g * d * d;
+    for (int64_t i = 0; i < d; ++i)
+      for (int64_t j = 0; j <= i; ++j) {
+        double dot = 0.0;
+        for (int64_t r = 0; r < d; ++r) dot += q[r * d + i] * q[r * d + j];
+        if (!(std::abs(dot - (i == j ? 1.0 : 0.0)) <= 1e-6)) {
+          os << "basis of head " << g << " is not orthonormal (columns " << i << ", " << j
+             << " have inner product " << dot << ")";
+          throw Error(os.str());
+        }
+      }
+  }
+}
+
+AdaptedProjection adapt_projection(const KernelFit& fit, const Projection& w) {
+  const int64_t m = w.m(), d = w.d();
+  AdaptedProjection out;
+  out.heads = fit.heads;
+  out.m = m;
+  out.d = d;
+  out.w.resize(static_cast<size_t>(fit.heads * m * d));
+  out.bias.resize(static_cast<size_t>(fit.heads * m));
+  out.log_const.resize(static_cast<size_t>(fit.heads));
+  std::vector<double> root(static_cast<size_t>(d)), u(static_cast<size_t>(d));
+  for (int64_t g = 0; g < fit.heads; ++g) {
+    const double* a = fit.a.data() + g * d;
+    const double* q = fit.basis.data() + g * d * d;
+    double log_const = -0.5 * std::log(static_cast<double>(m));
+    for (int64_t l = 0; l < d; ++l) {
+      root[l] = std::sqrt(1.0 - 4.0 * a[l]);
+      log_const += 0.25 * std::log1p(-4.0 * a[l]);
+    }
+    out.log_const[g] = log_const;
+    for (int64_t f = 0; f < m; ++f) {
+      double bias = 0.0;
+      for (int64_t l = 0; l < d; ++l) {
+        const double wl = w.at(f, l);
+        u[l] = root[l] * wl;
+        bias += a[l] * wl * wl;
+      }
+      out.bias[g * m + f] = static_cast<float>(bias);
+      float* row = out.w.data() + (g * m + f) * d;
+      for (int64_t t = 0; t < d; ++t) {
+        double sum = 0.0;
+        for (int64_t l = 0; l < d; ++l) sum += q[t * d + l] * u[l];
+        row[t] = static_cast<float>(sum);
+      }
+    }
+  }
+  return out;
+}
+
+AdaptedProjection attention_projection(const TensorView& q, const TensorView& k,
+                                       const AttentionOptions& options, double scale,
+                                       const Projection& w) {
+  if (!data_adapted(options.kernel)) return {};
+  const int64_t heads = q.shape[0] * q.shape[1];
+  if (options.fit) {
+    check_fit(*options.fit, w.d(), heads, "fit");
+    return adapt_projection(*options.fit, w);
+  }
+  if (options.causal) {
+    throw Error("fit: causal " + to_string(options.kernel) +
+                " attention needs AttentionOptions::fit (from calibration data with "
+                "fit_kernel, or KernelFit::constant): a fit to the sequence itself would let "
+                "every position see statistics of future tokens");
+  }
+  return adapt_projection(fit_kernel(options.kernel, q, k, scale, options.key_mask), w);
+}
+
+void use_projection(const AdaptedProjection& adapted, const Projection& w,
+                    cpu::AttentionParams& p) {
+  p.m = w.m();
+  if (adapted.heads == 0) {
+    p.w = w.data();
+    return;
+  }
+  p.w = adapted.w.data();
+  p.bias = adapted.bias.data();
+  p.w_head_stride = adapted.heads == 1 ? 0 : adapted.m * adapted.d;
+  p.bias_head_stride = adapted.heads == 1 ? 0 : adapted.m;
+}
+
+uint64_t fingerprint(const AdaptedProjection& adapted) {
+  uint64_t h = 0;
+  auto mix = [&h](const std::vector<float>& values) {
+    for (float x : values) {
+      uint32_t bits;
+      std::memcpy(&bits, &x, sizeof bits);
+      h = (h ^ bits) * 0x100000001b3ULL + 0x9e3779b97f4a7c15ULL;
+    }
+  };
+  mix(adapted.w);
+  mix(adapted.bias);
+  return h;
+}
+
+}  // namespace detail
+}  // namespace favor
