@@ -122,6 +122,39 @@ TEST_F(Cli, AttentionEqualsLibrary) {
   EXPECT_EQ(read("e.npy").values(), exact_attention(q, k, v, eo).values());
 }
 
+// FAVOR++ / FAVOR#: bidirectional attention fits itself; causal attention and features need
+// --fit-a or --fit-q/--fit-k, and the CLI gives the library's result for the same fit.
+TEST_F(Cli, AdaptedKernelsWithFits) {
+  write_qkv();
+  const Projection w = Projection::draw(16, 8, {ProjectionKind::orthogonal, NormMode::chi, 2});
+  const std::string common = " --features 16 --seed 2 --out " + path("y.npy");
+  ASSERT_EQ(run("attention " + qkv() + common + " --kernel favorsharp").code, 0);
+  AttentionOptions o;
+  o.kernel = Kernel::favorsharp;
+  EXPECT_EQ(read("y.npy").values(), favor_attention(q, k, v, w, o).values());
+
+  expect_failure("attention " + qkv() + common + " --kernel favorpp --causal", "--fit-a");
+  ASSERT_EQ(run("attention " + qkv() + common + " --kernel favorpp --causal --fit-a -0.05").code,
+            0);
+  o.kernel = Kernel::favorpp;
+  o.causal = true;
+  o.fit = KernelFit::constant(-0.05, 8);
+  EXPECT_EQ(read("y.npy").values(), favor_attention(q, k, v, w, o).values());
+
+  ASSERT_EQ(run("features --x " + path("q.npy") +
+                " --kernel favorsharp --features 16 --seed 2 "
+                "--fit-q " +
+                path("q.npy") + " --fit-k " + path("k.npy") + " --out " + path("phi.npy"))
+                .code,
+            0);
+  FeatureOptions fo{Kernel::favorsharp, std::nullopt, fit_kernel(Kernel::favorsharp, q, k)};
+  EXPECT_EQ(read("phi.npy").values(), features(q, w, fo).values());
+  expect_failure("features --x " + path("q.npy") + " --kernel favorpp --out " + path("phi2.npy"),
+                 "need a fit", "phi2.npy");
+  expect_failure("attention " + qkv() + common + " --kernel positive --fit-a -0.1", "--fit-a");
+  expect_failure("attention " + qkv() + common + " --kernel favorpp --fit-a 0.2", "1/8");
+}
+
 TEST_F(Cli, TwoDimensionalInputsAndMasks) {
   const Tensor q2 = random_tensor({1, 1, 30, 6}, 4, 1.0), k2 = random_tensor({1, 1, 30, 6}, 5, 1.0),
                v2 = random_tensor({1, 1, 30, 2}, 6);

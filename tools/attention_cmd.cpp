@@ -4,6 +4,7 @@
 
 #include "cli_common.hpp"
 #include "commands.hpp"
+#include "fit_args.hpp"
 
 namespace favor::cli {
 namespace {
@@ -13,6 +14,7 @@ struct AttentionArgs {
   bool causal = false;
   std::optional<double> scale;
   ProjectionArgs projection;
+  FitArgs fit;
 };
 
 void run(const AttentionArgs& a) {
@@ -49,6 +51,12 @@ void run(const AttentionArgs& a) {
     o.causal = a.causal;
     o.scale = a.scale;
     o.key_mask = mask_view;
+    o.fit = make_fit(a.fit, kernel, a.scale, q.tensor.shape()[3]);
+    if (a.causal && data_adapted(kernel) && !o.fit) {
+      throw Error("--fit-a / --fit-q,--fit-k: causal " + to_string(kernel) +
+                  " attention needs a fit from calibration data (a fit to the sequence itself "
+                  "would let every position see future tokens)");
+    }
     AttentionStats stats;
     y = favor_attention(q.tensor, k.tensor, v.tensor, w, o, &stats);
     if (stats.zero_rows > 0) {
@@ -80,13 +88,15 @@ void add_attention_command(CLI::App& app) {
       ->required();
   cmd->add_option("--method", args->method, "favor | exact")->capture_default_str();
   cmd->add_flag("--causal", args->causal, "query i attends to keys j <= i (needs Nq == Nk)");
-  cmd->add_option("--kernel", args->kernel, "positive | trig | hyperbolic")->capture_default_str();
+  cmd->add_option("--kernel", args->kernel, "positive | trig | hyperbolic | favorpp | favorsharp")
+      ->capture_default_str();
   cmd->add_option("--scale", args->scale, "temperature: softmax(scale q.k); default 1/sqrt(D)");
   cmd->add_option("--key-mask", args->key_mask,
                   "bool/0-1 .npy [B, Nk] ([Nk] for 2-D inputs), true = key takes part");
   cmd->add_option("--accumulate", args->accumulate, "exact method's accumulation: f32 | f64")
       ->capture_default_str();
   add_projection_options(cmd, args->projection);
+  add_fit_options(cmd, args->fit);
   cmd->callback([args] { run(*args); });
 }
 

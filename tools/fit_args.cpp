@@ -1,0 +1,42 @@
+#include "fit_args.hpp"
+
+#include "cli_common.hpp"
+
+namespace favor::cli {
+
+void add_fit_options(CLI::App* cmd, FitArgs& args) {
+  cmd->add_option("--fit-a", args.a,
+                  "favorpp: use this A (< 1/8) for every head instead of fitting it");
+  cmd->add_option("--fit-q", args.q,
+                  "favorpp/favorsharp: fit to these calibration queries (.npy, [N, D] or "
+                  "[B, H, N, D]; needs --fit-k)");
+  cmd->add_option("--fit-k", args.k, "favorpp/favorsharp: calibration keys (with --fit-q)");
+}
+
+std::optional<KernelFit> make_fit(const FitArgs& args, Kernel kernel, std::optional<double> scale,
+                                  int64_t d) {
+  const bool files = !args.q.empty() || !args.k.empty();
+  if (!args.a && !files) return std::nullopt;
+  if (!data_adapted(kernel)) {
+    throw Error(std::string(args.a ? "--fit-a" : "--fit-q/--fit-k") +
+                ": only the favorpp and favorsharp kernels take a fit (--kernel is " +
+                to_string(kernel) + ")");
+  }
+  if (args.a && files) throw Error("--fit-a: give either --fit-a or --fit-q/--fit-k, not both");
+  if (args.a) {
+    if (kernel != Kernel::favorpp) {
+      throw Error(
+          "--fit-a: one A for every direction is FAVOR++; favorsharp needs --fit-q/--fit-k");
+    }
+    return KernelFit::constant(*args.a, d);
+  }
+  if (args.q.empty() || args.k.empty()) throw Error("--fit-q/--fit-k: give both files");
+  const InputTensor q = read_tensor(args.q, "--fit-q"), k = read_tensor(args.k, "--fit-k");
+  if (q.tensor.shape()[3] != d || k.tensor.shape()[3] != d) {
+    throw Error("--fit-q/--fit-k: the calibration rows must have the inputs' D = " +
+                std::to_string(d));
+  }
+  return fit_kernel(kernel, q.tensor, k.tensor, scale);
+}
+
+}  // namespace favor::cli
