@@ -231,31 +231,33 @@ AdaptedProjection adapt_projection(const KernelFit& fit, const Projection& w) {
   out.w.resize(static_cast<size_t>(fit.heads * m * d));
   out.bias.resize(static_cast<size_t>(fit.heads * m));
   out.log_const.resize(static_cast<size_t>(fit.heads));
-  std::vector<double> root(static_cast<size_t>(d)), u(static_cast<size_t>(d));
+  std::vector<double> root(static_cast<size_t>(d)), u(static_cast<size_t>(m * d)),
+      rotated(static_cast<size_t>(m * d));
   for (int64_t g = 0; g < fit.heads; ++g) {
     const double* a = fit.a.data() + g * d;
     const double* q = fit.basis.data() + g * d * d;
     double log_const = -0.5 * std::log(static_cast<double>(m));
+    bool identity = true;  // FAVOR++: Q = I, no rotation
     for (int64_t l = 0; l < d; ++l) {
       root[l] = std::sqrt(1.0 - 4.0 * a[l]);
       log_const += 0.25 * std::log1p(-4.0 * a[l]);
+      for (int64_t r = 0; r < d; ++r) identity = identity && q[r * d + l] == (r == l ? 1.0 : 0.0);
     }
     out.log_const[g] = log_const;
+    // U = W diag(sqrt(1 - 4 A)) and the biases, then W_eff = U Q^T (one GEMM).
     for (int64_t f = 0; f < m; ++f) {
       double bias = 0.0;
       for (int64_t l = 0; l < d; ++l) {
         const double wl = w.at(f, l);
-        u[l] = root[l] * wl;
+        u[f * d + l] = root[l] * wl;
         bias += a[l] * wl * wl;
       }
       out.bias[g * m + f] = static_cast<float>(bias);
-      float* row = out.w.data() + (g * m + f) * d;
-      for (int64_t t = 0; t < d; ++t) {
-        double sum = 0.0;
-        for (int64_t l = 0; l < d; ++l) sum += q[t * d + l] * u[l];
-        row[t] = static_cast<float>(sum);
-      }
     }
+    if (!identity) cpu::gemm(false, true, m, d, d, 1.0, u.data(), d, q, d, 0.0, rotated.data(), d);
+    const std::vector<double>& eff = identity ? u : rotated;
+    std::transform(eff.begin(), eff.end(), out.w.begin() + g * m * d,
+                   [](double x) { return static_cast<float>(x); });
   }
   return out;
 }

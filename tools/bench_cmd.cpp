@@ -27,7 +27,9 @@ struct BenchArgs {
   std::vector<int64_t> lengths{256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
   int64_t bh = 8, d = 64, m = 256, max_exact_n = 32768, scaling_n = 16384, sgemm_n = 4096;
   std::vector<int64_t> decode_positions{1024, 65536};
-  std::vector<std::string> sections{"sweep", "long", "scaling", "decode", "backward"};
+  std::vector<std::string> sections{"sweep", "long", "scaling", "decode", "backward", "estimators"};
+  std::vector<std::string> estimators{"positive", "trig", "hyperbolic", "favorpp", "favorsharp"};
+  std::vector<int64_t> estimator_lengths{4096, 16384};
   std::vector<int64_t> backward_lengths{1024, 4096, 16384, 65536};
   int64_t max_exact_backward_n = 4096;
   int repeats = 5;
@@ -103,6 +105,10 @@ class Bench {
           exact_backward_row(a_.bh, n, causal, exact_row(a_.bh, n, causal));
       }
     }
+    section_ = "estimators";
+    for (int64_t n : a_.has("estimators") ? a_.estimator_lengths : std::vector<int64_t>{}) {
+      for (bool causal : {false, true}) estimator_rows(n, causal);
+    }
     section_ = "decode";
     if (a_.has("decode") && !a_.decode_positions.empty()) {
       decode_row(a_.decode_positions.front(),
@@ -114,8 +120,8 @@ class Bench {
   const nlohmann::json& records() const { return records_; }
 
  private:
-  Problem problem(int64_t bh, int64_t n) const {
-    return {bh, n, a_.d, a_.d, a_.m, feature_count(kernel_, a_.m)};
+  Problem problem(int64_t bh, int64_t n, std::optional<Kernel> kernel = {}) const {
+    return {bh, n, a_.d, a_.d, a_.m, feature_count(kernel.value_or(kernel_), a_.m)};
   }
 
   void header() {
@@ -131,7 +137,7 @@ class Bench {
     r["section"] = section_;
     r["d"] = a_.d;
     r["m"] = a_.m;
-    r["kernel"] = to_string(kernel_);
+    if (!r.contains("kernel")) r["kernel"] = to_string(kernel_);
     if (!r.contains("pass")) r["pass"] = "forward";
     const double pct = sgemm_gflops_ > 0 ? 100.0 * r["gflops"].get<double>() / sgemm_gflops_ : 0.0;
     r["percent_of_sgemm"] = pct;
@@ -172,31 +178,54 @@ class Bench {
           {"rss_growth_mb", t.rss_mb}});
   }
 
-  double favor_row(int64_t bh, int64_t n, bool causal, int threads) {
+  // One FAVOR forward row. kernel: the --kernel one unless given (the estimators section).
+  // Bidirectional FAVOR++ / FAVOR# fit themselves inside the timed call; causal ones are
+  // given a fit made beforehand (from calibration data in real use), not timed here.
+  double favor_row(int64_t bh, int64_t n, bool causal, int threads,
+                   std::optional<Kernel> kernel = {}, nlohmann::json extra = {}) {
     const auto [q, k, v] = inputs(bh, n);
     const Projection w =
         Projection::draw(a_.m, a_.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
     Tensor out({1, bh, n, a_.d}, 0.0f);
     AttentionOptions o;
-    o.kernel = kernel_;
+    o.kernel = kernel.value_or(kernel_);
     o.causal = causal;
+    if (causal && data_adapted(o.kernel)) o.fit = fit_kernel(o.kernel, q, k);
     const int saved = num_threads();
     set_num_threads(threads);
     const Measured t = measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o); },
                                a_.repeats, a_.min_time);
     set_num_threads(saved);
-    const double flops = favor_flops(problem(bh, n), causal, kernel_info().causal_chunk);
-    emit({{"method", "favor"},
-          {"causal", causal},
-          {"n", n},
-          {"bh", bh},
-          {"threads", threads},
-          {"seconds", t.seconds},
-          {"gflops", flops / t.seconds / 1e9},
-          {"tokens_per_s", double(n * bh) / t.seconds},
-          {"peak_heap_mb", t.heap_mb},
-          {"rss_growth_mb", t.rss_mb}});
+    const double flops = favor_flops(problem(bh, n, o.kernel), causal, kernel_info().causal_chunk);
+    nlohmann::json r = {{"method", "favor"},
+                        {"causal", causal},
+                        {"n", n},
+                        {"bh", bh},
+                        {"threads", threads},
+                        {"seconds", t.seconds},
+                        {"gflops", flops / t.seconds / 1e9},
+                        {"tokens_per_s", double(n * bh) / t.seconds},
+                        {"peak_heap_mb", t.heap_mb},
+                        {"rss_growth_mb", t.rss_mb}};
+    if (kernel) r["kernel"] = to_string(*kernel);
+    if (extra.is_object()) r.update(extra);
+    emit(std::move(r));
     return t.seconds;
+  }
+
+  // Every estimator at one N, timed against FAVOR+ (positive) measured just before it in
+  // the same run: ratio_to_positive = seconds / seconds(positive). GFLOP/s counts the
+  // cost model's flops for the estimator's F (2m for trig and hyperbolic).
+  void estimator_rows(int64_t n, bool causal) {
+    const double base =
+        favor_row(a_.bh, n, causal, num_threads(), Kernel::positive, {{"ratio_to_positive", 1.0}});
+    for (const std::string& name : a_.estimators) {
+      const Kernel kernel = parse_kernel(name, "--estimators");
+      if (kernel == Kernel::positive) continue;
+      const double seconds = favor_row(a_.bh, n, causal, num_threads(), kernel);
+      records_.back()["ratio_to_positive"] = seconds / base;
+      if (!a_.json) fmt::print("{:>7} {} / positive = {:.2f}\n", "", name, seconds / base);
+    }
   }
 
   double exact_row(int64_t bh, int64_t n, bool causal) {
@@ -251,6 +280,7 @@ class Bench {
     AttentionOptions o;
     o.kernel = kernel_;
     o.causal = causal;
+    if (causal && data_adapted(kernel_)) o.fit = fit_kernel(kernel_, q, k);  // as favor_row
     const Problem prob = problem(bh, n);
     const int64_t chunk = kernel_info().causal_chunk;
     const Measured t =
@@ -286,7 +316,12 @@ class Bench {
     const int64_t bh = a_.bh, steps = 256;
     const Projection w =
         Projection::draw(a_.m, a_.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
-    Decoder dec(1, bh, a_.d, w, {kernel_, std::nullopt});
+    DecoderOptions options{kernel_, std::nullopt, std::nullopt};
+    if (data_adapted(kernel_)) {  // a fit from calibration rows (the decoder needs one)
+      const auto [cq, ck, cv] = inputs(bh, 256, 5000);
+      options.fit = fit_kernel(kernel_, cq, ck);
+    }
+    Decoder dec(1, bh, a_.d, w, options);
     const int64_t chunk = 4096;
     for (int64_t done = 0; done < position; done += chunk) {
       const int64_t t = std::min(chunk, position - done);
@@ -361,6 +396,10 @@ void run(const BenchArgs& a) {
     throw Error("--bh, --dim, --features, --repeats, --sgemm-n, --scaling-n: must be >= 1");
   }
   if (!(a.min_time >= 0.0)) throw Error("--min-time: must be >= 0");
+  for (const std::string& e : a.estimators) parse_kernel(e, "--estimators");
+  for (int64_t n : a.estimator_lengths) {
+    if (n < 1) throw Error("--estimator-lengths: " + std::to_string(n) + " must be >= 1");
+  }
   for (int64_t pos : a.decode_positions) {
     if (pos < 0) throw Error("--decode-positions: " + std::to_string(pos) + " must be >= 0");
   }
@@ -414,7 +453,15 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--bh", a->bh, "batch x heads of the sweep")->capture_default_str();
   cmd->add_option("--dim", a->d, "head dim D = Dv")->capture_default_str();
   cmd->add_option("--features", a->m, "projections m")->capture_default_str();
-  cmd->add_option("--kernel", a->kernel, "positive | trig | hyperbolic")->capture_default_str();
+  cmd->add_option("--kernel", a->kernel,
+                  "positive | trig | hyperbolic | favorpp | favorsharp (all rows but "
+                  "the estimators section)")
+      ->capture_default_str();
+  cmd->add_option("--estimator,--estimators", a->estimators,
+                  "kernels of the estimators section, each timed against positive (FAVOR+)")
+      ->capture_default_str();
+  cmd->add_option("--estimator-lengths", a->estimator_lengths, "N of the estimators section")
+      ->capture_default_str();
   cmd->add_option("--max-exact-n", a->max_exact_n, "longest N for exact attention")
       ->capture_default_str();
   cmd->add_option("--scaling-n", a->scaling_n, "N of the one-thread vs all-threads rows")
@@ -424,9 +471,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--sgemm-n", a->sgemm_n, "size of the yardstick sgemm")->capture_default_str();
   cmd->add_option("--sections", a->sections,
                   "which rows: sweep (N x causal, favor and exact), long (B*H = 1 at the "
-                  "longest N), scaling (1 thread vs all), decode, backward")
+                  "longest N), scaling (1 thread vs all), decode, backward, estimators "
+                  "(each --estimators kernel vs positive)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"sweep", "long", "scaling", "decode", "backward"}));
+      ->check(CLI::IsMember({"sweep", "long", "scaling", "decode", "backward", "estimators"}));
   cmd->add_option("--backward-lengths", a->backward_lengths, "N of the backward rows")
       ->capture_default_str();
   cmd->add_option("--max-exact-backward-n", a->max_exact_backward_n, "longest N for exact backward")
