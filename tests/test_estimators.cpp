@@ -320,7 +320,10 @@ INSTANTIATE_TEST_SUITE_P(
                       FastCase{Kernel::favorsharp, false, false, false, false, 2, 2, 70, 8, 5, 24},
                       FastCase{Kernel::favorsharp, false, true, true, true, 1, 3, 300, 7, 4, 20},
                       FastCase{Kernel::favorsharp, true, false, true, true, 1, 2, 129, 8, 5, 24},
-                      FastCase{Kernel::favorsharp, true, true, false, true, 2, 1, 33, 8, 3, 9}));
+                      FastCase{Kernel::favorsharp, true, true, false, true, 2, 1, 33, 8, 3, 9},
+                      // One head: split across threads (key parts / chained causal segments).
+                      FastCase{Kernel::favorpp, false, false, false, false, 1, 1, 600, 8, 4, 16},
+                      FastCase{Kernel::favorsharp, true, false, false, true, 1, 1, 600, 8, 4, 16}));
 
 // Token t of every head as a [B, H, 1, X] view.
 TensorView token(const Tensor& t, int64_t i) {
