@@ -1,0 +1,212 @@
+// favor accuracy: estimator x projection x m sweep against exact attention, over seeds, with
+// the kernel MSE on a few pairs next to its closed form (math.md s.4). Options, the table,
+// the JSON and the plot; the sweep itself is in accuracy_sweep.cpp.
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+
+#include "accuracy_sweep.hpp"
+#include "commands.hpp"
+#include "npy.hpp"
+
+namespace favor::cli {
+namespace {
+
+std::string python_interpreter() {
+  const char* env = std::getenv("FAVOR_PYTHON");
+  return env && *env ? env : FAVOR_PYTHON;
+}
+
+std::string plot_script() {
+  const char* env = std::getenv("FAVOR_ACCURACY_PLOT_SCRIPT");
+  if (env && *env) return env;
+  for (const char* candidate : {FAVOR_ACCURACY_PLOT_INSTALLED, FAVOR_ACCURACY_PLOT_SOURCE}) {
+    if (::access(candidate, R_OK) == 0) return candidate;
+  }
+  throw Error("--plot: plot_accuracy.py not found (set FAVOR_ACCURACY_PLOT_SCRIPT)");
+}
+
+// Draws the plot into the staged temporary of `plot` (matplotlib, through plot_accuracy.py).
+void draw_plot(const std::string& text, const std::string& plot, StagedOutputs& outputs) {
+  char json_path[] = "/tmp/favor-accuracy-XXXXXX";
+  const int fd = mkstemp(json_path);
+  if (fd < 0) throw Error("--plot: cannot create a temporary file");
+  ::close(fd);
+  std::ofstream(json_path) << text;
+  outputs.stage(plot, "", "--plot");
+  const std::string script = plot_script(), log_path = std::string(json_path) + ".log";
+  const std::string cmd = python_interpreter() + " '" + script + "' '" + json_path + "' '" +
+                          outputs.last_temp() + "' 2>'" + log_path + "'";
+  const int rc = std::system(cmd.c_str());
+  std::string last_line;  // the script's own last word on stderr, for the one-line error
+  {
+    std::ifstream log(log_path);
+    for (std::string line; std::getline(log, line);) {
+      if (!line.empty()) last_line = line;
+    }
+  }
+  std::remove(json_path);
+  std::remove(log_path.c_str());
+  if (rc != 0) {
+    throw Error("--plot: " + plot + ": the plot script " + script + " failed" +
+                (last_line.empty() ? std::string() : ": " + last_line));
+  }
+}
+
+nlohmann::json meta(const AccuracyArgs& a, const std::vector<DataSetting>& data) {
+  const nlohmann::json& first = data.front().meta;
+  const int64_t d = first["d"].get<int64_t>();
+  nlohmann::json names = nlohmann::json::array(), kinds = nlohmann::json::array(),
+                 settings = nlohmann::json::array();
+  for (const auto& e : a.estimators) names.push_back(to_string(parse_kernel(e, "--estimators")));
+  for (const auto& p : a.projections)
+    kinds.push_back(to_string(parse_projection_kind(p, "--projections")));
+  for (const DataSetting& s : data) settings.push_back(s.meta);
+  return {{"command", "accuracy"},
+          {"version", FAVOR_VERSION_STRING},
+          {"threads", num_threads()},
+          {"batch", first["batch"]},
+          {"heads", first["heads"]},
+          {"n", first["n"]},
+          {"nk", first["nk"]},
+          {"d", d},
+          {"dv", first["dv"]},
+          {"scale", a.scale.value_or(1.0 / std::sqrt(double(d)))},
+          {"seeds", a.seeds},
+          {"norms", "chi"},
+          {"data_seed", a.data_seed},
+          {"kernel_pairs",
+           {std::min<int64_t>(a.kernel_pairs, first["n"].get<int64_t>()),
+            std::min<int64_t>(64, first["nk"].get<int64_t>())}},
+          {"estimators", names},
+          {"projections", kinds},
+          {"features", a.features},
+          {"data", settings}};
+}
+
+void print_header(const nlohmann::json& m) {
+  fmt::print(
+      "favor accuracy: FAVOR vs exact softmax attention, relative Frobenius error of the output "
+      "(mean ± std over {} seeds)\n",
+      m["seeds"].get<int64_t>());
+  fmt::print(
+      "B = {}, H = {}, N = {}, Nk = {}, D = {}, Dv = {}, scale = {:.4g}; kernel MSE on {} x {} "
+      "pairs of head 0, relative to mean SM^2; closed form: iid projections (math.md s.4), "
+      "<= bound: orthogonal positive, m <= D\n",
+      m["batch"].get<int64_t>(), m["heads"].get<int64_t>(), m["n"].get<int64_t>(),
+      m["nk"].get<int64_t>(), m["d"].get<int64_t>(), m["dv"].get<int64_t>(),
+      m["scale"].get<double>(), m["kernel_pairs"][0].get<int64_t>(),
+      m["kernel_pairs"][1].get<int64_t>());
+  fmt::print("{}\n", build_info());
+  fmt::print("{:<30} {:<10} {:<10} {:>5} {:>5} {:>21} {:>10} {:>12} {:>5}\n", "data", "estimator",
+             "projection", "m", "F", "attn rel err ± std", "kernel", "closed form", "zero");
+  fmt::print("{:<30} {:<10} {:<10} {:>5} {:>5} {:>21} {:>10} {:>12} {:>5}\n", "", "", "", "", "",
+             "", "rel MSE", "rel MSE", "rows");
+}
+
+void print_row(const nlohmann::json& r) {
+  std::string closed = "-";
+  if (r.contains("kernel_rel_mse_closed_form")) {
+    closed = fmt::format("{:.3e}", r["kernel_rel_mse_closed_form"].get<double>());
+  } else if (r.contains("kernel_rel_mse_upper_bound")) {
+    closed = fmt::format("<= {:.2e}", r["kernel_rel_mse_upper_bound"].get<double>());
+  }
+  fmt::print("{:<30} {:<10} {:<10} {:>5} {:>5} {:>10.4g} ± {:<8.2g} {:>10.3e} {:>12} {:>5}\n",
+             r["data"].get<std::string>(), r["estimator"].get<std::string>(),
+             r["projection"].get<std::string>(), r["m"].get<int64_t>(),
+             r["features"].get<int64_t>(), r["attention_rel_error"].get<double>(),
+             r["attention_rel_error_std"].get<double>(), r["kernel_rel_mse"].get<double>(), closed,
+             r["zero_rows"].get<int64_t>());
+  std::fflush(stdout);
+}
+
+void run(const AccuracyArgs& a) {
+  const std::vector<DataSetting> data = make_data_settings(a);
+  for (const auto& [path, option] : {std::pair{a.out, "--out"}, std::pair{a.plot, "--plot"}}) {
+    if (path.empty()) continue;
+    StagedOutputs probe;  // fails now, naming the option, rather than after the sweep
+    probe.stage(path, "", option);
+  }
+  const nlohmann::json m = meta(a, data);
+  if (!a.json) print_header(m);
+  const bool show_progress = a.progress || ::isatty(STDERR_FILENO);
+  const Progress progress = [show_progress](int64_t i, int64_t total, const std::string& e,
+                                            const std::string& p, int64_t features) {
+    if (show_progress) fmt::print(stderr, "accuracy: {}/{} {}/{} m={}\n", i, total, e, p, features);
+  };
+  const RecordSink sink = [&a](const nlohmann::json& r) {
+    if (!a.json) print_row(r);
+  };
+  nlohmann::json result = {{"meta", m}, {"records", run_accuracy_sweep(a, data, progress, sink)}};
+  const std::string text = result.dump(2) + "\n";
+  if (a.json) fmt::print("{}", text);
+  StagedOutputs outputs;
+  if (!a.out.empty()) outputs.stage(a.out, text, "--out");
+  if (!a.plot.empty()) draw_plot(text, a.plot, outputs);
+  outputs.commit();
+}
+
+}  // namespace
+
+void add_accuracy_command(CLI::App& app) {
+  auto a = std::make_shared<AccuracyArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "accuracy",
+      "Accuracy study: attention error vs exact softmax and kernel MSE (with closed forms) over "
+      "estimators x projections x m x seeds");
+  cmd->add_flag("--json", a->json, "print {meta, records} as JSON instead of the table");
+  cmd->add_option("--out", a->out, "also write the JSON to this file");
+  cmd->add_option("--plot", a->plot,
+                  "draw error vs m (log-log) into this PNG (matplotlib, plot_accuracy.py)");
+  cmd->add_flag("--progress", a->progress,
+                "progress lines on stderr (default: only when stderr is a terminal)");
+  cmd->add_option("--estimators", a->estimators,
+                  "positive | trig | hyperbolic | favorpp | favorsharp")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--projections", a->projections,
+                  "iid | orthogonal | radial | qmc | sorf | simplex (chi norms)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--features", a->features, "projection counts m (F = 2m for trig, hyperbolic)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--seeds", a->seeds, "projection seeds s = 0 .. seeds-1 per combination")
+      ->capture_default_str();
+  cmd->add_option("--scale", a->scale, "temperature: softmax(scale q.k); default 1/sqrt(D)");
+  cmd->add_option("--kernel-pairs", a->kernel_pairs,
+                  "kernel MSE over the first this many queries x first 64 keys of head 0")
+      ->capture_default_str();
+  auto* n = cmd->add_option("--n", a->n, "synthetic: tokens N")->capture_default_str();
+  auto* d = cmd->add_option("--d", a->d, "synthetic: head dim D")->capture_default_str();
+  auto* dv =
+      cmd->add_option("--dv", a->dv, "value dim Dv (synthetic values)")->capture_default_str();
+  auto* norm = cmd->add_option("--qk-norm", a->qk_norms,
+                               "synthetic: row norms |q| = |k|, one setting each (default "
+                               "D^(1/4): |x| = |y| = 1 at the default scale)")
+                   ->delimiter(',');
+  auto* cos = cmd->add_option("--qk-cos", a->qk_cos,
+                              "synthetic: expected cosine between a query and a key, in [-1, 1], "
+                              "one setting each (see docs/cli.md)")
+                  ->delimiter(',')
+                  ->capture_default_str();
+  cmd->add_option("--data-seed", a->data_seed, "seed of the synthetic q, k and v")
+      ->capture_default_str();
+  auto* q =
+      cmd->add_option("--q", a->q, "queries .npy [N, D] or [B, H, N, D] instead of synthetic");
+  auto* k = cmd->add_option("--k", a->k, "keys .npy [Nk, D] or [B, H, Nk, D] (with --q)");
+  auto* v = cmd->add_option("--v", a->v,
+                            "values .npy [Nk, Dv] or [B, H, Nk, Dv] (default: "
+                            "synthetic Gaussian)");
+  q->needs(k)->excludes(n)->excludes(d)->excludes(norm)->excludes(cos);
+  k->needs(q);
+  v->needs(q)->excludes(dv);
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace favor::cli

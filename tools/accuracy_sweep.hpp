@@ -1,0 +1,55 @@
+#pragma once
+// favor accuracy: the data settings and the sweep m x estimator x projection x seed against
+// exact softmax attention, with the kernel MSE next to its closed form (math.md s.4).
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "favor/favor.hpp"
+
+namespace favor::cli {
+
+struct AccuracyArgs {
+  bool json = false, progress = false;
+  std::string out, plot;
+  std::vector<std::string> estimators{"positive", "trig", "hyperbolic", "favorpp", "favorsharp"};
+  std::vector<std::string> projections{"iid", "orthogonal", "radial", "qmc", "sorf", "simplex"};
+  std::vector<int64_t> features{16, 32, 64, 128, 256, 512, 1024};
+  int64_t seeds = 5;
+  std::optional<double> scale;
+  // Synthetic data.
+  int64_t n = 512, d = 64, dv = 64;
+  std::vector<double> qk_norms;  // empty: D^(1/4), i.e. |x| = |y| = 1 at the default scale
+  std::vector<double> qk_cos{0.0};
+  uint64_t data_seed = 1234;
+  // User data.
+  std::string q, k, v;
+  int64_t kernel_pairs = 64;
+};
+
+/// One data setting: q, k, v [B, H, N, D] and a JSON description (label, norms, ...).
+struct DataSetting {
+  std::string label;
+  Tensor q, k, v;
+  nlohmann::json meta;
+};
+
+/// Checks the options (throws favor::Error naming the option) and builds the data settings:
+/// the synthetic grid --qk-norm x --qk-cos, or the --q/--k[/--v] files.
+std::vector<DataSetting> make_data_settings(const AccuracyArgs& args);
+
+/// Called before each combination with (index from 1, total, estimator, projection, m).
+using Progress =
+    std::function<void(int64_t, int64_t, const std::string&, const std::string&, int64_t)>;
+/// Called after each combination with its finished record.
+using RecordSink = std::function<void(const nlohmann::json&)>;
+
+/// Runs the sweep over every data setting and returns the records (one per data x estimator
+/// x projection x m, in that nesting order).
+nlohmann::json run_accuracy_sweep(const AccuracyArgs& args, const std::vector<DataSetting>& data,
+                                  const Progress& progress, const RecordSink& sink);
+
+}  // namespace favor::cli
