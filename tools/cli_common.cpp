@@ -6,10 +6,16 @@ void add_projection_options(CLI::App* app, ProjectionArgs& a) {
   a.features_opt = app->add_option("--features", a.features,
                                    "number of random projections m (F = m or 2m features)")
                        ->capture_default_str();
-  a.kind_opt = app->add_option("--projection", a.kind, "iid | orthogonal")->capture_default_str();
+  a.kind_opt = app->add_option("--projection", a.kind,
+                               "iid | orthogonal | radial | qmc | sorf | simplex "
+                               "(docs/projections.md)")
+                   ->capture_default_str();
   a.norms_opt =
       app->add_option("--norms", a.norms,
-                      "chi (unbiased) | fixed (sqrt(d) row norms: the regularised kernel SMREG)")
+                      "chi (unbiased; stratified for radial) | fixed (sqrt(d) row norms: the "
+                      "regularised kernel SMREG; orthogonal, simplex, sorf as constructed) | "
+                      "quantile (radial only: "
+                      "deterministic chi(d) quantiles, biased)")
           ->capture_default_str();
   a.seed_opt =
       app->add_option("--seed", a.seed, "64-bit seed of the projection")->capture_default_str();
@@ -34,13 +40,7 @@ Projection make_projection(const ProjectionArgs& a, int64_t d) {
   }
   ProjectionOptions o;
   o.kind = parse_projection_kind(a.kind, "--projection");
-  if (a.norms == "chi") {
-    o.norms = NormMode::chi;
-  } else if (a.norms == "fixed") {
-    o.norms = NormMode::fixed;
-  } else {
-    throw Error("--norms: '" + a.norms + "' is not a norm mode; use chi or fixed");
-  }
+  o.norms = parse_norm_mode(a.norms, "--norms");
   o.seed = a.seed;
   if (a.features < 1) throw Error("--features: " + std::to_string(a.features) + " must be >= 1");
   return Projection::draw(a.features, d, o);
