@@ -337,7 +337,8 @@ namespace {
 TEST_F(Cli, BenchWritesRecordsAndPlot) {
   const std::string args =
       "bench --lengths 64 96 --max-exact-n 96 --scaling-n 64 --decode-positions 8 40 --sgemm-n 64 "
-      "--backward-lengths 64 96 --repeats 1 --min-time 0 --threads 2 --out " +
+      "--backward-lengths 64 96 --estimator-lengths 64 --repeats 1 --min-time 0 --threads 2 "
+      "--out " +
       path("bench.json") + " --plot " + path("bench.png");
   const Result r = run(args);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -359,10 +360,20 @@ TEST_F(Cli, BenchWritesRecordsAndPlot) {
   // bwd.
   // ... + backward: 2 lengths x 2 modes x (favor fwd, favor bwd, exact fwd, exact bwd), and
   // for bidirectional favor also the backward with a saved context.
-  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 2u + 18u);
+  // ... + estimators: 1 length x 2 modes x 5 kernels, each with its ratio to positive.
+  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 2u + 18u + 10u);
   size_t backward = 0;
-  for (const auto& rec : records) backward += rec["pass"] == "backward" ? 1 : 0;
+  std::set<std::string> estimators;
+  for (const auto& rec : records) {
+    backward += rec["pass"] == "backward" ? 1 : 0;
+    if (rec["section"] != "estimators") continue;
+    estimators.insert(rec["kernel"].get<std::string>());
+    EXPECT_GT(rec["ratio_to_positive"].get<double>(), 0.0) << rec.dump();
+    if (rec["kernel"] == "positive") EXPECT_EQ(rec["ratio_to_positive"].get<double>(), 1.0);
+  }
   EXPECT_EQ(backward, 10u);
+  EXPECT_EQ(estimators,
+            (std::set<std::string>{"positive", "trig", "hyperbolic", "favorpp", "favorsharp"}));
   const std::string png = slurp("bench.png");
   ASSERT_GE(png.size(), 8u);
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
