@@ -11,6 +11,7 @@
 #include "core/adapted.hpp"
 #include "core/validate.hpp"
 #include "cpu/blas.hpp"
+#include "cpu/feature_tile.hpp"
 #include "cpu/tiles.hpp"
 #include "favor/error.hpp"
 #include "favor/features.hpp"
@@ -18,6 +19,9 @@
 
 namespace favor {
 namespace {
+
+// Rows per Gram update: large enough for an efficient syrk (2048 x 64 doubles = 1 MiB).
+constexpr int64_t kMomentRows = 2048;
 
 // First and second moments of the normalised rows of one head.
 struct Moments {
@@ -27,33 +31,49 @@ struct Moments {
 };
 
 Moments head_moments(const TensorView& x, int64_t b, int64_t h, double sqrt_scale, bool full,
-                     const std::optional<KeyMaskView>& mask, std::vector<double>& tile) {
+                     const std::optional<KeyMaskView>& mask, std::vector<float>& tile,
+                     std::vector<double>& dtile) {
   const int64_t n = x.shape[2], d = x.shape[3];
   Moments mo;
   mo.sum.assign(static_cast<size_t>(d), 0.0);
   mo.second.assign(full ? static_cast<size_t>(d * d) : 1, 0.0);
+  const float* head = x.data + b * x.strides[0] + h * x.strides[1];
+  double* sum = mo.sum.data();
+  double half_norm2 = 0.0, norm2 = 0.0;
   int64_t rows = 0;
+  // Rows are gathered unscaled (an exact copy; |row|^2 in double by the SIMD helper) and the
+  // scale is applied to the sums at the end.
   auto flush = [&] {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = tile.data() + r * d;
+      for (int64_t t = 0; t < d; ++t) sum[t] += row[t];
+    }
     if (full && rows > 0) {
-      cpu::gemm(true, false, d, d, rows, 1.0, tile.data(), d, tile.data(), d, 1.0, mo.second.data(),
-                d);
+      std::copy(tile.begin(), tile.begin() + rows * d, dtile.begin());
+      cpu::gram_upper(d, rows, dtile.data(), d, mo.second.data(), d);
     }
     rows = 0;
   };
   for (int64_t i = 0; i < n; ++i) {
     if (mask && !mask->at(b, i)) continue;
-    double* row = tile.data() + rows * d;
-    double norm2 = 0.0;
-    for (int64_t t = 0; t < d; ++t) {
-      row[t] = sqrt_scale * static_cast<double>(x.at(b, h, i, t));
-      mo.sum[static_cast<size_t>(t)] += row[t];
-      norm2 += row[t] * row[t];
-    }
-    if (!full) mo.second[0] += norm2;
+    cpu::gather_rows(head + i * x.strides[2], 0, x.strides[3], 1, d, 1.0f, tile.data() + rows * d,
+                     &half_norm2);
+    norm2 += 2.0 * half_norm2;
     ++mo.count;
-    if (++rows == cpu::kRowTile) flush();
+    if (++rows == kMomentRows) flush();
   }
   flush();
+  const double scale = sqrt_scale * sqrt_scale;
+  for (double& v : mo.sum) v *= sqrt_scale;
+  if (full) {
+    for (int64_t r = 0; r < d; ++r)
+      for (int64_t c = r; c < d; ++c) {
+        mo.second[r * d + c] *= scale;
+        mo.second[c * d + r] = mo.second[r * d + c];  // mirror the upper triangle
+      }
+  } else {
+    mo.second[0] = norm2 * scale;
+  }
   return mo;
 }
 
@@ -168,12 +188,13 @@ KernelFit fit_kernel(Kernel kernel, TensorView q, TensorView k, std::optional<do
 #pragma omp parallel num_threads(num_threads())
   {
     cpu::blas_on_calling_thread();
-    std::vector<double> tile(static_cast<size_t>(cpu::kRowTile * d));
+    std::vector<float> tile(static_cast<size_t>(kMomentRows * d));
+    std::vector<double> dtile(full ? static_cast<size_t>(kMomentRows * d) : 0);
 #pragma omp for schedule(dynamic)
     for (int64_t bh = 0; bh < heads; ++bh) {
       const int64_t b = bh / s.heads, h = bh % s.heads;
-      const Moments mq = head_moments(q, b, h, sqrt_scale, full, std::nullopt, tile);
-      const Moments mk = head_moments(k, b, h, sqrt_scale, full, key_mask, tile);
+      const Moments mq = head_moments(q, b, h, sqrt_scale, full, std::nullopt, tile, dtile);
+      const Moments mk = head_moments(k, b, h, sqrt_scale, full, key_mask, tile, dtile);
       fit_head(kernel, mq, mk, d, fit.a.data() + bh * d, fit.basis.data() + bh * d * d);
     }
   }

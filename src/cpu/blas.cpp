@@ -29,4 +29,8 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
               i(ldc));
 }
 
+void gram_upper(int64_t n, int64_t k, const double* A, int64_t lda, double* C, int64_t ldc) {
+  cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, i(n), i(k), 1.0, A, i(lda), 1.0, C, i(ldc));
+}
+
 }  // namespace favor::cpu

@@ -20,4 +20,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double al
           const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C,
           int64_t ldc);
 
+/// C[n x n] += A^T A for A k x n (row-major): the upper triangle only (C's lower part is
+/// left as it was).
+void gram_upper(int64_t n, int64_t k, const double* A, int64_t lda, double* C, int64_t ldc);
+
 }  // namespace favor::cpu
