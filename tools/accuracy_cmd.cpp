@@ -13,49 +13,15 @@
 #include "accuracy_sweep.hpp"
 #include "commands.hpp"
 #include "npy.hpp"
+#include "plot_runner.hpp"
 
 namespace favor::cli {
 namespace {
 
-std::string python_interpreter() {
-  const char* env = std::getenv("FAVOR_PYTHON");
-  return env && *env ? env : FAVOR_PYTHON;
-}
-
 std::string plot_script() {
-  const char* env = std::getenv("FAVOR_ACCURACY_PLOT_SCRIPT");
-  if (env && *env) return env;
-  for (const char* candidate : {FAVOR_ACCURACY_PLOT_INSTALLED, FAVOR_ACCURACY_PLOT_SOURCE}) {
-    if (::access(candidate, R_OK) == 0) return candidate;
-  }
-  throw Error("--plot: plot_accuracy.py not found (set FAVOR_ACCURACY_PLOT_SCRIPT)");
-}
-
-// Draws the plot into the staged temporary of `plot` (matplotlib, through plot_accuracy.py).
-void draw_plot(const std::string& text, const std::string& plot, StagedOutputs& outputs) {
-  char json_path[] = "/tmp/favor-accuracy-XXXXXX";
-  const int fd = mkstemp(json_path);
-  if (fd < 0) throw Error("--plot: cannot create a temporary file");
-  ::close(fd);
-  std::ofstream(json_path) << text;
-  outputs.stage(plot, "", "--plot");
-  const std::string script = plot_script(), log_path = std::string(json_path) + ".log";
-  const std::string cmd = python_interpreter() + " '" + script + "' '" + json_path + "' '" +
-                          outputs.last_temp() + "' 2>'" + log_path + "'";
-  const int rc = std::system(cmd.c_str());
-  std::string last_line;  // the script's own last word on stderr, for the one-line error
-  {
-    std::ifstream log(log_path);
-    for (std::string line; std::getline(log, line);) {
-      if (!line.empty()) last_line = line;
-    }
-  }
-  std::remove(json_path);
-  std::remove(log_path.c_str());
-  if (rc != 0) {
-    throw Error("--plot: " + plot + ": the plot script " + script + " failed" +
-                (last_line.empty() ? std::string() : ": " + last_line));
-  }
+  return find_plot_script("FAVOR_ACCURACY_PLOT_SCRIPT",
+                          {FAVOR_ACCURACY_PLOT_INSTALLED, FAVOR_ACCURACY_PLOT_SOURCE},
+                          "plot_accuracy.py");
 }
 
 nlohmann::json meta(const AccuracyArgs& a, const std::vector<DataSetting>& data) {
@@ -147,7 +113,7 @@ void run(const AccuracyArgs& a) {
   if (a.json) fmt::print("{}", text);
   StagedOutputs outputs;
   if (!a.out.empty()) outputs.stage(a.out, text, "--out");
-  if (!a.plot.empty()) draw_plot(text, a.plot, outputs);
+  if (!a.plot.empty()) draw_plot(plot_script(), text, a.plot, outputs);
   outputs.commit();
 }
 

@@ -15,6 +15,7 @@
 #include "cli_common.hpp"
 #include "commands.hpp"
 #include "cost_model.hpp"
+#include "plot_runner.hpp"
 #include "workload.hpp"
 
 namespace favor::cli {
@@ -373,20 +374,6 @@ class Bench {
   nlohmann::json records_ = nlohmann::json::array();
 };
 
-std::string python_interpreter() {
-  const char* env = std::getenv("FAVOR_PYTHON");
-  return env && *env ? env : FAVOR_PYTHON;
-}
-
-std::string plot_script() {
-  const char* env = std::getenv("FAVOR_PLOT_SCRIPT");
-  if (env && *env) return env;
-  for (const char* candidate : {FAVOR_PLOT_SCRIPT_INSTALLED, FAVOR_PLOT_SCRIPT_SOURCE}) {
-    if (::access(candidate, R_OK) == 0) return candidate;
-  }
-  throw Error("--plot: plot_bench.py not found (set FAVOR_PLOT_SCRIPT)");
-}
-
 void run(const BenchArgs& a) {
   for (int64_t n : a.lengths) {
     if (n < 1) throw Error("--lengths: " + std::to_string(n) + " must be >= 1");
@@ -410,31 +397,11 @@ void run(const BenchArgs& a) {
   StagedOutputs outputs;
   if (!a.out.empty()) outputs.stage(a.out, text, "--out");
   if (!a.plot.empty()) {
-    // The plot is drawn by matplotlib into a staged file, then moved into place with --out.
-    char json_path[] = "/tmp/favor-bench-XXXXXX";
-    const int fd = mkstemp(json_path);
-    if (fd < 0) throw Error("--plot: cannot create a temporary file");
-    ::close(fd);
-    std::ofstream(json_path) << text;
-    outputs.stage(a.plot, "", "--plot");
-    const std::string staged = outputs.last_temp();
-    const std::string log_path = std::string(json_path) + ".log";
-    const std::string cmd = python_interpreter() + " '" + plot_script() + "' '" + json_path +
-                            "' '" + staged + "' 2>'" + log_path + "'";
-    const int rc = std::system(cmd.c_str());
-    std::string last_line;  // the script's own last word on stderr, for the one-line error
-    {
-      std::ifstream log(log_path);
-      for (std::string line; std::getline(log, line);) {
-        if (!line.empty()) last_line = line;
-      }
-    }
-    std::remove(json_path);
-    std::remove(log_path.c_str());
-    if (rc != 0) {
-      throw Error("--plot: " + a.plot + ": the plot script " + plot_script() + " failed" +
-                  (last_line.empty() ? std::string() : ": " + last_line));
-    }
+    // The plot is drawn by matplotlib into a staged file, moved into place with --out.
+    draw_plot(
+        find_plot_script("FAVOR_PLOT_SCRIPT",
+                         {FAVOR_PLOT_SCRIPT_INSTALLED, FAVOR_PLOT_SCRIPT_SOURCE}, "plot_bench.py"),
+        text, a.plot, outputs);
   }
   outputs.commit();
 }

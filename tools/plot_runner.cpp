@@ -1,0 +1,58 @@
+#include "plot_runner.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include "favor/error.hpp"
+
+namespace favor::cli {
+namespace {
+
+std::string python_interpreter() {
+  const char* env = std::getenv("FAVOR_PYTHON");
+  return env && *env ? env : FAVOR_PYTHON;
+}
+
+}  // namespace
+
+std::string find_plot_script(const char* env_var, std::initializer_list<const char*> candidates,
+                             const std::string& name) {
+  const char* env = std::getenv(env_var);
+  if (env && *env) return env;
+  for (const char* candidate : candidates) {
+    if (::access(candidate, R_OK) == 0) return candidate;
+  }
+  throw Error("--plot: " + name + " not found (set " + env_var + ")");
+}
+
+void draw_plot(const std::string& script, const std::string& json_text, const std::string& plot,
+               StagedOutputs& outputs) {
+  char json_path[] = "/tmp/favor-plot-XXXXXX";
+  const int fd = mkstemp(json_path);
+  if (fd < 0) throw Error("--plot: cannot create a temporary file");
+  ::close(fd);
+  std::ofstream(json_path) << json_text;
+  outputs.stage(plot, "", "--plot");
+  const std::string log_path = std::string(json_path) + ".log";
+  const std::string cmd = python_interpreter() + " '" + script + "' '" + json_path + "' '" +
+                          outputs.last_temp() + "' 2>'" + log_path + "'";
+  const int rc = std::system(cmd.c_str());
+  std::string last_line;  // the script's own last word on stderr, for the one-line error
+  {
+    std::ifstream log(log_path);
+    for (std::string line; std::getline(log, line);) {
+      if (!line.empty()) last_line = line;
+    }
+  }
+  std::remove(json_path);
+  std::remove(log_path.c_str());
+  if (rc != 0) {
+    throw Error("--plot: " + plot + ": the plot script " + script + " failed" +
+                (last_line.empty() ? std::string() : ": " + last_line));
+  }
+}
+
+}  // namespace favor::cli
