@@ -12,7 +12,6 @@
 #include "core/validate.hpp"
 #include "cpu/blas.hpp"
 #include "cpu/feature_tile.hpp"
-#include "cpu/tiles.hpp"
 #include "favor/error.hpp"
 #include "favor/features.hpp"
 #include "favor/runtime.hpp"
