@@ -15,6 +15,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "cli_fixture.hpp"
 #include "npy.hpp"
 #include "test_helpers.hpp"
 
@@ -24,41 +25,10 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::random_tensor;
 
-class AccuracyCli : public ::testing::Test {
+class AccuracyCli : public testing::CliTest {
  protected:
-  fs::path dir;
-  void SetUp() override {
-    dir = fs::temp_directory_path() /
-          ("favor_accuracy_" + std::to_string(::getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  void TearDown() override { fs::remove_all(dir); }
-
-  std::string path(const std::string& name) const { return (dir / name).string(); }
-  void write(const std::string& name, const Tensor& t, bool rank2 = false) const {
-    const auto& s = t.shape();
-    const std::vector<int64_t> shape =
-        rank2 ? std::vector<int64_t>{s[2], s[3]} : std::vector<int64_t>{s[0], s[1], s[2], s[3]};
-    std::ofstream(path(name), std::ios::binary) << cli::encode_npy_f32(shape, t.data());
-  }
-  std::string slurp(const std::string& name) const {
-    std::ifstream in(path(name));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
-  struct Result {
-    int code;
-    std::string err, out;
-  };
   Result run(const std::string& args, const std::string& env = "") const {
-    const std::string cmd = env + " " + std::string(FAVOR_CLI_PATH) + " accuracy " + args + " >" +
-                            path("stdout.txt") + " 2>" + path("stderr.txt");
-    const int status = std::system(cmd.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp("stderr.txt"), slurp("stdout.txt")};
+    return run_cli("accuracy " + args, env);
   }
   json run_json(const std::string& args) const {
     const Result r = run("--json " + args);

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "cli_fixture.hpp"
 #include "npy.hpp"
 #include "test_helpers.hpp"
 
@@ -18,54 +19,9 @@ namespace {
 namespace fs = std::filesystem;
 using testing::random_tensor;
 
-class Cli : public ::testing::Test {
+class Cli : public testing::CliTest {
  protected:
-  fs::path dir;
-  void SetUp() override {
-    dir = fs::temp_directory_path() /
-          ("favor_cli_" + std::to_string(::getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  void TearDown() override { fs::remove_all(dir); }
-
-  std::string path(const std::string& name) const { return (dir / name).string(); }
-
-  void write_bytes(const std::string& name, const std::string& bytes) const {
-    std::ofstream(path(name), std::ios::binary) << bytes;
-  }
-  void write(const std::string& name, const Tensor& t, bool rank2 = false) const {
-    const auto& s = t.shape();
-    const std::vector<int64_t> shape =
-        rank2 ? std::vector<int64_t>{s[2], s[3]} : std::vector<int64_t>{s[0], s[1], s[2], s[3]};
-    write_bytes(name, cli::encode_npy_f32(shape, t.data()));
-  }
-  Tensor read(const std::string& name) const {
-    cli::NpyArray a = cli::read_float_npy(path(name), "test");
-    Shape4 s = a.shape.size() == 2 ? Shape4{1, 1, a.shape[0], a.shape[1]}
-                                   : Shape4{a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
-    return Tensor(s, a.values);
-  }
-
-  struct Result {
-    int code;
-    std::string err, out;
-  };
-  Result run(const std::string& args) const {
-    const std::string cmd = std::string(FAVOR_CLI_PATH) + " " + args + " >" + path("stdout.txt") +
-                            " 2>" + path("stderr.txt");
-    const int status = std::system(cmd.c_str());
-    Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp("stderr.txt"),
-             slurp("stdout.txt")};
-    return r;
-  }
-  std::string slurp(const std::string& name) const {
-    std::ifstream in(path(name));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
+  Result run(const std::string& args) const { return run_cli(args); }
   // Exit code 2, exactly one line on stderr containing `fragment`, and no file at `out`
   // other than what was there before.
   void expect_failure(const std::string& args, const std::string& fragment,

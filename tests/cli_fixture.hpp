@@ -1,0 +1,69 @@
+#pragma once
+// A per-test temporary folder and the favor CLI run as a process (stdout and stderr
+// captured): the base of the CLI test suites.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "favor/favor.hpp"
+#include "npy.hpp"
+
+namespace favor::testing {
+
+class CliTest : public ::testing::Test {
+ protected:
+  std::filesystem::path dir;
+  void SetUp() override {
+    dir = std::filesystem::temp_directory_path() /
+          ("favor_cli_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir); }
+
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+
+  void write_bytes(const std::string& name, const std::string& bytes) const {
+    std::ofstream(path(name), std::ios::binary) << bytes;
+  }
+  void write(const std::string& name, const Tensor& t, bool rank2 = false) const {
+    const auto& s = t.shape();
+    const std::vector<int64_t> shape =
+        rank2 ? std::vector<int64_t>{s[2], s[3]} : std::vector<int64_t>{s[0], s[1], s[2], s[3]};
+    write_bytes(name, cli::encode_npy_f32(shape, t.data()));
+  }
+  Tensor read(const std::string& name) const {
+    cli::NpyArray a = cli::read_float_npy(path(name), "test");
+    Shape4 s = a.shape.size() == 2 ? Shape4{1, 1, a.shape[0], a.shape[1]}
+                                   : Shape4{a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
+    return Tensor(s, a.values);
+  }
+  std::string slurp(const std::string& name) const {
+    std::ifstream in(path(name));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  struct Result {
+    int code;
+    std::string err, out;
+  };
+  /// Runs `favor args` (with `env` assignments before it, if any).
+  Result run_cli(const std::string& args, const std::string& env = "") const {
+    const std::string cmd = env + " " + std::string(FAVOR_CLI_PATH) + " " + args + " >" +
+                            path("stdout.txt") + " 2>" + path("stderr.txt");
+    const int status = std::system(cmd.c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp("stderr.txt"), slurp("stdout.txt")};
+  }
+};
+
+}  // namespace favor::testing
