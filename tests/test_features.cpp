@@ -175,5 +175,25 @@ TEST(Features, KernelMseMetricMatchesClosedForm) {
               5.0 * std::sqrt((s.m4 - s.var * s.var) / seeds));
 }
 
+// The library's closed forms (favor::iid_mse, written from the variance of one term) against
+// the math.md s.4 forms above, derived independently: the same numbers to rounding.
+TEST(Features, LibraryClosedFormsEqualMathMd) {
+  const Pair p = make_pair(6);
+  std::vector<double> x(6), y(6);
+  for (int64_t i = 0; i < 6; ++i) {
+    x[i] = p.x.at(0, 0, 0, i);
+    y[i] = p.y.at(0, 0, 0, i);
+  }
+  for (Kernel k : {Kernel::positive, Kernel::trig, Kernel::hyperbolic}) {
+    const double expected = closed_form_mse(k, p, 16);
+    EXPECT_NEAR(iid_mse(k, x.data(), y.data(), 6, 16), expected, 1e-12 * expected) << to_string(k);
+  }
+  // FAVOR++ with A = 0 is FAVOR+.
+  const KernelFit zero = KernelFit::constant(0.0, 6);
+  EXPECT_NEAR(iid_mse(Kernel::favorpp, x.data(), y.data(), 6, 16, &zero),
+              closed_form_mse(Kernel::positive, p, 16),
+              1e-12 * closed_form_mse(Kernel::positive, p, 16));
+}
+
 }  // namespace
 }  // namespace favor
