@@ -37,6 +37,12 @@ class Decoder {
 
   /// Tokens appended so far.
   int64_t position() const { return position_; }
+  /// Bytes held by the state (S, s and the stabilisers): fixed at construction, whatever
+  /// the position.
+  int64_t state_bytes() const {
+    return static_cast<int64_t>(S_.size() * sizeof(float) + s_.size() * sizeof(float) +
+                                max_.size() * sizeof(double));
+  }
   void reset();
 
   int64_t batch() const { return batch_; }

@@ -1,0 +1,26 @@
+# Finds what the Python package needs: an interpreter with numpy (Debian's /usr/bin/python3
+# unless Python_EXECUTABLE is given: the python3 first on PATH may be another build without
+# Debian's packages), its headers, and pybind11. Sets FAVOR_PYTHON_FOUND; says why when not.
+if(NOT DEFINED Python_EXECUTABLE AND EXISTS /usr/bin/python3)
+  set(Python_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "Python for the favor package")
+endif()
+set(FAVOR_PYTHON_FOUND FALSE)
+find_package(Python 3.8 COMPONENTS Interpreter Development.Module)
+if(NOT Python_FOUND)
+  message(STATUS "favor Python package: off (no Python interpreter with headers; install python3-dev)")
+  return()
+endif()
+execute_process(COMMAND ${Python_EXECUTABLE} -c "import numpy"
+                RESULT_VARIABLE numpy_missing OUTPUT_QUIET ERROR_QUIET)
+if(numpy_missing)
+  message(STATUS "favor Python package: off (${Python_EXECUTABLE} has no numpy)")
+  return()
+endif()
+set(PYBIND11_FINDPYTHON ON)
+find_package(pybind11 2.6 CONFIG QUIET)
+if(NOT pybind11_FOUND)
+  message(STATUS "favor Python package: off (pybind11 not found; install pybind11-dev)")
+  return()
+endif()
+set(FAVOR_PYTHON_FOUND TRUE)
+message(STATUS "favor Python package: on (${Python_EXECUTABLE}, pybind11 ${pybind11_VERSION})")

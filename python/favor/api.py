@@ -1,0 +1,181 @@
+"""The numpy API: one function per C++ entry point, the CLI's option names.
+
+Shapes: q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] -> [B, H, Nq, Dv]; or all 2-D
+([N, D], one head) -> 2-D. key_mask: [B, Nk] ([Nk] for 2-D inputs), bool or integer,
+nonzero = the key takes part (the CLI's --key-mask; torch's key_padding_mask is the
+opposite and is handled in favor.torch).
+"""
+from collections import namedtuple
+
+from . import _core
+
+DEFAULT_FEATURES = 256
+
+AttentionOutput = namedtuple("AttentionOutput", ["y", "context", "zero_rows"])
+AttentionOutput.__doc__ = """attention(..., full_output=True): the output y, the saved key
+state for the backward pass (bidirectional FAVOR; None otherwise) and the number of query
+rows written as zeros (no visible key, or a trig denominator <= 0)."""
+Grads = namedtuple("Grads", ["dq", "dk", "dv", "dw"])
+Grads.__doc__ = "dL/dq, dL/dk, dL/dv (shapes of q, k, v) and dL/dW ([m, D], or None)."
+
+
+def make_projection(d, projection="orthogonal", *, features=None, norms="chi", seed=0):
+    """The projection an attention call uses: `projection` itself if it is a
+    favor.Projection (then `features`, if given, must equal its m), else
+    Projection.draw(features or 256, d, kind=projection, norms=norms, seed=seed): the same
+    bits as the CLI's --projection/--features/--norms/--seed."""
+    if isinstance(projection, _core.Projection):
+        if features is not None and features != projection.m:
+            raise _core.Error(f"features: {features} differs from the given projection's "
+                              f"m = {projection.m}")
+        if projection.d != d:
+            raise _core.Error(f"projection: has d = {projection.d}, the inputs have D = {d}")
+        return projection
+    if not isinstance(projection, str):
+        raise _core.Error("projection: must be a kind (iid, orthogonal, radial, qmc, sorf, "
+                          f"simplex) or a favor.Projection, not {type(projection).__name__}")
+    m = DEFAULT_FEATURES if features is None else features
+    if not isinstance(m, int) or m < 1:
+        raise _core.Error(f"features: {m!r} must be an integer >= 1")
+    return _core.Projection.draw(m, d, kind=projection, norms=norms, seed=seed)
+
+
+def _fit(fit, kernel, d):
+    """A KernelFit, or a float A (FAVOR++ with one A for every head: the CLI's --fit-a)."""
+    if fit is None or isinstance(fit, _core.KernelFit):
+        return fit
+    if isinstance(fit, (int, float)):
+        if kernel not in ("favorpp", "favor++"):
+            raise _core.Error("fit: one A for every direction is FAVOR++ (kernel='favorpp'); "
+                              "favorsharp needs a KernelFit from fit_kernel")
+        return _core.KernelFit.constant(float(fit), d)
+    raise _core.Error(f"fit: must be a favor.KernelFit or a float A, not {type(fit).__name__}")
+
+
+def _head_dim(x, name):
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) not in (2, 4):
+        raise _core.Error(f"{name}: must be a 2-D [N, D] or 4-D [B, H, N, D] array")
+    return int(shape[-1])
+
+
+def attention(q, k, v, *, method="favor", causal=False, kernel="positive", features=None,
+              projection="orthogonal", norms="chi", seed=0, scale=None, key_mask=None,
+              fit=None, accumulate="f32", full_output=False):
+    """Attention y = softmax(scale q.k) v, estimated by FAVOR (method='favor') or exact.
+
+    q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] (or 2-D [N, D]) -> y [B, H, Nq, Dv].
+    kernel: positive | trig | hyperbolic | favorpp | favorsharp. projection: a kind (iid,
+    orthogonal, radial, qmc, sorf, simplex; drawn with `features` rows, `norms`, `seed`) or a
+    favor.Projection. scale: the temperature, default 1/sqrt(D). key_mask: [B, Nk], nonzero =
+    the key takes part. fit: FAVOR++/FAVOR# parameters (favor.KernelFit, or a float A for
+    favorpp); causal needs one. accumulate (exact only): 'f32' or 'f64'.
+    full_output=True returns AttentionOutput(y, context, zero_rows); the context saves the
+    key state for attention_backward (bidirectional FAVOR only).
+    """
+    if method == "exact":
+        y = _core.exact_attention(q, k, v, causal=causal, scale=scale, key_mask=key_mask,
+                                  accumulate=accumulate)
+        return AttentionOutput(y, None, 0) if full_output else y
+    if method != "favor":
+        raise _core.Error(f"method: '{method}' is not a method; use favor or exact")
+    d = _head_dim(q, "q")
+    w = make_projection(d, projection, features=features, norms=norms, seed=seed)
+    y, zero_rows, context = _core.attention(q, k, v, w, kernel=kernel, causal=causal,
+                                            scale=scale, key_mask=key_mask,
+                                            fit=_fit(fit, kernel, d), save_context=full_output)
+    return AttentionOutput(y, context, zero_rows) if full_output else y
+
+
+def exact_attention(q, k, v, *, causal=False, scale=None, key_mask=None, accumulate="f32"):
+    """Exact softmax attention, blockwise with an online softmax (never N x N).
+    Same shapes as attention(); rows with no visible key are zeros."""
+    return _core.exact_attention(q, k, v, causal=causal, scale=scale, key_mask=key_mask,
+                                 accumulate=accumulate)
+
+
+def attention_backward(q, k, v, dy, *, causal=False, kernel="positive", features=None,
+                       projection="orthogonal", norms="chi", seed=0, scale=None, key_mask=None,
+                       fit=None, projection_grad=False, context=None):
+    """Gradients of attention() (method='favor') for dy = dL/dy [B, H, Nq, Dv]: returns
+    Grads(dq, dk, dv, dw), dw = dL/dW [m, D] when projection_grad, else None. Give the same
+    inputs and options as the forward call; `context` (from attention(...,
+    full_output=True)) skips recomputing the key state and is refused if it came from other
+    inputs."""
+    d = _head_dim(q, "q")
+    w = make_projection(d, projection, features=features, norms=norms, seed=seed)
+    return Grads(*_core.attention_backward(q, k, v, dy, w, kernel=kernel, causal=causal,
+                                           scale=scale, key_mask=key_mask,
+                                           fit=_fit(fit, kernel, d),
+                                           projection_grad=projection_grad, context=context))
+
+
+def exact_attention_backward(q, k, v, dy, *, causal=False, scale=None, key_mask=None):
+    """Gradients of exact_attention(): Grads(dq, dk, dv, None)."""
+    return Grads(*_core.exact_attention_backward(q, k, v, dy, causal=causal, scale=scale,
+                                                 key_mask=key_mask))
+
+
+def features(x, *, kernel="positive", features=None, projection="orthogonal", norms="chi",
+             seed=0, scale=None, fit=None):
+    """The exact feature map phi(x) with every constant (docs/math.md): x [B, H, N, D] or
+    [N, D] -> [..., F], F = m (positive, favorpp, favorsharp) or 2m (trig, hyperbolic), so
+    that phi(q).phi(k) estimates exp(scale q.k) without bias. Raises if a feature overflows
+    float32 (attention() stabilises; this map does not)."""
+    d = _head_dim(x, "x")
+    w = make_projection(d, projection, features=features, norms=norms, seed=seed)
+    return _core.features(x, w, kernel=kernel, scale=scale, fit=_fit(fit, kernel, d))
+
+
+def fit_kernel(kernel, q, k, *, scale=None, key_mask=None):
+    """FAVOR++ (kernel='favorpp') or FAVOR# ('favorsharp') parameters fitted to q and k,
+    one per (batch, head): a favor.KernelFit for attention(fit=...) and Decoder."""
+    return _core.fit_kernel(kernel, q, k, scale=scale, key_mask=key_mask)
+
+
+def kernel_mse(x, y, *, kernel="positive", features=None, projection="orthogonal", norms="chi",
+               seed=0, scale=None, fit=None):
+    """Mean over all pairs of (phi(x_i).phi(y_j) - exp(scale x_i.y_j))^2, in double, for
+    x [Nx, D] and y [Ny, D]. O(Nx Ny F): small problems only."""
+    d = _head_dim(x, "x")
+    w = make_projection(d, projection, features=features, norms=norms, seed=seed)
+    return _core.kernel_mse(x, y, w, kernel=kernel, scale=scale, fit=_fit(fit, kernel, d))
+
+
+class Decoder:
+    """Streaming (autoregressive) FAVOR decoding with a fixed-size state per (batch, head).
+
+    Decoder(batch, heads, dv, projection, kernel='positive', scale=None, fit=None);
+    append(k [B, H, T, D], v [B, H, T, Dv]) adds T tokens; query(q [B, H, T, D]) ->
+    [B, H, T, Dv] reads the current state, O(m (D + Dv)) per token whatever the position:
+    query after appending tokens 0..i equals row i of causal attention. FAVOR++/FAVOR#
+    need a fit (calibrated, or a float A for favorpp). state_bytes does not grow with
+    position. One decoder is not to be shared by threads (calls are serialised).
+    """
+
+    def __init__(self, batch, heads, dv, projection, *, kernel="positive", scale=None, fit=None):
+        if not isinstance(projection, _core.Projection):
+            raise _core.Error("projection: Decoder needs a favor.Projection (its d sets D)")
+        self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
+                                fit=_fit(fit, kernel, projection.d))
+
+    def append(self, k, v):
+        self._d.append(k, v)
+
+    def query(self, q):
+        return self._d.query(q)
+
+    def reset(self):
+        self._d.reset()
+
+    position = property(lambda self: self._d.position, doc="tokens appended so far")
+    batch = property(lambda self: self._d.batch)
+    heads = property(lambda self: self._d.heads)
+    dv = property(lambda self: self._d.dv)
+    projection = property(lambda self: self._d.projection)
+    state_bytes = property(lambda self: self._d.state_bytes,
+                           doc="bytes of state (S, s, stabilisers): fixed, whatever the position")
+
+    def __repr__(self):
+        return (f"favor.Decoder(batch={self.batch}, heads={self.heads}, dv={self.dv}, "
+                f"m={self.projection.m}, position={self.position})")

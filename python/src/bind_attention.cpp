@@ -1,0 +1,216 @@
+// favor.attention, attention_backward, exact_attention(_backward), features, metrics.
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+
+namespace favor::python {
+namespace {
+
+/// The inputs and options shared by the attention calls, checked and converted.
+struct Call {
+  Input q, k, v;
+  std::optional<Mask> mask;
+  std::optional<KeyMaskView> mask_view() const {
+    return mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt;
+  }
+};
+
+Call inputs(const py::handle& q, const py::handle& k, const py::handle& v,
+            const py::handle& key_mask) {
+  Call c{as_input(q, "q"), as_input(k, "k"), as_input(v, "v"), std::nullopt};
+  check_same_rank({&c.q, &c.k, &c.v}, "q, k, v");
+  c.mask = as_mask(key_mask, c.k.rank, c.k.view.shape[0], c.k.view.shape[2], "key_mask");
+  return c;
+}
+
+AttentionOptions favor_options(const std::string& kernel, bool causal, std::optional<double> scale,
+                               const Call& c, const std::optional<KernelFit>& fit) {
+  AttentionOptions o;
+  o.kernel = parse_kernel(kernel, "kernel");
+  o.causal = causal;
+  o.scale = scale;
+  o.key_mask = c.mask_view();
+  o.fit = fit;
+  return o;
+}
+
+ExactOptions exact_options(bool causal, std::optional<double> scale, const Call& c,
+                           const std::string& accumulate) {
+  if (accumulate != "f32" && accumulate != "f64") {
+    throw Error("accumulate: '" + accumulate + "' must be f32 or f64");
+  }
+  ExactOptions o;
+  o.causal = causal;
+  o.scale = scale;
+  o.key_mask = c.mask_view();
+  o.accumulation = accumulate == "f64" ? Accumulation::f64 : Accumulation::f32;
+  return o;
+}
+
+py::tuple grads_tuple(AttentionGrads&& g, int rank) {
+  py::object dw = py::none();
+  if (!g.dw.empty()) {
+    auto* owned = new std::vector<float>(std::move(g.dw));
+    py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<float>*>(p); });
+    const int64_t d = g.dq.shape()[3];
+    dw = py::array_t<float>({static_cast<int64_t>(owned->size()) / d, d}, owned->data(),
+                            free_when_done);
+  }
+  return py::make_tuple(to_array(std::move(g.dq), rank), to_array(std::move(g.dk), rank),
+                        to_array(std::move(g.dv), rank), dw);
+}
+
+/// A [N, D] array (or [1, 1, N, D]) for the metrics that take rows.
+TensorView rows(const Input& in, const std::string& name) {
+  if (in.view.shape[0] != 1 || in.view.shape[1] != 1) {
+    throw Error(name + ": shape " + shape_string(in.view.shape) + " must be [N, D]");
+  }
+  return in.view;
+}
+
+}  // namespace
+
+void bind_attention(py::module_& m) {
+  py::class_<AttentionContext>(m, "AttentionContext")
+      .def_property_readonly("valid", &AttentionContext::valid)
+      .def_property_readonly("nbytes", [](const AttentionContext& c) {
+        return c.states.size() * sizeof(float) + c.maxima.size() * sizeof(double);
+      });
+
+  m.def(
+      "attention",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const Projection& w,
+         const std::string& kernel, bool causal, std::optional<double> scale,
+         const py::handle& key_mask, const std::optional<KernelFit>& fit, bool save_context) {
+        const Call c = inputs(q, k, v, key_mask);
+        const AttentionOptions o = favor_options(kernel, causal, scale, c, fit);
+        const Shape4 shape{c.q.view.shape[0], c.q.view.shape[1], c.q.view.shape[2],
+                           c.v.view.shape[3]};
+        py::array_t<float> y = new_output(shape, c.q.rank);
+        const MutableTensorView out = output_view(y, shape);
+        auto context = std::make_unique<AttentionContext>();
+        AttentionStats stats;
+        {
+          py::gil_scoped_release release;
+          stats = favor_attention(c.q.view, c.k.view, c.v.view, w, out, o,
+                                  save_context ? context.get() : nullptr);
+        }
+        py::object ctx = py::none();
+        if (save_context && context->valid()) ctx = py::cast(std::move(context));
+        return py::make_tuple(y, stats.zero_rows, ctx);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("projection"),
+      py::arg("kernel") = "positive", py::arg("causal") = false, py::arg("scale") = py::none(),
+      py::arg("key_mask") = py::none(), py::arg("fit") = py::none(),
+      py::arg("save_context") = false);
+
+  m.def(
+      "attention_backward",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
+         const Projection& w, const std::string& kernel, bool causal, std::optional<double> scale,
+         const py::handle& key_mask, const std::optional<KernelFit>& fit, bool projection_grad,
+         const AttentionContext* context) {
+        const Call c = inputs(q, k, v, key_mask);
+        const Input g = as_input(dy, "dy");
+        check_same_rank({&c.q, &g}, "q, dy");
+        const AttentionOptions o = favor_options(kernel, causal, scale, c, fit);
+        AttentionGrads grads;
+        {
+          py::gil_scoped_release release;
+          grads = favor_attention_backward(c.q.view, c.k.view, c.v.view, g.view, w, o,
+                                           projection_grad, context);
+        }
+        return grads_tuple(std::move(grads), c.q.rank);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("projection"),
+      py::arg("kernel") = "positive", py::arg("causal") = false, py::arg("scale") = py::none(),
+      py::arg("key_mask") = py::none(), py::arg("fit") = py::none(),
+      py::arg("projection_grad") = false, py::arg("context") = nullptr);
+
+  m.def(
+      "exact_attention",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, bool causal,
+         std::optional<double> scale, const py::handle& key_mask, const std::string& accumulate) {
+        const Call c = inputs(q, k, v, key_mask);
+        const ExactOptions o = exact_options(causal, scale, c, accumulate);
+        const Shape4 shape{c.q.view.shape[0], c.q.view.shape[1], c.q.view.shape[2],
+                           c.v.view.shape[3]};
+        py::array_t<float> y = new_output(shape, c.q.rank);
+        const MutableTensorView out = output_view(y, shape);
+        {
+          py::gil_scoped_release release;
+          exact_attention(c.q.view, c.k.view, c.v.view, out, o);
+        }
+        return y;
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false,
+      py::arg("scale") = py::none(), py::arg("key_mask") = py::none(),
+      py::arg("accumulate") = "f32");
+
+  m.def(
+      "exact_attention_backward",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
+         bool causal, std::optional<double> scale, const py::handle& key_mask) {
+        const Call c = inputs(q, k, v, key_mask);
+        const Input g = as_input(dy, "dy");
+        check_same_rank({&c.q, &g}, "q, dy");
+        const ExactOptions o = exact_options(causal, scale, c, "f32");
+        AttentionGrads grads;
+        {
+          py::gil_scoped_release release;
+          grads = exact_attention_backward(c.q.view, c.k.view, c.v.view, g.view, o);
+        }
+        return grads_tuple(std::move(grads), c.q.rank);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("causal") = false,
+      py::arg("scale") = py::none(), py::arg("key_mask") = py::none());
+
+  m.def(
+      "features",
+      [](const py::handle& x, const Projection& w, const std::string& kernel,
+         std::optional<double> scale, const std::optional<KernelFit>& fit) {
+        const Input xi = as_input(x, "x");
+        FeatureOptions o;
+        o.kernel = parse_kernel(kernel, "kernel");
+        o.scale = scale;
+        o.fit = fit;
+        Tensor phi;
+        {
+          py::gil_scoped_release release;
+          phi = features(xi.view, w, o);
+        }
+        return to_array(std::move(phi), xi.rank);
+      },
+      py::arg("x"), py::arg("projection"), py::arg("kernel") = "positive",
+      py::arg("scale") = py::none(), py::arg("fit") = py::none());
+
+  m.def(
+      "relative_frobenius_error",
+      [](const py::handle& approx, const py::handle& exact) {
+        const Input a = as_input(approx, "approx"), e = as_input(exact, "exact");
+        py::gil_scoped_release release;
+        return relative_frobenius_error(a.view, e.view);
+      },
+      py::arg("approx"), py::arg("exact"));
+
+  m.def(
+      "kernel_mse",
+      [](const py::handle& x, const py::handle& y, const Projection& w, const std::string& kernel,
+         std::optional<double> scale, const std::optional<KernelFit>& fit) {
+        const Input xi = as_input(x, "x"), yi = as_input(y, "y");
+        const TensorView xv = rows(xi, "x"), yv = rows(yi, "y");
+        FeatureOptions o;
+        o.kernel = parse_kernel(kernel, "kernel");
+        o.scale = scale;
+        o.fit = fit;
+        py::gil_scoped_release release;
+        return kernel_mse(xv, yv, w, o);
+      },
+      py::arg("x"), py::arg("y"), py::arg("projection"), py::arg("kernel") = "positive",
+      py::arg("scale") = py::none(), py::arg("fit") = py::none());
+}
+
+}  // namespace favor::python

@@ -1,0 +1,12 @@
+#pragma once
+// The pieces of the favor._core module, one function per file.
+#include <pybind11/pybind11.h>
+
+namespace favor::python {
+
+void bind_projection(pybind11::module_& m);  // Projection, KernelFit, fit_kernel, optimal_a
+void bind_attention(pybind11::module_& m);   // attention, backward, exact, features, metrics
+void bind_decoder(pybind11::module_& m);     // Decoder
+void bind_runtime(pybind11::module_& m);     // threads, build info, timing, reference
+
+}  // namespace favor::python
