@@ -1,0 +1,23 @@
+"""favor.torch: favor's attention for PyTorch (CPU tensors; torch >= 1.13).
+
+- attention(q, k, v, ...): differentiable FAVOR (or exact) attention on [B, H, N, D] tensors,
+  gradients for q, k, v and a projection tensor.
+- FavorAttention: a multi-head attention module (with decoder()/step() for generation).
+- MultiheadAttention: a drop-in for torch.nn.MultiheadAttention.
+- convert(model): replaces every nn.MultiheadAttention in a model, keeping its weights.
+- Decoder: token-by-token streaming state with torch tensors.
+- plain: the same estimators written in plain torch ops (oracle and benchmark baseline).
+
+favor's thread count follows torch.get_num_threads() unless favor.set_num_threads was
+called or FAVOR_NUM_THREADS is set. Docs: docs/python.md.
+"""
+from . import plain
+from .convert import convert
+from .decoder import Decoder
+from .function import attention
+from .masks import is_causal_mask
+from .mha import MultiheadAttention
+from .modules import FavorAttention
+
+__all__ = ["Decoder", "FavorAttention", "MultiheadAttention", "attention", "convert",
+           "is_causal_mask", "plain"]

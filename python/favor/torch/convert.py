@@ -1,0 +1,39 @@
+"""favor.torch.convert: put favor's attention into an existing model."""
+import warnings
+
+from torch import nn
+
+from .. import _core
+from .mha import MultiheadAttention
+
+
+def convert(model, **options):
+    """Replaces every torch.nn.MultiheadAttention inside `model` (in place) by
+    favor.torch.MultiheadAttention with the same configuration, trained weights, dtype and
+    train/eval mode. options: the favor keywords of MultiheadAttention (kernel, features,
+    projection, norms, seed, method, feature_redraw_interval, learn_projection, scale, fit).
+    Returns {qualified name: the replaced torch module}, in model order.
+
+    The converted model runs favor in training and in eval: torch's fused
+    TransformerEncoder(Layer) fast path, which would bypass the attention module, is not
+    taken for favor's module (see MultiheadAttention._qkv_same_embed_dim).
+    """
+    if isinstance(model, nn.MultiheadAttention):
+        raise _core.Error("model: is itself an nn.MultiheadAttention; convert its parent, or use "
+                          "favor.torch.MultiheadAttention.from_torch(model)")
+    if not isinstance(model, nn.Module):
+        raise _core.Error(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    replaced = {}
+    dropped = []
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.MultiheadAttention):
+                qualified = f"{parent_name}.{name}" if parent_name else name
+                setattr(parent, name, MultiheadAttention.from_torch(child, **options))
+                replaced[qualified] = child
+                if child.dropout > 0:
+                    dropped.append(qualified)
+    if dropped:
+        warnings.warn(f"favor.torch.convert: attention-weight dropout is not applied by favor "
+                      f"(it never forms the weights) in {', '.join(dropped)}", stacklevel=2)
+    return replaced

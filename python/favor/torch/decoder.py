@@ -1,0 +1,40 @@
+"""favor.torch.Decoder: token-by-token generation with torch tensors."""
+import torch
+
+from .. import _core
+from ..api import _fit
+from . import _tensors as T
+
+
+class Decoder:
+    """Streaming FAVOR state per (batch, head), for generation with torch tensors.
+
+    Decoder(batch, heads, dv, projection, *, kernel='positive', scale=None, fit=None):
+    projection is a favor.Projection or a float [m, D] tensor. append(k [B, H, T, D],
+    v [B, H, T, Dv]); query(q [B, H, T, D]) -> [B, H, T, Dv] (float32; no autograd) reads
+    the current state: query after appending tokens 0..i equals row i of causal
+    attention. The state has a fixed size (state_bytes) whatever the position.
+    """
+
+    def __init__(self, batch, heads, dv, projection, *, kernel="positive", scale=None, fit=None):
+        if isinstance(projection, torch.Tensor):
+            projection = T.projection_matrix(projection.detach(), projection.shape[-1])
+        if not isinstance(projection, _core.Projection):
+            raise _core.Error("projection: must be a favor.Projection or an [m, D] tensor")
+        self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
+                                fit=_fit(fit, kernel, projection.d))
+
+    def append(self, k, v):
+        T.follow_torch_threads()
+        self._d.append(T.view(T.as_float32(k, "k")), T.view(T.as_float32(v, "v")))
+
+    def query(self, q):
+        T.follow_torch_threads()
+        return T.tensor(self._d.query(T.view(T.as_float32(q, "q"))))
+
+    def reset(self):
+        self._d.reset()
+
+    position = property(lambda self: self._d.position, doc="tokens appended so far")
+    state_bytes = property(lambda self: self._d.state_bytes)
+    projection = property(lambda self: self._d.projection)
