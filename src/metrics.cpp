@@ -15,6 +15,8 @@ double relative_frobenius_error(TensorView approx, TensorView exact) {
     throw Error("approx " + shape_string(approx.shape) + ", exact " + shape_string(exact.shape) +
                 ": shapes must match");
   }
+  detail::check_finite(approx, "approx");
+  detail::check_finite(exact, "exact");
   double diff = 0.0, norm = 0.0;
   for (int64_t b = 0; b < exact.shape[0]; ++b)
     for (int64_t h = 0; h < exact.shape[1]; ++h)
@@ -36,6 +38,8 @@ double kernel_mse(TensorView x, TensorView y, const Projection& w, const Feature
     throw Error("x " + shape_string(x.shape) + ", y " + shape_string(y.shape) +
                 ": kernel_mse takes [1, 1, N, D] views with the same D");
   }
+  detail::check_finite(x, "x");
+  detail::check_finite(y, "y");
   const double scale = detail::resolve_scale(options.scale, x.shape[3]);
   const auto px = reference::features(x, w, options);
   const auto py = reference::features(y, w, options);

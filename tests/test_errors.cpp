@@ -1,5 +1,6 @@
 // Every library error path throws favor::Error (a std::invalid_argument) whose message
 // names the argument and the rule, and leaves the output untouched.
+#include <limits>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -151,6 +152,13 @@ TEST(Errors, MetricsRules) {
         relative_frobenius_error(Tensor({1, 1, 2, 2}, 1.0f), Tensor({1, 1, 2, 2}, 0.0f));
       },
       "norm is 0");
+  Tensor bad({1, 1, 2, 2}, 1.0f);
+  bad.at(0, 0, 1, 0) = std::numeric_limits<float>::quiet_NaN();
+  expect_error([&] { relative_frobenius_error(bad, Tensor({1, 1, 2, 2}, 1.0f)); },
+               "approx: element [0,0,1,0] is nan");
+  expect_error(
+      [&] { kernel_mse(bad, Tensor({1, 1, 2, 2}, 1.0f), Projection::draw(4, 2)); },
+      "x: element [0,0,1,0] is nan");
 }
 
 }  // namespace

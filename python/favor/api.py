@@ -5,6 +5,7 @@ Shapes: q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] -> [B, H, Nq, Dv]; or
 nonzero = the key takes part (the CLI's --key-mask; torch's key_padding_mask is the
 opposite and is handled in favor.torch).
 """
+import operator
 from collections import namedtuple
 
 from . import _core
@@ -34,15 +35,38 @@ def make_projection(d, projection="orthogonal", *, features=None, norms="chi", s
     if not isinstance(projection, str):
         raise _core.Error("projection: must be a kind (iid, orthogonal, radial, qmc, sorf, "
                           f"simplex) or a favor.Projection, not {type(projection).__name__}")
-    m = DEFAULT_FEATURES if features is None else features
-    if not isinstance(m, int) or m < 1:
-        raise _core.Error(f"features: {m!r} must be an integer >= 1")
-    return _core.Projection.draw(m, d, kind=projection, norms=norms, seed=seed)
+    m = _integer(DEFAULT_FEATURES if features is None else features)
+    if m is None or m < 1:
+        raise _core.Error(f"features: {features!r} must be an integer >= 1")
+    s = _integer(seed)
+    if s is None or not 0 <= s < 2**64:
+        raise _core.Error(f"seed: {seed!r} must be an integer in [0, 2^64)")
+    try:
+        return _core.Projection.draw(m, d, kind=projection, norms=norms, seed=s)
+    except _core.Error as e:  # Projection.draw calls the kind `kind`; here it is `projection`
+        if str(e).startswith("kind:"):
+            raise _core.Error("projection:" + str(e)[len("kind:"):]) from None
+        raise
+
+
+def _integer(x):
+    """x as an int (Python or numpy integers; not bool), else None."""
+    if isinstance(x, bool):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
 
 
 def _fit(fit, kernel, d):
     """A KernelFit, or a float A (FAVOR++ with one A for every head: the CLI's --fit-a)."""
-    if fit is None or isinstance(fit, _core.KernelFit):
+    if fit is None:
+        return None
+    if kernel in ("positive", "trig", "hyperbolic"):
+        raise _core.Error(f"fit: only the favorpp and favorsharp kernels take a fit "
+                          f"(kernel is '{kernel}')")
+    if isinstance(fit, _core.KernelFit):
         return fit
     if isinstance(fit, (int, float)):
         if kernel not in ("favorpp", "favor++"):
