@@ -3,6 +3,7 @@
 #include "favor/backward.hpp"
 
 #include <cmath>
+#include <vector>
 
 #include "core/adapted.hpp"
 #include "core/fingerprint.hpp"
@@ -61,10 +62,6 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
   detail::check_projection(w, c.s.d, "q and k");
   AttentionGrads g;
   cpu::BackwardParams bp = make_params(q, k, v, dy, c, options.key_mask, g);
-  if (with_projection_grad && data_adapted(options.kernel)) {
-    throw Error("with_projection_grad: dW is not available for the " + to_string(options.kernel) +
-                " kernel (W enters through the fitted transform; docs/gradients.md)");
-  }
   const detail::AdaptedProjection adapted = detail::attention_projection(q, k, options, c.scale, w);
   detail::use_projection(adapted, w, bp.fwd);
   bp.fwd.kernel = options.kernel;
@@ -83,7 +80,18 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
     bp.ctx_states = context->states.data();
     bp.ctx_maxima = context->maxima.data();
   }
-  if (with_projection_grad) {
+  // FAVOR++ / FAVOR#: the kernels return dL/dW_h and dL/db_h per fit head (one sum when the
+  // fit is shared), and the chain rule through the fitted transform gives dL/dW.
+  std::vector<float> dw_heads, dbias;
+  if (with_projection_grad && adapted.heads) {
+    const int64_t m = w.m(), d = w.d();
+    dw_heads.assign(static_cast<size_t>(adapted.heads * m * d), 0.0f);
+    dbias.assign(static_cast<size_t>(adapted.heads * m), 0.0f);
+    bp.dw = dw_heads.data();
+    bp.dbias = dbias.data();
+    bp.dw_head_stride = adapted.heads == 1 ? 0 : m * d;
+    bp.dbias_head_stride = adapted.heads == 1 ? 0 : m;
+  } else if (with_projection_grad) {
     g.dw.assign(static_cast<size_t>(w.m() * w.d()), 0.0f);
     bp.dw = g.dw.data();
   }
@@ -91,6 +99,10 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
     cpu::favor_backward_causal(bp);
   } else {
     cpu::favor_backward_bidirectional(bp);
+  }
+  if (!dw_heads.empty()) {
+    const KernelFit& fit = options.fit ? *options.fit : adapted.fitted;
+    g.dw = detail::projection_grad(fit, w, dw_heads.data(), dbias.data());
   }
   return g;
 }

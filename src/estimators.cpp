@@ -242,6 +242,17 @@ void check_fit(const KernelFit& fit, int64_t d, int64_t heads, const std::string
   }
 }
 
+namespace {
+
+bool is_identity(const double* q, int64_t d) {
+  for (int64_t r = 0; r < d; ++r)
+    for (int64_t l = 0; l < d; ++l)
+      if (q[r * d + l] != (r == l ? 1.0 : 0.0)) return false;
+  return true;
+}
+
+}  // namespace
+
 AdaptedProjection adapt_projection(const KernelFit& fit, const Projection& w) {
   const int64_t m = w.m(), d = w.d();
   AdaptedProjection out;
@@ -257,11 +268,10 @@ AdaptedProjection adapt_projection(const KernelFit& fit, const Projection& w) {
     const double* a = fit.a.data() + g * d;
     const double* q = fit.basis.data() + g * d * d;
     double log_const = -0.5 * std::log(static_cast<double>(m));
-    bool identity = true;  // FAVOR++: Q = I, no rotation
+    const bool identity = is_identity(q, d);  // FAVOR++: Q = I, no rotation
     for (int64_t l = 0; l < d; ++l) {
       root[l] = std::sqrt(1.0 - 4.0 * a[l]);
       log_const += 0.25 * std::log1p(-4.0 * a[l]);
-      for (int64_t r = 0; r < d; ++r) identity = identity && q[r * d + l] == (r == l ? 1.0 : 0.0);
     }
     out.log_const[g] = log_const;
     // U = W diag(sqrt(1 - 4 A)) and the biases, then W_eff = U Q^T (one GEMM).
@@ -282,6 +292,32 @@ AdaptedProjection adapt_projection(const KernelFit& fit, const Projection& w) {
   return out;
 }
 
+std::vector<float> projection_grad(const KernelFit& fit, const Projection& w, const float* dw_heads,
+                                   const float* dbias) {
+  const int64_t m = w.m(), d = w.d();
+  std::vector<double> sum(static_cast<size_t>(m * d), 0.0), g(static_cast<size_t>(m * d)),
+      rotated(static_cast<size_t>(m * d)), root(static_cast<size_t>(d));
+  for (int64_t h = 0; h < fit.heads; ++h) {
+    const double* a = fit.a.data() + h * d;
+    const double* q = fit.basis.data() + h * d * d;
+    const float* db = dbias + h * m;
+    for (int64_t l = 0; l < d; ++l) root[l] = std::sqrt(1.0 - 4.0 * a[l]);
+    std::copy_n(dw_heads + h * m * d, m * d, g.begin());
+    // dL/dW_h Q_h (one GEMM; FAVOR++'s Q = I needs none), then the columns' sqrt(1 - 4 A_l)
+    // and the bias term 2 dL/db_hf A_l w_fl.
+    const bool identity = is_identity(q, d);
+    if (!identity) cpu::gemm(false, false, m, d, d, 1.0, g.data(), d, q, d, 0.0, rotated.data(), d);
+    const std::vector<double>& gq = identity ? g : rotated;
+    for (int64_t f = 0; f < m; ++f)
+      for (int64_t l = 0; l < d; ++l)
+        sum[f * d + l] += gq[f * d + l] * root[l] + 2.0 * db[f] * a[l] * w.at(f, l);
+  }
+  std::vector<float> out(sum.size());
+  std::transform(sum.begin(), sum.end(), out.begin(),
+                 [](double x) { return static_cast<float>(x); });
+  return out;
+}
+
 AdaptedProjection attention_projection(const TensorView& q, const TensorView& k,
                                        const AttentionOptions& options, double scale,
                                        const Projection& w) {
@@ -297,7 +333,10 @@ AdaptedProjection attention_projection(const TensorView& q, const TensorView& k,
                 "fit_kernel, or KernelFit::constant): a fit to the sequence itself would let "
                 "every position see statistics of future tokens");
   }
-  return adapt_projection(fit_kernel(options.kernel, q, k, scale, options.key_mask), w);
+  KernelFit fit = fit_kernel(options.kernel, q, k, scale, options.key_mask);
+  AdaptedProjection out = adapt_projection(fit, w);
+  out.fitted = std::move(fit);
+  return out;
 }
 
 void use_projection(const AdaptedProjection& adapted, const Projection& w,

@@ -1,15 +1,19 @@
 // Gradients. (1) The materialised reference gradient (double) equals central finite
-// differences of the double forward to 1e-6. (2) The fast float32 kernels equal the
-// reference within twice the error of a naive float32 evaluation of the same gradient
-// (+1e-6). (3) Exact attention's blockwise backward equals the naive softmax gradient.
-// (4) FAVOR gradients approach the exact ones like 1/sqrt(m).
+// differences of the double forward to 1e-6 (FAVOR++ / FAVOR#: dW through W itself, the fit
+// held fixed). (2) The fast float32 kernels equal the reference within twice the error of a
+// naive float32 evaluation of the same gradient (+1e-6). (3) Exact attention's blockwise
+// backward equals the naive softmax gradient. (4) FAVOR gradients approach the exact ones
+// like 1/sqrt(m).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
 #include <iostream>
+#include <optional>
+#include <string>
 
 #include "core/rng.hpp"
+#include "reference/naive.hpp"
 #include "reference/naive_grad.hpp"
 #include "test_helpers.hpp"
 
@@ -105,27 +109,145 @@ INSTANTIATE_TEST_SUITE_P(All, GradientVsFiniteDifferences, ::testing::ValuesIn(f
                                   (info.param.masked ? "_masked" : "");
                          });
 
+// FAVOR++ / FAVOR#: the public reference, whose W_h, b_h and constant come from the fit and
+// W (naive::head_map), differentiated numerically through W itself (Projection::from_matrix)
+// and through q, k, v, with the fit held fixed.
+
+// The fits of the tests: per (batch, head) from calibration rows, or one shared by every
+// head (FAVOR#: rotated, with an A > 0; FAVOR++: one constant A > 0).
+enum class FitKind { none, self, shared, per_head };
+
+std::string fit_name(FitKind f) {
+  switch (f) {
+    case FitKind::none:
+      return "";
+    case FitKind::self:
+      return "_selffit";
+    case FitKind::shared:
+      return "_sharedfit";
+    case FitKind::per_head:
+      return "_headfit";
+  }
+  return "";
+}
+
+std::optional<KernelFit> test_fit(Kernel kernel, FitKind f, int64_t B, int64_t H, int64_t D,
+                                  std::optional<double> scale) {
+  if (f == FitKind::none || f == FitKind::self) return std::nullopt;
+  if (f == FitKind::per_head) {
+    return fit_kernel(kernel, random_tensor({B, H, 24, D}, 21, 1.2),
+                      random_tensor({B, H, 24, D}, 22, 1.2), scale);
+  }
+  if (kernel == Kernel::favorpp) return KernelFit::constant(0.08, D);
+  KernelFit fit = fit_kernel(kernel, random_tensor({1, 1, 24, D}, 23, 1.2),
+                             random_tensor({1, 1, 24, D}, 24, 1.2), scale);
+  for (int64_t l = 0; l < D; ++l) fit.a[l] = l % 3 == 0 ? 0.1 : l % 3 == 1 ? -0.3 : -0.02;
+  return fit;
+}
+
+// || fd - analytic || / || analytic || over the float array x, central differences of
+// loss(): the steps actually taken (x +- 1e-5 rounded to float) divide.
+double fd_error_float(std::vector<float>& x, const std::vector<double>& analytic,
+                      const std::function<double()>& loss) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float saved = x[i];
+    const float up_x = static_cast<float>(saved + 1e-5), down_x = static_cast<float>(saved - 1e-5);
+    x[i] = up_x;
+    const double up = loss();
+    x[i] = down_x;
+    const double down = loss();
+    x[i] = saved;
+    const double fd = (up - down) / (double(up_x) - double(down_x));
+    diff += (fd - analytic[i]) * (fd - analytic[i]);
+    norm += analytic[i] * analytic[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+struct AdaptedFdCase {
+  Kernel kernel;
+  bool causal, masked;
+  FitKind fit;
+};
+
+class AdaptedGradientVsFiniteDifferences : public ::testing::TestWithParam<AdaptedFdCase> {};
+
+TEST_P(AdaptedGradientVsFiniteDifferences, RelativeErrorBelow1e6) {
+  const AdaptedFdCase c = GetParam();
+  // B*H = 2 (a per-head fit differs from a shared one); D = 3 != Dv = 2; N = 7; scale 0.6.
+  const int64_t B = 1, H = 2, nk = 7, nq = c.causal ? 7 : 5, D = 3, Dv = 2, m = 6;
+  Tensor q = random_tensor({B, H, nq, D}, 1, 0.8), k = random_tensor({B, H, nk, D}, 2, 0.8),
+         v = random_tensor({B, H, nk, Dv}, 3);
+  const Tensor dy = random_tensor({B, H, nq, Dv}, 4);
+  std::vector<float> w = Projection::draw(m, D, {ProjectionKind::iid, NormMode::chi, 5}).matrix();
+  const std::vector<uint8_t> mask{1, 0, 1, 1, 0, 1, 1};
+  AttentionOptions o;
+  o.kernel = c.kernel;
+  o.causal = c.causal;
+  o.scale = 0.6;
+  o.fit = test_fit(c.kernel, c.fit, B, H, D, o.scale);
+  if (c.masked) o.key_mask = KeyMaskView::contiguous(mask.data(), B, nk);
+  const auto loss = [&] {
+    const auto y = reference::favor_attention(q, k, v, Projection::from_matrix(m, D, w), o);
+    double l = 0;
+    for (size_t i = 0; i < y.values.size(); ++i) l += double(dy.values()[i]) * y.values[i];
+    return l;
+  };
+  const auto g =
+      reference::favor_attention_backward(q, k, v, dy, Projection::from_matrix(m, D, w), o);
+  // As for the fixed kernels: truncation ~1e-10 and rounding ~1e-11 relative.
+  EXPECT_LE(fd_error_float(q.values(), g.dq.values, loss), 1e-6) << "dq";
+  EXPECT_LE(fd_error_float(k.values(), g.dk.values, loss), 1e-6) << "dk";
+  EXPECT_LE(fd_error_float(v.values(), g.dv.values, loss), 1e-6) << "dv";
+  const double dw_error = fd_error_float(w, g.dw, loss);
+  EXPECT_LE(dw_error, 1e-6) << "dW";
+  std::cout << "[ dW vs finite differences ] relative error " << dw_error << "\n";
+}
+
+std::vector<AdaptedFdCase> adapted_fd_cases() {
+  std::vector<AdaptedFdCase> out;
+  for (Kernel k : {Kernel::favorpp, Kernel::favorsharp})
+    for (bool causal : {false, true})
+      for (bool masked : {false, true})
+        for (FitKind f : {FitKind::shared, FitKind::per_head})
+          out.push_back({k, causal, masked, f});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Adapted, AdaptedGradientVsFiniteDifferences,
+                         ::testing::ValuesIn(adapted_fd_cases()), [](const auto& info) {
+                           return to_string(info.param.kernel) +
+                                  (info.param.causal ? "_causal" : "_bidir") +
+                                  (info.param.masked ? "_masked" : "") + fit_name(info.param.fit);
+                         });
+
 // ---- (2) fast kernels against the reference ----
 
 struct Case {
   int64_t B, H, Nq, Nk, D, Dv, m;
   Kernel kernel;
   bool causal, masked, strided;
+  FitKind fit = FitKind::none;  // FAVOR++ / FAVOR#
 };
 
 std::string name_of(const Case& c) {
   return to_string(c.kernel) + (c.causal ? "_causal" : "_bidir") + (c.masked ? "_masked" : "") +
          (c.strided ? "_strided" : "") + "_N" + std::to_string(c.Nq) + "x" + std::to_string(c.Nk) +
-         "_D" + std::to_string(c.D) + "_Dv" + std::to_string(c.Dv) + "_m" + std::to_string(c.m);
+         "_D" + std::to_string(c.D) + "_Dv" + std::to_string(c.Dv) + "_m" + std::to_string(c.m) +
+         fit_name(c.fit);
 }
 
-// The naive float32 gradient of every head, flattened like the tensors.
+// The naive float32 gradient of every head, flattened like the tensors; FAVOR++ / FAVOR#
+// through the head map (built in double and rounded, as the fast path does) and its adjoint
+// in float.
 struct FlatGrads {
   std::vector<float> dq, dk, dv, dw;
 };
 
 FlatGrads naive_float_grads(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dy,
-                            const Projection& w, const std::vector<uint8_t>& mask, const Case& c) {
+                            const Projection& w, const std::vector<uint8_t>& mask,
+                            const std::optional<KernelFit>& fit, const Case& c) {
   FlatGrads out;
   out.dw.assign(static_cast<size_t>(w.m() * w.d()), 0.0f);
   auto rows = [](const Tensor& t, int64_t b, int64_t h) {
@@ -135,15 +257,18 @@ FlatGrads naive_float_grads(const Tensor& q, const Tensor& k, const Tensor& v, c
   };
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t h = 0; h < c.H; ++h) {
-      naive::Head<float> head{c.Nq,          c.Nk,          c.D,           c.Dv,       c.m,
-                              rows(q, b, h), rows(k, b, h), rows(v, b, h), w.matrix(), {}};
+      const naive::HeadMap map = naive::head_map(w, c.kernel, fit, b * c.H + h);
+      naive::Head<float> head{c.Nq,          c.Nk,          c.D,           c.Dv, c.m,
+                              rows(q, b, h), rows(k, b, h), rows(v, b, h), {},   {}};
+      head.w.assign(map.w.begin(), map.w.end());
+      if (data_adapted(c.kernel)) head.bias.assign(map.bias.begin(), map.bias.end());
       if (c.masked) head.mask.assign(mask.begin() + b * c.Nk, mask.begin() + (b + 1) * c.Nk);
       const auto g = naive::backward(head, rows(dy, b, h), c.kernel,
                                      float(1.0 / std::sqrt(double(c.D))), c.causal);
       out.dq.insert(out.dq.end(), g.dq.begin(), g.dq.end());
       out.dk.insert(out.dk.end(), g.dk.begin(), g.dk.end());
       out.dv.insert(out.dv.end(), g.dv.begin(), g.dv.end());
-      for (size_t i = 0; i < out.dw.size(); ++i) out.dw[i] += g.dw[i];
+      naive::head_map_backward(w, c.kernel, fit, b * c.H + h, g.dw, g.dbias, out.dw);
     }
   return out;
 }
@@ -161,6 +286,7 @@ TEST_P(BackwardVsReference, WithinTwiceNaiveFloatError) {
   AttentionOptions o;
   o.kernel = c.kernel;
   o.causal = c.causal;
+  o.fit = test_fit(c.kernel, c.fit, c.B, c.H, c.D, std::nullopt);
   if (c.masked) {
     mask = testing::periodic_mask(mask.size(), 3, 1);
     o.key_mask = KeyMaskView::contiguous(mask.data(), c.B, c.Nk);
@@ -170,7 +296,9 @@ TEST_P(BackwardVsReference, WithinTwiceNaiveFloatError) {
       c.strided ? favor_attention_backward(qs.view, ks.view, vs.view, dys.view, w, o, true)
                 : favor_attention_backward(q, k, v, dy, w, o, true);
   const auto ref = reference::favor_attention_backward(q, k, v, dy, w, o);
-  const FlatGrads n32 = naive_float_grads(q, k, v, dy, w, mask, c);
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  const FlatGrads n32 =
+      naive_float_grads(q, k, v, dy, w, mask, naive::attention_fit(q, k, o, scale), c);
   const auto check = [&](const std::vector<float>& got, const std::vector<float>& naive,
                          const std::vector<double>& exact, const char* what) {
     double exact_norm = 0, got_max = 0;
@@ -182,9 +310,12 @@ TEST_P(BackwardVsReference, WithinTwiceNaiveFloatError) {
       EXPECT_LE(got_max, 1e-5) << what << " of " << name_of(c);
       return;
     }
-    const double naive_err = rel_error(naive, exact);
-    EXPECT_LE(rel_error(got, exact), 2 * naive_err + 1e-6)
-        << what << " of " << name_of(c) << ", naive " << naive_err;
+    const double naive_err = rel_error(naive, exact), err = rel_error(got, exact);
+    EXPECT_LE(err, 2 * naive_err + 1e-6) << what << " of " << name_of(c) << ", naive " << naive_err;
+    if (data_adapted(c.kernel) && std::string(what) == "dW") {
+      std::cout << "[ dW fast vs reference ] relative error " << err << ", naive float32 "
+                << naive_err << "\n";
+    }
   };
   check(fast.dq.values(), n32.dq, ref.dq.values, "dq");
   check(fast.dk.values(), n32.dk, ref.dk.values, "dk");
@@ -202,6 +333,19 @@ std::vector<Case> cases() {
       out.push_back({1, 1, 300, 300, 6, 9, 17, kernel, causal, true, false});
       out.push_back({1, 1, 1, 1, 4, 3, 8, kernel, causal, false, false});
     }
+  }
+  // FAVOR++ / FAVOR#: per-head fits (dW_h per head) and shared ones (dW_h summed over heads,
+  // with per-thread partials), the same tails; bidirectional calls also fit themselves.
+  for (Kernel kernel : {Kernel::favorpp, Kernel::favorsharp}) {
+    for (bool causal : {false, true}) {
+      const int64_t nk = causal ? 70 : 45;
+      out.push_back({2, 3, 70, nk, 12, 5, 24, kernel, causal, false, false, FitKind::per_head});
+      out.push_back({2, 3, 70, nk, 12, 5, 24, kernel, causal, true, false, FitKind::shared});
+      out.push_back({2, 2, 33, 33, 8, 8, 16, kernel, causal, true, true, FitKind::per_head});
+      out.push_back({1, 1, 300, 300, 6, 9, 17, kernel, causal, true, false, FitKind::shared});
+      out.push_back({1, 1, 1, 1, 4, 3, 8, kernel, causal, false, false, FitKind::per_head});
+    }
+    out.push_back({2, 2, 65, 40, 8, 5, 16, kernel, false, true, false, FitKind::self});
   }
   return out;
 }

@@ -3,6 +3,8 @@
 // one-thread result. Thread counts above the core count are fine (OpenMP oversubscribes).
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "reference/naive.hpp"
 #include "test_helpers.hpp"
 
@@ -98,25 +100,42 @@ TEST(Threads, BackwardAgreesAcrossThreadCounts) {
                v = testing::random_tensor({1, 3, 100, 5}, 3),
                dy = testing::random_tensor({1, 3, 100, 5}, 4);
   const Projection w = Projection::draw(24, 8);
-  for (bool causal : {false, true}) {
-    AttentionOptions o;
-    o.causal = causal;
-    set_num_threads(1);
-    const AttentionGrads one = favor_attention_backward(q, k, v, dy, w, o, true);
-    const AttentionGrads exact_one = exact_attention_backward(q, k, v, dy, {causal});
-    for (int threads : {2, 3, 8}) {
-      set_num_threads(threads);
-      const AttentionGrads g = favor_attention_backward(q, k, v, dy, w, o, true);
-      // Heads are independent: identical bits whatever the thread count; dW sums per-thread
-      // partials, so only its summation order changes.
-      EXPECT_EQ(g.dq.values(), one.dq.values()) << threads;
-      EXPECT_EQ(g.dk.values(), one.dk.values()) << threads;
-      EXPECT_EQ(g.dv.values(), one.dv.values()) << threads;
-      EXPECT_LE(testing::rel_error(g.dw, std::vector<double>(one.dw.begin(), one.dw.end())), 1e-6)
-          << threads;
-      const AttentionGrads e = exact_attention_backward(q, k, v, dy, {causal});
-      EXPECT_EQ(e.dq.values(), exact_one.dq.values()) << threads;
-      EXPECT_EQ(e.dk.values(), exact_one.dk.values()) << threads;
+  // FAVOR#: a per-head fit (dW_h per head, folded after the kernels: identical bits) and a
+  // shared one (dW_h summed over heads in per-thread partials).
+  const KernelFit head_fit =
+      fit_kernel(Kernel::favorsharp, testing::random_tensor({1, 3, 30, 8}, 5),
+                 testing::random_tensor({1, 3, 30, 8}, 6));
+  const KernelFit shared_fit =
+      fit_kernel(Kernel::favorsharp, testing::random_tensor({1, 1, 30, 8}, 5),
+                 testing::random_tensor({1, 1, 30, 8}, 6));
+  for (const KernelFit* fit : {static_cast<const KernelFit*>(nullptr), &head_fit, &shared_fit}) {
+    for (bool causal : {false, true}) {
+      AttentionOptions o;
+      o.causal = causal;
+      if (fit) {
+        o.kernel = Kernel::favorsharp;
+        o.fit = *fit;
+      }
+      const std::string what = to_string(o.kernel) + (causal ? " causal" : " bidirectional") +
+                               (fit == &shared_fit ? ", shared fit" : "");
+      set_num_threads(1);
+      const AttentionGrads one = favor_attention_backward(q, k, v, dy, w, o, true);
+      const AttentionGrads exact_one = exact_attention_backward(q, k, v, dy, {causal});
+      for (int threads : {2, 3, 8}) {
+        set_num_threads(threads);
+        const AttentionGrads g = favor_attention_backward(q, k, v, dy, w, o, true);
+        // Heads are independent: identical bits whatever the thread count; dW sums per-thread
+        // partials (unless it has one part per head), so only its summation order changes.
+        EXPECT_EQ(g.dq.values(), one.dq.values()) << threads << ' ' << what;
+        EXPECT_EQ(g.dk.values(), one.dk.values()) << threads << ' ' << what;
+        EXPECT_EQ(g.dv.values(), one.dv.values()) << threads << ' ' << what;
+        EXPECT_LE(testing::rel_error(g.dw, std::vector<double>(one.dw.begin(), one.dw.end())), 1e-6)
+            << threads << ' ' << what;
+        if (fit == &head_fit) EXPECT_EQ(g.dw, one.dw) << threads << ' ' << what;
+        const AttentionGrads e = exact_attention_backward(q, k, v, dy, {causal});
+        EXPECT_EQ(e.dq.values(), exact_one.dq.values()) << threads;
+        EXPECT_EQ(e.dk.values(), exact_one.dk.values()) << threads;
+      }
     }
   }
 }

@@ -20,7 +20,8 @@ struct AttentionGrads {
 /// backward pass (they cancel in the output, so the gradient is exact: docs/gradients.md).
 /// Rows that the forward pass defined as zeros (no visible key, trig denominator <= 0)
 /// pass no gradient. Memory O(N (D + Dv) + F Dv) per head; causal attention recomputes
-/// chunk states instead of storing them. with_projection_grad also returns dL/dW. A context
+/// chunk states instead of storing them. with_projection_grad also returns dL/dW (FAVOR++ /
+/// FAVOR#: through the fitted per-head transform, the fit held fixed). A context
 /// saved by the bidirectional forward call skips the recomputation of the key state; it
 /// must come from the same k, v, W, mask and options (checked; else favor::Error).
 AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,

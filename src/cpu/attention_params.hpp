@@ -45,9 +45,27 @@ struct BackwardParams {
   float* dq;
   float* dk;
   float* dv;
-  float* dw;                          // m x d, accumulated; null when not requested
+  // dL/dW (m x d), accumulated; null when not requested. FAVOR++ / FAVOR#: dL/dW_h of the
+  // per-head projection (fwd.w) and dL/db_h of the log bias (fwd.bias), one per (batch, head)
+  // (strides m d and m) or one sum over heads (strides 0).
+  float* dw;
+  int64_t dw_head_stride = 0;
+  float* dbias = nullptr;
+  int64_t dbias_head_stride = 0;
   const float* ctx_states = nullptr;  // bidirectional: the forward's saved [S | s] per head
   const double* ctx_maxima = nullptr;
+
+  /// Whether dW (dbias) is one sum over heads, which the threads accumulate in partials.
+  bool summed_dw() const { return dw && dw_head_stride == 0; }
+  bool summed_dbias() const { return dbias && dbias_head_stride == 0; }
+  /// Where head bh accumulates dW (dbias): its own slice of an output with one per head, else
+  /// `partial`, the running thread's share of the sum (null when not requested).
+  float* head_dw(int64_t bh, float* partial) const {
+    return dw_head_stride ? dw + bh * dw_head_stride : partial;
+  }
+  float* head_dbias(int64_t bh, float* partial) const {
+    return dbias_head_stride ? dbias + bh * dbias_head_stride : partial;
+  }
 };
 
 /// Bidirectional FAVOR attention; returns the number of rows written as zeros.

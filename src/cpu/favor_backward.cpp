@@ -28,9 +28,9 @@ namespace {
 
 struct Workspace {
   KeyTile tile;
-  std::vector<float> yx, gx, dphi, pa, dx, dvx, Sx, R, s, log_s, dw;
+  std::vector<float> yx, gx, dphi, pa, dx, dvx, Sx, R, s, log_s, dw, db;
   std::vector<int64_t> index;
-  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, bool want_dw)
+  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, bool summed_dw, bool summed_db)
       : tile(d, m, F, dv),
         yx(kRowTile * (dv + 1)),
         gx(kRowTile * (dv + 1)),
@@ -42,7 +42,8 @@ struct Workspace {
         R(F * (dv + 1)),
         s(F),
         log_s(F),
-        dw(want_dw ? m * d : 0),
+        dw(summed_dw ? m * d : 0),
+        db(summed_db ? m : 0),
         index(kRowTile) {}
 };
 
@@ -63,7 +64,8 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     state.copy_normaliser(ws.s.data());
     log_or_neg_inf(ws.s.data(), ws.log_s.data(), F);
   }
-  float* dw = ws.dw.empty() ? nullptr : ws.dw.data();
+  float* dw = bp.head_dw(bh, ws.dw.empty() ? nullptr : ws.dw.data());
+  float* db = bp.head_dbias(bh, ws.db.empty() ? nullptr : ws.db.data());
 
   // Queries: dq, and R = phi(Q)^T gx.
   std::fill(ws.R.begin(), ws.R.end(), 0.0f);
@@ -88,7 +90,8 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
          F);
     gemm(true, false, F, ld, rows, 1.0f, t.phi.data(), F, ws.gx.data(), ld, 1.0f, ws.R.data(), ld);
     feature_backward(p.kernel, false, rows, d, m, t.x.data(), t.phi.data(), ws.dphi.data(),
-                     p.head_w(bh), p.sqrt_scale, ws.pa.data(), bp.dq + (bh * p.nq + i0) * d, dw);
+                     p.head_w(bh), p.sqrt_scale, ws.pa.data(), bp.dq + (bh * p.nq + i0) * d, dw,
+                     db);
   }
 
   // Keys: dk and dv (masked keys keep their zero gradients).
@@ -104,7 +107,7 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     gemm(false, false, rows, dv, F, 1.0f, t.phi.data(), F, ws.R.data(), ld, 0.0f, ws.dvx.data(),
          dv);
     feature_backward(p.kernel, true, rows, d, m, t.x.data(), t.phi.data(), ws.dphi.data(),
-                     p.head_w(bh), p.sqrt_scale, ws.pa.data(), ws.dx.data(), dw);
+                     p.head_w(bh), p.sqrt_scale, ws.pa.data(), ws.dx.data(), dw, db);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t j = ws.index[r];
       std::copy(ws.dx.data() + r * d, ws.dx.data() + (r + 1) * d, bp.dk + (bh * p.nk + j) * d);
@@ -118,9 +121,9 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
 void favor_backward_bidirectional(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   backward_over_heads<Workspace>(
-      p.batch * p.heads, p.threads, bp.dw,
+      p.batch * p.heads, p.threads, bp.dw, bp.dbias,
       [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d, p.m,
-      feature_count(p.kernel, p.m), p.dv, bp.dw != nullptr);
+      feature_count(p.kernel, p.m), p.dv, bp.summed_dw(), bp.summed_dbias());
 }
 
 }  // namespace favor::cpu

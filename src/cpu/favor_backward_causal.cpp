@@ -27,12 +27,12 @@ namespace {
 
 struct Workspace {
   ChunkWorkspace chunk;
-  std::vector<float> phiq, gscaled, dmat, dphi, pa, dx, dvv, R, dw;
+  std::vector<float> phiq, gscaled, dmat, dphi, pa, dx, dvv, R, dw, db;
   std::vector<float> gstore, chunk_s;  // per head: N x (dv + 1); chunks x F
   std::vector<double> chunk_max;       // per head: chunks
   // Sized for a whole head of n tokens here, before the parallel region (allocation failures
   // then throw to the caller).
-  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, bool want_dw, int64_t n)
+  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, bool summed_dw, bool summed_db, int64_t n)
       : chunk(d, m, F, dv),
         phiq(kChunk * F),
         gscaled(kChunk * (dv + 1)),
@@ -42,7 +42,8 @@ struct Workspace {
         dx(kChunk * d),
         dvv(kChunk * dv),
         R(F * (dv + 1)),
-        dw(want_dw ? m * d : 0),
+        dw(summed_dw ? m * d : 0),
+        db(summed_db ? m : 0),
         gstore(n * (dv + 1)),
         chunk_s((n + kChunk - 1) / kChunk * F),
         chunk_max((n + kChunk - 1) / kChunk) {}
@@ -76,7 +77,8 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
   ChunkWorkspace& ws = w.chunk;
   const int64_t F = ws.F, d = p.d, m = p.m, dv = p.dv, ldv = dv + 1, ldq = ws.ldq(), n = p.nq;
   const int64_t chunks = (n + kChunk - 1) / kChunk, bh = b * p.heads + h;
-  float* dw = w.dw.empty() ? nullptr : w.dw.data();
+  float* dw = bp.head_dw(bh, w.dw.empty() ? nullptr : w.dw.data());
+  float* db = bp.head_dbias(bh, w.db.empty() ? nullptr : w.db.data());
   const float* dyh = bp.dy + b * bp.dy_strides[0] + h * bp.dy_strides[1];
   float* vx = ws.sv.data() + F * ldv;
 
@@ -105,7 +107,7 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
          w.dphi.data(), F);
     feature_backward(p.kernel, false, rows, d, m, ws.x.data() + rows * d, w.phiq.data(),
                      w.dphi.data(), p.head_w(bh), p.sqrt_scale, w.pa.data(),
-                     bp.dq + (bh * n + c0) * d, dw);
+                     bp.dq + (bh * n + c0) * d, dw, db);
     chunk_state_update(rows, moved, state, vx, ws);
   }
 
@@ -137,7 +139,7 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
          w.dphi.data(), F);
     gemm(true, false, rows, dv, rows, 1.0f, ws.qg.data() + F, ldq, gx, ldv, 1.0f, w.dvv.data(), dv);
     feature_backward(p.kernel, true, rows, d, m, ws.x.data(), ws.phik.data(), w.dphi.data(),
-                     p.head_w(bh), p.sqrt_scale, w.pa.data(), bp.dk + (bh * n + c0) * d, dw);
+                     p.head_w(bh), p.sqrt_scale, w.pa.data(), bp.dk + (bh * n + c0) * d, dw, db);
     std::copy_n(w.dvv.data(), rows * dv, bp.dv + (bh * n + c0) * dv);
     if (ci > 0) {  // R relative to the previous chunk's last max (= this chunk's starting max)
       const float f = rescale(prev_max, end_max);
@@ -154,9 +156,9 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
 void favor_backward_causal(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   backward_over_heads<Workspace>(
-      p.batch * p.heads, p.threads, bp.dw,
+      p.batch * p.heads, p.threads, bp.dw, bp.dbias,
       [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d, p.m,
-      feature_count(p.kernel, p.m), p.dv, bp.dw != nullptr, p.nq);
+      feature_count(p.kernel, p.m), p.dv, bp.summed_dw(), bp.summed_dbias(), p.nq);
 }
 
 }  // namespace favor::cpu

@@ -9,7 +9,7 @@ namespace favor::cpu {
 
 void feature_backward(Kernel kernel, bool key, int64_t rows, int64_t d, int64_t m, const float* x,
                       const float* phi, const float* dphi, const float* w, float sqrt_scale,
-                      float* pa, float* dx, float* dw) {
+                      float* pa, float* dx, float* dw, float* db) {
   const int64_t F = feature_count(kernel, m);
   for (int64_t r = 0; r < rows; ++r) {
     const float* p = phi + r * F;
@@ -39,6 +39,8 @@ void feature_backward(Kernel kernel, bool key, int64_t rows, int64_t d, int64_t 
     }
   }
   if (dw) gemm(true, false, m, d, rows, 1.0f, pa, m, x, d, 1.0f, dw, d);
+  for (int64_t r = 0; db && r < rows; ++r)
+    for (int64_t f = 0; f < m; ++f) db[f] += pa[r * m + f];
 }
 
 void upstream_rows(const float* yx, const float* dy, int64_t dy_stride_n, int64_t dy_stride_d,

@@ -14,10 +14,11 @@
 namespace favor::cpu {
 
 /// dx (rows x d) = sqrt_scale * (Pa W + norm term) for scaled input rows x (rows x d);
-/// dw (m x d) += Pa^T x when dw is non-null. pa: rows x m scratch.
+/// dw (m x d) += Pa^T x when dw is non-null; db (m) += the column sums of Pa when db is
+/// non-null (FAVOR++ / FAVOR#: the gradient of the log bias, added to a). pa: rows x m scratch.
 void feature_backward(Kernel kernel, bool key, int64_t rows, int64_t d, int64_t m, const float* x,
                       const float* phi, const float* dphi, const float* w, float sqrt_scale,
-                      float* pa, float* dx, float* dw);
+                      float* pa, float* dx, float* dw, float* db);
 
 /// The upstream gradient in augmented form: for rows of [num | den] (ld dv + 1) and dy,
 /// gx = [dy / den, -(dy . y) / den], or zeros for rows the forward defined as zeros

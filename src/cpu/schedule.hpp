@@ -50,10 +50,11 @@ int64_t for_each_head(const Schedule& plan, std::vector<Workspace>& spaces, Fn f
 }
 
 /// The backward kernels' driver: heads over threads (a head is not split in the backward
-/// pass), run_head(bh, workspace) per head, and the per-thread dW partials (a `dw` member of
-/// each workspace, empty when not requested) summed into `dw`.
+/// pass), run_head(bh, workspace) per head, and the per-thread partials of dW and dbias (`dw`
+/// and `db` members of each workspace, empty unless they are sums over heads) summed into
+/// `dw` and `dbias`.
 template <class Workspace, class RunHead, class... Args>
-void backward_over_heads(int64_t heads, int threads, float* dw, RunHead run_head,
+void backward_over_heads(int64_t heads, int threads, float* dw, float* dbias, RunHead run_head,
                          const Args&... args) {
   Schedule plan = make_schedule(heads, threads);
   plan.parts = 1;
@@ -63,8 +64,10 @@ void backward_over_heads(int64_t heads, int threads, float* dw, RunHead run_head
     run_head(bh, ws);
     return int64_t{0};
   });
-  for (const Workspace& ws : spaces)
+  for (const Workspace& ws : spaces) {
     for (size_t i = 0; dw && i < ws.dw.size(); ++i) dw[i] += ws.dw[i];
+    for (size_t i = 0; dbias && i < ws.db.size(); ++i) dbias[i] += ws.db[i];
+  }
 }
 
 /// Start of part `i` of `n` items split into `parts` nearly equal ranges.

@@ -46,6 +46,33 @@ inline HeadMap head_map(const Projection& w, Kernel kernel, const std::optional<
   return map;
 }
 
+/// The adjoint of head_map, evaluated in T: dw (m x d) += dL/dW from the gradients with
+/// respect to head bh's map, dL/dW_h (dw_map, m x d) and dL/db (dbias, m). For FAVOR++ /
+/// FAVOR#, from W_h[f][t] = sum_l Q[t][l] sqrt(1 - 4 A_l) w_fl and b_f = sum_l A_l w_fl^2:
+///   dL/dw_fl = sum_t dL/dW_h[f][t] Q[t][l] sqrt(1 - 4 A_l) + 2 A_l w_fl dL/db_f;
+/// for the fixed kernels the map is W itself.
+template <class T>
+void head_map_backward(const Projection& w, Kernel kernel, const std::optional<KernelFit>& fit,
+                       int64_t bh, const std::vector<T>& dw_map, const std::vector<T>& dbias,
+                       std::vector<T>& dw) {
+  const int64_t m = w.m(), d = w.d();
+  if (!data_adapted(kernel)) {
+    for (int64_t i = 0; i < m * d; ++i) dw[i] += dw_map[i];
+    return;
+  }
+  const int64_t g = fit->heads == 1 ? 0 : bh;
+  const double* a = fit->a.data() + g * d;
+  const double* q = fit->basis.data() + g * d * d;
+  for (int64_t f = 0; f < m; ++f)
+    for (int64_t l = 0; l < d; ++l) {
+      const T root = std::sqrt(T(1) - T(4) * static_cast<T>(a[l]));
+      T sum = T(2) * static_cast<T>(a[l]) * static_cast<T>(w.at(f, l)) * dbias[f];
+      for (int64_t t = 0; t < d; ++t)
+        sum += dw_map[f * d + t] * static_cast<T>(q[t * d + l]) * root;
+      dw[f * d + l] += sum;
+    }
+}
+
 /// The fit an attention call uses: options.fit, or (bidirectional) the library's fit to q
 /// and k; causal calls without a fit throw, as the library does.
 inline std::optional<KernelFit> attention_fit(const TensorView& q, const TensorView& k,

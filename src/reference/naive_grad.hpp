@@ -21,6 +21,7 @@ struct Head {
 template <class T>
 struct HeadGrads {
   std::vector<T> dq, dk, dv, dw;
+  std::vector<T> dbias;  // m: the gradient of the log bias (of any shift added to a = W x)
 };
 
 // phi of the rows of x (n x d), times sqrt(scale) first: n x F.
@@ -95,11 +96,12 @@ std::vector<T> forward(const Head<T>& h, Kernel kernel, T scale, bool causal) {
   return y;
 }
 
-// d(phi rows)/d(inputs), chained: dx (n x d, before the sqrt(scale)), and dw accumulated.
+// d(phi rows)/d(inputs), chained: dx (n x d, before the sqrt(scale)), and dw and dbias
+// accumulated.
 template <class T>
 void phi_backward(const std::vector<T>& x, const std::vector<T>& phi, const std::vector<T>& dphi,
                   int64_t n, int64_t d, const std::vector<T>& w, int64_t m, Kernel kernel, T ss,
-                  std::vector<T>& dx, std::vector<T>& dw) {
+                  std::vector<T>& dx, std::vector<T>& dw, std::vector<T>& dbias) {
   const int64_t F = feature_count(kernel, m);
   dx.assign(static_cast<size_t>(n * d), T(0));
   for (int64_t i = 0; i < n; ++i) {
@@ -126,6 +128,7 @@ void phi_backward(const std::vector<T>& x, const std::vector<T>& phi, const std:
         dx[i * d + t] += coef * w[f * d + t] * ss;
         dw[f * d + t] += coef * ss * x[i * d + t];
       }
+      dbias[f] += coef;
     }
     // Norm term: exp(-|x|^2/2) (positive family) or exp(+|x|^2/2) (trig), x = ss q.
     const T sign = kernel == Kernel::trig ? T(1) : T(-1);
@@ -133,7 +136,7 @@ void phi_backward(const std::vector<T>& x, const std::vector<T>& phi, const std:
   }
 }
 
-/// Gradients of L = sum dy . y with respect to q, k, v and W.
+/// Gradients of L = sum dy . y with respect to q, k, v, W (h.w) and the log bias.
 template <class T>
 HeadGrads<T> backward(const Head<T>& h, const std::vector<T>& dy, Kernel kernel, T scale,
                       bool causal) {
@@ -145,6 +148,7 @@ HeadGrads<T> backward(const Head<T>& h, const std::vector<T>& dy, Kernel kernel,
   HeadGrads<T> g;
   g.dv.assign(static_cast<size_t>(h.nk * h.dv), T(0));
   g.dw.assign(static_cast<size_t>(h.m * h.d), T(0));
+  g.dbias.assign(static_cast<size_t>(h.m), T(0));
   std::vector<T> da(static_cast<size_t>(h.nq * h.nk), T(0));
   for (int64_t i = 0; i < h.nq; ++i) {
     T den = 0;
@@ -175,8 +179,8 @@ HeadGrads<T> backward(const Head<T>& h, const std::vector<T>& dy, Kernel kernel,
         dpk[j * F + f] += e * pq[i * F + f];
       }
     }
-  phi_backward(h.q, pq, dpq, h.nq, h.d, h.w, h.m, kernel, ss, g.dq, g.dw);
-  phi_backward(h.k, pk, dpk, h.nk, h.d, h.w, h.m, kernel, ss, g.dk, g.dw);
+  phi_backward(h.q, pq, dpq, h.nq, h.d, h.w, h.m, kernel, ss, g.dq, g.dw, g.dbias);
+  phi_backward(h.k, pk, dpk, h.nk, h.d, h.w, h.m, kernel, ss, g.dk, g.dw, g.dbias);
   return g;
 }
 

@@ -107,8 +107,8 @@ DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, Tensor
   const std::optional<KernelFit> fit = naive::attention_fit(q, k, options, scale);
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
-      // FAVOR++ / FAVOR#: the gradient through W_eff and the bias with the fit held fixed;
-      // dW is then the gradient with respect to W_eff.
+      // FAVOR++ / FAVOR#: the gradient through W_h and the bias, then through their
+      // construction from W (head_map_backward), the fit held fixed.
       const naive::HeadMap map = naive::head_map(w, options.kernel, fit, b * s.heads + h);
       naive::Head<double> head{s.nq,
                                s.nk,
@@ -129,7 +129,7 @@ DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, Tensor
       put_head(g.dq, b, h, hg.dq);
       put_head(g.dk, b, h, hg.dk);
       put_head(g.dv, b, h, hg.dv);
-      for (size_t i = 0; i < g.dw.size(); ++i) g.dw[i] += hg.dw[i];
+      naive::head_map_backward(w, options.kernel, fit, b * s.heads + h, hg.dw, hg.dbias, g.dw);
     }
   return g;
 }
