@@ -94,8 +94,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     dtype of q. float32 tensors are read in place (any strides); float64/float16/bfloat16
     are computed in float32. projection: a kind (drawn with `features` rows, `norms`,
     `seed`), a favor.Projection, or a float [m, D] tensor, which receives a gradient when it
-    requires one (positive, trig and hyperbolic kernels). key_padding_mask [B, Nk]: torch's
-    convention, True (or -inf) = ignore the key. kernel, scale and fit as in favor.attention.
+    requires one (every kernel; FAVOR++/FAVOR# hold their fit fixed). key_padding_mask
+    [B, Nk]: torch's convention, True (or -inf) = ignore the key. kernel, scale and fit as in favor.attention.
     The forward pass saves the key state for the backward (bidirectional); double backward
     is not supported.
     """
