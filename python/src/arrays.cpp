@@ -6,7 +6,9 @@
 namespace favor::python {
 namespace {
 
-std::string dtype_name(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
+std::string dtype_name(const py::array& a) {
+  return py::str(a.dtype()).cast<std::string>();
+}
 
 bool viewable(const py::array& a, int64_t itemsize) {
   if (reinterpret_cast<uintptr_t>(a.data()) % itemsize != 0) return false;
@@ -82,15 +84,16 @@ std::optional<Mask> as_mask(const py::handle& obj, int rank, int64_t batch, int6
                 " must be bool or integer (nonzero = the key takes part)");
   }
   const py::ssize_t want_rank = rank == 2 ? 1 : 2;
-  const bool shape_ok = a.ndim() == want_rank &&
-                        (want_rank == 1 ? a.shape(0) == nk : a.shape(0) == batch && a.shape(1) == nk);
+  const bool shape_ok =
+      a.ndim() == want_rank &&
+      (want_rank == 1 ? a.shape(0) == nk : a.shape(0) == batch && a.shape(1) == nk);
   if (!shape_ok) {
     std::string got = "[";
     for (py::ssize_t i = 0; i < a.ndim(); ++i) got += (i ? "," : "") + std::to_string(a.shape(i));
     got += "]";
-    const std::string want = rank == 2 ? "[" + std::to_string(nk) + "] (Nk, for 2-D inputs)"
-                                       : "[" + std::to_string(batch) + "," + std::to_string(nk) +
-                                             "] (B, Nk)";
+    const std::string want =
+        rank == 2 ? "[" + std::to_string(nk) + "] (Nk, for 2-D inputs)"
+                  : "[" + std::to_string(batch) + "," + std::to_string(nk) + "] (B, Nk)";
     throw Error(name + ": shape " + got + " must be " + want);
   }
   Mask m;

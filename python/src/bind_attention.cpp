@@ -5,6 +5,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "options.hpp"
 
 namespace favor::python {
 namespace {
@@ -24,17 +25,6 @@ Call inputs(const py::handle& q, const py::handle& k, const py::handle& v,
   check_same_rank({&c.q, &c.k, &c.v}, "q, k, v");
   c.mask = as_mask(key_mask, c.k.rank, c.k.view.shape[0], c.k.view.shape[2], "key_mask");
   return c;
-}
-
-AttentionOptions favor_options(const std::string& kernel, bool causal, std::optional<double> scale,
-                               const Call& c, const std::optional<KernelFit>& fit) {
-  AttentionOptions o;
-  o.kernel = parse_kernel(kernel, "kernel");
-  o.causal = causal;
-  o.scale = scale;
-  o.key_mask = c.mask_view();
-  o.fit = fit;
-  return o;
 }
 
 ExactOptions exact_options(bool causal, std::optional<double> scale, const Call& c,
@@ -86,7 +76,7 @@ void bind_attention(py::module_& m) {
          const std::string& kernel, bool causal, std::optional<double> scale,
          const py::handle& key_mask, const std::optional<KernelFit>& fit, bool save_context) {
         const Call c = inputs(q, k, v, key_mask);
-        const AttentionOptions o = favor_options(kernel, causal, scale, c, fit);
+        const AttentionOptions o = attention_options(kernel, causal, scale, c.mask_view(), fit);
         const Shape4 shape{c.q.view.shape[0], c.q.view.shape[1], c.q.view.shape[2],
                            c.v.view.shape[3]};
         py::array_t<float> y = new_output(shape, c.q.rank);
@@ -116,7 +106,7 @@ void bind_attention(py::module_& m) {
         const Call c = inputs(q, k, v, key_mask);
         const Input g = as_input(dy, "dy");
         check_same_rank({&c.q, &g}, "q, dy");
-        const AttentionOptions o = favor_options(kernel, causal, scale, c, fit);
+        const AttentionOptions o = attention_options(kernel, causal, scale, c.mask_view(), fit);
         AttentionGrads grads;
         {
           py::gil_scoped_release release;
@@ -173,10 +163,7 @@ void bind_attention(py::module_& m) {
       [](const py::handle& x, const Projection& w, const std::string& kernel,
          std::optional<double> scale, const std::optional<KernelFit>& fit) {
         const Input xi = as_input(x, "x");
-        FeatureOptions o;
-        o.kernel = parse_kernel(kernel, "kernel");
-        o.scale = scale;
-        o.fit = fit;
+        const FeatureOptions o = feature_options(kernel, scale, fit);
         Tensor phi;
         {
           py::gil_scoped_release release;
@@ -202,10 +189,7 @@ void bind_attention(py::module_& m) {
          std::optional<double> scale, const std::optional<KernelFit>& fit) {
         const Input xi = as_input(x, "x"), yi = as_input(y, "y");
         const TensorView xv = rows(xi, "x"), yv = rows(yi, "y");
-        FeatureOptions o;
-        o.kernel = parse_kernel(kernel, "kernel");
-        o.scale = scale;
-        o.fit = fit;
+        const FeatureOptions o = feature_options(kernel, scale, fit);
         py::gil_scoped_release release;
         return kernel_mse(xv, yv, w, o);
       },

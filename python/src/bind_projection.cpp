@@ -22,8 +22,7 @@ Projection from_matrix(const py::handle& obj) {
   py::array a = py::array::ensure(obj);
   if (!a || a.ndim() != 2) throw Error("matrix: must be a 2-D [m, d] float array");
   if (a.dtype().kind() != 'f') {
-    throw Error("matrix: dtype " + py::str(a.dtype()).cast<std::string>() +
-                " is not a float type");
+    throw Error("matrix: dtype " + py::str(a.dtype()).cast<std::string>() + " is not a float type");
   }
   auto c = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
   std::vector<float> values(static_cast<size_t>(c.size()));
@@ -70,15 +69,15 @@ void bind_projection(py::module_& m) {
       .def("redraw", &Projection::redraw, py::arg("seed"))
       .def_property_readonly("m", &Projection::m)
       .def_property_readonly("d", &Projection::d)
-      .def_property_readonly("kind", [](const Projection& w) { return to_string(w.options().kind); })
+      .def_property_readonly("kind",
+                             [](const Projection& w) { return to_string(w.options().kind); })
       .def_property_readonly("norms",
                              [](const Projection& w) { return to_string(w.options().norms); })
       .def_property_readonly("seed", [](const Projection& w) { return w.options().seed; })
       .def_property_readonly("imported", &Projection::imported)
-      .def_property_readonly("matrix",
-                             [](py::object self) {
-                               return matrix_view(self.cast<const Projection&>(), self);
-                             })
+      .def_property_readonly(
+          "matrix",
+          [](py::object self) { return matrix_view(self.cast<const Projection&>(), self); })
       .def(py::pickle(
           [](py::object self) {
             const auto& w = self.cast<const Projection&>();
@@ -99,8 +98,10 @@ void bind_projection(py::module_& m) {
       .def_static("constant", &KernelFit::constant, py::arg("a"), py::arg("d"))
       .def_readonly("heads", &KernelFit::heads)
       .def_readonly("d", &KernelFit::d)
-      .def_property_readonly(
-          "a", [](const KernelFit& f) { return copy_doubles<double>(f.a, {f.heads, f.d}); })
+      .def_property_readonly("a",
+                             [](const KernelFit& f) {
+                               return copy_doubles<double>(f.a, {f.heads, f.d});
+                             })
       .def_property_readonly("basis",
                              [](const KernelFit& f) {
                                return copy_doubles<double>(f.basis, {f.heads, f.d, f.d});
@@ -119,7 +120,8 @@ void bind_projection(py::module_& m) {
         const Kernel kern = parse_kernel(kernel, "kernel");
         const Input qi = as_input(q, "q"), ki = as_input(k, "k");
         check_same_rank({&qi, &ki}, "q, k");
-        const auto mask = as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
+        const auto mask =
+            as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
         std::optional<KeyMaskView> mv;
         if (mask) mv = mask->view;
         py::gil_scoped_release release;

@@ -7,28 +7,18 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "options.hpp"
 
 namespace favor::python {
 namespace {
 
 py::array_t<double> to_array(const reference::DTensor& t, int rank) {
   const Shape4& s = t.shape;
-  py::array_t<double> a = rank == 2 ? py::array_t<double>({s[2], s[3]})
-                                    : py::array_t<double>({s[0], s[1], s[2], s[3]});
+  py::array_t<double> a =
+      rank == 2 ? py::array_t<double>({s[2], s[3]}) : py::array_t<double>({s[0], s[1], s[2], s[3]});
   if (!t.values.empty())
     std::memcpy(a.mutable_data(), t.values.data(), sizeof(double) * t.values.size());
   return a;
-}
-
-AttentionOptions options(const std::string& kernel, bool causal, std::optional<double> scale,
-                         const std::optional<Mask>& mask, const std::optional<KernelFit>& fit) {
-  AttentionOptions o;
-  o.kernel = parse_kernel(kernel, "kernel");
-  o.causal = causal;
-  o.scale = scale;
-  if (mask) o.key_mask = mask->view;
-  o.fit = fit;
-  return o;
 }
 
 }  // namespace
@@ -51,9 +41,8 @@ void bind_runtime(py::module_& m) {
          const std::string& kernel, bool causal, int repeats) {
         if (repeats < 1) throw Error("repeats: " + std::to_string(repeats) + " must be >= 1");
         const Input qi = as_input(q, "q"), ki = as_input(k, "k"), vi = as_input(v, "v");
-        AttentionOptions o;
-        o.kernel = parse_kernel(kernel, "kernel");
-        o.causal = causal;
+        const AttentionOptions o =
+            attention_options(kernel, causal, std::nullopt, std::nullopt, std::nullopt);
         Tensor out({qi.view.shape[0], qi.view.shape[1], qi.view.shape[2], vi.view.shape[3]});
         std::vector<double> seconds;
         py::gil_scoped_release release;
@@ -74,11 +63,8 @@ void bind_runtime(py::module_& m) {
       [](const py::handle& x, const Projection& w, const std::string& kernel,
          std::optional<double> scale, const std::optional<KernelFit>& fit) {
         const Input xi = as_input(x, "x");
-        FeatureOptions o;
-        o.kernel = parse_kernel(kernel, "kernel");
-        o.scale = scale;
-        o.fit = fit;
-        return to_array(reference::features(xi.view, w, o), xi.rank);
+        return to_array(reference::features(xi.view, w, feature_options(kernel, scale, fit)),
+                        xi.rank);
       },
       py::arg("x"), py::arg("projection"), py::arg("kernel") = "positive",
       py::arg("scale") = py::none(), py::arg("fit") = py::none());
@@ -89,9 +75,13 @@ void bind_runtime(py::module_& m) {
          const py::handle& key_mask, const std::optional<KernelFit>& fit) {
         const Input qi = as_input(q, "q"), ki = as_input(k, "k"), vi = as_input(v, "v");
         check_same_rank({&qi, &ki, &vi}, "q, k, v");
-        const auto mask = as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
-        return to_array(reference::favor_attention(qi.view, ki.view, vi.view, w,
-                                                   options(kernel, causal, scale, mask, fit)),
+        const auto mask =
+            as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
+        return to_array(reference::favor_attention(
+                            qi.view, ki.view, vi.view, w,
+                            attention_options(
+                                kernel, causal, scale,
+                                mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt, fit)),
                         qi.rank);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("projection"),
@@ -103,7 +93,8 @@ void bind_runtime(py::module_& m) {
          std::optional<double> scale, const py::handle& key_mask) {
         const Input qi = as_input(q, "q"), ki = as_input(k, "k"), vi = as_input(v, "v");
         check_same_rank({&qi, &ki, &vi}, "q, k, v");
-        const auto mask = as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
+        const auto mask =
+            as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
         ExactOptions o;
         o.causal = causal;
         o.scale = scale;

@@ -1,0 +1,26 @@
+#include "options.hpp"
+
+namespace favor::python {
+
+FeatureOptions feature_options(const std::string& kernel, std::optional<double> scale,
+                               const std::optional<KernelFit>& fit) {
+  FeatureOptions o;
+  o.kernel = parse_kernel(kernel, "kernel");
+  o.scale = scale;
+  o.fit = fit;
+  return o;
+}
+
+AttentionOptions attention_options(const std::string& kernel, bool causal,
+                                   std::optional<double> scale, std::optional<KeyMaskView> key_mask,
+                                   const std::optional<KernelFit>& fit) {
+  AttentionOptions o;
+  o.kernel = parse_kernel(kernel, "kernel");
+  o.causal = causal;
+  o.scale = scale;
+  o.key_mask = key_mask;
+  o.fit = fit;
+  return o;
+}
+
+}  // namespace favor::python
