@@ -83,12 +83,11 @@ def favor_plus(q, k, v, w, causal=False, scale=None, chunk=64):
     if not causal:
         out = pq @ (pk.transpose(-1, -2) @ v1)
     else:
-        n = q.shape[-2]
         state = torch.zeros(*q.shape[:-2], w.shape[0], v1.shape[-1], dtype=q.dtype)
         parts = []
-        for c0 in range(0, n, chunk):
-            c1 = min(n, c0 + chunk)
-            qc, kc, vc = pq[..., c0:c1, :], pk[..., c0:c1, :], v1[..., c0:c1, :]
+        # split, not slicing in a loop: a slice's backward writes a full-size gradient
+        # (quadratic in N over the chunks); split's backward is one concatenation
+        for qc, kc, vc in zip(pq.split(chunk, -2), pk.split(chunk, -2), v1.split(chunk, -2)):
             local = torch.tril(qc @ kc.transpose(-1, -2)) @ vc
             parts.append(qc @ state + local)
             state = state + kc.transpose(-1, -2) @ vc
