@@ -7,6 +7,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "options.hpp"
 
 namespace favor::python {
 namespace {
@@ -15,15 +16,6 @@ struct PyDecoder {
   Decoder decoder;
   std::mutex mutex;
 };
-
-DecoderOptions decoder_options(const std::string& kernel, std::optional<double> scale,
-                               const std::optional<KernelFit>& fit) {
-  DecoderOptions o;
-  o.kernel = parse_kernel(kernel, "kernel");
-  o.scale = scale;
-  o.fit = fit;
-  return o;
-}
 
 }  // namespace
 

@@ -23,4 +23,10 @@ AttentionOptions attention_options(const std::string& kernel, bool causal,
   return o;
 }
 
+DecoderOptions decoder_options(const std::string& kernel, std::optional<double> scale,
+                               const std::optional<KernelFit>& fit) {
+  const FeatureOptions f = feature_options(kernel, scale, fit);
+  return DecoderOptions{f.kernel, f.scale, f.fit};
+}
+
 }  // namespace favor::python

@@ -12,5 +12,7 @@ FeatureOptions feature_options(const std::string& kernel, std::optional<double> 
 AttentionOptions attention_options(const std::string& kernel, bool causal,
                                    std::optional<double> scale, std::optional<KeyMaskView> key_mask,
                                    const std::optional<KernelFit>& fit);
+DecoderOptions decoder_options(const std::string& kernel, std::optional<double> scale,
+                               const std::optional<KernelFit>& fit);
 
 }  // namespace favor::python

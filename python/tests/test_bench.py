@@ -34,9 +34,10 @@ def numbers(record):
 def test_meta(doc):
     meta = doc["meta"]
     for key in ("torch_threads", "favor_threads", "build_info", "torch_version", "machine",
-                "softmax", "repeats", "b", "h", "d", "m"):
+                "softmax", "repeats", "b", "h", "d", "m", "loadavg_start", "loadavg_end"):
         assert key in meta, key
     assert meta["torch_threads"] == meta["favor_threads"] == 2
+    assert meta["complete"] is True
     assert meta["build_info"].startswith("favor ")
     assert {"platform", "cpu", "logical_cpus"} <= set(meta["machine"])
 
