@@ -11,6 +11,7 @@ from collections import namedtuple
 from . import _core
 
 DEFAULT_FEATURES = 256
+KERNEL_NAMES = ("positive", "trig", "hyperbolic", "favorpp", "favorsharp", "favor++", "favor#")
 
 AttentionOutput = namedtuple("AttentionOutput", ["y", "context", "zero_rows"])
 AttentionOutput.__doc__ = """attention(..., full_output=True): the output y, the saved key
@@ -98,6 +99,9 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
     key state for attention_backward (bidirectional FAVOR only).
     """
     if method == "exact":
+        if kernel not in KERNEL_NAMES:  # the CLI parses --kernel whatever the method
+            raise _core.Error(f"kernel: '{kernel}' is not a kernel; use one of "
+                              + ", ".join(KERNEL_NAMES[:5]))
         y = _core.exact_attention(q, k, v, causal=causal, scale=scale, key_mask=key_mask,
                                   accumulate=accumulate)
         return AttentionOutput(y, None, 0) if full_output else y
@@ -126,6 +130,9 @@ def attention_backward(q, k, v, dy, *, causal=False, kernel="positive", features
     inputs and options as the forward call; `context` (from attention(...,
     full_output=True)) skips recomputing the key state and is refused if it came from other
     inputs."""
+    if context is not None and not isinstance(context, _core.AttentionContext):
+        raise _core.Error(f"context: must be the AttentionContext of attention(..., "
+                          f"full_output=True), not {type(context).__name__}")
     d = _head_dim(q, "q")
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
     return Grads(*_core.attention_backward(q, k, v, dy, w, kernel=kernel, causal=causal,

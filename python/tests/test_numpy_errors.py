@@ -198,6 +198,8 @@ def test_impossible_parameters(qkv):
     raises_naming("norms", favor.attention, q, k, v, projection="qmc", norms="fixed")
     raises_naming("norms", favor.Projection.draw, 8, D, norms="quantile")  # radial only
     raises_naming("method", favor.attention, q, k, v, method="linear")
+    raises_naming("kernel", favor.attention, q, k, v, method="exact", kernel="gaussian")
+    raises_naming("context", favor.attention_backward, q, k, v, dy, context="not a context")
     raises_naming("accumulate", favor.attention, q, k, v, method="exact", accumulate="f16")
     raises_naming("accumulate", favor.exact_attention, q, k, v, accumulate="bf16")
     for scale in (0.0, -1.0, float("nan"), float("inf")):
