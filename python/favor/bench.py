@@ -255,16 +255,21 @@ def main(argv=None):
     log(f"favor.bench: torch {torch.__version__}, {meta['torch_threads']} torch threads, "
         f"{meta['favor_threads']} favor threads; {meta['build_info']}")
     records = []
+    doc = {"meta": meta, "records": records}
+
+    def save(complete):  # after every block: a long run cut short keeps what it measured
+        meta.update(complete=complete, loadavg_end=os.getloadavg())
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1)
+
     for causal in args.masks:
         for n in args.lengths:
             records += attention_rows(args, proj, w, n, causal, softmax)
+            save(False)
     records += overhead_rows(args, proj)
     records += oversubscription_rows(args, proj)
-    meta["loadavg_end"] = os.getloadavg()  # other processes on the machine skew timings
-    doc = {"meta": meta, "records": records}
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
+    save(True)
     if args.plot:
         bh.plot([r for r in records if r["section"] == "attention"], args.plot,
                 f"B = {BATCH}, H = {HEADS}, D = Dv = {DIM}, m = {FEATURES}, "
