@@ -104,7 +104,8 @@ def attention_rows(args, proj, w, n, causal, softmax):
         ("torch_favor_plus", "fwd+bwd"): bh.favor_flops(prob, causal, PLAIN_CHUNK)
         + bh.autograd_favor_backward_flops(prob, causal, PLAIN_CHUNK),
         ("softmax", "fwd"): bh.softmax_flops(prob, causal),
-        ("softmax", "fwd+bwd"): bh.softmax_flops(prob, causal) + bh.softmax_backward_flops(prob, causal),
+        ("softmax", "fwd+bwd"): bh.softmax_flops(prob, causal)
+        + bh.softmax_backward_flops(prob, causal),
     }
 
     def runner(impl, backward):
@@ -158,14 +159,18 @@ def overhead_rows(args, proj):
     for causal in args.masks:
         for n in args.overhead_lengths:
             rng = np.random.default_rng(n)
-            q, k, v = (rng.standard_normal((BATCH, HEADS, n, DIM), dtype=np.float32) for _ in range(3))
+            q, k, v = (rng.standard_normal((BATCH, HEADS, n, DIM), dtype=np.float32)
+                       for _ in range(3))
             qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
-            cpp = lambda calls: sum(favor._core.time_attention(q, k, v, proj, "positive", causal, calls))
+
+            def cpp(calls):
+                return sum(favor._core.time_attention(q, k, v, proj, "positive", causal, calls))
             calls = max(10, int(args.call_loop_s * 5 / cpp(5)))
             with torch.no_grad():
                 numpy_s, torch_s, cpp_s = bh.best_per_call([
                     bh.timed_loop(lambda: favor.attention(q, k, v, causal=causal, projection=proj)),
-                    bh.timed_loop(lambda: ftorch.attention(qt, kt, vt, causal=causal, projection=proj)),
+                    bh.timed_loop(lambda: ftorch.attention(qt, kt, vt, causal=causal,
+                                                           projection=proj)),
                     cpp], calls, rounds)
             rows.append(dict(section="overhead", causal=causal, n=n, bh=BATCH * HEADS,
                              calls=calls, rounds=rounds, cpp_us=cpp_s * 1e6,
@@ -210,10 +215,13 @@ def tables(doc):
     rows = []
     for causal, pas, n in sorted({(r["causal"], r["pass"], r["n"]) for r in att}):
         f, p, s = (idx[(i, pas, causal, n)] for i in IMPLS)
-        soft = bh.fmt_ms(s.get("seconds")) + (f" ({s['groups']} groups)" if s.get("groups", 1) > 1 else "")
+        soft = bh.fmt_ms(s.get("seconds"))
+        if s.get("groups", 1) > 1:
+            soft += f" ({s['groups']} groups)"
         rows.append(["causal" if causal else "bidir", pas, n, bh.fmt_ms(f["seconds"]),
                      bh.fmt_ms(p["seconds"]), soft, f"{f['gflop_per_s']:.1f}",
-                     f"{p['gflop_per_s']:.1f}", f"{s['gflop_per_s']:.1f}" if "seconds" in s else "-",
+                     f"{p['gflop_per_s']:.1f}",
+                     f"{s['gflop_per_s']:.1f}" if "seconds" in s else "-",
                      bh.fmt_ratio(f.get("speedup_vs_torch_favor_plus")),
                      bh.fmt_ratio(f.get("speedup_vs_softmax")), f"{f['tokens_per_s']:.3g}"])
     out.append(bh.markdown(["mask", "pass", "N", "favor ms", "plain-torch FAVOR+ ms",
@@ -224,7 +232,8 @@ def tables(doc):
     out.append(bh.markdown(
         ["mask", "N", "C++ (time_attention) us", "favor.attention us", "favor.torch us",
          "numpy overhead us", "torch overhead us"],
-        [["causal" if r["causal"] else "bidir", r["n"], f"{r['cpp_us']:.1f}", f"{r['numpy_us']:.1f}",
+        [["causal" if r["causal"] else "bidir", r["n"], f"{r['cpp_us']:.1f}",
+          f"{r['numpy_us']:.1f}",
           f"{r['torch_us']:.1f}", f"{r['numpy_overhead_us']:.1f}", f"{r['torch_overhead_us']:.1f}"]
          for r in ov]))
     os_ = [r for r in doc["records"] if r["section"] == "oversubscription"]
@@ -232,7 +241,8 @@ def tables(doc):
         ["mask", "N", "torch threads", "favor threads", "ms", "favor threads (forced)", "ms",
          "slowdown"],
         [["causal" if r["causal"] else "bidir", r["n"], r["torch_threads"], r["favor_threads"],
-          bh.fmt_ms(r["seconds"]), r["oversubscribed_threads"], bh.fmt_ms(r["oversubscribed_seconds"]),
+          bh.fmt_ms(r["seconds"]), r["oversubscribed_threads"],
+          bh.fmt_ms(r["oversubscribed_seconds"]),
           f"{r['slowdown']:.2f}"] for r in os_]))
     return "\n\n".join(out)
 
@@ -244,7 +254,8 @@ def main(argv=None):
     proj = favor.make_projection(DIM, "orthogonal", features=FEATURES, seed=0)
     w = torch.tensor(np.asarray(proj.matrix), dtype=torch.float32)
     softmax = softmax_impl()
-    meta = dict(command="python3 -m favor.bench " + " ".join(sys.argv[1:] if argv is None else argv),
+    given = sys.argv[1:] if argv is None else argv
+    meta = dict(command="python3 -m favor.bench " + " ".join(given),
                 torch_threads=torch.get_num_threads(), favor_threads=favor.num_threads(),
                 build_info=favor.build_info(), torch_version=torch.__version__,
                 numpy_version=np.__version__, machine=bh.machine(), softmax=softmax[0],

@@ -123,9 +123,10 @@ def softmax_heads_per_group(bh, n, budget_bytes):
     if avail is not None:
         fit = min(fit, int(0.8 * avail // (SOFTMAX_PEAK_SCORES * scores)))
     if fit < 1:
-        return 0, (f"one head's scores need {scores / 1e9:.2f} GB (peak ~{SOFTMAX_PEAK_SCORES * scores / 1e9:.1f} GB "
-                   f"with backward); budget {budget_bytes / 1e9:.2f} GB, available "
-                   f"{(avail or 0) / 1e9:.1f} GB")
+        peak = SOFTMAX_PEAK_SCORES * scores
+        return 0, (f"one head's scores need {scores / 1e9:.3g} GB (peak ~{peak / 1e9:.3g} GB "
+                   f"with backward); budget {budget_bytes / 1e9:.3g} GB, available "
+                   f"{(avail or 0) / 1e9:.3g} GB")
     return min(fit, bh), None
 
 
@@ -134,7 +135,8 @@ def machine():
     model = platform.processor() or "unknown"
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+            model = next((ln.split(":", 1)[1].strip() for ln in f
+                          if ln.startswith("model name")), model)
     except OSError:
         pass
     total = None

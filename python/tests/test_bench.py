@@ -63,7 +63,8 @@ def test_overhead_and_oversubscription_records(doc):
     ov = [r for r in doc["records"] if r["section"] == "overhead"]
     assert {r["causal"] for r in ov} == {False, True} and len(ov) >= 2
     for r in ov:
-        assert {"cpp_us", "numpy_us", "torch_us", "numpy_overhead_us", "torch_overhead_us"} <= set(r)
+        assert {"cpp_us", "numpy_us", "torch_us", "numpy_overhead_us",
+                "torch_overhead_us"} <= set(r)
     osub = [r for r in doc["records"] if r["section"] == "oversubscription"]
     assert {r["causal"] for r in osub} == {False, True}
     for r in osub:
