@@ -36,7 +36,6 @@ py::array_t<float> matrix_view(const Projection& w, py::handle owner) {
   return a;
 }
 
-template <typename T>
 py::array_t<double> copy_doubles(const std::vector<double>& v, std::vector<py::ssize_t> shape) {
   py::array_t<double> a(shape);
   if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), sizeof(double) * v.size());
@@ -100,16 +99,16 @@ void bind_projection(py::module_& m) {
       .def_readonly("d", &KernelFit::d)
       .def_property_readonly("a",
                              [](const KernelFit& f) {
-                               return copy_doubles<double>(f.a, {f.heads, f.d});
+                               return copy_doubles(f.a, {f.heads, f.d});
                              })
       .def_property_readonly("basis",
                              [](const KernelFit& f) {
-                               return copy_doubles<double>(f.basis, {f.heads, f.d, f.d});
+                               return copy_doubles(f.basis, {f.heads, f.d, f.d});
                              })
       .def(py::pickle(
           [](const KernelFit& f) {
-            return py::make_tuple(copy_doubles<double>(f.a, {f.heads, f.d}),
-                                  copy_doubles<double>(f.basis, {f.heads, f.d, f.d}));
+            return py::make_tuple(copy_doubles(f.a, {f.heads, f.d}),
+                                  copy_doubles(f.basis, {f.heads, f.d, f.d}));
           },
           [](const py::tuple& t) { return make_fit(t[0], t[1]); }));
 

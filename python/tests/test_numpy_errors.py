@@ -95,17 +95,21 @@ def test_empty_dims(qkv, which, axis):
 BAD_DTYPES = [np.int32, np.int64, np.uint8, bool, np.complex64, np.complex128, object, str]
 
 
+def every_call_refuses(q, k, v, dy, which, bad, word):
+    """Each attention call that takes `which` raises naming it, with `word` in the message."""
+    for name, call in attention_calls(q, k, v, dy).items():
+        if which == "dy" and "backward" not in name:
+            continue
+        assert word in raises_naming(which, call, **{which: bad})
+
+
 @pytest.mark.parametrize("dtype", BAD_DTYPES, ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("which", ["q", "k", "v", "dy"])
 def test_non_float_dtypes(qkv, which, dtype):
     q, k, v, dy = qkv
     args = dict(q=q, k=k, v=v, dy=dy)
     bad = args[which].astype(dtype)
-    for name, call in attention_calls(q, k, v, dy).items():
-        if which == "dy" and "backward" not in name:
-            continue
-        msg = raises_naming(which, call, **{which: bad})
-        assert "dtype" in msg
+    every_call_refuses(q, k, v, dy, which, bad, "dtype")
     if which == "q":
         raises_naming("x", favor.features, bad, features=8)
         raises_naming("q", favor.fit_kernel, "favorpp", bad, k)
@@ -120,11 +124,7 @@ def test_non_finite_values(qkv, which, value):
     bad = args[which].copy()
     bad[1, 2, N - 1, 3] = value  # the very last row: validation must see the whole array
     kept = bad.copy()
-    for name, call in attention_calls(q, k, v, dy).items():
-        if which == "dy" and "backward" not in name:
-            continue
-        msg = raises_naming(which, call, **{which: bad})
-        assert "finite" in msg
+    every_call_refuses(q, k, v, dy, which, bad, "finite")
     if which == "q":
         raises_naming("x", favor.features, bad, features=8)
         raises_naming("q", favor.fit_kernel, "favorsharp", bad, k)

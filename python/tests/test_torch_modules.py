@@ -1,6 +1,5 @@
 """favor.torch's modules: FavorAttention, the MultiheadAttention drop-in and convert()."""
 import copy
-import warnings
 
 import numpy as np
 import pytest

@@ -1,6 +1,4 @@
 """favor.torch.FavorAttention: multi-head FAVOR attention as a module."""
-import math
-
 import torch
 from torch import nn
 
@@ -107,8 +105,3 @@ class FavorAttention(ProjectionMixin, nn.Module):
                 f"kernel={self.kernel}, features={self.features}, "
                 f"projection={self.projection_kind}, method={self.method}")
 
-
-def default_features(head_dim):
-    """The Performer's suggestion, m = d log d, rounded up to a multiple of 16."""
-    m = head_dim * max(1.0, math.log(head_dim))
-    return int(math.ceil(m / 16) * 16)
