@@ -15,6 +15,7 @@
 /// - Functions are thread-safe for distinct outputs; favor::Decoder is not.
 #include "favor/attention.hpp"
 #include "favor/backward.hpp"
+#include "favor/codebook.hpp"
 #include "favor/decoder.hpp"
 #include "favor/error.hpp"
 #include "favor/features.hpp"
@@ -24,3 +25,5 @@
 #include "favor/runtime.hpp"
 #include "favor/tensor.hpp"
 #include "favor/version.hpp"
+#include "favor/vq.hpp"
+#include "favor/vq_decoder.hpp"

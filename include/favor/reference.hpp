@@ -9,6 +9,7 @@
 #include "favor/features.hpp"
 #include "favor/projection.hpp"
 #include "favor/tensor.hpp"
+#include "favor/vq.hpp"
 
 namespace favor::reference {
 
@@ -44,5 +45,21 @@ DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, Tensor
 /// Gradients of naive softmax attention in double.
 DGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                                 const ExactOptions& options = {});
+
+/// Nearest code of every key in double (ties to the lowest index): [B*H*Nk], C order.
+std::vector<int32_t> vq_assign(TensorView k, TensorView codebook);
+
+/// VQ attention in double, materialised (math.md s.6). Hard VQ: naive softmax attention over
+/// the quantised keys C_{z_j}, z from vq_assign above. Soft VQ: A_ij = sum_s exp(scale
+/// q_i.C_s) p(s|k_j), y = A V / A 1. Mask and causal applied; rows with no visible key are
+/// zeros.
+DTensor vq_attention(TensorView q, TensorView k, TensorView v, TensorView codebook,
+                     const VQOptions& options = {});
+
+/// Gradients of reference::vq_attention in double for L = sum dy . y: dq, dv, dk
+/// (straight-through for hard VQ, exact through p(s|k) for soft) and, in dw, dL/dC
+/// ([Hc][c][D], C order).
+DGrads vq_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                             TensorView codebook, const VQOptions& options = {});
 
 }  // namespace favor::reference

@@ -1,0 +1,55 @@
+#pragma once
+/// \file vq_decoder.hpp
+/// Streaming Transformer-VQ decoding: per (batch, head) a per-code count and value sum.
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "favor/tensor.hpp"
+
+namespace favor {
+
+struct VQDecoderOptions {
+  std::optional<double> scale;  ///< default 1/sqrt(D)
+  double tau = 0.0;             ///< 0: hard VQ; > 0: soft VQ (vq.hpp)
+};
+
+/// Holds per (batch, head) the per-code value sums (c x Dv) and counts (c) of every token
+/// appended so far. append and query cost O(c (D + Dv)) per token and head, whatever the
+/// position; query after append of tokens 0..i equals row i of causal vq_attention. The
+/// codebook [1, H or 1, c, D] is copied. Not thread-safe: one decoder per thread.
+class VQDecoder {
+ public:
+  VQDecoder(int64_t batch, int64_t heads, int64_t dv, TensorView codebook,
+            const VQDecoderOptions& options = {});
+
+  /// Appends T tokens: k [B, H, T, D], v [B, H, T, Dv].
+  void append(TensorView k, TensorView v);
+  /// Attends each of T queries q [B, H, T, D] to the current state; out [B, H, T, Dv].
+  /// A head with no appended token yields zeros.
+  void query(TensorView q, MutableTensorView out) const;
+  Tensor query(TensorView q) const;
+
+  int64_t position() const { return position_; }
+  /// Bytes held by the state: fixed at construction, whatever the position.
+  int64_t state_bytes() const {
+    return static_cast<int64_t>((sums_.size() + counts_.size()) * sizeof(float));
+  }
+  void reset();
+
+  int64_t batch() const { return batch_; }
+  int64_t heads() const { return heads_; }
+  int64_t dv() const { return dv_; }
+  int64_t codes() const { return codes_; }
+
+ private:
+  int64_t batch_, heads_, dv_, codes_, d_, cb_heads_;
+  std::vector<float> codebook_;  // [cb_heads][c][d]
+  VQDecoderOptions options_;
+  double scale_;
+  int64_t position_ = 0;
+  std::vector<float> sums_;    // [B*H][c][Dv]
+  std::vector<float> counts_;  // [B*H][c]
+};
+
+}  // namespace favor
