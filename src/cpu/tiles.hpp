@@ -14,4 +14,8 @@ constexpr int64_t kRowTile = 256;
 /// and 16 at N = 1024.
 constexpr int64_t kChunk = 32;
 
+/// Default causal block length L of Transformer-VQ attention (vq.hpp); the result does not
+/// depend on it.
+constexpr int64_t kVQBlock = 64;
+
 }  // namespace favor::cpu
