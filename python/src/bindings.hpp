@@ -8,5 +8,6 @@ void bind_projection(pybind11::module_& m);  // Projection, KernelFit, fit_kerne
 void bind_attention(pybind11::module_& m);   // attention, backward, exact, features, metrics
 void bind_decoder(pybind11::module_& m);     // Decoder
 void bind_runtime(pybind11::module_& m);     // threads, build info, timing, reference
+void bind_vq(pybind11::module_& m);  // Transformer-VQ, codebooks, VQDecoder (after bind_runtime)
 
 }  // namespace favor::python

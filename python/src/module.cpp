@@ -14,4 +14,5 @@ PYBIND11_MODULE(_core, m) {
   favor::python::bind_attention(m);
   favor::python::bind_decoder(m);
   favor::python::bind_runtime(m);
+  favor::python::bind_vq(m);  // adds to the reference submodule bind_runtime made
 }

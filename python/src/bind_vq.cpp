@@ -1,0 +1,371 @@
+// Transformer-VQ: vq_attention(_backward), vq_assign, the commitment loss, codebook learning
+// (k-means, EMA updates on caller-owned numpy buffers), VQDecoder and the double reference.
+// Codebooks are [c, D] (shared by all heads) or [H or 1, c, D]; they are small, so they are
+// converted to C-contiguous float32 (a copy only when they are not already).
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+
+namespace favor::python {
+namespace {
+
+/// A codebook array viewed as [1, Hc, c, D]; `rank` (2 or 3) gives results their shape.
+struct CodebookInput {
+  py::array keep;
+  TensorView view;
+  int rank = 3;
+};
+
+CodebookInput as_codebook(const py::handle& obj, const std::string& name) {
+  if (obj.is_none()) throw Error(name + ": is None; expected a float array [c, D] or [H, c, D]");
+  py::array a = py::array::ensure(obj);
+  if (!a) throw Error(name + ": cannot be read as an array");
+  if (a.ndim() != 2 && a.ndim() != 3) {
+    throw Error(name + ": has rank " + std::to_string(a.ndim()) +
+                "; must be 2-D [c, D] (one codebook for every head) or 3-D [H or 1, c, D]");
+  }
+  if (a.dtype().kind() != 'f') {
+    throw Error(name + ": dtype " + py::str(a.dtype()).cast<std::string>() +
+                " is not a float type");
+  }
+  CodebookInput in;
+  in.rank = static_cast<int>(a.ndim());
+  in.keep = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
+  const int64_t hc = in.rank == 3 ? in.keep.shape(0) : 1;
+  const int64_t c = in.keep.shape(in.rank - 2), d = in.keep.shape(in.rank - 1);
+  in.view = TensorView::contiguous(static_cast<const float*>(in.keep.data()), {1, hc, c, d});
+  return in;
+}
+
+/// A float tensor [1, Hc, c, D] handed to numpy without a copy, in the codebook's rank.
+py::array codebook_shaped(Tensor&& t, int rank) {
+  auto* owned = new Tensor(std::move(t));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<Tensor*>(p); });
+  const Shape4& s = owned->shape();
+  if (rank == 2) return py::array_t<float>({s[2], s[3]}, owned->data(), free_when_done);
+  return py::array_t<float>({s[1], s[2], s[3]}, owned->data(), free_when_done);
+}
+
+/// The inputs and options of the attention calls, checked and converted.
+struct Call {
+  Input q, k, v;
+  CodebookInput codebook;
+  std::optional<Mask> mask;
+  VQOptions options;
+};
+
+Call inputs(const py::handle& q, const py::handle& k, const py::handle& v,
+            const py::handle& codebook, bool causal, std::optional<double> scale,
+            const py::handle& key_mask, double tau, int64_t block) {
+  Call c{as_input(q, "q"), as_input(k, "k"), as_input(v, "v"), as_codebook(codebook, "codebook"),
+         std::nullopt, {}};
+  check_same_rank({&c.q, &c.k, &c.v}, "q, k, v");
+  c.mask = as_mask(key_mask, c.k.rank, c.k.view.shape[0], c.k.view.shape[2], "key_mask");
+  c.options.causal = causal;
+  c.options.scale = scale;
+  if (c.mask) c.options.key_mask = c.mask->view;
+  c.options.tau = tau;
+  c.options.block = block;
+  return c;
+}
+
+/// One of the [B, H, N] per-key results (codes, distances) in the rank of k.
+template <typename T>
+py::array_t<T> per_key(const Input& k) {
+  const Shape4& s = k.view.shape;
+  if (k.rank == 2) return py::array_t<T>({s[2]});
+  return py::array_t<T>({s[0], s[1], s[2]});
+}
+
+/// A caller-owned state buffer: the right dtype, C-contiguous, writable, the given shape.
+template <typename T>
+T* state_buffer(const py::handle& obj, const std::vector<int64_t>& shape, const char* dtype,
+                const std::string& name) {
+  if (!py::isinstance<py::array>(obj)) throw Error(name + ": must be a numpy array");
+  auto a = py::reinterpret_borrow<py::array>(obj);
+  if (!a.dtype().is(py::dtype::of<T>())) {
+    throw Error(name + ": dtype " + py::str(a.dtype()).cast<std::string>() + " must be " + dtype +
+                " (it is updated in place)");
+  }
+  bool same = a.ndim() == static_cast<py::ssize_t>(shape.size());
+  for (size_t i = 0; same && i < shape.size(); ++i) same = a.shape(i) == shape[i];
+  if (!same) {
+    std::string want = "[";
+    for (size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
+    throw Error(name + ": shape must be " + want + "] (that of the codebook)");
+  }
+  if (!(a.flags() & py::array::c_style)) throw Error(name + ": must be C-contiguous");
+  if (!a.writeable()) throw Error(name + ": is read-only; it is updated in place");
+  return static_cast<T*>(a.mutable_data());
+}
+
+py::array_t<double> to_double_array(const reference::DTensor& t, int rank) {
+  const Shape4& s = t.shape;
+  py::array_t<double> a =
+      rank == 2 ? py::array_t<double>({s[2], s[3]}) : py::array_t<double>({s[0], s[1], s[2], s[3]});
+  if (!t.values.empty())
+    std::memcpy(a.mutable_data(), t.values.data(), sizeof(double) * t.values.size());
+  return a;
+}
+
+struct PyVQDecoder {
+  VQDecoder decoder;
+  std::mutex mutex;
+};
+
+void bind_functions(py::module_& m) {
+  m.def(
+      "vq_attention",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& codebook,
+         bool causal, std::optional<double> scale, const py::handle& key_mask, double tau,
+         int64_t block) {
+        const Call c = inputs(q, k, v, codebook, causal, scale, key_mask, tau, block);
+        const Shape4 shape{c.q.view.shape[0], c.q.view.shape[1], c.q.view.shape[2],
+                           c.v.view.shape[3]};
+        py::array_t<float> y = new_output(shape, c.q.rank);
+        const MutableTensorView out = output_view(y, shape);
+        VQStats stats;
+        {
+          py::gil_scoped_release release;
+          stats = vq_attention(c.q.view, c.k.view, c.v.view, c.codebook.view, out, c.options);
+        }
+        return py::make_tuple(y, stats.zero_rows);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("codebook"), py::arg("causal") = false,
+      py::arg("scale") = py::none(), py::arg("key_mask") = py::none(), py::arg("tau") = 0.0,
+      py::arg("block") = 0);
+
+  m.def(
+      "vq_attention_backward",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
+         const py::handle& codebook, bool causal, std::optional<double> scale,
+         const py::handle& key_mask, double tau, int64_t block, bool codebook_grad) {
+        const Call c = inputs(q, k, v, codebook, causal, scale, key_mask, tau, block);
+        const Input g = as_input(dy, "dy");
+        check_same_rank({&c.q, &g}, "q, dy");
+        VQGrads grads;
+        {
+          py::gil_scoped_release release;
+          grads = vq_attention_backward(c.q.view, c.k.view, c.v.view, g.view, c.codebook.view,
+                                        c.options, codebook_grad);
+        }
+        py::object dc = py::none();
+        if (codebook_grad) dc = codebook_shaped(std::move(grads.dcodebook), c.codebook.rank);
+        return py::make_tuple(to_array(std::move(grads.dq), c.q.rank),
+                              to_array(std::move(grads.dk), c.q.rank),
+                              to_array(std::move(grads.dv), c.q.rank), dc);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("codebook"),
+      py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("key_mask") = py::none(),
+      py::arg("tau") = 0.0, py::arg("block") = 0, py::arg("codebook_grad") = false);
+
+  m.def(
+      "vq_assign",
+      [](const py::handle& k, const py::handle& codebook, bool distances) {
+        const Input ki = as_input(k, "k");
+        const CodebookInput cb = as_codebook(codebook, "codebook");
+        py::array_t<int32_t> codes = per_key<int32_t>(ki);
+        py::object dist = py::none();
+        float* dist_data = nullptr;
+        if (distances) {
+          py::array_t<float> d = per_key<float>(ki);
+          dist_data = d.mutable_data();
+          dist = d;
+        }
+        int32_t* codes_data = codes.mutable_data();
+        {
+          py::gil_scoped_release release;
+          vq_assign(ki.view, cb.view, codes_data, dist_data);
+        }
+        return py::make_tuple(codes, dist);
+      },
+      py::arg("k"), py::arg("codebook"), py::arg("distances") = false);
+
+  m.def(
+      "commitment_loss",
+      [](const py::handle& k, const py::handle& codebook, double beta, const py::handle& key_mask) {
+        const Input ki = as_input(k, "k");
+        const CodebookInput cb = as_codebook(codebook, "codebook");
+        const auto mask = as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
+        Commitment r;
+        {
+          py::gil_scoped_release release;
+          r = commitment_loss(ki.view, cb.view, beta,
+                              mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt);
+        }
+        return py::make_tuple(r.loss, to_array(std::move(r.dk), ki.rank));
+      },
+      py::arg("k"), py::arg("codebook"), py::arg("beta") = 0.25, py::arg("key_mask") = py::none());
+
+  m.def(
+      "codebook_ema_update",
+      [](const py::handle& codebook, const py::handle& ema_sum, const py::handle& ema_count,
+         const py::handle& unused, const py::handle& k, double decay, int64_t dead_after,
+         double eps, uint64_t seed, const py::handle& key_mask) {
+        if (!py::isinstance<py::array>(codebook)) throw Error("codebook: must be a numpy array");
+        const auto cb = py::reinterpret_borrow<py::array>(codebook);
+        if (cb.ndim() != 3) {
+          throw Error("codebook: has rank " + std::to_string(cb.ndim()) +
+                      "; the EMA state is [H or 1, c, D]");
+        }
+        const int64_t hc = cb.shape(0), c = cb.shape(1), d = cb.shape(2);
+        CodebookState state{state_buffer<float>(codebook, {hc, c, d}, "float32", "codebook"),
+                            state_buffer<float>(ema_sum, {hc, c, d}, "float32", "ema_sum"),
+                            state_buffer<float>(ema_count, {hc, c}, "float32", "ema_count"),
+                            state_buffer<int64_t>(unused, {hc, c}, "int64", "unused"),
+                            hc,
+                            c,
+                            d};
+        const Input ki = as_input(k, "k");
+        const auto mask = as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
+        EMAOptions o;
+        o.decay = decay;
+        o.dead_after = dead_after;
+        o.eps = eps;
+        py::gil_scoped_release release;
+        return codebook_ema_update(state, ki.view, o, seed,
+                                   mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt);
+      },
+      py::arg("codebook"), py::arg("ema_sum"), py::arg("ema_count"), py::arg("unused"),
+      py::arg("k"), py::arg("decay") = 0.99, py::arg("dead_after") = 50, py::arg("eps") = 1e-5,
+      py::arg("seed") = 0, py::arg("key_mask") = py::none());
+
+  m.def(
+      "codebook_kmeans",
+      [](const py::handle& k, int64_t codes, int64_t iterations, uint64_t seed, bool per_head,
+         const py::handle& key_mask) {
+        const Input ki = as_input(k, "k");
+        const auto mask = as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
+        std::vector<double> history;
+        KMeansOptions o;
+        o.iterations = iterations;
+        o.seed = seed;
+        // Runs without the GIL: the callback only records, Python prints afterwards.
+        o.on_iteration = [&history](int64_t, double error) { history.push_back(error); };
+        std::optional<Codebook> book;
+        {
+          py::gil_scoped_release release;
+          book.emplace(Codebook::kmeans(
+              ki.view, codes, o, per_head,
+              mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt));
+        }
+        py::array_t<float> values({book->heads(), book->codes(), book->d()});
+        std::memcpy(values.mutable_data(), book->values().data(),
+                    sizeof(float) * book->values().size());
+        return py::make_tuple(values, history);
+      },
+      py::arg("k"), py::arg("codes"), py::arg("iterations") = 25, py::arg("seed") = 0,
+      py::arg("per_head") = true, py::arg("key_mask") = py::none());
+}
+
+void bind_vq_decoder(py::module_& m) {
+  py::class_<PyVQDecoder>(m, "VQDecoder")
+      .def(py::init([](int64_t batch, int64_t heads, int64_t dv, const py::handle& codebook,
+                       std::optional<double> scale, double tau) {
+             const CodebookInput cb = as_codebook(codebook, "codebook");
+             VQDecoderOptions o;
+             o.scale = scale;
+             o.tau = tau;
+             return new PyVQDecoder{VQDecoder(batch, heads, dv, cb.view, o), {}};
+           }),
+           py::arg("batch"), py::arg("heads"), py::arg("dv"), py::arg("codebook"),
+           py::arg("scale") = py::none(), py::arg("tau") = 0.0)
+      .def(
+          "append",
+          [](PyVQDecoder& self, const py::handle& k, const py::handle& v) {
+            const Input ki = as_input(k, "k"), vi = as_input(v, "v");
+            check_same_rank({&ki, &vi}, "k, v");
+            py::gil_scoped_release release;
+            std::lock_guard<std::mutex> lock(self.mutex);
+            self.decoder.append(ki.view, vi.view);
+          },
+          py::arg("k"), py::arg("v"))
+      .def(
+          "query",
+          [](PyVQDecoder& self, const py::handle& q) {
+            const Input qi = as_input(q, "q");
+            const Shape4 shape{qi.view.shape[0], qi.view.shape[1], qi.view.shape[2],
+                               self.decoder.dv()};
+            py::array_t<float> y = new_output(shape, qi.rank);
+            const MutableTensorView out = output_view(y, shape);
+            {
+              py::gil_scoped_release release;
+              std::lock_guard<std::mutex> lock(self.mutex);
+              self.decoder.query(qi.view, out);
+            }
+            return y;
+          },
+          py::arg("q"))
+      .def("reset",
+           [](PyVQDecoder& self) {
+             std::lock_guard<std::mutex> lock(self.mutex);
+             self.decoder.reset();
+           })
+      .def_property_readonly("position", [](PyVQDecoder& s) { return s.decoder.position(); })
+      .def_property_readonly("batch", [](PyVQDecoder& s) { return s.decoder.batch(); })
+      .def_property_readonly("heads", [](PyVQDecoder& s) { return s.decoder.heads(); })
+      .def_property_readonly("dv", [](PyVQDecoder& s) { return s.decoder.dv(); })
+      .def_property_readonly("codes", [](PyVQDecoder& s) { return s.decoder.codes(); })
+      .def_property_readonly("state_bytes",
+                             [](PyVQDecoder& s) { return s.decoder.state_bytes(); });
+}
+
+void bind_reference(py::module_& m) {
+  py::module_ ref = m.attr("reference").cast<py::module_>();
+  ref.def(
+      "vq_attention",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& codebook,
+         bool causal, std::optional<double> scale, const py::handle& key_mask, double tau) {
+        const Call c = inputs(q, k, v, codebook, causal, scale, key_mask, tau, 0);
+        return to_double_array(
+            reference::vq_attention(c.q.view, c.k.view, c.v.view, c.codebook.view, c.options),
+            c.q.rank);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("codebook"), py::arg("causal") = false,
+      py::arg("scale") = py::none(), py::arg("key_mask") = py::none(), py::arg("tau") = 0.0);
+  ref.def(
+      "vq_attention_backward",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
+         const py::handle& codebook, bool causal, std::optional<double> scale,
+         const py::handle& key_mask, double tau) {
+        const Call c = inputs(q, k, v, codebook, causal, scale, key_mask, tau, 0);
+        const Input g = as_input(dy, "dy");
+        check_same_rank({&c.q, &g}, "q, dy");
+        reference::DGrads r = reference::vq_attention_backward(c.q.view, c.k.view, c.v.view,
+                                                               g.view, c.codebook.view, c.options);
+        const Shape4& s = c.codebook.view.shape;
+        py::array_t<double> dc = c.codebook.rank == 2 ? py::array_t<double>({s[2], s[3]})
+                                                      : py::array_t<double>({s[1], s[2], s[3]});
+        if (!r.dw.empty()) std::memcpy(dc.mutable_data(), r.dw.data(), sizeof(double) * r.dw.size());
+        return py::make_tuple(to_double_array(r.dq, c.q.rank), to_double_array(r.dk, c.q.rank),
+                              to_double_array(r.dv, c.q.rank), dc);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("codebook"),
+      py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("key_mask") = py::none(),
+      py::arg("tau") = 0.0);
+  ref.def(
+      "vq_assign",
+      [](const py::handle& k, const py::handle& codebook) {
+        const Input ki = as_input(k, "k");
+        const CodebookInput cb = as_codebook(codebook, "codebook");
+        const std::vector<int32_t> z = reference::vq_assign(ki.view, cb.view);
+        py::array_t<int32_t> codes = per_key<int32_t>(ki);
+        std::memcpy(codes.mutable_data(), z.data(), sizeof(int32_t) * z.size());
+        return codes;
+      },
+      py::arg("k"), py::arg("codebook"));
+}
+
+}  // namespace
+
+void bind_vq(py::module_& m) {
+  bind_functions(m);
+  bind_vq_decoder(m);
+  bind_reference(m);
+}
+
+}  // namespace favor::python
