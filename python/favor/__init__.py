@@ -18,6 +18,8 @@ from ._threads import set_num_threads
 from .api import (AttentionOutput, Decoder, Grads, attention, attention_backward,
                   exact_attention, exact_attention_backward, features, fit_kernel, kernel_mse,
                   make_projection)
+from .vq import (Codebook, Commitment, VQDecoder, VQGrads, VQOutput, commitment_loss,
+                 vq_assign, vq_attention, vq_attention_backward)
 
 __version__ = _core.__version__
 reference = _core.reference
@@ -28,4 +30,7 @@ __all__ = [
     "exact_attention_backward", "features", "fit_kernel", "kernel_info", "kernel_mse",
     "make_projection", "num_threads", "optimal_a", "reference", "relative_frobenius_error",
     "set_num_threads",
+    # Transformer-VQ (favor/vq.py)
+    "Codebook", "Commitment", "VQDecoder", "VQGrads", "VQOutput", "commitment_loss",
+    "vq_assign", "vq_attention", "vq_attention_backward",
 ]

@@ -86,8 +86,9 @@ def _head_dim(x, name):
 
 def attention(q, k, v, *, method="favor", causal=False, kernel="positive", features=None,
               projection="orthogonal", norms="chi", seed=0, scale=None, key_mask=None,
-              fit=None, accumulate="f32", full_output=False):
-    """Attention y = softmax(scale q.k) v, estimated by FAVOR (method='favor') or exact.
+              fit=None, accumulate="f32", full_output=False, codebook=None, tau=0.0, block=None):
+    """Attention y = softmax(scale q.k) v, estimated by FAVOR (method='favor'), exact, or
+    Transformer-VQ (method='vq': over keys quantised to `codebook`, see favor.vq_attention).
 
     q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] (or 2-D [N, D]) -> y [B, H, Nq, Dv].
     kernel: positive | trig | hyperbolic | favorpp | favorsharp. projection: a kind (iid,
@@ -97,7 +98,20 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
     favorpp); causal needs one. accumulate (exact only): 'f32' or 'f64'.
     full_output=True returns AttentionOutput(y, context, zero_rows); the context saves the
     key state for attention_backward (bidirectional FAVOR only).
+    method='vq' takes codebook ([c, D], [H, c, D] or a favor.Codebook), tau (0: hard VQ)
+    and block (the causal block length; None: favor's default); full_output gives
+    AttentionOutput(y, None, zero_rows).
     """
+    if codebook is not None and method != "vq":
+        raise _core.Error(f"codebook: only method='vq' takes a codebook (method is '{method}')")
+    if method == "vq":
+        if codebook is None:
+            raise _core.Error("codebook: method='vq' needs a codebook ([c, D], [H, c, D] or a "
+                              "favor.Codebook)")
+        from .vq import vq_attention  # vq imports this module
+        y, zero_rows = vq_attention(q, k, v, codebook, causal=causal, scale=scale,
+                                    key_mask=key_mask, tau=tau, block=block, full_output=True)
+        return AttentionOutput(y, None, zero_rows) if full_output else y
     if method == "exact":
         if kernel not in KERNEL_NAMES:  # the CLI parses --kernel whatever the method
             raise _core.Error(f"kernel: '{kernel}' is not a kernel; use one of "
@@ -106,7 +120,7 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
                                   accumulate=accumulate)
         return AttentionOutput(y, None, 0) if full_output else y
     if method != "favor":
-        raise _core.Error(f"method: '{method}' is not a method; use favor or exact")
+        raise _core.Error(f"method: '{method}' is not a method; use favor, exact or vq")
     d = _head_dim(q, "q")
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
     y, zero_rows, context = _core.attention(q, k, v, w, kernel=kernel, causal=causal,

@@ -7,6 +7,8 @@
 - convert(model): replaces every nn.MultiheadAttention in a model, keeping its weights.
 - Decoder: token-by-token streaming state with torch tensors.
 - plain: the same estimators written in plain torch ops (oracle and benchmark baseline).
+- vq_attention, VQAttention, VQMultiheadAttention, VQDecoder: Transformer-VQ (keys quantised
+  to learned codebooks; convert(model, method='vq') too).
 
 favor's thread count follows torch.get_num_threads() unless favor.set_num_threads was
 called or FAVOR_NUM_THREADS is set. Docs: docs/python.md.
@@ -18,6 +20,10 @@ from .function import attention
 from .masks import is_causal_mask
 from .mha import MultiheadAttention
 from .modules import FavorAttention
+from .vq_function import VQDecoder, vq_attention
+from .vq_mha import VQMultiheadAttention
+from .vq_modules import VQAttention
 
-__all__ = ["Decoder", "FavorAttention", "MultiheadAttention", "attention", "convert",
-           "is_causal_mask", "plain"]
+__all__ = ["Decoder", "FavorAttention", "MultiheadAttention", "VQAttention", "VQDecoder",
+           "VQMultiheadAttention", "attention", "convert", "is_causal_mask", "plain",
+           "vq_attention"]

@@ -5,6 +5,7 @@ from torch import nn
 
 from .. import _core
 from .mha import MultiheadAttention
+from .vq_mha import VQMultiheadAttention
 
 
 def convert(model, **options):
@@ -12,7 +13,10 @@ def convert(model, **options):
     favor.torch.MultiheadAttention with the same configuration, trained weights, dtype and
     train/eval mode. options: the favor keywords of MultiheadAttention (kernel, features,
     projection, norms, seed, method, feature_redraw_interval, learn_projection, scale, fit).
-    Returns {qualified name: the replaced torch module}, in model order.
+    method='vq' puts in favor.torch.VQMultiheadAttention instead, with its keywords (codes,
+    tau, decay, dead_after, beta, learn_codebook, scale, block, seed): each codebook is
+    initialised by k-means on the keys of the first forward call (run one batch before
+    evaluating). Returns {qualified name: the replaced torch module}, in model order.
 
     The converted model runs favor in training and in eval: torch's fused
     TransformerEncoder(Layer) fast path, which would bypass the attention module, is not
@@ -23,13 +27,17 @@ def convert(model, **options):
                           "favor.torch.MultiheadAttention.from_torch(model)")
     if not isinstance(model, nn.Module):
         raise _core.Error(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    cls = MultiheadAttention
+    if options.get("method") == "vq":
+        cls = VQMultiheadAttention
+        options = {k: v for k, v in options.items() if k != "method"}
     replaced = {}
     dropped = []
     for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.MultiheadAttention):
                 qualified = f"{parent_name}.{name}" if parent_name else name
-                setattr(parent, name, MultiheadAttention.from_torch(child, **options))
+                setattr(parent, name, cls.from_torch(child, **options))
                 replaced[qualified] = child
                 if child.dropout > 0:
                     dropped.append(qualified)

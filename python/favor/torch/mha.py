@@ -42,17 +42,29 @@ class MultiheadAttention(ProjectionMixin, nn.Module):
                  norms="chi", seed=0, method="favor", causal=False, feature_redraw_interval=None,
                  learn_projection=False, scale=None, fit=None, warn_dropout=True):
         super().__init__()
+        if method not in ("favor", "exact"):
+            raise _core.Error(f"method: '{method}' is not a method; use favor or exact")
+        self._init_torch(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim,
+                         vdim, batch_first, device, dtype, warn_dropout)
+        self.kernel, self.method, self.causal, self.scale = kernel, method, causal, scale
+        self.fit = _fit(fit, kernel, self.head_dim)
+        self._init_projection(features, self.head_dim, projection, norms, seed,
+                              learn_projection, feature_redraw_interval, device, dtype)
+
+    def _init_torch(self, embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim,
+                    vdim, batch_first, device, dtype, warn_dropout):
+        """torch.nn.MultiheadAttention's parameters, names and checks (shared with
+        favor.torch.VQMultiheadAttention)."""
         if embed_dim % num_heads != 0:
             raise _core.Error(f"num_heads: {num_heads} must divide embed_dim = {embed_dim}")
         if add_bias_kv or add_zero_attn:
             raise _core.Error("add_bias_kv / add_zero_attn: not supported by favor's "
                               "MultiheadAttention (they append a key that breaks causal "
                               "attention); leave them False")
-        if method not in ("favor", "exact"):
-            raise _core.Error(f"method: '{method}' is not a method; use favor or exact")
         if dropout > 0 and warn_dropout:
-            warnings.warn(f"favor.torch.MultiheadAttention: dropout={dropout} on the attention "
-                          "weights is not applied (FAVOR never forms them)", stacklevel=2)
+            warnings.warn(f"favor.torch.{type(self).__name__}: dropout={dropout} on the "
+                          "attention weights is not applied (favor never forms them)",
+                          stacklevel=3)
         f = dict(device=device, dtype=dtype)
         self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, dropout
         self.kdim = kdim if kdim is not None else embed_dim
@@ -60,8 +72,6 @@ class MultiheadAttention(ProjectionMixin, nn.Module):
         self._same_dims = self.kdim == embed_dim and self.vdim == embed_dim
         self.head_dim = embed_dim // num_heads
         self.batch_first = batch_first
-        self.kernel, self.method, self.causal, self.scale = kernel, method, causal, scale
-        self.fit = _fit(fit, kernel, self.head_dim)
         if self._same_dims:
             self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **f))
             self.register_parameter("q_proj_weight", None)
@@ -80,8 +90,6 @@ class MultiheadAttention(ProjectionMixin, nn.Module):
         self.bias_k = self.bias_v = None
         self.add_zero_attn = False
         self._reset_parameters()
-        self._init_projection(features, self.head_dim, projection, norms, seed,
-                              learn_projection, feature_redraw_interval, device, dtype)
 
     @property
     def _qkv_same_embed_dim(self):
@@ -154,19 +162,31 @@ class MultiheadAttention(ProjectionMixin, nn.Module):
                               "with batch_first, (N, L, E)")
         if same:
             key = value = query
-        self._maybe_redraw()
         q, k, v = self._in_projection(query, key, value)
         n, lq, e = q.shape
         heads = lambda x: x.view(n, x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
-        y = attention(heads(q), heads(k), heads(v), causal=causal, kernel=self.kernel,
-                      projection=self.projection, scale=self.scale,
-                      key_padding_mask=key_padding_mask, fit=self.fit, method=self.method)
+        q, k, v = heads(q), heads(k), heads(v)
+        self._prepare(k, key_padding_mask)
+        y = self.attend(q, k, v, key_padding_mask, causal)
+        self._learn(k, key_padding_mask)
         out = self.out_proj(y.transpose(1, 2).reshape(n, lq, e))
         if unbatched:
             out = out.squeeze(0)
         elif not self.batch_first:
             out = out.transpose(0, 1)
         return out, None
+
+    def _prepare(self, k, key_padding_mask):
+        self._maybe_redraw()
+
+    def _learn(self, k, key_padding_mask):
+        pass
+
+    def attend(self, q, k, v, key_padding_mask=None, causal=None):
+        """The attention core on [B, H, N, head_dim] tensors (no in/out projections)."""
+        return attention(q, k, v, causal=self.causal if causal is None else causal,
+                         kernel=self.kernel, projection=self.projection, scale=self.scale,
+                         key_padding_mask=key_padding_mask, fit=self.fit, method=self.method)
 
     def extra_repr(self):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
