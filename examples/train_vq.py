@@ -1,0 +1,142 @@
+"""Train a small causal transformer with Transformer-VQ attention (EMA codebooks) on the copy
+task of train_copy.py, next to the same model with exact softmax attention.
+
+    x1 x2 ... xL | x1 x2 ... xL      (next-token prediction; loss on the second half)
+
+Copying needs each output to attend to the one position L + 1 tokens back. With VQ the keys
+are quantised to `codes` codes per head, so a query can single out a key only through its
+code: the codebook must learn to separate the positions the copy needs.
+
+Both models start from the same seed: the VQ model is the exact model with each attention
+replaced by favor.torch.VQAttention carrying the same q/k/v/out weights. The codebooks are
+initialised by k-means on the first batch's keys, follow the keys by EMA updates after every
+training step (codes unused for `dead_after` steps are re-seeded from keys), and the
+commitment loss (beta |k - sg(C_z)|^2) is added to the task loss.
+
+    PYTHONPATH=build/python python3 examples/train_vq.py              # both
+    PYTHONPATH=build/python python3 examples/train_vq.py --codes 16 --seed 1
+
+From Python: `from train_vq import train; r = train('vq', steps=300, seed=0)`.
+"""
+import argparse
+import dataclasses
+import math
+import time
+
+import torch
+from torch import nn
+
+import favor.torch as ft
+from train_copy import CausalTransformer, copy_batch, evaluate, masked_loss, smoothed
+
+DEFAULTS = dict(symbols=16, length=12, d_model=64, heads=4, layers=2, codes=32, lr=3e-3,
+                batch=64, steps=300, beta=0.25, decay=0.99, dead_after=20)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    method: str
+    seed: int
+    losses: list           # task loss of every step (mean over the copied half)
+    final_loss: float      # held-out loss (eval mode)
+    accuracy: float        # held-out per-token accuracy on the copied half
+    sequence_accuracy: float
+    dead_codes: list       # per layer: codes no key of the last training batch chose
+    codes_reset: list      # per layer: codes re-seeded during training
+    seconds: float
+    config: dict
+    model: nn.Module = dataclasses.field(repr=False, default=None)
+
+
+def vq_model(exact, c, seed):
+    """The exact model with each attention replaced by VQAttention (same weights)."""
+    for i, block in enumerate(exact.blocks):
+        old = block.attn
+        new = ft.VQAttention(old.embed_dim, old.num_heads, c["codes"], causal=True,
+                             beta=c["beta"], decay=c["decay"], dead_after=c["dead_after"],
+                             seed=seed + 1000 * i)
+        new.load_state_dict(old.state_dict(), strict=False)  # q/k/v/out; no codebook yet
+        block.attn = new
+    return exact
+
+
+def train(method="vq", steps=None, seed=0, log_every=0, **overrides):
+    """Trains on the copy task with method 'vq' or 'exact'; everything follows from `seed`
+    (weights, codebook k-means, dead-code re-seeding, batches). overrides: DEFAULTS keys."""
+    c = dict(DEFAULTS)
+    c.update({k: v for k, v in overrides.items() if v is not None})
+    if steps is not None:
+        c["steps"] = steps
+    torch.manual_seed(seed)
+    model = CausalTransformer(c["symbols"] + 1, 2 * c["length"], c["d_model"], c["heads"],
+                              c["layers"], method="exact", seed=seed)
+    if method == "vq":
+        model = vq_model(model, c, seed)
+    elif method != "exact":
+        raise ValueError(f"method: '{method}' must be vq or exact")
+    attns = [b.attn for b in model.blocks]
+    opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=0.01)
+    warmup = max(1, c["steps"] // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(
+        (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / c["steps"])))))
+    g = torch.Generator().manual_seed(seed)
+    losses = []
+    t0 = time.perf_counter()
+    for step in range(c["steps"]):
+        inputs, targets, mask = copy_batch(c["batch"], c["symbols"], c["length"], g)
+        loss = masked_loss(model(inputs), targets, mask)
+        total = loss + sum(a.commitment_loss for a in attns) if method == "vq" else loss
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        schedule.step()
+        losses.append(loss.item())
+        if log_every and (step + 1) % log_every == 0:
+            extra = (f"  dead codes {[a.dead_codes() for a in attns]}" if method == "vq" else "")
+            print(f"  [{method}] step {step + 1:5d}  loss {loss.item():.4f}{extra}", flush=True)
+    seconds = time.perf_counter() - t0
+    dead = [a.dead_codes() for a in attns] if method == "vq" else []
+    reset = [a.codes_reset for a in attns] if method == "vq" else []
+    final, acc, seq_acc = evaluate(model, c["symbols"], c["length"])
+    return TrainResult(method, seed, losses, final, acc, seq_acc, dead, reset, seconds, c, model)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--codes", type=int, default=DEFAULTS["codes"])
+    p.add_argument("--method", choices=("both", "vq", "exact"), default="both")
+    args = p.parse_args(argv)
+    methods = ("vq", "exact") if args.method == "both" else (args.method,)
+    print(f"copy task: {DEFAULTS['symbols']} symbols, length {DEFAULTS['length']}; model "
+          f"d_model={DEFAULTS['d_model']} heads={DEFAULTS['heads']} layers={DEFAULTS['layers']}; "
+          f"VQ codes={args.codes} per head (EMA decay {DEFAULTS['decay']}, dead after "
+          f"{DEFAULTS['dead_after']}, beta {DEFAULTS['beta']}); steps={args.steps}; "
+          f"torch threads={torch.get_num_threads()}")
+    print(f"seed {args.seed}  (rerun: --seed {args.seed} --steps {args.steps})", flush=True)
+    results = [train(m, steps=args.steps, seed=args.seed, codes=args.codes) for m in methods]
+    every = max(1, args.steps // 10)
+    window = min(every, 50)
+    print(f"\ntraining loss (mean of the {window} steps before each step shown)")
+    print("  step  " + "".join(f"{r.method:>10}" for r in results))
+    for end in range(every, args.steps + 1, every):
+        print(f"{end:6d}  " + "".join(f"{smoothed(r.losses, end, window):10.4f}"
+                                      for r in results))
+    print(f"\nheld-out (1024 sequences; chance loss log({DEFAULTS['symbols']}) = "
+          f"{math.log(DEFAULTS['symbols']):.4f})")
+    for r in results:
+        extra = (f"  dead codes per layer {r.dead_codes} (of {args.codes * DEFAULTS['heads']}), "
+                 f"re-seeded {r.codes_reset}" if r.method == "vq" else "")
+        print(f"{r.method:>6}: final loss {r.final_loss:.5f}  token accuracy "
+              f"{100 * r.accuracy:.1f}%  sequence accuracy {100 * r.sequence_accuracy:.1f}%  "
+              f"({r.seconds:.1f} s){extra}")
+    if len(results) == 2:
+        print(f"final loss vq - exact: {results[0].final_loss - results[1].final_loss:+.5f}")
+    print(f"seed {args.seed}")
+
+
+if __name__ == "__main__":
+    main()
