@@ -14,6 +14,18 @@ std::vector<float> code_norms(const float* codebook, int64_t codes, int64_t d) {
   return norms;
 }
 
+std::vector<float> all_code_norms(const VQParams& p) {
+  const int64_t books = p.codebook_head_stride == 0 ? 1 : p.base.heads;
+  std::vector<float> norms;
+  norms.reserve(static_cast<size_t>(books * p.codes));
+  for (int64_t g = 0; g < books; ++g) {
+    const std::vector<float> n =
+        code_norms(p.codebook + g * p.codebook_head_stride, p.codes, p.base.d);
+    norms.insert(norms.end(), n.begin(), n.end());
+  }
+  return norms;
+}
+
 namespace {
 
 // scores[r][s] = 2 x_r . C_s - |C_s|^2 = |x_r|^2 - |x_r - C_s|^2: larger is nearer.

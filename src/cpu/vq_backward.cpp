@@ -14,6 +14,7 @@
 
 #include "cpu/blas.hpp"
 #include "cpu/vec_math.hpp"
+#include "cpu/vq_assign.hpp"
 #include "cpu/vq_grad_tile.hpp"
 #include "cpu/vq_params.hpp"
 

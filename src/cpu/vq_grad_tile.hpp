@@ -27,9 +27,6 @@ constexpr int64_t kVQGradTile = 128;
 void gather_head_rows(const float* base, const Shape4& st, int64_t b, int64_t h, int64_t start,
                       int64_t rows, int64_t width, float* dst);
 
-/// |C_s|^2 for every code of every codebook ([Hc][c]), computed before the parallel regions.
-std::vector<float> all_code_norms(const VQParams& p);
-
 /// Key weights pk (rows x c) of the gathered key rows k (rows x d) of keys [start, start +
 /// rows) of batch b: one-hot rows with the code in z (hard VQ), or p(.|k) (soft, z unused).
 /// Masked keys get zero rows and z = -1.
