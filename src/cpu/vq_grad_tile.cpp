@@ -42,16 +42,6 @@ void key_weights(const VQParams& p, const float* codebook, const float* norms, i
   }
 }
 
-float query_weights(float* l, const float* log_n, int64_t c) {
-  const float m = max_of_signed_sum(l, 1.0f, log_n, c);
-  if (std::isinf(m)) {
-    std::fill(l, l + c, 0.0f);
-  } else {
-    exp_shift_live(l, 1.0f, m, log_n, l, c);
-  }
-  return m;
-}
-
 void add_code_moments(const float* P, const float* q, const float* dy, const float* delta,
                       int64_t rows, int64_t c, int64_t d, int64_t dv, float* T, float* wsum,
                       float* scratch) {

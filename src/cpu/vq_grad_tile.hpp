@@ -33,11 +33,6 @@ void gather_head_rows(const float* base, const Shape4& st, int64_t b, int64_t h,
 void key_weights(const VQParams& p, const float* codebook, const float* norms, int64_t b,
                  const float* k, int64_t start, int64_t rows, float* pk, int32_t* z);
 
-/// One row's query weights in place: l (c logits) becomes a = exp(l - m), zero where
-/// log_n = -inf (an unused code: its a could overflow and it weighs nothing). Returns m,
-/// -inf when no code is used (the row sees no key; a is then all zeros).
-float query_weights(float* l, const float* log_n, int64_t c);
-
 /// Hard VQ per-code moments: T (c x d*dv) += P^T X with X_i = vec(q_i dy_i^T), and
 /// wsum (c x d) += P^T (delta q). One GEMM each: O(rows c d dv). scratch: rows x (d dv + d).
 void add_code_moments(const float* P, const float* q, const float* dy, const float* delta,
