@@ -12,12 +12,6 @@
 namespace favor::cpu {
 namespace {
 
-// |a - b|^2 through a difference buffer, so that the sum runs in SIMD lanes.
-float squared_distance(const float* a, const float* b, int64_t d, float* diff) {
-  for (int64_t x = 0; x < d; ++x) diff[x] = a[x] - b[x];
-  return dot(diff, diff, d);
-}
-
 // A uniform index in [0, n).
 int64_t uniform_index(detail::Rng& rng, int64_t n) {
   return std::min(n - 1, static_cast<int64_t>(rng.uniform_open() * static_cast<double>(n)));
@@ -52,13 +46,15 @@ KMeans::KMeans(const KeyGroups& keys, int64_t codes, int threads)
 
 void KMeans::seed(uint64_t seed) {
   const int team = static_cast<int>(std::clamp<int64_t>(keys_.groups, 1, threads_));
-  std::vector<std::vector<float>> diff(static_cast<size_t>(team),
-                                       std::vector<float>(static_cast<size_t>(keys_.d)));
+  int64_t largest = 0;
+  for (int64_t g = 0; g < keys_.groups; ++g) largest = std::max(largest, keys_.size(g));
+  std::vector<std::vector<float>> work(static_cast<size_t>(team),
+                                       std::vector<float>(static_cast<size_t>(2 * largest)));
   std::fill(active_.begin(), active_.end(), 1);
   std::fill(updated_.begin(), updated_.end(), 0);
   for_each_group(keys_.groups, team, active_, [&](int64_t g, int thread) {
     // dist2_ of the group holds the distance to the nearest code so far.
-    seed_group(g, seed, dist2_.data() + keys_.start[g], diff[thread].data());
+    seed_group(g, seed, dist2_.data() + keys_.start[g], work[thread].data());
   });
 }
 
@@ -68,13 +64,28 @@ void KMeans::start_from(const float* codebook) {
   std::fill(updated_.begin(), updated_.end(), 0);
 }
 
-void KMeans::seed_group(int64_t g, uint64_t seed, float* dist2, float* diff) {
+void KMeans::seed_group(int64_t g, uint64_t seed, float* dist2, float* work) {
   const int64_t n = keys_.size(g), d = keys_.d;
   const float* x = keys_.row(keys_.start[g]);
   float* codes = codebook_.data() + g * codes_ * d;
+  float* norms = work;         // |x_r|^2
+  float* products = work + n;  // x_r . C_s
+  for (int64_t r = 0; r < n; ++r) norms[r] = dot(x + r * d, x + r * d, d);
+  // Distances to a new code from one matrix-vector product (|x|^2 + |C|^2 - 2 x.C): the
+  // rounding only perturbs the draw weights of keys next to a code; the chosen key itself
+  // gets exactly 0, so it is never drawn again.
+  auto add_code = [&](int64_t s, int64_t pick) {
+    float* code = codes + s * d;
+    std::copy_n(x + pick * d, d, code);
+    gemm(false, false, n, 1, d, 1.0f, x, d, code, 1, 0.0f, products, 1);
+    for (int64_t r = 0; r < n; ++r) {
+      const float e = std::max(0.0f, norms[r] + norms[pick] - 2.0f * products[r]);
+      dist2[r] = s == 0 ? e : std::min(dist2[r], e);
+    }
+    dist2[pick] = 0.0f;
+  };
   detail::Rng rng(seed, static_cast<uint64_t>(g));
-  std::copy_n(x + uniform_index(rng, n) * d, d, codes);
-  for (int64_t r = 0; r < n; ++r) dist2[r] = squared_distance(x + r * d, codes, d, diff);
+  add_code(0, uniform_index(rng, n));
   for (int64_t s = 1; s < codes_; ++s) {
     double total = 0.0;
     for (int64_t r = 0; r < n; ++r) total += dist2[r];
@@ -92,10 +103,7 @@ void KMeans::seed_group(int64_t g, uint64_t seed, float* dist2, float* diff) {
     } else {
       pick = uniform_index(rng, n);  // every key is already a code: duplicates are all left
     }
-    float* code = codes + s * d;
-    std::copy_n(x + pick * d, d, code);
-    for (int64_t r = 0; r < n; ++r)
-      dist2[r] = std::min(dist2[r], squared_distance(x + r * d, code, d, diff));
+    add_code(s, pick);
   }
 }
 

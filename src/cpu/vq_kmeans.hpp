@@ -33,7 +33,7 @@ class KMeans {
   const std::vector<float>& codebook() const { return codebook_; }
 
  private:
-  void seed_group(int64_t g, uint64_t seed, float* dist2, float* diff);
+  void seed_group(int64_t g, uint64_t seed, float* dist2, float* work);
   void update_group(int64_t g, double* sums, int64_t* counts, std::vector<int64_t>& order);
 
   const KeyGroups& keys_;
