@@ -23,9 +23,11 @@ import dataclasses
 import math
 import time
 
+import numpy as np
 import torch
 from torch import nn
 
+import favor
 import favor.torch as ft
 from train_copy import CausalTransformer, copy_batch, evaluate, masked_loss, smoothed
 
@@ -42,6 +44,7 @@ class TrainResult:
     accuracy: float        # held-out per-token accuracy on the copied half
     sequence_accuracy: float
     dead_codes: list       # per layer: codes no key of the last training batch chose
+    heldout_dead: list     # per layer: codes no key of the held-out sequences chose
     codes_reset: list      # per layer: codes re-seeded during training
     seconds: float
     config: dict
@@ -58,6 +61,29 @@ def vq_model(exact, c, seed):
         new.load_state_dict(old.state_dict(), strict=False)  # q/k/v/out; no codebook yet
         block.attn = new
     return exact
+
+
+@torch.no_grad()
+def heldout_dead_codes(model, c, sequences=1024, seed=12345):
+    """Per layer, the codes (over all heads) that no key of `sequences` held-out sequences
+    is assigned to: a code no data uses is dead, whatever the last batch did."""
+    keys = []
+    hooks = [b.attn.k_proj.register_forward_hook(lambda m, i, o: keys.append(o))
+             for b in model.blocks]
+    model.eval()
+    inputs, _, _ = copy_batch(sequences, c["symbols"], c["length"],
+                              torch.Generator().manual_seed(seed))
+    model(inputs)
+    model.train()
+    for h in hooks:
+        h.remove()
+    dead = []
+    for block, k in zip(model.blocks, keys):
+        a = block.attn
+        z = favor.vq_assign(a._heads(k).contiguous().numpy(), a.codebook.numpy())  # [B, H, N]
+        used = sum(len(np.unique(z[:, h])) for h in range(a.num_heads))
+        dead.append(a.num_heads * a.codes - used)
+    return dead
 
 
 def train(method="vq", steps=None, seed=0, log_every=0, **overrides):
@@ -98,8 +124,10 @@ def train(method="vq", steps=None, seed=0, log_every=0, **overrides):
     seconds = time.perf_counter() - t0
     dead = [a.dead_codes() for a in attns] if method == "vq" else []
     reset = [a.codes_reset for a in attns] if method == "vq" else []
+    heldout = heldout_dead_codes(model, c) if method == "vq" else []
     final, acc, seq_acc = evaluate(model, c["symbols"], c["length"])
-    return TrainResult(method, seed, losses, final, acc, seq_acc, dead, reset, seconds, c, model)
+    return TrainResult(method, seed, losses, final, acc, seq_acc, dead, heldout, reset, seconds, c,
+                       model)
 
 
 def main(argv=None):
@@ -128,8 +156,9 @@ def main(argv=None):
     print(f"\nheld-out (1024 sequences; chance loss log({DEFAULTS['symbols']}) = "
           f"{math.log(DEFAULTS['symbols']):.4f})")
     for r in results:
-        extra = (f"  dead codes per layer {r.dead_codes} (of {args.codes * DEFAULTS['heads']}), "
-                 f"re-seeded {r.codes_reset}" if r.method == "vq" else "")
+        extra = (f"\n        dead codes per layer (of {args.codes * DEFAULTS['heads']}): held-out "
+                 f"{r.heldout_dead}, last training batch {r.dead_codes}; re-seeded during "
+                 f"training {r.codes_reset}" if r.method == "vq" else "")
         print(f"{r.method:>6}: final loss {r.final_loss:.5f}  token accuracy "
               f"{100 * r.accuracy:.1f}%  sequence accuracy {100 * r.sequence_accuracy:.1f}%  "
               f"({r.seconds:.1f} s){extra}")

@@ -38,7 +38,8 @@ class CodebookMixin:
             raise _core.Error(f"tau: {tau} must be finite and >= 0 (0: hard VQ)")
         self.codes, self.tau, self.decay, self.dead_after = codes, float(tau), decay, dead_after
         self.beta, self.learn_codebook, self.seed = beta, learn_codebook, seed
-        self.block, self.kmeans_iterations = _block(block), kmeans_iterations
+        _block(block)  # validates now; vq_attention takes None or the length
+        self.block, self.kmeans_iterations = block, kmeans_iterations
         shape = (self.num_heads, codes, self.head_dim)
         book = torch.zeros(shape, device=device, dtype=torch.float32)
         if learn_codebook == "grad":
