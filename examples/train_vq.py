@@ -13,7 +13,8 @@ initialised by k-means on the first batch's keys, follow the keys by EMA updates
 training step (codes unused for `dead_after` steps are re-seeded from keys), and the
 commitment loss (beta |k - sg(C_z)|^2) is added to the task loss.
 
-    PYTHONPATH=build/python python3 examples/train_vq.py              # both
+    PYTHONPATH=build/python python3 examples/train_vq.py              # both, ~20 s
+    PYTHONPATH=build/python python3 examples/train_vq.py --quick      # ~10 s
     PYTHONPATH=build/python python3 examples/train_vq.py --codes 16 --seed 1
 
 From Python: `from train_vq import train; r = train('vq', steps=300, seed=0)`.
@@ -137,7 +138,11 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--codes", type=int, default=DEFAULTS["codes"])
     p.add_argument("--method", choices=("both", "vq", "exact"), default="both")
+    p.add_argument("--quick", action="store_true",
+                   help="a short run: 150 steps (the copy is learnt, the loss not yet settled)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.steps = 150
     methods = ("vq", "exact") if args.method == "both" else (args.method,)
     print(f"copy task: {DEFAULTS['symbols']} symbols, length {DEFAULTS['length']}; model "
           f"d_model={DEFAULTS['d_model']} heads={DEFAULTS['heads']} layers={DEFAULTS['layers']}; "
