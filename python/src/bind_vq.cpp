@@ -50,6 +50,10 @@ py::array codebook_shaped(Tensor&& t, int rank) {
   return py::array_t<float>({s[1], s[2], s[3]}, owned->data(), free_when_done);
 }
 
+std::optional<KeyMaskView> mask_view(const std::optional<Mask>& mask) {
+  return mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt;
+}
+
 /// The inputs and options of the attention calls, checked and converted.
 struct Call {
   Input q, k, v;
@@ -61,13 +65,14 @@ struct Call {
 Call inputs(const py::handle& q, const py::handle& k, const py::handle& v,
             const py::handle& codebook, bool causal, std::optional<double> scale,
             const py::handle& key_mask, double tau, int64_t block) {
-  Call c{as_input(q, "q"), as_input(k, "k"), as_input(v, "v"), as_codebook(codebook, "codebook"),
-         std::nullopt, {}};
+  Call c{as_input(q, "q"), as_input(k, "k"),
+         as_input(v, "v"), as_codebook(codebook, "codebook"),
+         std::nullopt,     {}};
   check_same_rank({&c.q, &c.k, &c.v}, "q, k, v");
   c.mask = as_mask(key_mask, c.k.rank, c.k.view.shape[0], c.k.view.shape[2], "key_mask");
   c.options.causal = causal;
   c.options.scale = scale;
-  if (c.mask) c.options.key_mask = c.mask->view;
+  c.options.key_mask = mask_view(c.mask);
   c.options.tau = tau;
   c.options.block = block;
   return c;
@@ -190,12 +195,12 @@ void bind_functions(py::module_& m) {
       [](const py::handle& k, const py::handle& codebook, double beta, const py::handle& key_mask) {
         const Input ki = as_input(k, "k");
         const CodebookInput cb = as_codebook(codebook, "codebook");
-        const auto mask = as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
+        const auto mask =
+            as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
         Commitment r;
         {
           py::gil_scoped_release release;
-          r = commitment_loss(ki.view, cb.view, beta,
-                              mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt);
+          r = commitment_loss(ki.view, cb.view, beta, mask_view(mask));
         }
         return py::make_tuple(r.loss, to_array(std::move(r.dk), ki.rank));
       },
@@ -221,14 +226,14 @@ void bind_functions(py::module_& m) {
                             c,
                             d};
         const Input ki = as_input(k, "k");
-        const auto mask = as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
+        const auto mask =
+            as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
         EMAOptions o;
         o.decay = decay;
         o.dead_after = dead_after;
         o.eps = eps;
         py::gil_scoped_release release;
-        return codebook_ema_update(state, ki.view, o, seed,
-                                   mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt);
+        return codebook_ema_update(state, ki.view, o, seed, mask_view(mask));
       },
       py::arg("codebook"), py::arg("ema_sum"), py::arg("ema_count"), py::arg("unused"),
       py::arg("k"), py::arg("decay") = 0.99, py::arg("dead_after") = 50, py::arg("eps") = 1e-5,
@@ -239,7 +244,8 @@ void bind_functions(py::module_& m) {
       [](const py::handle& k, int64_t codes, int64_t iterations, uint64_t seed, bool per_head,
          const py::handle& key_mask) {
         const Input ki = as_input(k, "k");
-        const auto mask = as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
+        const auto mask =
+            as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
         std::vector<double> history;
         KMeansOptions o;
         o.iterations = iterations;
@@ -249,9 +255,7 @@ void bind_functions(py::module_& m) {
         std::optional<Codebook> book;
         {
           py::gil_scoped_release release;
-          book.emplace(Codebook::kmeans(
-              ki.view, codes, o, per_head,
-              mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt));
+          book.emplace(Codebook::kmeans(ki.view, codes, o, per_head, mask_view(mask)));
         }
         py::array_t<float> values({book->heads(), book->codes(), book->d()});
         std::memcpy(values.mutable_data(), book->values().data(),
@@ -310,8 +314,7 @@ void bind_vq_decoder(py::module_& m) {
       .def_property_readonly("heads", [](PyVQDecoder& s) { return s.decoder.heads(); })
       .def_property_readonly("dv", [](PyVQDecoder& s) { return s.decoder.dv(); })
       .def_property_readonly("codes", [](PyVQDecoder& s) { return s.decoder.codes(); })
-      .def_property_readonly("state_bytes",
-                             [](PyVQDecoder& s) { return s.decoder.state_bytes(); });
+      .def_property_readonly("state_bytes", [](PyVQDecoder& s) { return s.decoder.state_bytes(); });
 }
 
 void bind_reference(py::module_& m) {
@@ -335,12 +338,13 @@ void bind_reference(py::module_& m) {
         const Call c = inputs(q, k, v, codebook, causal, scale, key_mask, tau, 0);
         const Input g = as_input(dy, "dy");
         check_same_rank({&c.q, &g}, "q, dy");
-        reference::DGrads r = reference::vq_attention_backward(c.q.view, c.k.view, c.v.view,
-                                                               g.view, c.codebook.view, c.options);
+        reference::DGrads r = reference::vq_attention_backward(c.q.view, c.k.view, c.v.view, g.view,
+                                                               c.codebook.view, c.options);
         const Shape4& s = c.codebook.view.shape;
         py::array_t<double> dc = c.codebook.rank == 2 ? py::array_t<double>({s[2], s[3]})
                                                       : py::array_t<double>({s[1], s[2], s[3]});
-        if (!r.dw.empty()) std::memcpy(dc.mutable_data(), r.dw.data(), sizeof(double) * r.dw.size());
+        if (!r.dw.empty())
+          std::memcpy(dc.mutable_data(), r.dw.data(), sizeof(double) * r.dw.size());
         return py::make_tuple(to_double_array(r.dq, c.q.rank), to_double_array(r.dk, c.q.rank),
                               to_double_array(r.dv, c.q.rank), dc);
       },

@@ -54,7 +54,13 @@ def test_two_python_threads_give_the_single_thread_results(problems, single_thre
         assert np.array_equal(got, want)
 
 
-def test_other_python_threads_run_during_a_favor_call(problems, single_thread):
+def vq_call(problem):
+    q, k, v = problem
+    return favor.vq_attention(q, k, v, k[0, :, :64], causal=True)  # 64 codes per head
+
+
+@pytest.mark.parametrize("fn", [call, vq_call], ids=["favor", "vq"])
+def test_other_python_threads_run_during_a_favor_call(problems, single_thread, fn):
     # The counter thread counts only while the favor call is in flight (between `inside`
     # being set and cleared by the calling thread). The switch interval is raised far above
     # the call's length, so a favor that kept the GIL could never be interrupted: the
@@ -73,7 +79,7 @@ def test_other_python_threads_run_during_a_favor_call(problems, single_thread):
     def caller():
         state["inside"] = True
         try:
-            state["result"] = call(problems[0])
+            state["result"] = fn(problems[0])
         finally:
             state["inside"] = False
 
