@@ -154,7 +154,7 @@ TEST_F(VQCli, CodebookCommandWritesKMeansWithFallingError) {
     ko.seed = 1;
     const Codebook c = Codebook::kmeans(k, 6, ko, !shared);
     const cli::NpyArray saved = cli::read_float_npy(path("c.npy"), "test");
-    EXPECT_EQ(saved.shape, shared ? std::vector<int64_t>{6, 8} : std::vector<int64_t>{3, 6, 8});
+    EXPECT_EQ(saved.shape, (shared ? std::vector<int64_t>{6, 8} : std::vector<int64_t>{3, 6, 8}));
     EXPECT_EQ(saved.values, c.values());
     EXPECT_NEAR(errors.back(), c.quantisation_error(k), 1e-6 * errors.back());
     ASSERT_EQ(run_cli("attention " + qkv() + " --out " + path("y.npy") +
