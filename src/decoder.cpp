@@ -18,23 +18,13 @@
 #include "cpu/feature_tile.hpp"
 #include "cpu/head_state.hpp"
 #include "cpu/key_state.hpp"
+#include "cpu/schedule.hpp"
 #include "cpu/vec_math.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
 
 namespace favor {
 namespace {
-
-void check_step(const TensorView& t, int64_t batch, int64_t heads, int64_t dim,
-                const std::string& name, const std::string& dim_name) {
-  detail::check_view(t, name);
-  if (t.shape[0] != batch || t.shape[1] != heads || t.shape[3] != dim) {
-    throw Error(name + ": shape " + shape_string(t.shape) + " must be [B, H, T, " + dim_name +
-                "] = [" + std::to_string(batch) + ',' + std::to_string(heads) + ",T," +
-                std::to_string(dim) + ']');
-  }
-  detail::check_finite(t, name);
-}
 
 // Per-thread buffers of the token path.
 struct TokenBuffers {
@@ -50,13 +40,6 @@ void project(const float* wt, const float* bias, int64_t d, int64_t m, const flo
   if (bias) {
     for (int64_t f = 0; f < m; ++f) a[f] += bias[f];
   }
-}
-
-// Threads for a loop over `heads` heads of `work` flops each: one thread below ~50k flops
-// in all, where the cost of a parallel region (~a microsecond) would dominate.
-int threads_for(int64_t heads, double work) {
-  if (heads < 2 || work * double(heads) < 5e4) return 1;
-  return static_cast<int>(std::min<int64_t>(num_threads(), heads));
 }
 
 }  // namespace
@@ -101,15 +84,16 @@ void Decoder::reset() {
 }
 
 void Decoder::append(TensorView k, TensorView v) {
-  check_step(k, batch_, heads_, w_.d(), "k", "D");
-  check_step(v, batch_, heads_, dv_, "v", "Dv");
+  detail::check_step(k, batch_, heads_, w_.d(), "k", "D");
+  detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
   if (k.shape[2] != v.shape[2]) {
     throw Error("k " + shape_string(k.shape) + ", v " + shape_string(v.shape) +
                 ": same token count T");
   }
   const int64_t m = w_.m(), d = w_.d(), F = features_, T = k.shape[2], heads = batch_ * heads_;
   const Kernel kernel = options_.kernel;
-  const int threads = threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_));
+  const int threads =
+      cpu::threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_), num_threads());
   // Buffers are allocated before the parallel region (allocation failures throw here).
   std::vector<TokenBuffers> buffers;
   std::vector<cpu::KeyTile> tiles;
@@ -166,10 +150,11 @@ void Decoder::append(TensorView k, TensorView v) {
 }
 
 void Decoder::query(TensorView q, MutableTensorView out) const {
-  check_step(q, batch_, heads_, w_.d(), "q", "D");
+  detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
   detail::check_output(out, {batch_, heads_, q.shape[2], dv_}, "out", {q});
   const int64_t m = w_.m(), d = w_.d(), F = features_, T = q.shape[2], heads = batch_ * heads_;
-  const int threads = threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_));
+  const int threads =
+      cpu::threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_), num_threads());
   std::vector<TokenBuffers> buffers;
   for (int t = 0; t < threads; ++t) buffers.emplace_back(d, m, F, dv_);
   const int64_t g_stride = proj_heads_ == 1 ? 0 : 1;
@@ -203,7 +188,7 @@ void Decoder::query(TensorView q, MutableTensorView out) const {
 }
 
 Tensor Decoder::query(TensorView q) const {
-  check_step(q, batch_, heads_, w_.d(), "q", "D");
+  detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
   Tensor out({batch_, heads_, q.shape[2], dv_});
   query(q, out.mutable_view());
   return out;

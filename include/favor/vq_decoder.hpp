@@ -45,6 +45,7 @@ class VQDecoder {
  private:
   int64_t batch_, heads_, dv_, codes_, d_, cb_heads_;
   std::vector<float> codebook_;  // [cb_heads][c][d]
+  std::vector<float> norms_;     // [cb_heads][c]: |C_s|^2, for the code assignment
   VQDecoderOptions options_;
   double scale_;
   int64_t position_ = 0;

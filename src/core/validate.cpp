@@ -67,6 +67,17 @@ void check_finite(const TensorView& t, const std::string& name) {
       }
 }
 
+void check_step(const TensorView& t, int64_t batch, int64_t heads, int64_t dim,
+                const std::string& name, const std::string& dim_name) {
+  check_view(t, name);
+  if (t.shape[0] != batch || t.shape[1] != heads || t.shape[3] != dim) {
+    throw Error(name + ": shape " + shape_string(t.shape) + " must be [B, H, T, " + dim_name +
+                "] = [" + std::to_string(batch) + ',' + std::to_string(heads) + ",T," +
+                std::to_string(dim) + ']');
+  }
+  check_finite(t, name);
+}
+
 void check_output(const MutableTensorView& out, const Shape4& expected, const std::string& name,
                   std::initializer_list<TensorView> inputs) {
   if (out.shape != expected) {

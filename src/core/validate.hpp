@@ -17,6 +17,10 @@ void check_finite(const TensorView& t, const std::string& name);
 /// The output view: extents equal `expected`, non-null, and no overlap with `inputs`.
 void check_output(const MutableTensorView& out, const Shape4& expected, const std::string& name,
                   std::initializer_list<TensorView> inputs);
+/// One step of a streaming decoder: t is [batch, heads, T, dim] (any T >= 1), finite.
+/// dim_name names the last extent in the message ("D", "Dv").
+void check_step(const TensorView& t, int64_t batch, int64_t heads, int64_t dim,
+                const std::string& name, const std::string& dim_name);
 /// scale > 0 and finite when given; default 1/sqrt(d).
 double resolve_scale(const std::optional<double>& scale, int64_t d);
 /// W is m x d with d matching the head dim of `name`.

@@ -70,6 +70,13 @@ void backward_over_heads(int64_t heads, int threads, float* dw, float* dbias, Ru
   }
 }
 
+/// Threads for a decoder's loop over `heads` heads of `work` flops each: one thread below
+/// ~50k flops in all, where the cost of a parallel region (~a microsecond) would dominate.
+inline int threads_for(int64_t heads, double work, int threads) {
+  if (heads < 2 || work * double(heads) < 5e4) return 1;
+  return static_cast<int>(std::min<int64_t>(threads, heads));
+}
+
 /// Start of part `i` of `n` items split into `parts` nearly equal ranges.
 inline int64_t split_point(int64_t n, int64_t parts, int64_t i) {
   return n * i / parts;

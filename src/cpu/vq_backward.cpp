@@ -1,0 +1,147 @@
+// Backward pass of bidirectional Transformer-VQ attention, per (batch, head), in three tile
+// sweeps that recompute what they need (notation of cpu/vq_grad_tile.hpp):
+//   1. keys: the per-code sums Vsum = p^T V (c x dv) and n = p^T 1;
+//   2. queries: P = a / den, y = P Vsum, delta_i = dy_i . y_i; G = dL/dl =
+//      P o (dy Vsum^T - delta n^T), dq = scale G C, dC += scale G^T Q; then the per-code
+//      states the keys need: U = P^T dy (c x dv), r = P^T delta, and for hard VQ the moments
+//      T = P^T vec(q dy^T) (c x d x dv) and w = P^T (delta q);
+//   3. keys: dv_j = p_j U; hard: dk_j = scale (T_{z_j} v_j - w_{z_j}) (straight through);
+//      soft: dL/dp_j = U v_j - r, then the chain rule through p(.|k_j) (dk, dC).
+// Time O(N c (d + dv)) (soft) and O(N c d dv) (hard, the moments T); memory per thread
+// O(tile (c + d dv) + c d dv), independent of N.
+#include <algorithm>
+#include <vector>
+
+#include "cpu/blas.hpp"
+#include "cpu/vec_math.hpp"
+#include "cpu/vq_grad_tile.hpp"
+#include "cpu/vq_params.hpp"
+
+namespace favor::cpu {
+namespace {
+
+constexpr int64_t kTile = kVQGradTile;
+
+struct Workspace {
+  std::vector<float> qt, kt, vt, dyt, pk, l, g, y, delta, x, colsum;
+  std::vector<float> vsum, n, logn, U, r, T, wsum;  // per-code states of the head
+  std::vector<int32_t> z;
+  Workspace(int64_t c, int64_t d, int64_t dv, bool hard)
+      : qt(kTile * d),
+        kt(kTile * d),
+        vt(kTile * dv),
+        dyt(kTile * dv),
+        pk(kTile * c),
+        l(kTile * c),
+        g(kTile * c),
+        y(kTile * dv),
+        delta(kTile),
+        x(hard ? kTile * (d * dv + d) : 0),
+        colsum(c),
+        vsum(c * dv),
+        n(c),
+        logn(c),
+        U(c * dv),
+        r(c),
+        T(hard ? c * d * dv : 0),
+        wsum(hard ? c * d : 0),
+        z(kTile) {}
+};
+
+void run_head(const VQBackwardParams& bp, const std::vector<float>& norms, int64_t bh,
+              Workspace& ws, float* dC) {
+  const VQParams& p = bp.fwd;
+  const AttentionParams& a = p.base;
+  const int64_t b = bh / a.heads, h = bh % a.heads, c = p.codes, d = a.d, dv = a.dv;
+  const bool hard = p.tau == 0.0f;
+  const float* C = p.head_codebook(bh);
+  const float* norms_h = norms.data() + (p.codebook_head_stride ? h * c : 0);
+  const float scale = p.scale;
+
+  // 1. Per-code sums of the keys.
+  std::fill(ws.vsum.begin(), ws.vsum.end(), 0.0f);
+  std::fill(ws.n.begin(), ws.n.end(), 0.0f);
+  for (int64_t j0 = 0; j0 < a.nk; j0 += kTile) {
+    const int64_t rows = std::min(kTile, a.nk - j0);
+    gather_head_rows(a.k, a.k_strides, b, h, j0, rows, d, ws.kt.data());
+    gather_head_rows(a.v, a.v_strides, b, h, j0, rows, dv, ws.vt.data());
+    key_weights(p, C, norms_h, b, ws.kt.data(), j0, rows, ws.pk.data(), ws.z.data());
+    gemm(true, false, c, dv, rows, 1.0f, ws.pk.data(), c, ws.vt.data(), dv, 1.0f, ws.vsum.data(),
+         dv);
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t s = 0; s < c; ++s) ws.n[s] += ws.pk[j * c + s];
+  }
+  log_or_neg_inf(ws.n.data(), ws.logn.data(), c);
+
+  // 2. Queries: dq, the logit part of dC, and the per-code states of the keys' gradients.
+  std::fill(ws.U.begin(), ws.U.end(), 0.0f);
+  std::fill(ws.r.begin(), ws.r.end(), 0.0f);
+  std::fill(ws.T.begin(), ws.T.end(), 0.0f);
+  std::fill(ws.wsum.begin(), ws.wsum.end(), 0.0f);
+  for (int64_t i0 = 0; i0 < a.nq; i0 += kTile) {
+    const int64_t rows = std::min(kTile, a.nq - i0);
+    gather_head_rows(a.q, a.q_strides, b, h, i0, rows, d, ws.qt.data());
+    gather_head_rows(bp.dy, bp.dy_strides, b, h, i0, rows, dv, ws.dyt.data());
+    float* P = ws.l.data();
+    gemm(false, true, rows, c, d, scale, ws.qt.data(), d, C, d, 0.0f, P, c);
+    for (int64_t i = 0; i < rows; ++i) query_weights(P + i * c, ws.logn.data(), c);
+    gemm(false, false, rows, dv, c, 1.0f, P, c, ws.vsum.data(), dv, 0.0f, ws.y.data(), dv);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float den = dot(P + i * c, ws.n.data(), c);
+      ws.delta[i] = 0.0f;
+      if (!(den > 0.0f)) continue;  // no visible key: P_i is zero, so is every gradient
+      const float inv = 1.0f / den;
+      for (int64_t s = 0; s < c; ++s) P[i * c + s] *= inv;
+      for (int64_t x = 0; x < dv; ++x) ws.y[i * dv + x] *= inv;
+      ws.delta[i] = dot(ws.dyt.data() + i * dv, ws.y.data() + i * dv, dv);
+    }
+    float* G = ws.g.data();
+    gemm(false, true, rows, c, dv, 1.0f, ws.dyt.data(), dv, ws.vsum.data(), dv, 0.0f, G, c);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t s = 0; s < c; ++s) {
+        G[i * c + s] = P[i * c + s] * (G[i * c + s] - ws.delta[i] * ws.n[s]);
+        ws.r[s] += P[i * c + s] * ws.delta[i];
+      }
+    gemm(false, false, rows, d, c, scale, G, c, C, d, 0.0f, bp.dq + (bh * a.nq + i0) * d, d);
+    if (dC) gemm(true, false, c, d, rows, scale, G, c, ws.qt.data(), d, 1.0f, dC, d);
+    gemm(true, false, c, dv, rows, 1.0f, P, c, ws.dyt.data(), dv, 1.0f, ws.U.data(), dv);
+    if (hard) {
+      add_code_moments(P, ws.qt.data(), ws.dyt.data(), ws.delta.data(), rows, c, d, dv, ws.T.data(),
+                       ws.wsum.data(), ws.x.data());
+    }
+  }
+
+  // 3. Keys: dv, and dk through the quantised key (hard) or p(.|k) (soft).
+  for (int64_t j0 = 0; j0 < a.nk; j0 += kTile) {
+    const int64_t rows = std::min(kTile, a.nk - j0);
+    gather_head_rows(a.k, a.k_strides, b, h, j0, rows, d, ws.kt.data());
+    gather_head_rows(a.v, a.v_strides, b, h, j0, rows, dv, ws.vt.data());
+    key_weights(p, C, norms_h, b, ws.kt.data(), j0, rows, ws.pk.data(), ws.z.data());
+    gemm(false, false, rows, dv, c, 1.0f, ws.pk.data(), c, ws.U.data(), dv, 0.0f,
+         bp.dv + (bh * a.nk + j0) * dv, dv);
+    float* dk = bp.dk + (bh * a.nk + j0) * d;
+    if (hard) {
+      straight_through_dk(ws.T.data(), ws.wsum.data(), ws.z.data(), ws.vt.data(), rows, d, dv,
+                          scale, dk);
+      continue;
+    }
+    float* dp = ws.g.data();
+    gemm(false, true, rows, c, dv, 1.0f, ws.vt.data(), dv, ws.U.data(), dv, 0.0f, dp, c);
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t s = 0; s < c; ++s) dp[j * c + s] -= ws.r[s];
+    soft_assign_backward(ws.pk.data(), dp, ws.kt.data(), rows, C, c, d, p.tau, dk, dC,
+                         ws.colsum.data());
+  }
+}
+
+}  // namespace
+
+void vq_backward_bidirectional(const VQBackwardParams& bp) {
+  const VQParams& p = bp.fwd;
+  const std::vector<float> norms = all_code_norms(p);
+  vq_backward_over_heads<Workspace>(
+      bp, [&](int64_t bh, Workspace& ws, float* dC) { run_head(bp, norms, bh, ws, dC); }, p.codes,
+      p.base.d, p.base.dv, p.tau == 0.0f);
+}
+
+}  // namespace favor::cpu

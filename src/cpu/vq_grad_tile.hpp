@@ -1,0 +1,88 @@
+#pragma once
+// Pieces shared by the Transformer-VQ backward kernels (vq_backward.cpp, bidirectional, and
+// vq_backward_causal.cpp): key weights of a tile, the stabilised query weights of a row, the
+// per-code moments that give the straight-through key gradient of hard VQ, and the chain
+// rule through the soft assignment.
+//
+// Notation (per head): logits l_is = scale q_i.C_s; key weights p_j = one-hot(z_j) (hard) or
+// p(.|k_j) (soft); a_is = exp(l_is - m_i) with m_i = max_s (l_is + log n_s) over the codes
+// with visible weight n_s > 0 (n the per-code sum of the key weights the row sees), so the
+// row's denominator over exp(m_i) lies in [1, c]; P_is = a_is / den_i.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "cpu/schedule.hpp"
+#include "cpu/vq_params.hpp"
+
+namespace favor::cpu {
+
+/// Rows per tile of the bidirectional backward, and the causal backward's default block:
+/// the hard-VQ moment update T += P^T X is a GEMM with K = the tile, which wants K >= 64.
+constexpr int64_t kVQGradTile = 128;
+
+/// dst (rows x width) = rows [start, start + rows) of head (b, h) of a [B, H, N, width] view.
+void gather_head_rows(const float* base, const Shape4& st, int64_t b, int64_t h, int64_t start,
+                      int64_t rows, int64_t width, float* dst);
+
+/// |C_s|^2 for every code of every codebook ([Hc][c]), computed before the parallel regions.
+std::vector<float> all_code_norms(const VQParams& p);
+
+/// Key weights pk (rows x c) of the gathered key rows k (rows x d) of keys [start, start +
+/// rows) of batch b: one-hot rows with the code in z (hard VQ), or p(.|k) (soft, z unused).
+/// Masked keys get zero rows and z = -1.
+void key_weights(const VQParams& p, const float* codebook, const float* norms, int64_t b,
+                 const float* k, int64_t start, int64_t rows, float* pk, int32_t* z);
+
+/// One row's query weights in place: l (c logits) becomes a = exp(l - m), zero where
+/// log_n = -inf (an unused code: its a could overflow and it weighs nothing). Returns m,
+/// -inf when no code is used (the row sees no key; a is then all zeros).
+float query_weights(float* l, const float* log_n, int64_t c);
+
+/// Hard VQ per-code moments: T (c x d*dv) += P^T X with X_i = vec(q_i dy_i^T), and
+/// wsum (c x d) += P^T (delta q). One GEMM each: O(rows c d dv). scratch: rows x (d dv + d).
+void add_code_moments(const float* P, const float* q, const float* dy, const float* delta,
+                      int64_t rows, int64_t c, int64_t d, int64_t dv, float* T, float* wsum,
+                      float* scratch);
+
+/// Hard VQ straight-through key gradient from the moments of the queries that see the keys:
+/// dk_j += scale (T_{z_j} v_j - w_{z_j}) for the keys with z_j >= 0. O(rows d dv).
+void straight_through_dk(const float* T, const float* wsum, const int32_t* z, const float* v,
+                         int64_t rows, int64_t d, int64_t dv, float scale, float* dk);
+
+/// Soft VQ: from dp = dL/dp (rows x c, overwritten), dk += the gradient through
+/// log p_js = -|k_j - C_s|^2 / tau - lse_j, and dC += its codebook part (when not null).
+/// colsum: c floats of scratch.
+void soft_assign_backward(const float* pk, float* dp, const float* k, int64_t rows,
+                          const float* codebook, int64_t c, int64_t d, float tau, float* dk,
+                          float* dC, float* colsum);
+
+/// The backward kernels' driver: run_head(bh, workspace, dC) for every (batch, head), heads
+/// spread over the threads. dC is the head's own slice of dL/dC (null when not asked); the
+/// slices are summed into bp.dcodebook afterwards in head order, so the result is the same
+/// for any thread count (the price: B H c d floats while the codebook gradient is asked).
+template <class Workspace, class RunHead, class... Args>
+void vq_backward_over_heads(const VQBackwardParams& bp, RunHead run_head, const Args&... args) {
+  const AttentionParams& a = bp.fwd.base;
+  const int64_t heads = a.batch * a.heads, slice = bp.fwd.codes * a.d;
+  const int team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(a.threads, heads)));
+  std::vector<Workspace> spaces = make_workspaces<Workspace>(team, args...);
+  std::vector<float> dc(bp.dcodebook ? static_cast<size_t>(heads * slice) : 0);
+#pragma omp parallel num_threads(team)
+  {
+    blas_on_calling_thread();
+    Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < heads; ++bh)
+      run_head(bh, ws, dc.empty() ? nullptr : dc.data() + bh * slice);
+  }
+  for (int64_t bh = 0; bh < heads && bp.dcodebook; ++bh) {
+    float* dst = bp.dcodebook + (bh % a.heads) * bp.fwd.codebook_head_stride;
+    const float* src = dc.data() + bh * slice;
+    for (int64_t i = 0; i < slice; ++i) dst[i] += src[i];
+  }
+}
+
+}  // namespace favor::cpu

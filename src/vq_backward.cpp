@@ -1,0 +1,51 @@
+// The Transformer-VQ backward facade: validates like the forward pass (core/vq_validate) plus
+// dy, allocates zeroed gradients and dispatches to the CPU kernels.
+#include <vector>
+
+#include "core/validate.hpp"
+#include "core/vq_validate.hpp"
+#include "cpu/vq_grad_tile.hpp"
+#include "cpu/vq_params.hpp"
+#include "favor/error.hpp"
+#include "favor/vq.hpp"
+
+namespace favor {
+
+VQGrads vq_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                              TensorView codebook, const VQOptions& options,
+                              bool with_codebook_grad) {
+  std::vector<float> codebook_copy;
+  detail::AttentionShape s;
+  cpu::VQBackwardParams bp{};
+  bp.fwd = detail::vq_params(q, k, v, codebook, options, codebook_copy, &s);
+  detail::check_view(dy, "dy");
+  const Shape4 expected{s.batch, s.heads, s.nq, s.dv};
+  if (dy.shape != expected) {
+    throw Error("dy: shape " + shape_string(dy.shape) +
+                " must be the output's shape [B, H, Nq, Dv] = " + shape_string(expected));
+  }
+  detail::check_finite(dy, "dy");
+  // The backward's own default block: its hard-VQ moment update is a GEMM with K = L.
+  if (options.block == 0) bp.fwd.block = cpu::kVQGradTile;
+  bp.dy = dy.data;
+  bp.dy_strides = dy.strides;
+  VQGrads g;
+  g.dq = Tensor({s.batch, s.heads, s.nq, s.d});
+  g.dk = Tensor({s.batch, s.heads, s.nk, s.d});
+  g.dv = Tensor({s.batch, s.heads, s.nk, s.dv});
+  bp.dq = g.dq.data();
+  bp.dk = g.dk.data();
+  bp.dv = g.dv.data();
+  if (with_codebook_grad) {
+    g.dcodebook = Tensor({1, codebook.shape[1], codebook.shape[2], s.d});
+    bp.dcodebook = g.dcodebook.data();
+  }
+  if (options.causal) {
+    cpu::vq_backward_causal(bp);
+  } else {
+    cpu::vq_backward_bidirectional(bp);
+  }
+  return g;
+}
+
+}  // namespace favor

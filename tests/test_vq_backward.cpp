@@ -1,0 +1,409 @@
+// Gradients of Transformer-VQ attention. (1) The double reference equals central finite
+// differences of a small double forward written here (hard VQ: w.r.t. the quantised keys,
+// the codebook through them; soft VQ: w.r.t. k and C through p(s|k)); hard dk equals the
+// exact-attention gradient w.r.t. the quantised keys. (2) The float kernels equal the
+// reference within twice the error of a naive float32 evaluation of the same formula
+// (reference/vq_naive_grad.hpp in float). (3) Causal results do not depend on the block
+// length; thread counts give bit-identical results. (4) dy is validated.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "reference/vq_naive_grad.hpp"
+#include "test_helpers.hpp"
+
+namespace favor {
+namespace {
+using testing::random_tensor;
+using testing::rel_error;
+
+// ---- (1) the reference against finite differences ----
+
+// || a - b || / || b ||.
+double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+struct Inputs {
+  int64_t nq, nk, d, dv, c;
+  std::vector<double> q, k, v, C, dy, khat;  // khat: quantised keys (hard VQ), or empty
+  std::vector<uint8_t> mask;
+};
+
+std::vector<double> to_double(const Tensor& t) {
+  return std::vector<double>(t.values().begin(), t.values().end());
+}
+
+// L = sum_i dy_i . y_i, y_i = sum_j w_ij v_j / sum_j w_ij over the visible keys, with
+// w_ij = exp(scale q_i.khat_j) (hard, khat given, else khat_j = C_{argmin_s |k_j - C_s|}) or
+// sum_s exp(scale q_i.C_s) softmax_s(-|k_j - C_s|^2 / tau) (soft).
+double loss(const Inputs& in, double scale, double tau, bool causal) {
+  auto dot = [](const double* a, const double* b, int64_t n) {
+    double s = 0;
+    for (int64_t t = 0; t < n; ++t) s += a[t] * b[t];
+    return s;
+  };
+  auto dist2 = [&](int64_t j, int64_t s) {
+    double e = 0;
+    for (int64_t t = 0; t < in.d; ++t)
+      e += (in.k[j * in.d + t] - in.C[s * in.d + t]) * (in.k[j * in.d + t] - in.C[s * in.d + t]);
+    return e;
+  };
+  double l = 0;
+  for (int64_t i = 0; i < in.nq; ++i) {
+    std::vector<double> y(static_cast<size_t>(in.dv), 0.0);
+    double den = 0;
+    for (int64_t j = 0; j < in.nk; ++j) {
+      if ((causal && j > i) || (!in.mask.empty() && !in.mask[j])) continue;
+      double w = 0;
+      if (tau == 0.0) {
+        const double* key = nullptr;
+        if (!in.khat.empty()) {
+          key = in.khat.data() + j * in.d;
+        } else {
+          int64_t best = 0;
+          for (int64_t s = 1; s < in.c; ++s)
+            if (dist2(j, s) < dist2(j, best)) best = s;
+          key = in.C.data() + best * in.d;
+        }
+        w = std::exp(scale * dot(in.q.data() + i * in.d, key, in.d));
+      } else {
+        double z = 0;
+        for (int64_t s = 0; s < in.c; ++s) z += std::exp(-dist2(j, s) / tau);
+        for (int64_t s = 0; s < in.c; ++s)
+          w += std::exp(scale * dot(in.q.data() + i * in.d, in.C.data() + s * in.d, in.d)) *
+               std::exp(-dist2(j, s) / tau) / z;
+      }
+      den += w;
+      for (int64_t x = 0; x < in.dv; ++x) y[x] += w * in.v[j * in.dv + x];
+    }
+    if (den > 0) l += dot(in.dy.data() + i * in.dv, y.data(), in.dv) / den;
+  }
+  return l;
+}
+
+// || fd - analytic || / || analytic || over one input array.
+double fd_error(Inputs in, std::vector<double> Inputs::*field, const std::vector<double>& analytic,
+                double scale, double tau, bool causal) {
+  const double step = 1e-5;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < (in.*field).size(); ++i) {
+    const double saved = (in.*field)[i];
+    (in.*field)[i] = saved + step;
+    const double up = loss(in, scale, tau, causal);
+    (in.*field)[i] = saved - step;
+    const double down = loss(in, scale, tau, causal);
+    (in.*field)[i] = saved;
+    const double fd = (up - down) / (2 * step);
+    diff += (fd - analytic[i]) * (fd - analytic[i]);
+    norm += analytic[i] * analytic[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+struct FdCase {
+  bool soft, causal, masked;
+};
+
+class VQBackwardFiniteDifferences : public ::testing::TestWithParam<FdCase> {};
+
+TEST_P(VQBackwardFiniteDifferences, ReferenceWithin1e6) {
+  const FdCase fc = GetParam();
+  // D = 3 != Dv = 2; N = 7; c = 4 codes; scale 0.6 (not 1/sqrt(D)); tau 0.7.
+  const int64_t nk = 7, nq = fc.causal ? 7 : 5, D = 3, Dv = 2, c = 4;
+  const double scale = 0.6, tau = fc.soft ? 0.7 : 0.0;
+  const Tensor q = random_tensor({1, 1, nq, D}, 11, 1.5), k = random_tensor({1, 1, nk, D}, 12, 1.0),
+               v = random_tensor({1, 1, nk, Dv}, 13), dy = random_tensor({1, 1, nq, Dv}, 14),
+               C = random_tensor({1, 1, c, D}, 15, 1.0);
+  const std::vector<uint8_t> mask{1, 0, 1, 1, 0, 1, 1};
+  VQOptions o;
+  o.causal = fc.causal;
+  o.scale = scale;
+  o.tau = tau;
+  if (fc.masked) o.key_mask = KeyMaskView::contiguous(mask.data(), 1, nk);
+  const auto g = reference::vq_attention_backward(q, k, v, dy, C, o);
+  Inputs in{nq,
+            nk,
+            D,
+            Dv,
+            c,
+            to_double(q),
+            to_double(k),
+            to_double(v),
+            to_double(C),
+            to_double(dy),
+            {},
+            fc.masked ? mask : std::vector<uint8_t>{}};
+  // Truncation ~ step^2 = 1e-10 and rounding ~ 1e-16 / step = 1e-11, relative: 1e-6 is loose.
+  EXPECT_LE(fd_error(in, &Inputs::q, g.dq.values, scale, tau, fc.causal), 1e-6) << "dq";
+  EXPECT_LE(fd_error(in, &Inputs::v, g.dv.values, scale, tau, fc.causal), 1e-6) << "dv";
+  EXPECT_LE(fd_error(in, &Inputs::C, g.dw, scale, tau, fc.causal), 1e-6) << "dC";
+  if (fc.soft) {
+    EXPECT_LE(fd_error(in, &Inputs::k, g.dk.values, scale, tau, fc.causal), 1e-6) << "dk";
+    return;
+  }
+  // Hard: dk is dL/dk^, the gradient of softmax attention over the quantised keys.
+  const auto z = reference::vq_naive::nearest(in.k, nk, D, in.C, c);
+  Tensor khat({1, 1, nk, D});
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t t = 0; t < D; ++t) khat.at(0, 0, j, t) = C.at(0, 0, z[j], t);
+  in.khat = to_double(khat);
+  EXPECT_LE(fd_error(in, &Inputs::khat, g.dk.values, scale, tau, fc.causal), 1e-6) << "dk^";
+  ExactOptions eo;
+  eo.causal = fc.causal;
+  eo.scale = scale;
+  eo.key_mask = o.key_mask;
+  const auto exact = reference::exact_attention_backward(q, khat, v, dy, eo);
+  // Same sums in another order: double rounding.
+  EXPECT_LE(rel_diff(g.dk.values, exact.dk.values), 1e-12)
+      << "dk vs exact_attention_backward over the quantised keys";
+}
+
+INSTANTIATE_TEST_SUITE_P(VQBackward, VQBackwardFiniteDifferences,
+                         ::testing::Values(FdCase{false, false, false}, FdCase{false, true, false},
+                                           FdCase{false, false, true}, FdCase{false, true, true},
+                                           FdCase{true, false, false}, FdCase{true, true, false},
+                                           FdCase{true, false, true}, FdCase{true, true, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.soft ? "soft" : "hard") +
+                                  (info.param.causal ? "_causal" : "_bidir") +
+                                  (info.param.masked ? "_masked" : "");
+                         });
+
+// ---- (2) the float kernels against the reference ----
+
+struct Case {
+  int64_t B, H, Nq, Nk, D, Dv, c;
+  bool soft, causal, masked, shared, strided;
+  int64_t block = 0;
+};
+
+std::string name_of(const Case& c) {
+  return std::string(c.soft ? "soft" : "hard") + (c.causal ? "_causal" : "_bidir") +
+         (c.masked ? "_masked" : "") + (c.shared ? "_shared" : "") + (c.strided ? "_strided" : "") +
+         "_N" + std::to_string(c.Nq) + "x" + std::to_string(c.Nk) + "_D" + std::to_string(c.D) +
+         "_Dv" + std::to_string(c.Dv) + "_c" + std::to_string(c.c) + "_L" + std::to_string(c.block);
+}
+
+struct Problem {
+  Tensor q, k, v, dy, C;
+  std::vector<uint8_t> mask;
+  VQOptions o;
+};
+
+Problem make_problem(const Case& c) {
+  Problem pr{random_tensor({c.B, c.H, c.Nq, c.D}, 21, 2.0),
+             random_tensor({c.B, c.H, c.Nk, c.D}, 22, 2.0),
+             random_tensor({c.B, c.H, c.Nk, c.Dv}, 23),
+             random_tensor({c.B, c.H, c.Nq, c.Dv}, 24),
+             random_tensor({1, c.shared ? 1 : c.H, c.c, c.D}, 25, 2.0),
+             std::vector<uint8_t>(static_cast<size_t>(c.B * c.Nk), 1),
+             {}};
+  pr.o.causal = c.causal;
+  pr.o.tau = c.soft ? 1.0 : 0.0;
+  pr.o.block = c.block;
+  if (c.masked) {
+    pr.mask = testing::periodic_mask(pr.mask.size(), 3, 1);
+    pr.o.key_mask = KeyMaskView::contiguous(pr.mask.data(), c.B, c.Nk);
+  }
+  return pr;
+}
+
+struct FlatGrads {
+  std::vector<float> dq, dk, dv, dc;
+};
+
+// The naive float32 gradient of every head (codes from the double argmin, as the
+// reference's), flattened like the tensors; dC summed over heads in float.
+FlatGrads naive_float_grads(const Problem& pr, const Case& c) {
+  using reference::vq_naive::Head;
+  FlatGrads out;
+  out.dc.assign(static_cast<size_t>(pr.C.numel()), 0.0f);
+  auto rows = [](const Tensor& t, int64_t b, int64_t h) {
+    const int64_t n = t.shape()[2] * t.shape()[3];
+    return std::vector<float>(t.data() + (b * t.shape()[1] + h) * n,
+                              t.data() + (b * t.shape()[1] + h + 1) * n);
+  };
+  const float scale = float(1.0 / std::sqrt(double(c.D)));
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.H; ++h) {
+      const int64_t hc = c.shared ? 0 : h;
+      Head<float> head{c.Nq,
+                       c.Nk,
+                       c.D,
+                       c.Dv,
+                       c.c,
+                       rows(pr.q, b, h),
+                       rows(pr.k, b, h),
+                       rows(pr.v, b, h),
+                       rows(pr.C, 0, hc),
+                       {},
+                       {},
+                       float(pr.o.tau)};
+      if (c.masked) head.mask.assign(pr.mask.begin() + b * c.Nk, pr.mask.begin() + (b + 1) * c.Nk);
+      if (!c.soft) head.z = reference::vq_naive::nearest(head.k, c.Nk, c.D, head.C, c.c);
+      const auto g = reference::vq_naive::backward(head, rows(pr.dy, b, h), scale, c.causal);
+      out.dq.insert(out.dq.end(), g.dq.begin(), g.dq.end());
+      out.dk.insert(out.dk.end(), g.dk.begin(), g.dk.end());
+      out.dv.insert(out.dv.end(), g.dv.begin(), g.dv.end());
+      for (size_t i = 0; i < g.dc.size(); ++i) out.dc[hc * c.c * c.D + i] += g.dc[i];
+    }
+  return out;
+}
+
+VQGrads fast_grads(const Problem& pr, const Case& c) {
+  if (!c.strided) return vq_attention_backward(pr.q, pr.k, pr.v, pr.dy, pr.C, pr.o, true);
+  testing::StridedCopy qs(pr.q), ks(pr.k), vs(pr.v), dys(pr.dy);
+  return vq_attention_backward(qs.view, ks.view, vs.view, dys.view, pr.C, pr.o, true);
+}
+
+// Relative error of `got` within twice the naive float32 error (+1e-6 for gradients that are
+// tiny sums of cancelling terms).
+void expect_close(const std::vector<float>& got, const std::vector<float>& naive,
+                  const std::vector<double>& exact, const std::string& what) {
+  double exact_max = 0, got_max = 0;
+  for (double e : exact) exact_max = std::max(exact_max, std::abs(e));
+  for (float g : got) got_max = std::max(got_max, double(std::abs(g)));
+  if (exact_max < 1e-10) {  // zero up to double rounding
+    // One code (soft VQ: p = 1): y_i is the mean of the visible v whatever q, k and C, so dq,
+    // dk and dC are exactly 0; the kernels' values are cancellations of O(|v| |dy|) terms
+    // summed over <= 20 rows of |q| <= 3: rounding ~ 20 * 3 * 2^-24 * few ~ 1e-5.
+    EXPECT_LE(got_max, 1e-5) << what;
+    return;
+  }
+  const double naive_err = rel_error(naive, exact), err = rel_error(got, exact);
+  EXPECT_LE(err, 2 * naive_err + 1e-6) << what << ", naive " << naive_err;
+}
+
+class VQBackwardVsReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(VQBackwardVsReference, WithinTwiceNaiveFloatError) {
+  const Case c = GetParam();
+  const Problem pr = make_problem(c);
+  const VQGrads fast = fast_grads(pr, c);
+  const auto ref = reference::vq_attention_backward(pr.q, pr.k, pr.v, pr.dy, pr.C, pr.o);
+  const FlatGrads n32 = naive_float_grads(pr, c);
+  const std::string name = name_of(c);
+  expect_close(fast.dq.values(), n32.dq, ref.dq.values, "dq of " + name);
+  expect_close(fast.dk.values(), n32.dk, ref.dk.values, "dk of " + name);
+  expect_close(fast.dv.values(), n32.dv, ref.dv.values, "dv of " + name);
+  expect_close(fast.dcodebook.values(), n32.dc, ref.dw, "dC of " + name);
+  ASSERT_EQ(fast.dcodebook.shape(), pr.C.shape());
+  if (c.masked) {  // masked keys: exactly zero dk and dv
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t j = 1; j < c.Nk; j += 3) {
+          for (int64_t t = 0; t < c.D; ++t) EXPECT_EQ(fast.dk.at(b, h, j, t), 0.0f) << name;
+          for (int64_t x = 0; x < c.Dv; ++x) EXPECT_EQ(fast.dv.at(b, h, j, x), 0.0f) << name;
+        }
+  }
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (bool soft : {false, true})
+    for (bool causal : {false, true}) {
+      const int64_t n = causal ? 45 : 37;
+      out.push_back({2, 2, n, 45, 8, 5, 16, soft, causal, false, false, false, 16});
+      out.push_back({2, 2, n, 45, 8, 5, 16, soft, causal, true, true, false, 16});
+      out.push_back({1, 3, n, 45, 6, 7, 5, soft, causal, true, false, true, 7});
+      // Tails of the default tile / block (128); one code.
+      out.push_back({1, 1, causal ? 130 : 129, 130, 4, 3, 9, soft, causal, false, false, false});
+      out.push_back({1, 2, 9, 9, 4, 3, 1, soft, causal, true, true, false, 4});
+    }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(VQBackward, VQBackwardVsReference, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+// ---- (3) block length and thread count ----
+
+TEST(VQBackwardCausal, BlockLengthDoesNotChangeTheResult) {
+  for (bool soft : {false, true}) {
+    const Case base{1, 2, 40, 40, 6, 5, 8, soft, true, true, false, false, 40};
+    const Problem whole = make_problem(base);
+    const VQGrads ref_fast = fast_grads(whole, base);
+    const auto ref =
+        reference::vq_attention_backward(whole.q, whole.k, whole.v, whole.dy, whole.C, whole.o);
+    const FlatGrads n32 = naive_float_grads(whole, base);
+    for (int64_t L : {1, 7, 64}) {
+      Case c = base;
+      c.block = L;
+      const Problem pr = make_problem(c);
+      const VQGrads g = fast_grads(pr, c);
+      const std::string name = name_of(c);
+      expect_close(g.dq.values(), n32.dq, ref.dq.values, "dq of " + name);
+      expect_close(g.dk.values(), n32.dk, ref.dk.values, "dk of " + name);
+      expect_close(g.dv.values(), n32.dv, ref.dv.values, "dv of " + name);
+      expect_close(g.dcodebook.values(), n32.dc, ref.dw, "dC of " + name);
+      // Each within 2x the naive error of the reference, so within 4x of each other.
+      const auto against_whole = [&](const Tensor& a, const Tensor& b, const std::vector<float>& n,
+                                     const std::vector<double>& e, const char* what) {
+        EXPECT_LE(rel_error(a, std::vector<double>(b.values().begin(), b.values().end())),
+                  4 * rel_error(n, e) + 1e-6)
+            << what << " of " << name << " vs L = N";
+      };
+      against_whole(g.dq, ref_fast.dq, n32.dq, ref.dq.values, "dq");
+      against_whole(g.dk, ref_fast.dk, n32.dk, ref.dk.values, "dk");
+      against_whole(g.dv, ref_fast.dv, n32.dv, ref.dv.values, "dv");
+      against_whole(g.dcodebook, ref_fast.dcodebook, n32.dc, ref.dw, "dC");
+    }
+  }
+}
+
+struct ThreadCount {
+  int saved = num_threads();
+  ~ThreadCount() { set_num_threads(saved); }
+};
+
+TEST(VQBackwardThreads, OneAndTwoThreadsGiveIdenticalResults) {
+  ThreadCount restore;
+  for (bool causal : {false, true})
+    for (bool soft : {false, true}) {
+      const Case c{2, 2, 33, 33, 6, 5, 8, soft, causal, true, true, false, 8};
+      const Problem pr = make_problem(c);
+      set_num_threads(1);
+      const VQGrads one = fast_grads(pr, c);
+      set_num_threads(2);
+      const VQGrads two = fast_grads(pr, c);
+      EXPECT_EQ(one.dq.values(), two.dq.values()) << name_of(c);
+      EXPECT_EQ(one.dk.values(), two.dk.values()) << name_of(c);
+      EXPECT_EQ(one.dv.values(), two.dv.values()) << name_of(c);
+      EXPECT_EQ(one.dcodebook.values(), two.dcodebook.values()) << name_of(c);
+    }
+}
+
+// ---- (4) errors ----
+
+void expect_error(const std::function<void()>& f, const std::string& fragment) {
+  try {
+    f();
+    ADD_FAILURE() << "no favor::Error, expected one naming " << fragment;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(VQBackwardErrors, DyShapeAndValuesAreChecked) {
+  const Case c{1, 2, 5, 6, 4, 3, 4, false, false, false, false, false};
+  const Problem pr = make_problem(c);
+  const Tensor wrong = random_tensor({1, 2, 5, 4}, 1);  // Dv = 4, not 3
+  expect_error([&] { vq_attention_backward(pr.q, pr.k, pr.v, wrong, pr.C, pr.o); }, "dy: shape");
+  Tensor nan = pr.dy;
+  nan.at(0, 1, 2, 0) = std::numeric_limits<float>::quiet_NaN();
+  expect_error([&] { vq_attention_backward(pr.q, pr.k, pr.v, nan, pr.C, pr.o); }, "dy");
+  expect_error([&] { reference::vq_attention_backward(pr.q, pr.k, pr.v, wrong, pr.C, pr.o); },
+               "dy: shape");
+}
+
+}  // namespace
+}  // namespace favor
