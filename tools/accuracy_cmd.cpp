@@ -95,9 +95,10 @@ void print_row(const nlohmann::json& r) {
   std::fflush(stdout);
 }
 
-void print_vq_header(const nlohmann::json& m) {
+void print_vq_header(const nlohmann::json& m, bool after_favor) {
+  if (after_favor) fmt::print("\n");
   fmt::print(
-      "\nTransformer-VQ vs exact softmax attention: codebooks by k-means on the keys ({} Lloyd "
+      "Transformer-VQ vs exact softmax attention: codebooks by k-means on the keys ({} Lloyd "
       "iterations, seeds 0..{}), hard (tau = 0) and soft (tau = tau_rel x the mean quantisation "
       "error); FAVOR+ (positive, orthogonal) with m = c beside it, same seeds\n",
       m["vq_iterations"].get<int64_t>(), m["seeds"].get<int64_t>() - 1);
@@ -139,7 +140,7 @@ void run(const AccuracyArgs& a) {
   nlohmann::json result = {{"meta", m}, {"records", nlohmann::json::array()}};
   if (a.has("favor")) result["records"] = run_accuracy_sweep(a, data, progress, sink);
   if (a.has("vq")) {
-    if (!a.json) print_vq_header(m);
+    if (!a.json) print_vq_header(m, a.has("favor"));
     const VQProgress vq_progress = [show_progress](int64_t i, int64_t total, int64_t codes) {
       if (show_progress) fmt::print(stderr, "accuracy: vq {}/{} c={}\n", i, total, codes);
     };

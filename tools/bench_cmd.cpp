@@ -409,6 +409,33 @@ class Bench {
     }
     tag_ = nullptr;
     for (const auto& [key, points] : series) crossover(key.first, key.second, points);
+    seed002_summary();
+  }
+
+  // Seed 002's setting on lines of its own: the section's rows at N = 4096.
+  void seed002_summary() const {
+    if (a_.json) return;
+    const bool exact_setting = a_.bh == 8 && a_.d == 64 && a_.vq_codes == 256 && a_.m == 256;
+    fmt::print(
+        "seed 002's setting, N = {}, B*H = {}, D = Dv = {}, c = {}, m = {}{}:\n", kSeed002N, a_.bh,
+        a_.d, a_.vq_codes, a_.m,
+        exact_setting ? "" : " (this run's sizes, not seed 002's 8 heads of 64, c = m = 256)");
+    for (const char* pass : {"forward", "backward"})
+      for (bool causal : {false, true}) {
+        std::map<std::string, double> s;
+        for (const auto& r : records_) {
+          if (r["section"] == "vq" && r["n"] == kSeed002N && r["pass"] == pass &&
+              r["causal"] == causal && !r.value("context", false))
+            s[r["method"].get<std::string>()] = r["seconds"].get<double>();
+        }
+        std::string exact = "exact not run";
+        if (s.count("exact"))
+          exact =
+              fmt::format("exact {:.4g} s (vq / exact {:.3g})", s["exact"], s["vq"] / s["exact"]);
+        fmt::print("  {:<8} {:<13} vq {:.4g} s, favor+ {:.4g} s (vq / favor+ {:.2f}), {}\n", pass,
+                   causal ? "causal" : "bidirectional", s["vq"], s["favor"], s["vq"] / s["favor"],
+                   exact);
+      }
   }
 
   // Hard VQ forward or backward at N with a codebook of a_.vq_codes keys of each head; its
