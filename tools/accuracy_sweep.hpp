@@ -51,6 +51,12 @@ struct DataSetting {
 /// the synthetic grid --qk-norm x --qk-cos, or the --q/--k[/--v] files.
 std::vector<DataSetting> make_data_settings(const AccuracyArgs& args);
 
+struct MeanStd {
+  double mean = 0.0, std = 0.0;
+};
+/// Mean and sample standard deviation (n - 1 in the denominator; 0 for a single value).
+MeanStd mean_std(const std::vector<double>& v);
+
 /// Called before each combination with (index from 1, total, estimator, projection, m).
 using Progress =
     std::function<void(int64_t, int64_t, const std::string&, const std::string&, int64_t)>;

@@ -8,21 +8,6 @@
 namespace favor::cli {
 namespace {
 
-struct MeanStd {
-  double mean = 0.0, std = 0.0;
-};
-
-// Mean and sample standard deviation (n - 1 in the denominator; 0 for a single value).
-MeanStd mean_std(const std::vector<double>& v) {
-  MeanStd r;
-  for (double x : v) r.mean += x / double(v.size());
-  if (v.size() < 2) return r;
-  double ss = 0.0;
-  for (double x : v) ss += (x - r.mean) * (x - r.mean);
-  r.std = std::sqrt(ss / double(v.size() - 1));
-  return r;
-}
-
 // --vq-codes clipped to the keys each per-head codebook learns from, without repeats.
 std::vector<int64_t> clipped_codes(const std::vector<int64_t>& requested, int64_t keys) {
   std::vector<int64_t> out;
