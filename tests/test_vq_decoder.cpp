@@ -1,4 +1,4 @@
-// The streaming Transformer-VQ decoder against a naive double quadratic VQ attention over
+// The streaming Transformer-VQ decoder against the double reference VQ attention over
 // the quantised keys, and against exact softmax attention when every key is a code.
 #include <gtest/gtest.h>
 
@@ -24,67 +24,15 @@ TensorView tokens(const Tensor& t, int64_t i, int64_t count = 1) {
                     contiguous_strides(t.shape())};
 }
 
-// Naive VQ attention in double, materialised, per (b, h): query i sees keys j <= i (causal)
-// or all keys. log A_ij = log sum_s exp(scale q_i.C_s) p(s|k_j), with p one-hot at the
-// nearest code (hard, ties to the lowest index) or softmax_s(-|k_j - C_s|^2 / tau) (soft);
-// stabilised by the max over j of log A_ij, so huge logits stay exact. [B, H, N, Dv].
+// The double reference (reference::vq_attention): the materialised VQ attention over the
+// quantised keys (hard) or the GMM form (soft). [B, H, N, Dv].
 std::vector<double> naive_vq(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& codebook, double scale, double tau, bool causal) {
-  const int64_t B = q.shape()[0], H = q.shape()[1], N = q.shape()[2], D = q.shape()[3],
-                Dv = v.shape()[3], c = codebook.shape()[2];
-  const double inf = std::numeric_limits<double>::infinity();
-  std::vector<double> y(static_cast<size_t>(B * H * N * Dv));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t g = codebook.shape()[1] == 1 ? 0 : h;
-      std::vector<double> logp(static_cast<size_t>(N * c), -inf);  // log p(s | k_j)
-      for (int64_t j = 0; j < N; ++j) {
-        std::vector<double> dist(static_cast<size_t>(c));
-        for (int64_t s = 0; s < c; ++s) {
-          double sum = 0.0;
-          for (int64_t x = 0; x < D; ++x) {
-            const double e = double(k.at(b, h, j, x)) - codebook.at(0, g, s, x);
-            sum += e * e;
-          }
-          dist[s] = sum;
-        }
-        if (tau == 0.0) {
-          logp[j * c + (std::min_element(dist.begin(), dist.end()) - dist.begin())] = 0.0;
-          continue;
-        }
-        const double low = *std::min_element(dist.begin(), dist.end());
-        double z = 0.0;
-        for (int64_t s = 0; s < c; ++s) z += std::exp(-(dist[s] - low) / tau);
-        for (int64_t s = 0; s < c; ++s) logp[j * c + s] = -(dist[s] - low) / tau - std::log(z);
-      }
-      for (int64_t i = 0; i < N; ++i) {
-        std::vector<double> logit(static_cast<size_t>(c));
-        for (int64_t s = 0; s < c; ++s) {
-          double dot = 0.0;
-          for (int64_t x = 0; x < D; ++x) dot += double(q.at(b, h, i, x)) * codebook.at(0, g, s, x);
-          logit[s] = scale * dot;
-        }
-        const int64_t visible = causal ? i + 1 : N;
-        std::vector<double> log_a(static_cast<size_t>(visible));
-        for (int64_t j = 0; j < visible; ++j) {
-          double top = -inf;
-          for (int64_t s = 0; s < c; ++s) top = std::max(top, logit[s] + logp[j * c + s]);
-          double sum = 0.0;
-          for (int64_t s = 0; s < c; ++s) sum += std::exp(logit[s] + logp[j * c + s] - top);
-          log_a[j] = top + std::log(sum);
-        }
-        const double top = *std::max_element(log_a.begin(), log_a.end());
-        double den = 0.0;
-        std::vector<double> num(static_cast<size_t>(Dv), 0.0);
-        for (int64_t j = 0; j < visible; ++j) {
-          const double a = std::exp(log_a[j] - top);
-          den += a;
-          for (int64_t x = 0; x < Dv; ++x) num[x] += a * v.at(b, h, j, x);
-        }
-        for (int64_t x = 0; x < Dv; ++x) y[((b * H + h) * N + i) * Dv + x] = num[x] / den;
-      }
-    }
-  return y;
+  VQOptions options;
+  options.causal = causal;
+  options.scale = scale;
+  options.tau = tau;
+  return reference::vq_attention(q, k, v, codebook, options).values;
 }
 
 double max_row_norm(const Tensor& t) {
@@ -184,6 +132,27 @@ TEST_P(VQDecoderVsNaive, PrefillThenAllQueriesEqualBidirectional) {
       for (int64_t h = 0; h < H; ++h)
         for (int64_t x = 0; x < Dv; ++x)
           EXPECT_NEAR(y.at(b, h, i, x), naive[((b * H + h) * N + i) * Dv + x], tol);
+}
+
+TEST_P(VQDecoderVsNaive, StreamingEqualsTheCausalKernel) {
+  // The float kernels against each other: token-by-token decoding reproduces causal
+  // vq_attention (blocks of 5, so rows meet both the block and the per-code prefix sums).
+  VQOptions options;
+  options.causal = true;
+  options.scale = scale;
+  options.tau = tau;
+  options.block = 5;
+  const Tensor causal = vq_attention(q, k, v, codebook, options);
+  VQDecoder dec = make();
+  for (int64_t i = 0; i < N; ++i) {
+    dec.append(tokens(k, i), tokens(v, i));
+    const Tensor y = dec.query(tokens(q, i));
+    const double tol = 2 * bound(i + 1);  // each side within bound of the exact row
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t x = 0; x < Dv; ++x)
+          EXPECT_NEAR(y.at(b, h, 0, x), causal.at(b, h, i, x), tol) << "row " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, VQDecoderVsNaive,

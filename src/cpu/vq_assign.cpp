@@ -14,6 +14,18 @@ std::vector<float> code_norms(const float* codebook, int64_t codes, int64_t d) {
   return norms;
 }
 
+std::vector<float> all_code_norms(const VQParams& p) {
+  const int64_t books = p.codebook_head_stride == 0 ? 1 : p.base.heads;
+  std::vector<float> norms;
+  norms.reserve(static_cast<size_t>(books * p.codes));
+  for (int64_t g = 0; g < books; ++g) {
+    const std::vector<float> n =
+        code_norms(p.codebook + g * p.codebook_head_stride, p.codes, p.base.d);
+    norms.insert(norms.end(), n.begin(), n.end());
+  }
+  return norms;
+}
+
 namespace {
 
 // scores[r][s] = 2 x_r . C_s - |C_s|^2 = |x_r|^2 - |x_r - C_s|^2: larger is nearer.
@@ -51,15 +63,13 @@ void soft_log_assign(const float* x, int64_t ldx, int64_t n, int64_t d, const fl
                      const float* norms, int64_t codes, float tau, float* logp) {
   nearness(x, ldx, n, d, codebook, norms, codes, logp);
   const float inv_tau = 1.0f / tau;
+  std::vector<float> e(static_cast<size_t>(codes));
   for (int64_t r = 0; r < n; ++r) {
     float* row = logp + r * codes;
     const float top = max_value(row, codes);
-    double sum = 0.0;
-    for (int64_t s = 0; s < codes; ++s) {
-      row[s] = (row[s] - top) * inv_tau;
-      sum += std::exp(double(row[s]));
-    }
-    const float log_sum = static_cast<float>(std::log(sum));
+    for (int64_t s = 0; s < codes; ++s) row[s] = (row[s] - top) * inv_tau;  // <= 0, one is 0
+    exp_affine(row, 1.0f, 0.0f, e.data(), codes);
+    const float log_sum = std::log(sum_values(e.data(), codes));  // sum in [1, c]
     for (int64_t s = 0; s < codes; ++s) row[s] -= log_sum;
   }
 }

@@ -6,10 +6,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/vq_params.hpp"
+
 namespace favor::cpu {
 
 /// |C_s|^2 for the c codes of one codebook (c x d, row-major), in float.
 std::vector<float> code_norms(const float* codebook, int64_t codes, int64_t d);
+
+/// |C_s|^2 of every codebook of an attention call ([Hc][c]), computed once before the
+/// parallel region.
+std::vector<float> all_code_norms(const VQParams& p);
 
 /// Nearest code of each of n rows x (n x d, row stride ldx): z[r], and |x_r - C_z|^2 in
 /// dist2[r] when not null (computed directly, not from the GEMM). scratch holds n x c floats.

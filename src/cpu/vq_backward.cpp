@@ -14,8 +14,10 @@
 
 #include "cpu/blas.hpp"
 #include "cpu/vec_math.hpp"
+#include "cpu/vq_assign.hpp"
 #include "cpu/vq_grad_tile.hpp"
 #include "cpu/vq_params.hpp"
+#include "cpu/vq_state.hpp"
 
 namespace favor::cpu {
 namespace {
@@ -84,7 +86,7 @@ void run_head(const VQBackwardParams& bp, const std::vector<float>& norms, int64
     gather_head_rows(bp.dy, bp.dy_strides, b, h, i0, rows, dv, ws.dyt.data());
     float* P = ws.l.data();
     gemm(false, true, rows, c, d, scale, ws.qt.data(), d, C, d, 0.0f, P, c);
-    for (int64_t i = 0; i < rows; ++i) query_weights(P + i * c, ws.logn.data(), c);
+    for (int64_t i = 0; i < rows; ++i) code_weights(P + i * c, ws.logn.data(), c, P + i * c);
     gemm(false, false, rows, dv, c, 1.0f, P, c, ws.vsum.data(), dv, 0.0f, ws.y.data(), dv);
     for (int64_t i = 0; i < rows; ++i) {
       const float den = dot(P + i * c, ws.n.data(), c);

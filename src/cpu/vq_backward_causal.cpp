@@ -19,8 +19,10 @@
 
 #include "cpu/blas.hpp"
 #include "cpu/vec_math.hpp"
+#include "cpu/vq_assign.hpp"
 #include "cpu/vq_grad_tile.hpp"
 #include "cpu/vq_params.hpp"
+#include "cpu/vq_state.hpp"
 
 namespace favor::cpu {
 namespace {
@@ -78,7 +80,7 @@ void load_block(const VQParams& p, const float* C, const float* norms, int64_t b
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t s = 0; s < c; ++s) ws.nrun[s] += ws.pk[i * c + s];
     log_or_neg_inf(ws.nrun.data(), ws.lognrun.data(), c);
-    query_weights(ws.a.data() + i * c, ws.lognrun.data(), c);
+    code_weights(ws.a.data() + i * c, ws.lognrun.data(), c, ws.a.data() + i * c);
   }
 }
 

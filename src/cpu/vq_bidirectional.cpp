@@ -13,6 +13,7 @@
 #include "cpu/schedule.hpp"
 #include "cpu/tiles.hpp"
 #include "cpu/vec_math.hpp"
+#include "cpu/vq_assign.hpp"
 #include "cpu/vq_params.hpp"
 #include "cpu/vq_state.hpp"
 

@@ -20,6 +20,7 @@
 #include "cpu/head_state.hpp"
 #include "cpu/schedule.hpp"
 #include "cpu/vec_math.hpp"
+#include "cpu/vq_assign.hpp"
 #include "cpu/vq_params.hpp"
 #include "cpu/vq_state.hpp"
 

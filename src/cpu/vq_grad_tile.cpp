@@ -23,17 +23,6 @@ void gather_head_rows(const float* base, const Shape4& st, int64_t b, int64_t h,
   }
 }
 
-std::vector<float> all_code_norms(const VQParams& p) {
-  const int64_t books = p.codebook_head_stride ? p.base.heads : 1, d = p.base.d;
-  std::vector<float> norms;
-  norms.reserve(static_cast<size_t>(books * p.codes));
-  for (int64_t h = 0; h < books; ++h) {
-    const std::vector<float> n = code_norms(p.codebook + h * p.codes * d, p.codes, d);
-    norms.insert(norms.end(), n.begin(), n.end());
-  }
-  return norms;
-}
-
 void key_weights(const VQParams& p, const float* codebook, const float* norms, int64_t b,
                  const float* k, int64_t start, int64_t rows, float* pk, int32_t* z) {
   const int64_t c = p.codes, d = p.base.d;
@@ -51,16 +40,6 @@ void key_weights(const VQParams& p, const float* codebook, const float* norms, i
     std::fill(pk + r * c, pk + (r + 1) * c, 0.0f);
     if (z) z[r] = -1;
   }
-}
-
-float query_weights(float* l, const float* log_n, int64_t c) {
-  const float m = max_of_signed_sum(l, 1.0f, log_n, c);
-  if (std::isinf(m)) {
-    std::fill(l, l + c, 0.0f);
-  } else {
-    exp_shift_live(l, 1.0f, m, log_n, l, c);
-  }
-  return m;
 }
 
 void add_code_moments(const float* P, const float* q, const float* dy, const float* delta,

@@ -27,19 +27,11 @@ constexpr int64_t kVQGradTile = 128;
 void gather_head_rows(const float* base, const Shape4& st, int64_t b, int64_t h, int64_t start,
                       int64_t rows, int64_t width, float* dst);
 
-/// |C_s|^2 for every code of every codebook ([Hc][c]), computed before the parallel regions.
-std::vector<float> all_code_norms(const VQParams& p);
-
 /// Key weights pk (rows x c) of the gathered key rows k (rows x d) of keys [start, start +
 /// rows) of batch b: one-hot rows with the code in z (hard VQ), or p(.|k) (soft, z unused).
 /// Masked keys get zero rows and z = -1.
 void key_weights(const VQParams& p, const float* codebook, const float* norms, int64_t b,
                  const float* k, int64_t start, int64_t rows, float* pk, int32_t* z);
-
-/// One row's query weights in place: l (c logits) becomes a = exp(l - m), zero where
-/// log_n = -inf (an unused code: its a could overflow and it weighs nothing). Returns m,
-/// -inf when no code is used (the row sees no key; a is then all zeros).
-float query_weights(float* l, const float* log_n, int64_t c);
 
 /// Hard VQ per-code moments: T (c x d*dv) += P^T X with X_i = vec(q_i dy_i^T), and
 /// wsum (c x d) += P^T (delta q). One GEMM each: O(rows c d dv). scratch: rows x (d dv + d).

@@ -25,18 +25,6 @@ VQWorkspace::VQWorkspace(int64_t d, int64_t codes_, int64_t dv_, int64_t rows_)
       z(rows_),
       visible(rows_) {}
 
-std::vector<float> all_code_norms(const VQParams& p) {
-  const int64_t books = p.codebook_head_stride == 0 ? 1 : p.base.heads;
-  std::vector<float> norms;
-  norms.reserve(static_cast<size_t>(books * p.codes));
-  for (int64_t g = 0; g < books; ++g) {
-    const std::vector<float> n =
-        code_norms(p.codebook + g * p.codebook_head_stride, p.codes, p.base.d);
-    norms.insert(norms.end(), n.begin(), n.end());
-  }
-  return norms;
-}
-
 int64_t gather_visible_keys(const VQParams& p, int64_t b, int64_t h, int64_t* next, int64_t end,
                             float* vx, VQWorkspace& ws) {
   const AttentionParams& a = p.base;

@@ -31,9 +31,6 @@ struct VQWorkspace {
   int64_t ldg() const { return codes + rows; }
 };
 
-/// |C_s|^2 of every codebook of the call ([Hc][c]), computed once before the parallel region.
-std::vector<float> all_code_norms(const VQParams& p);
-
 /// Whether key j of batch b takes part.
 inline bool key_visible(const AttentionParams& p, int64_t b, int64_t j) {
   return p.mask == nullptr || p.mask[b * p.mask_stride_b + j * p.mask_stride_n] != 0;
