@@ -57,6 +57,17 @@ inline double exact_flops(const Problem& p, bool causal) {
   return double(p.bh) * (causal ? full / 2 : full);
 }
 
+/// Hard Transformer-VQ forward with c codes (src/cpu/vq_bidirectional.cpp, vq_causal.cpp):
+/// key assignment through |C|^2 - 2 k.C (2 N c d), logits scale Q C^T (2 N c d), outputs
+/// exp(L) [Vsum | n] (2 N c (dv + 1)) and the per-code sums (N (dv + 1) additions). Causal,
+/// in blocks of L: the intra-block weights G times [V_blk | 1] add 2 N L (dv + 1).
+inline double vq_flops(const Problem& p, int64_t codes, bool causal, int64_t block) {
+  const double n = double(p.n), c = double(codes), dv1 = double(p.dv + 1);
+  const double per_head = 4.0 * n * c * double(p.d) + 2.0 * n * c * dv1 + n * dv1 +
+                          (causal ? 2.0 * n * double(block) * dv1 : 0.0);
+  return double(p.bh) * per_head;
+}
+
 /// One decode step (append one token and query one) per head: projections of k and q
 /// 2 x 2 d m, the state update F dv + F (as multiply-adds: 2 F (dv + 1)), the query
 /// 2 F (dv + 1).

@@ -195,7 +195,7 @@ TEST_F(Cli, FeaturesAndProjectionRoundTrip) {
 }
 
 TEST_F(Cli, HelpAndVersion) {
-  for (std::string sub : {"", "demo ", "attention ", "features "}) {
+  for (std::string sub : {"", "demo ", "attention ", "features ", "codebook "}) {
     const Result r = run(sub + "--help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub << r.out;

@@ -52,6 +52,10 @@ nlohmann::json meta(const AccuracyArgs& a, const std::vector<DataSetting>& data)
           {"estimators", names},
           {"projections", kinds},
           {"features", a.features},
+          {"sections", a.sections},
+          {"vq_codes", a.vq_codes},
+          {"vq_tau_rel", a.vq_tau_rel},
+          {"vq_iterations", a.vq_iterations},
           {"data", settings}};
 }
 
@@ -91,15 +95,40 @@ void print_row(const nlohmann::json& r) {
   std::fflush(stdout);
 }
 
+void print_vq_header(const nlohmann::json& m, bool after_favor) {
+  if (after_favor) fmt::print("\n");
+  fmt::print(
+      "Transformer-VQ vs exact softmax attention: codebooks by k-means on the keys ({} Lloyd "
+      "iterations, seeds 0..{}), hard (tau = 0) and soft (tau = tau_rel x the mean quantisation "
+      "error); FAVOR+ (positive, orthogonal) with m = c beside it, same seeds\n",
+      m["vq_iterations"].get<int64_t>(), m["seeds"].get<int64_t>() - 1);
+  fmt::print("{:<30} {:>5} {:>7} {:>9} {:>21} {:>21} {:>10} {:>5}\n", "data", "c", "tau_rel", "tau",
+             "vq rel err ± std", "favor+ m=c err ± std", "quant err", "zero");
+}
+
+void print_vq_row(const nlohmann::json& r) {
+  fmt::print(
+      "{:<30} {:>5} {:>7.3g} {:>9.3g} {:>10.4g} ± {:<8.2g} {:>10.4g} ± {:<8.2g} {:>10.4g} "
+      "{:>5}\n",
+      r["data"].get<std::string>(), r["codes"].get<int64_t>(), r["tau_rel"].get<double>(),
+      r["tau"].get<double>(), r["attention_rel_error"].get<double>(),
+      r["attention_rel_error_std"].get<double>(), r["favor_rel_error"].get<double>(),
+      r["favor_rel_error_std"].get<double>(), r["quantisation_error"].get<double>(),
+      r["zero_rows"].get<int64_t>());
+  std::fflush(stdout);
+}
+
 void run(const AccuracyArgs& a) {
   const std::vector<DataSetting> data = make_data_settings(a);
+  if (!a.plot.empty() && !a.has("favor"))
+    throw Error("--plot: draws the favor section; add favor to --sections");
   for (const auto& [path, option] : {std::pair{a.out, "--out"}, std::pair{a.plot, "--plot"}}) {
     if (path.empty()) continue;
     StagedOutputs probe;  // fails now, naming the option, rather than after the sweep
     probe.stage(path, "", option);
   }
   const nlohmann::json m = meta(a, data);
-  if (!a.json) print_header(m);
+  if (!a.json && a.has("favor")) print_header(m);
   const bool show_progress = a.progress || ::isatty(STDERR_FILENO);
   const Progress progress = [show_progress](int64_t i, int64_t total, const std::string& e,
                                             const std::string& p, int64_t features) {
@@ -108,7 +137,18 @@ void run(const AccuracyArgs& a) {
   const RecordSink sink = [&a](const nlohmann::json& r) {
     if (!a.json) print_row(r);
   };
-  nlohmann::json result = {{"meta", m}, {"records", run_accuracy_sweep(a, data, progress, sink)}};
+  nlohmann::json result = {{"meta", m}, {"records", nlohmann::json::array()}};
+  if (a.has("favor")) result["records"] = run_accuracy_sweep(a, data, progress, sink);
+  if (a.has("vq")) {
+    if (!a.json) print_vq_header(m, a.has("favor"));
+    const VQProgress vq_progress = [show_progress](int64_t i, int64_t total, int64_t codes) {
+      if (show_progress) fmt::print(stderr, "accuracy: vq {}/{} c={}\n", i, total, codes);
+    };
+    const RecordSink vq_sink = [&a](const nlohmann::json& r) {
+      if (!a.json) print_vq_row(r);
+    };
+    result["vq_records"] = run_vq_sweep(a, data, vq_progress, vq_sink);
+  }
   const std::string text = result.dump(2) + "\n";
   if (a.json) fmt::print("{}", text);
   StagedOutputs outputs;
@@ -169,10 +209,29 @@ void add_accuracy_command(CLI::App& app) {
   auto* v = cmd->add_option("--v", a->v,
                             "values .npy [Nk, Dv] or [B, H, Nk, Dv] (default: "
                             "synthetic Gaussian)");
+  cmd->add_option("--sections", a->sections,
+                  "favor (estimators x projections x m) and/or vq (Transformer-VQ vs FAVOR+ at "
+                  "m = c)")
+      ->delimiter(',')
+      ->capture_default_str();
+  std::vector<CLI::Option*> vq_options{
+      cmd->add_option("--vq-codes", a->vq_codes,
+                      "vq: codebook sizes c (clipped to the keys per head)")
+          ->delimiter(',')
+          ->capture_default_str(),
+      cmd->add_option("--vq-tau-rel", a->vq_tau_rel,
+                      "vq: soft-VQ temperatures in units of the mean quantisation error; 0 = hard")
+          ->delimiter(',')
+          ->capture_default_str(),
+      cmd->add_option("--vq-iterations", a->vq_iterations, "vq: Lloyd iterations of the k-means")
+          ->capture_default_str()};
   q->needs(k)->excludes(n)->excludes(d)->excludes(norm)->excludes(cos);
   k->needs(q);
   v->needs(q)->excludes(dv);
-  cmd->callback([a] { run(*a); });
+  cmd->callback([a, vq_options] {
+    for (const CLI::Option* o : vq_options) a->vq_options_given |= o->count() > 0;
+    run(*a);
+  });
 }
 
 }  // namespace favor::cli

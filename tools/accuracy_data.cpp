@@ -46,6 +46,24 @@ void check_args(const AccuracyArgs& a) {
     throw Error("--kernel-pairs: " + std::to_string(a.kernel_pairs) + " must be >= 1");
   if (a.scale && !(std::isfinite(*a.scale) && *a.scale > 0.0))
     throw Error("--scale: " + fmt::format("{}", *a.scale) + " must be finite and > 0");
+  check_list(a.sections, "--sections", [](const std::string& s) {
+    if (s != "favor" && s != "vq")
+      throw Error("--sections: '" + s + "' is not a section; use favor and/or vq");
+    return s;
+  });
+  if (a.vq_options_given && !a.has("vq"))
+    throw Error("--vq-codes, --vq-tau-rel, --vq-iterations: only with --sections vq");
+  check_list(a.vq_codes, "--vq-codes", [](int64_t c) {
+    if (c < 1) throw Error("--vq-codes: " + std::to_string(c) + " must be >= 1");
+    return c;
+  });
+  check_list(a.vq_tau_rel, "--vq-tau-rel", [](double t) {
+    if (!(std::isfinite(t) && t >= 0.0))
+      throw Error("--vq-tau-rel: " + fmt::format("{}", t) + " must be finite and >= 0");
+    return t;
+  });
+  if (a.vq_iterations < 0)
+    throw Error("--vq-iterations: " + std::to_string(a.vq_iterations) + " must be >= 0");
   if (!a.q.empty() || !a.k.empty()) {
     if (a.q.empty() || a.k.empty()) throw Error("--q, --k: give both or neither");
     return;

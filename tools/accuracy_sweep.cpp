@@ -7,21 +7,6 @@
 namespace favor::cli {
 namespace {
 
-struct MeanStd {
-  double mean = 0.0, std = 0.0;
-};
-
-// Mean and sample standard deviation (n - 1 in the denominator; 0 for a single value).
-MeanStd mean_std(const std::vector<double>& v) {
-  MeanStd r;
-  for (double x : v) r.mean += x / double(v.size());
-  if (v.size() < 2) return r;
-  double ss = 0.0;
-  for (double x : v) ss += (x - r.mean) * (x - r.mean);
-  r.std = std::sqrt(ss / double(v.size() - 1));
-  return r;
-}
-
 // The kernel-MSE pairs: the first P queries x first 64 keys of head (0, 0), as views for
 // kernel_mse and as normalised double rows x = q sqrt(scale), y = k sqrt(scale).
 struct Pairs {
@@ -82,6 +67,16 @@ KernelFit head0(const KernelFit& f) {
 }
 
 }  // namespace
+
+MeanStd mean_std(const std::vector<double>& v) {
+  MeanStd r;
+  for (double x : v) r.mean += x / double(v.size());
+  if (v.size() < 2) return r;
+  double ss = 0.0;
+  for (double x : v) ss += (x - r.mean) * (x - r.mean);
+  r.std = std::sqrt(ss / double(v.size() - 1));
+  return r;
+}
 
 nlohmann::json run_accuracy_sweep(const AccuracyArgs& a, const std::vector<DataSetting>& data,
                                   const Progress& progress, const RecordSink& sink) {

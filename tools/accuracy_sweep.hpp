@@ -1,6 +1,7 @@
 #pragma once
 // favor accuracy: the data settings and the sweep m x estimator x projection x seed against
 // exact softmax attention, with the kernel MSE next to its closed form (math.md s.4).
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,15 @@ struct AccuracyArgs {
   // User data.
   std::string q, k, v;
   int64_t kernel_pairs = 64;
+  // Sections: favor (the sweep above) and vq (Transformer-VQ against FAVOR+ at m = c).
+  std::vector<std::string> sections{"favor"};
+  std::vector<int64_t> vq_codes{16, 64, 256, 1024};
+  std::vector<double> vq_tau_rel{0.0, 0.1, 1.0};  // tau in units of the quantisation error
+  int64_t vq_iterations = 25;
+  bool vq_options_given = false;  // a --vq-* option was on the command line
+  bool has(const std::string& section) const {
+    return std::find(sections.begin(), sections.end(), section) != sections.end();
+  }
 };
 
 /// One data setting: q, k, v [B, H, N, D] and a JSON description (label, norms, ...).
@@ -41,6 +51,12 @@ struct DataSetting {
 /// the synthetic grid --qk-norm x --qk-cos, or the --q/--k[/--v] files.
 std::vector<DataSetting> make_data_settings(const AccuracyArgs& args);
 
+struct MeanStd {
+  double mean = 0.0, std = 0.0;
+};
+/// Mean and sample standard deviation (n - 1 in the denominator; 0 for a single value).
+MeanStd mean_std(const std::vector<double>& v);
+
 /// Called before each combination with (index from 1, total, estimator, projection, m).
 using Progress =
     std::function<void(int64_t, int64_t, const std::string&, const std::string&, int64_t)>;
@@ -51,5 +67,16 @@ using RecordSink = std::function<void(const nlohmann::json&)>;
 /// x projection x m, in that nesting order).
 nlohmann::json run_accuracy_sweep(const AccuracyArgs& args, const std::vector<DataSetting>& data,
                                   const Progress& progress, const RecordSink& sink);
+
+/// Called before each VQ codebook size with (index from 1, total, codes).
+using VQProgress = std::function<void(int64_t, int64_t, int64_t)>;
+
+/// The vq section (accuracy_vq.cpp): per data setting and codebook size c (--vq-codes,
+/// clipped to the keys per head), codebooks learned by k-means on the setting's keys with
+/// seeds 0 .. S-1, hard and soft VQ attention (--vq-tau-rel) against exact attention, and
+/// FAVOR+ (positive, orthogonal) with m = c projections of the same seeds. One record per
+/// data x c x tau.
+nlohmann::json run_vq_sweep(const AccuracyArgs& args, const std::vector<DataSetting>& data,
+                            const VQProgress& progress, const RecordSink& sink);
 
 }  // namespace favor::cli

@@ -1,10 +1,14 @@
-// favor attention: FAVOR or exact attention on .npy inputs.
+// favor attention: FAVOR, Transformer-VQ or exact attention on .npy inputs.
+#include <fmt/core.h>
+
+#include <cmath>
 #include <iostream>
 #include <memory>
 
 #include "cli_common.hpp"
 #include "commands.hpp"
 #include "fit_args.hpp"
+#include "vq_args.hpp"
 
 namespace favor::cli {
 namespace {
@@ -15,11 +19,67 @@ struct AttentionArgs {
   std::optional<double> scale;
   ProjectionArgs projection;
   FitArgs fit;
+  VQArgs vq;
 };
 
+// Transformer-VQ attention with the --codebook given or one learned from the keys (k-means,
+// seeded by --seed); the codebook used is staged for --save-codebook.
+Tensor vq(const AttentionArgs& a, const InputTensor& q, const InputTensor& k, const InputTensor& v,
+          const std::optional<KeyMaskView>& mask, StagedOutputs& outputs) {
+  if (!std::isfinite(a.vq.tau) || a.vq.tau < 0.0)
+    throw Error("--vq-tau: " + fmt::format("{}", a.vq.tau) + " must be finite and >= 0");
+  if (a.vq.block < 0)
+    throw Error("--vq-block: " + std::to_string(a.vq.block) + " must be >= 1 (or 0: default)");
+  if (a.vq.iterations < 0)
+    throw Error("--vq-iterations: " + std::to_string(a.vq.iterations) + " must be >= 0");
+  const Shape4& ks = k.tensor.shape();
+  Tensor codebook;
+  if (!a.vq.codebook.empty()) {
+    codebook = read_codebook(a.vq.codebook, ks[1], ks[3], a.vq.codes);
+  } else {
+    if (!a.vq.codes)
+      throw Error("--codes: vq attention without --codebook learns one and needs --codes C");
+    if (a.causal) {
+      throw Error(
+          "--codebook: causal vq attention needs a codebook made beforehand (favor "
+          "codebook on calibration keys); one learned from the sequence's own keys would "
+          "let every position see future tokens");
+    }
+    check_codes(*a.vq.codes, keys_per_codebook(ks, mask, false), "--codes");
+    KMeansOptions ko;
+    ko.iterations = a.vq.iterations;
+    ko.seed = a.projection.seed;
+    const Codebook learned = Codebook::kmeans(k.tensor, *a.vq.codes, ko, true, mask);
+    codebook = Tensor({1, learned.heads(), learned.codes(), learned.d()}, learned.values());
+    std::cerr << fmt::format(
+        "favor: note: no --codebook: learned {} codes per head by k-means on the keys (seed {}, "
+        "{} iterations, quantisation error {:.4g})\n",
+        learned.codes(), ko.seed, ko.iterations, learned.quantisation_error(k.tensor, mask));
+  }
+  VQOptions o;
+  o.causal = a.causal;
+  o.scale = a.scale;
+  o.key_mask = mask;
+  o.tau = a.vq.tau;
+  o.block = a.vq.block;
+  VQStats stats;
+  Tensor y = vq_attention(q.tensor, k.tensor, v.tensor, codebook, o, &stats);
+  if (stats.zero_rows > 0) {
+    std::cerr << "favor: note: " << stats.zero_rows
+              << " query rows had no visible key and were written as zeros\n";
+  }
+  if (!a.vq.save.empty()) {
+    outputs.stage(
+        a.vq.save,
+        encode_npy_f32(codebook_file_shape(codebook.shape(), q.rank == 2), codebook.data()),
+        "--save-codebook");
+  }
+  return y;
+}
+
 void run(const AttentionArgs& a) {
-  if (a.method != "favor" && a.method != "exact") {
-    throw Error("--method: '" + a.method + "' is not a method; use favor or exact");
+  if (a.method != "favor" && a.method != "exact" && a.method != "vq") {
+    throw Error("--method: '" + a.method + "' is not a method; use favor, vq or exact");
   }
   const Kernel kernel = parse_kernel(a.kernel, "--kernel");
   const InputTensor q = read_tensor(a.q, "--q"), k = read_tensor(a.k, "--k"),
@@ -44,6 +104,8 @@ void run(const AttentionArgs& a) {
     o.key_mask = mask_view;
     o.accumulation = a.accumulate == "f64" ? Accumulation::f64 : Accumulation::f32;
     y = exact_attention(q.tensor, k.tensor, v.tensor, o);
+  } else if (a.method == "vq") {
+    y = vq(a, q, k, v, mask_view, outputs);
   } else {
     const Projection w = make_projection(a.projection, q.tensor.shape()[3]);
     AttentionOptions o;
@@ -79,14 +141,15 @@ void add_attention_command(CLI::App& app) {
   auto args = std::make_shared<AttentionArgs>();
   CLI::App* cmd = app.add_subcommand(
       "attention",
-      "Attention over .npy inputs: y = softmax(scale q.k) v, estimated by FAVOR or exact");
+      "Attention over .npy inputs: y = softmax(scale q.k) v, estimated by FAVOR, by "
+      "Transformer-VQ (keys quantised to a codebook) or exact");
   cmd->add_option("--q", args->q, "queries .npy, [Nq, D] or [B, H, Nq, D], float32/float64")
       ->required();
   cmd->add_option("--k", args->k, "keys .npy, [Nk, D] or [B, H, Nk, D]")->required();
   cmd->add_option("--v", args->v, "values .npy, [Nk, Dv] or [B, H, Nk, Dv]")->required();
   cmd->add_option("--out", args->out, "output .npy, float32 [Nq, Dv] or [B, H, Nq, Dv]")
       ->required();
-  cmd->add_option("--method", args->method, "favor | exact")->capture_default_str();
+  cmd->add_option("--method", args->method, "favor | vq | exact")->capture_default_str();
   cmd->add_flag("--causal", args->causal, "query i attends to keys j <= i (needs Nq == Nk)");
   cmd->add_option("--kernel", args->kernel, "positive | trig | hyperbolic | favorpp | favorsharp")
       ->capture_default_str();
@@ -97,6 +160,7 @@ void add_attention_command(CLI::App& app) {
       ->capture_default_str();
   add_projection_options(cmd, args->projection);
   add_fit_options(cmd, args->fit);
+  add_vq_options(cmd, args->vq);
   cmd->callback([args] { run(*args); });
 }
 

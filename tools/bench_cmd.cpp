@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -33,6 +34,8 @@ struct BenchArgs {
   std::vector<int64_t> estimator_lengths{4096, 16384};
   std::vector<int64_t> backward_lengths{1024, 4096, 16384, 65536};
   int64_t max_exact_backward_n = 4096;
+  std::vector<int64_t> vq_lengths{512, 1024, 2048, 4096, 8192, 16384};
+  int64_t vq_codes = 256, vq_block = 64;
   int repeats = 5;
   double min_time = 0.3;
   bool has(const std::string& section) const {
@@ -110,6 +113,8 @@ class Bench {
     for (int64_t n : a_.has("estimators") ? a_.estimator_lengths : std::vector<int64_t>{}) {
       for (bool causal : {false, true}) estimator_rows(n, causal);
     }
+    section_ = "vq";
+    if (a_.has("vq")) vq_section();
     section_ = "decode";
     if (a_.has("decode") && !a_.decode_positions.empty()) {
       decode_row(a_.decode_positions.front(),
@@ -140,18 +145,23 @@ class Bench {
     r["m"] = a_.m;
     if (!r.contains("kernel")) r["kernel"] = to_string(kernel_);
     if (!r.contains("pass")) r["pass"] = "forward";
-    const double pct = sgemm_gflops_ > 0 ? 100.0 * r["gflops"].get<double>() / sgemm_gflops_ : 0.0;
-    r["percent_of_sgemm"] = pct;
+    if (tag_.is_object()) r.update(tag_);
+    // Rows without a cost model (VQ backward) carry "gflops": null.
+    const bool rated = r["gflops"].is_number();
+    const double pct =
+        rated && sgemm_gflops_ > 0 ? 100.0 * r["gflops"].get<double>() / sgemm_gflops_ : 0.0;
+    r["percent_of_sgemm"] = rated ? nlohmann::json(pct) : nlohmann::json(nullptr);
     if (!a_.json) {
       fmt::print(
-          "{:>7} {:>4} {:>6} {:>6} {:>3} {:>3} {:>11.5f} {:>9.1f} {:>6.0f}% {:>12.4g} {:>9.1f} "
+          "{:>7} {:>4} {:>6} {:>6} {:>3} {:>3} {:>11.5f} {:>9} {:>7} {:>12.4g} {:>9.1f} "
           "{:>9.1f}\n",
           r["method"].get<std::string>(),
           r["pass"].get<std::string>() == "backward" ? "bwd" : "fwd",
           r["causal"].get<bool>() ? "yes" : "no", r["n"].get<int64_t>(), r["bh"].get<int64_t>(),
-          r["threads"].get<int>(), r["seconds"].get<double>(), r["gflops"].get<double>(), pct,
-          r["tokens_per_s"].get<double>(), r["peak_heap_mb"].get<double>(),
-          r["rss_growth_mb"].get<double>());
+          r["threads"].get<int>(), r["seconds"].get<double>(),
+          rated ? fmt::format("{:.1f}", r["gflops"].get<double>()) : "-",
+          rated ? fmt::format("{:.0f}%", pct) : "-", r["tokens_per_s"].get<double>(),
+          r["peak_heap_mb"].get<double>(), r["rss_growth_mb"].get<double>());
       std::fflush(stdout);
     }
     records_.push_back(std::move(r));
@@ -273,7 +283,8 @@ class Bench {
 
   // FAVOR backward. Bidirectional: also the training pattern, a forward that saves its
   // key state (AttentionContext) and a backward that uses it; its ratio is to that forward.
-  void favor_backward_row(int64_t bh, int64_t n, bool causal, double forward_seconds) {
+  double favor_backward_row(int64_t bh, int64_t n, bool causal, double forward_seconds,
+                            bool with_context = true) {
     const auto [q, k, v] = inputs(bh, n);
     const Tensor dy = gaussian_rows({1, bh, n, a_.d}, 44);
     const Projection w =
@@ -288,7 +299,7 @@ class Bench {
         measure([&] { favor_attention_backward(q, k, v, dy, w, o); }, a_.repeats, a_.min_time);
     backward_record("favor", bh, n, causal, t, favor_backward_flops(prob, causal, chunk),
                     forward_seconds, false);
-    if (!causal) {
+    if (!causal && with_context) {
       Tensor out({1, bh, n, a_.d});
       AttentionContext ctx;
       const Measured f = measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o, &ctx); },
@@ -298,9 +309,10 @@ class Bench {
       backward_record("favor", bh, n, causal, b, favor_backward_flops_with_context(prob), f.seconds,
                       true);
     }
+    return t.seconds;
   }
 
-  void exact_backward_row(int64_t bh, int64_t n, bool causal, double forward_seconds) {
+  double exact_backward_row(int64_t bh, int64_t n, bool causal, double forward_seconds) {
     const auto [q, k, v] = inputs(bh, n);
     const Tensor dy = gaussian_rows({1, bh, n, a_.d}, 44);
     ExactOptions o;
@@ -309,6 +321,7 @@ class Bench {
         measure([&] { exact_attention_backward(q, k, v, dy, o); }, a_.repeats, a_.min_time);
     backward_record("exact", bh, n, causal, t, exact_backward_flops(problem(bh, n), causal),
                     forward_seconds, false);
+    return t.seconds;
   }
 
   // Decode: prefill `position` tokens, then time steps of append(k, v) + query(q) for all
@@ -360,6 +373,163 @@ class Bench {
           {"rss_growth_mb", t.rss_mb}});
   }
 
+  // The vq section: VQ, FAVOR+ and exact attention at each N, forward and backward, in one
+  // run; then where VQ overtakes exact attention.
+  void vq_section() {
+    std::vector<int64_t> lengths = a_.vq_lengths;
+    if (std::find(lengths.begin(), lengths.end(), kSeed002N) == lengths.end())
+      lengths.push_back(kSeed002N);  // seed 002's setting is always measured
+    std::sort(lengths.begin(), lengths.end());
+    lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+    if (!a_.json) {
+      fmt::print(
+          "vq: hard VQ with c = {} codes (the keys at rows j N / c of each head: random keys, "
+          "as the keys are iid; no k-means), causal block L = {}, vs FAVOR+ with m = {} and "
+          "exact; GFLOP/s of VQ backward: no cost model\n",
+          a_.vq_codes, a_.vq_block, a_.m);
+    }
+    std::map<std::pair<bool, bool>, std::vector<CrossPoint>> series;  // (backward, causal)
+    for (int64_t n : lengths) {
+      tag_ = {{"codes", a_.vq_codes},
+              {"seed002_setting",
+               n == kSeed002N && a_.bh == 8 && a_.d == 64 && a_.vq_codes == 256 && a_.m == 256}};
+      for (bool causal : {false, true}) {
+        const double favor = favor_row(a_.bh, n, causal, num_threads());
+        std::optional<double> exact;
+        if (n <= a_.max_exact_n) exact = exact_row(a_.bh, n, causal);
+        const double vq = vq_row(n, causal, false, favor, exact);
+        if (exact) series[{false, causal}].push_back({n, vq, *exact});
+        const double favor_b = favor_backward_row(a_.bh, n, causal, favor, false);
+        std::optional<double> exact_b;
+        if (exact && n <= a_.max_exact_backward_n)
+          exact_b = exact_backward_row(a_.bh, n, causal, *exact);
+        const double vq_b = vq_row(n, causal, true, favor_b, exact_b);
+        if (exact_b) series[{true, causal}].push_back({n, vq_b, *exact_b});
+      }
+    }
+    tag_ = nullptr;
+    for (const auto& [key, points] : series) crossover(key.first, key.second, points);
+    seed002_summary();
+  }
+
+  // Seed 002's setting on lines of its own: the section's rows at N = 4096.
+  void seed002_summary() const {
+    if (a_.json) return;
+    const bool exact_setting = a_.bh == 8 && a_.d == 64 && a_.vq_codes == 256 && a_.m == 256;
+    fmt::print(
+        "seed 002's setting, N = {}, B*H = {}, D = Dv = {}, c = {}, m = {}{}:\n", kSeed002N, a_.bh,
+        a_.d, a_.vq_codes, a_.m,
+        exact_setting ? "" : " (this run's sizes, not seed 002's 8 heads of 64, c = m = 256)");
+    for (const char* pass : {"forward", "backward"})
+      for (bool causal : {false, true}) {
+        std::map<std::string, double> s;
+        for (const auto& r : records_) {
+          if (r["section"] == "vq" && r["n"] == kSeed002N && r["pass"] == pass &&
+              r["causal"] == causal && !r.value("context", false))
+            s[r["method"].get<std::string>()] = r["seconds"].get<double>();
+        }
+        std::string exact = "exact not run";
+        if (s.count("exact"))
+          exact =
+              fmt::format("exact {:.4g} s (vq / exact {:.3g})", s["exact"], s["vq"] / s["exact"]);
+        fmt::print("  {:<8} {:<13} vq {:.4g} s, favor+ {:.4g} s (vq / favor+ {:.2f}), {}\n", pass,
+                   causal ? "causal" : "bidirectional", s["vq"], s["favor"], s["vq"] / s["favor"],
+                   exact);
+      }
+  }
+
+  // Hard VQ forward or backward at N with a codebook of a_.vq_codes keys of each head; its
+  // ratios to FAVOR+ and (where measured) exact attention timed just before.
+  double vq_row(int64_t n, bool causal, bool backward, double favor_seconds,
+                std::optional<double> exact_seconds) {
+    const int64_t bh = a_.bh, c = a_.vq_codes;
+    const auto [q, k, v] = inputs(bh, n);
+    Tensor codebook({1, bh, c, a_.d});
+    for (int64_t h = 0; h < bh; ++h)
+      for (int64_t s = 0; s < c; ++s)
+        for (int64_t x = 0; x < a_.d; ++x) codebook.at(0, h, s, x) = k.at(0, h, s * n / c, x);
+    VQOptions o;
+    o.causal = causal;
+    o.block = a_.vq_block;
+    Measured t;
+    if (backward) {
+      const Tensor dy = gaussian_rows({1, bh, n, a_.d}, 44);
+      t = measure([&] { vq_attention_backward(q, k, v, dy, codebook, o); }, a_.repeats,
+                  a_.min_time);
+    } else {
+      Tensor out({1, bh, n, a_.d});
+      t = measure([&] { vq_attention(q, k, v, codebook, out.mutable_view(), o); }, a_.repeats,
+                  a_.min_time);
+    }
+    const double flops = vq_flops(problem(bh, n), c, causal, a_.vq_block);
+    nlohmann::json r = {
+        {"method", "vq"},
+        {"pass", backward ? "backward" : "forward"},
+        {"causal", causal},
+        {"n", n},
+        {"bh", bh},
+        {"threads", num_threads()},
+        {"seconds", t.seconds},
+        {"gflops", backward ? nlohmann::json(nullptr) : nlohmann::json(flops / t.seconds / 1e9)},
+        {"tokens_per_s", double(n * bh) / t.seconds},
+        {"peak_heap_mb", t.heap_mb},
+        {"rss_growth_mb", t.rss_mb},
+        {"block", a_.vq_block},
+        {"codebook", "keys"},
+        {"ratio_to_favor", t.seconds / favor_seconds},
+        {"ratio_to_exact",
+         exact_seconds ? nlohmann::json(t.seconds / *exact_seconds) : nlohmann::json(nullptr)}};
+    emit(std::move(r));
+    if (!a_.json) {
+      fmt::print(
+          "{:>7} vq / favor+ = {:.2f}{}\n", "", t.seconds / favor_seconds,
+          exact_seconds ? fmt::format(", vq / exact = {:.3g}", t.seconds / *exact_seconds) : "");
+    }
+    return t.seconds;
+  }
+
+  struct CrossPoint {
+    int64_t n;
+    double vq, exact;
+  };
+
+  // The N where VQ becomes faster than exact attention: interpolated log-log between the
+  // last N where VQ is slower and the next, or only bounded when the sweep does not bracket
+  // it. Recorded on the series' VQ rows (exact_crossover_n, exact_crossover).
+  void crossover(bool backward, bool causal, const std::vector<CrossPoint>& p) {
+    std::string kind = "above", text;
+    std::optional<double> at;
+    if (p.front().vq < p.front().exact) {
+      kind = "below";
+      text = fmt::format("below N = {} (VQ is faster at every N measured)", p.front().n);
+    } else {
+      text = fmt::format("above N = {} (exact is faster at every N measured)", p.back().n);
+    }
+    for (size_t i = 1; i < p.size() && kind != "below"; ++i) {
+      if (p[i - 1].vq >= p[i - 1].exact && p[i].vq < p[i].exact) {
+        const double r0 = std::log(p[i - 1].vq / p[i - 1].exact),
+                     r1 = std::log(p[i].vq / p[i].exact);
+        const double l0 = std::log(double(p[i - 1].n)), l1 = std::log(double(p[i].n));
+        at = std::exp(l0 + (l1 - l0) * r0 / (r0 - r1));
+        kind = "interpolated";
+        text = fmt::format("N ~ {:.0f} (between {} and {}, log-log interpolation)", *at, p[i - 1].n,
+                           p[i].n);
+        break;
+      }
+    }
+    for (auto& r : records_) {
+      if (r["section"] == "vq" && r["method"] == "vq" && r["causal"] == causal &&
+          (r["pass"] == "backward") == backward) {
+        r["exact_crossover"] = kind;
+        r["exact_crossover_n"] = at ? nlohmann::json(*at) : nlohmann::json(nullptr);
+      }
+    }
+    if (!a_.json) {
+      fmt::print("vq crossover with exact, {} {}: {}\n", backward ? "backward" : "forward",
+                 causal ? "causal" : "bidirectional", text);
+    }
+  }
+
   std::tuple<Tensor, Tensor, Tensor> inputs(int64_t bh, int64_t n, uint64_t seed = 0) const {
     const double norm = std::pow(double(a_.d), 0.25);
     return {gaussian_rows({1, bh, n, a_.d}, 11 + seed, norm),
@@ -367,8 +537,11 @@ class Bench {
             gaussian_rows({1, bh, n, a_.d}, 33 + seed)};
   }
 
+  static constexpr int64_t kSeed002N = 4096;  // seed 002: N = 4096, 8 heads of 64, c = 256
+
   BenchArgs a_;
   Kernel kernel_;
+  nlohmann::json tag_;  // fields added to every record emitted while set
   std::string section_ = "yardstick";
   double sgemm_gflops_ = 0.0;
   nlohmann::json records_ = nlohmann::json::array();
@@ -386,6 +559,18 @@ void run(const BenchArgs& a) {
   for (const std::string& e : a.estimators) parse_kernel(e, "--estimators");
   for (int64_t n : a.estimator_lengths) {
     if (n < 1) throw Error("--estimator-lengths: " + std::to_string(n) + " must be >= 1");
+  }
+  if (a.vq_lengths.empty()) throw Error("--vq-lengths: at least one length");
+  for (int64_t n : a.vq_lengths) {
+    if (n < 1) throw Error("--vq-lengths: " + std::to_string(n) + " must be >= 1");
+  }
+  if (a.vq_block < 1) throw Error("--vq-block: " + std::to_string(a.vq_block) + " must be >= 1");
+  const int64_t shortest =
+      std::min(*std::min_element(a.vq_lengths.begin(), a.vq_lengths.end()), int64_t{4096});
+  if (a.vq_codes < 1 || a.vq_codes > shortest) {
+    throw Error("--vq-codes: " + std::to_string(a.vq_codes) + " must be in [1, " +
+                std::to_string(shortest) +
+                "]: the codes are keys of each head at the shortest --vq-lengths (and 4096)");
   }
   for (int64_t pos : a.decode_positions) {
     if (pos < 0) throw Error("--decode-positions: " + std::to_string(pos) + " must be >= 0");
@@ -439,9 +624,17 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--sections", a->sections,
                   "which rows: sweep (N x causal, favor and exact), long (B*H = 1 at the "
                   "longest N), scaling (1 thread vs all), decode, backward, estimators "
-                  "(each --estimators kernel vs positive)")
+                  "(each --estimators kernel vs positive), vq (Transformer-VQ vs FAVOR+ and "
+                  "exact, forward and backward; not in the default run)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"sweep", "long", "scaling", "decode", "backward", "estimators"}));
+      ->check(
+          CLI::IsMember({"sweep", "long", "scaling", "decode", "backward", "estimators", "vq"}));
+  cmd->add_option("--vq-lengths", a->vq_lengths,
+                  "N of the vq section (N = 4096, seed 002's setting, is always added)")
+      ->capture_default_str();
+  cmd->add_option("--vq-codes", a->vq_codes, "codes c of the vq section")->capture_default_str();
+  cmd->add_option("--vq-block", a->vq_block, "causal block length L of the vq section")
+      ->capture_default_str();
   cmd->add_option("--backward-lengths", a->backward_lengths, "N of the backward rows")
       ->capture_default_str();
   cmd->add_option("--max-exact-backward-n", a->max_exact_backward_n, "longest N for exact backward")

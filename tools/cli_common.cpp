@@ -18,7 +18,9 @@ void add_projection_options(CLI::App* app, ProjectionArgs& a) {
                       "deterministic chi(d) quantiles, biased)")
           ->capture_default_str();
   a.seed_opt =
-      app->add_option("--seed", a.seed, "64-bit seed of the projection")->capture_default_str();
+      app->add_option("--seed", a.seed,
+                      "64-bit seed of the projection (attention --method vq: of the k-means)")
+          ->capture_default_str();
   auto* file = app->add_option("--projection-file", a.file,
                                "load W (an [m, D] .npy array) instead of drawing it");
   file->excludes(a.features_opt)->excludes(a.kind_opt)->excludes(a.norms_opt)->excludes(a.seed_opt);
