@@ -50,6 +50,7 @@ def test_vq_trains_about_as_well_as_exact_attention_with_no_dead_codes(exact):
 def test_one_code_cannot_copy():
     # The criterion above has power: with one code every key quantises to the same vector,
     # so each query attends uniformly to its prefix and cannot single out its source.
+    # Measured: loss 2.45, accuracy 19% (seed 0).
     r = train("vq", steps=STEPS, seed=0, codes=1)
     assert r.final_loss > 0.5, r.final_loss
     assert r.accuracy < 0.9, r.accuracy
