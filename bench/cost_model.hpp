@@ -68,6 +68,20 @@ inline double vq_flops(const Problem& p, int64_t codes, bool causal, int64_t blo
   return double(p.bh) * per_head;
 }
 
+/// Hard Transformer-VQ backward (src/cpu/vq_backward*.cpp), the main GEMMs per head: key
+/// assignment 2 N c d; per query the logits 2 c d, [num | den] 2 c (dv + 1), dy Vsum^T 2 c dv,
+/// dq 2 c d, the query part of dC 2 c d, U = W^T dY 2 c dv and w 2 c d; the straight-through
+/// key gradient: the per-code moments T = W^T vec(q dy^T), 2 N c d dv (the dominant term),
+/// and T_z v per key 2 N d dv. Causal adds the intra-block products (weights, dy V^T, A^T dy,
+/// (A o D)^T Q: 2 N L (d + 2 dv + c)). Codebook gradient on.
+inline double vq_backward_flops(const Problem& p, int64_t codes, bool causal, int64_t block) {
+  const double n = double(p.n), c = double(codes), d = double(p.d), dv = double(p.dv);
+  const double per_head = 2.0 * n * c * (5.0 * d + 3.0 * dv + 1.0) + 2.0 * n * c * d * dv +
+                          2.0 * n * d * dv +
+                          (causal ? 2.0 * n * double(block) * (d + 2.0 * dv + c) : 0.0);
+  return double(p.bh) * per_head;
+}
+
 /// One decode step (append one token and query one) per head: projections of k and q
 /// 2 x 2 d m, the state update F dv + F (as multiply-adds: 2 F (dv + 1)), the query
 /// 2 F (dv + 1).

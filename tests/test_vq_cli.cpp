@@ -222,7 +222,7 @@ TEST_F(VQCli, BenchSectionWritesRatiosAndCrossovers) {
     EXPECT_EQ(rec["codebook"], "keys");
     EXPECT_GT(rec["ratio_to_favor"].get<double>(), 0.0);
     EXPECT_TRUE(rec.contains("exact_crossover")) << rec.dump();
-    EXPECT_EQ(rec["gflops"].is_number(), rec["pass"] == "forward") << rec.dump();
+    EXPECT_GT(rec["gflops"].get<double>(), 0.0) << rec.dump();  // forward and backward rated
     if (rec["ratio_to_exact"].is_number()) ++with_exact;
   }
   EXPECT_EQ(methods, (std::set<std::string>{"sgemm", "favor", "exact", "vq"}));
