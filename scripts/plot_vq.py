@@ -1,15 +1,16 @@
 #!/usr/bin/python3
 """The figures of docs/vq.md.
 
-  accuracy: `favor accuracy --sections vq` results (one JSON per data setting): attention
-            error against exact softmax as the codebook grows, hard and soft VQ, with
-            FAVOR+ at m = c beside it; plus the soft -> hard curve: |y_soft - y_hard| /
+  accuracy: `favor accuracy --sections vq` results (one JSON per data setting, codebooks
+            held out; optionally a second, in-sample one after a colon): attention error
+            against exact softmax as the codebook grows, hard and soft VQ, with FAVOR+ at
+            m = c beside it; plus the soft -> hard curve: |y_soft - y_hard| /
             |y_hard| against tau (computed here with favor's numpy API on the keys given).
   bench:    `favor bench --sections vq` results: seconds against N for VQ, FAVOR+ and exact,
             forward and backward, bidirectional and causal.
 
 usage:
-  plot_vq.py accuracy OUT.png NAME=RESULT.json ... [--qkv DIR] [--soft-json OUT.json]
+  plot_vq.py accuracy OUT.png NAME=HELDOUT.json[:INSAMPLE.json] ... [--qkv DIR] [--soft-json OUT.json]
   plot_vq.py bench OUT.png RESULT.json
 """
 import argparse
@@ -22,16 +23,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def accuracy_panel(ax, name, records):
+def accuracy_panel(ax, name, records, insample=None):
     hard = sorted((r for r in records if not r["soft"]), key=lambda r: r["codes"])
     cs = [r["codes"] for r in hard]
     ax.errorbar(cs, [r["attention_rel_error"] for r in hard],
-                [r["attention_rel_error_std"] for r in hard], fmt="o-", label="hard VQ")
+                [r["attention_rel_error_std"] for r in hard], fmt="o-", label="hard VQ (held out)")
+    if insample:
+        ins = sorted((r for r in insample if not r["soft"]), key=lambda r: r["codes"])
+        ax.plot([r["codes"] for r in ins], [r["attention_rel_error"] for r in ins], "x-.",
+                color="C0", alpha=0.5, label="hard VQ, codebook fitted on the evaluated keys")
     for tau_rel in sorted({r["tau_rel"] for r in records if r["soft"]}):
         soft = sorted((r for r in records if r["soft"] and r["tau_rel"] == tau_rel),
                       key=lambda r: r["codes"])
         ax.plot([r["codes"] for r in soft], [r["attention_rel_error"] for r in soft], ".:",
-                label=f"soft VQ, tau = {tau_rel:g} x quant. error")
+                label=f"soft VQ (held out), tau = {tau_rel:g} x quant. error")
     ax.errorbar(cs, [r["favor_rel_error"] for r in hard], [r["favor_rel_error_std"] for r in hard],
                 fmt="s--", color="gray", label="FAVOR+ (positive, orthogonal), m = c")
     ax.set_xscale("log", base=2)
@@ -63,12 +68,15 @@ def soft_to_hard(qkv, codes=64, seed=0):
 
 
 def accuracy(args):
-    data = [(spec.split("=", 1)[0], json.load(open(spec.split("=", 1)[1])))
-            for spec in args.results]
+    data = []
+    for spec in args.results:
+        name, files = spec.split("=", 1)
+        paths = files.split(":")
+        data.append((name, [json.load(open(p))["vq_records"] for p in paths]))
     panels = len(data) + (1 if args.qkv else 0)
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2), squeeze=False)
-    for ax, (name, result) in zip(axes[0], data):
-        accuracy_panel(ax, name, result["vq_records"])
+    for ax, (name, results) in zip(axes[0], data):
+        accuracy_panel(ax, name, results[0], results[1] if len(results) > 1 else None)
     if args.qkv:
         rows = soft_to_hard(args.qkv)
         ax = axes[0][-1]

@@ -234,34 +234,50 @@ TEST_F(VQCli, BenchSectionWritesRatiosAndCrossovers) {
   EXPECT_EQ(records.size(), 1u + 30u + 4u);
 }
 
-// The vq section: codes clipped to the keys (100 -> N = 64, repeated 64 dropped); hard VQ
-// error falls as c grows and vanishes at c = N, where every key is its own code.
+// The vq section evaluates on the second half of each sequence (N = 64: 32 positions).
+// In-sample (--vq-fit same): codes clipped to the 32 evaluated keys (64, 100 -> 32, the
+// repeat dropped); hard VQ error falls as c grows and vanishes at c = 32, where every key is
+// its own code. Held out (the default): the codebook comes from the first half, so even 32
+// codes leave an error, and the record says which fit it used.
 TEST_F(VQCli, AccuracySectionRuns) {
-  const Result r = run_cli(
+  const std::string common =
       "accuracy --json --sections vq --n 64 --d 8 --dv 4 --seeds 2 --vq-codes 4,16,64,100 "
-      "--vq-tau-rel 0,1 --vq-iterations 6");
+      "--vq-tau-rel 0,1 --vq-iterations 6";
+  const Result r = run_cli(common + " --vq-fit same");
   ASSERT_EQ(r.code, 0) << r.err;
   const json result = json::parse(r.out);
   EXPECT_TRUE(result["records"].empty());
   EXPECT_EQ(result["meta"]["sections"], json({"vq"}));
+  EXPECT_EQ(result["meta"]["vq_fit"], "same");
   const json& records = result["vq_records"];
   ASSERT_EQ(records.size(), 6u);
   std::vector<double> hard;
   for (const json& rec : records) {
-    for (const char* key : {"data", "codes", "seeds", "soft", "tau_rel", "tau",
-                            "attention_rel_error", "attention_rel_error_std", "quantisation_error",
-                            "favor_m", "favor_rel_error", "favor_rel_error_std", "zero_rows"})
+    for (const char* key : {"data", "codes", "fit", "evaluated_positions", "seeds", "soft",
+                            "tau_rel", "tau", "attention_rel_error", "attention_rel_error_std",
+                            "quantisation_error", "favor_m", "favor_rel_error",
+                            "favor_rel_error_std", "zero_rows"})
       ASSERT_TRUE(rec.contains(key)) << key << " in " << rec.dump();
     EXPECT_EQ(rec["favor_m"], rec["codes"]);
+    EXPECT_EQ(rec["fit"], "same");
+    EXPECT_EQ(rec["evaluated_positions"], 32);
     EXPECT_GT(rec["favor_rel_error"].get<double>(), 0.0);
     if (!rec["soft"].get<bool>()) hard.push_back(rec["attention_rel_error"].get<double>());
   }
   ASSERT_EQ(hard.size(), 3u);
   EXPECT_LT(hard[1], hard[0]);
-  // c = N: every key is a code, hard VQ is exact attention up to float32 rounding (~1e-6;
-  // one key on a wrong code would give ~1e-2).
+  // c = 32 = N: every key is a code, hard VQ is exact attention up to float32 rounding
+  // (~1e-6; one key on a wrong code would give ~1e-2).
   EXPECT_LT(hard[2], 1e-4);
-  EXPECT_EQ(records[4]["codes"], 64);
+  EXPECT_EQ(records[4]["codes"], 32);
+
+  const Result h = run_cli(common);
+  ASSERT_EQ(h.code, 0) << h.err;
+  const json held = json::parse(h.out)["vq_records"];
+  ASSERT_EQ(held.size(), 6u);
+  EXPECT_EQ(held[4]["fit"], "heldout");
+  // Held out, 32 codes from other keys do not contain the evaluated ones.
+  EXPECT_GT(held[4]["attention_rel_error"].get<double>(), 1e-3);
 
   // User files, both sections; a --vq-* option without the section is refused.
   write("q.npy", random_tensor({1, 2, 24, 8}, 1, 1.0));
@@ -278,6 +294,7 @@ TEST_F(VQCli, AccuracySectionRuns) {
   for (const auto& [args, fragment] : {std::pair{"--vq-codes 8", "only with --sections vq"},
                                        std::pair{"--sections vq --vq-codes 0", "--vq-codes"},
                                        std::pair{"--sections vq --vq-tau-rel -1", "--vq-tau-rel"},
+                                       std::pair{"--sections vq --vq-fit all", "--vq-fit"},
                                        std::pair{"--sections bogus", "--sections"}}) {
     const Result e = run_cli(std::string("accuracy --n 8 --d 4 --seeds 1 ") + args + " --out " +
                              path("acc.json"));

@@ -56,6 +56,7 @@ nlohmann::json meta(const AccuracyArgs& a, const std::vector<DataSetting>& data)
           {"vq_codes", a.vq_codes},
           {"vq_tau_rel", a.vq_tau_rel},
           {"vq_iterations", a.vq_iterations},
+          {"vq_fit", a.vq_fit},
           {"data", settings}};
 }
 
@@ -98,10 +99,13 @@ void print_row(const nlohmann::json& r) {
 void print_vq_header(const nlohmann::json& m, bool after_favor) {
   if (after_favor) fmt::print("\n");
   fmt::print(
-      "Transformer-VQ vs exact softmax attention: codebooks by k-means on the keys ({} Lloyd "
-      "iterations, seeds 0..{}), hard (tau = 0) and soft (tau = tau_rel x the mean quantisation "
-      "error); FAVOR+ (positive, orthogonal) with m = c beside it, same seeds\n",
-      m["vq_iterations"].get<int64_t>(), m["seeds"].get<int64_t>() - 1);
+      "Transformer-VQ vs exact softmax attention on the second half of each sequence: codebooks "
+      "by k-means ({} Lloyd iterations, seeds 0..{}) on {}, hard (tau = 0) and soft (tau = "
+      "tau_rel x the mean quantisation error); FAVOR+ (positive, orthogonal) with m = c beside "
+      "it, same seeds\n",
+      m["vq_iterations"].get<int64_t>(), m["seeds"].get<int64_t>() - 1,
+      m["vq_fit"] == "same" ? "the evaluated keys (in-sample)"
+                            : "the keys of the first half (held out)");
   fmt::print("{:<30} {:>5} {:>7} {:>9} {:>21} {:>21} {:>10} {:>5}\n", "data", "c", "tau_rel", "tau",
              "vq rel err ± std", "favor+ m=c err ± std", "quant err", "zero");
 }
@@ -224,6 +228,11 @@ void add_accuracy_command(CLI::App& app) {
           ->delimiter(',')
           ->capture_default_str(),
       cmd->add_option("--vq-iterations", a->vq_iterations, "vq: Lloyd iterations of the k-means")
+          ->capture_default_str(),
+      cmd->add_option("--vq-fit", a->vq_fit,
+                      "vq: heldout = k-means on the first half of each sequence, attention on "
+                      "the second; same = k-means on the evaluated keys (in-sample)")
+          ->check(CLI::IsMember({"heldout", "same"}))
           ->capture_default_str()};
   q->needs(k)->excludes(n)->excludes(d)->excludes(norm)->excludes(cos);
   k->needs(q);

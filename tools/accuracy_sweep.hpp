@@ -34,6 +34,10 @@ struct AccuracyArgs {
   std::vector<int64_t> vq_codes{16, 64, 256, 1024};
   std::vector<double> vq_tau_rel{0.0, 0.1, 1.0};  // tau in units of the quantisation error
   int64_t vq_iterations = 25;
+  // Where the codebook comes from: "heldout" (k-means on the keys of the first half of each
+  // sequence; attention evaluated on the second half) or "same" (k-means on the evaluated
+  // keys themselves: in-sample, an optimistic bound).
+  std::string vq_fit = "heldout";
   bool vq_options_given = false;  // a --vq-* option was on the command line
   bool has(const std::string& section) const {
     return std::find(sections.begin(), sections.end(), section) != sections.end();
