@@ -416,6 +416,16 @@ TEST(VQAttention, BadInputNamesTheArgument) {
   expect_error([&] { vq_attention(q, k, v, codebook, o); }, "tau: -0.5");
   o.tau = std::numeric_limits<double>::infinity();
   expect_error([&] { vq_attention(q, k, v, codebook, o); }, "tau:");
+  // Below 1e-30, 1/tau overflows float: refused (it is hard VQ, tau = 0), also in the
+  // backward pass and the decoder; 1e-30 itself is hard VQ to float precision.
+  o.tau = 1e-40;
+  expect_error([&] { vq_attention(q, k, v, codebook, o); }, "tau: 1e-40 must be 0 (hard VQ)");
+  expect_error([&] { vq_attention_backward(q, k, v, v, codebook, o); }, "tau: 1e-40");
+  expect_error([&] { VQDecoder(1, 2, 4, codebook, {std::nullopt, 1e-40}); }, "tau: 1e-40");
+  o.tau = 1e-30;
+  const Tensor tiny = vq_attention(q, k, v, codebook, o);
+  const Tensor hard = vq_attention(q, k, v, codebook);
+  for (int64_t i = 0; i < hard.numel(); ++i) EXPECT_FLOAT_EQ(tiny.values()[i], hard.values()[i]);
   o = VQOptions{};
   o.causal = true;
   o.block = -3;

@@ -24,7 +24,8 @@ struct VQOptions {
   /// Key padding mask [B, Nk]; masked keys leave numerator and denominator.
   std::optional<KeyMaskView> key_mask;
   /// 0: hard VQ (nearest code). > 0: soft VQ, key j belongs to code s with probability
-  /// softmax_s(-|k_j - C_s|^2 / tau); tau -> 0 gives hard VQ.
+  /// softmax_s(-|k_j - C_s|^2 / tau); tau -> 0 gives hard VQ. 0 < tau < 1e-30 is refused
+  /// (hard VQ at float precision: pass 0).
   double tau = 0.0;
   /// Causal block length L >= 1: direct attention within a block, per-code sums of all
   /// earlier blocks. The result does not depend on L (to float rounding). 0: favor's default.

@@ -1,6 +1,7 @@
 #include "core/vq_validate.hpp"
 
 #include <cmath>
+#include <sstream>
 
 #include "core/params.hpp"
 #include "cpu/tiles.hpp"
@@ -32,6 +33,14 @@ void check_vq_options(double tau, int64_t block) {
   if (!std::isfinite(tau) || tau < 0.0) {
     throw Error("tau: " + std::to_string(tau) +
                 " must be finite and >= 0 (0: hard VQ, > 0: soft VQ temperature)");
+  }
+  // Below kMinSoftTau, 1/tau in float overflows (and 0 * inf is NaN at the nearest code);
+  // any distance gap float can resolve already makes p(s|k) one-hot there: that is hard VQ.
+  if (tau > 0.0 && tau < kMinSoftTau) {
+    std::ostringstream msg;
+    msg << "tau: " << tau << " must be 0 (hard VQ) or >= " << kMinSoftTau
+        << " (smaller soft-VQ temperatures are hard VQ at float precision: pass 0)";
+    throw Error(msg.str());
   }
   if (block < 0) {
     throw Error("block: " + std::to_string(block) + " must be >= 1 (or 0 for the default)");

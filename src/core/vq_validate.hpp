@@ -17,7 +17,9 @@ void check_codebook(const TensorView& codebook, int64_t heads, int64_t d,
                     const std::string& name = "codebook");
 /// The codebook's values, C-contiguous [Hc][c][D].
 std::vector<float> contiguous_codebook(const TensorView& codebook);
-/// tau finite and >= 0; block >= 0.
+/// The smallest soft-VQ temperature: 1 / tau stays finite in float, far from overflow.
+constexpr double kMinSoftTau = 1e-30;
+/// tau finite and 0 or >= kMinSoftTau; block >= 0.
 void check_vq_options(double tau, int64_t block);
 
 /// Validates q, k, v, the mask, the codebook and the options together; fills the params
