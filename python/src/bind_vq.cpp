@@ -50,10 +50,6 @@ py::array codebook_shaped(Tensor&& t, int rank) {
   return py::array_t<float>({s[1], s[2], s[3]}, owned->data(), free_when_done);
 }
 
-std::optional<KeyMaskView> mask_view(const std::optional<Mask>& mask) {
-  return mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt;
-}
-
 /// The inputs and options of the attention calls, checked and converted.
 struct Call {
   Input q, k, v;
@@ -106,15 +102,6 @@ T* state_buffer(const py::handle& obj, const std::vector<int64_t>& shape, const 
   if (!(a.flags() & py::array::c_style)) throw Error(name + ": must be C-contiguous");
   if (!a.writeable()) throw Error(name + ": is read-only; it is updated in place");
   return static_cast<T*>(a.mutable_data());
-}
-
-py::array_t<double> to_double_array(const reference::DTensor& t, int rank) {
-  const Shape4& s = t.shape;
-  py::array_t<double> a =
-      rank == 2 ? py::array_t<double>({s[2], s[3]}) : py::array_t<double>({s[0], s[1], s[2], s[3]});
-  if (!t.values.empty())
-    std::memcpy(a.mutable_data(), t.values.data(), sizeof(double) * t.values.size());
-  return a;
 }
 
 struct PyVQDecoder {
@@ -324,7 +311,7 @@ void bind_reference(py::module_& m) {
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& codebook,
          bool causal, std::optional<double> scale, const py::handle& key_mask, double tau) {
         const Call c = inputs(q, k, v, codebook, causal, scale, key_mask, tau, 0);
-        return to_double_array(
+        return to_array(
             reference::vq_attention(c.q.view, c.k.view, c.v.view, c.codebook.view, c.options),
             c.q.rank);
       },
@@ -345,8 +332,8 @@ void bind_reference(py::module_& m) {
                                                       : py::array_t<double>({s[1], s[2], s[3]});
         if (!r.dw.empty())
           std::memcpy(dc.mutable_data(), r.dw.data(), sizeof(double) * r.dw.size());
-        return py::make_tuple(to_double_array(r.dq, c.q.rank), to_double_array(r.dk, c.q.rank),
-                              to_double_array(r.dv, c.q.rank), dc);
+        return py::make_tuple(to_array(r.dq, c.q.rank), to_array(r.dk, c.q.rank),
+                              to_array(r.dv, c.q.rank), dc);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("codebook"),
       py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("key_mask") = py::none(),
