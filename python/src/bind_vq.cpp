@@ -5,10 +5,10 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
-#include <mutex>
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "decoder_binding.hpp"
 
 namespace favor::python {
 namespace {
@@ -103,11 +103,6 @@ T* state_buffer(const py::handle& obj, const std::vector<int64_t>& shape, const 
   if (!a.writeable()) throw Error(name + ": is read-only; it is updated in place");
   return static_cast<T*>(a.mutable_data());
 }
-
-struct PyVQDecoder {
-  VQDecoder decoder;
-  std::mutex mutex;
-};
 
 void bind_functions(py::module_& m) {
   m.def(
@@ -254,7 +249,8 @@ void bind_functions(py::module_& m) {
 }
 
 void bind_vq_decoder(py::module_& m) {
-  py::class_<PyVQDecoder>(m, "VQDecoder")
+  using PyVQDecoder = Locked<VQDecoder>;
+  bind_streaming_decoder<VQDecoder>(m, "VQDecoder")
       .def(py::init([](int64_t batch, int64_t heads, int64_t dv, const py::handle& codebook,
                        std::optional<double> scale, double tau) {
              const CodebookInput cb = as_codebook(codebook, "codebook");
@@ -265,43 +261,7 @@ void bind_vq_decoder(py::module_& m) {
            }),
            py::arg("batch"), py::arg("heads"), py::arg("dv"), py::arg("codebook"),
            py::arg("scale") = py::none(), py::arg("tau") = 0.0)
-      .def(
-          "append",
-          [](PyVQDecoder& self, const py::handle& k, const py::handle& v) {
-            const Input ki = as_input(k, "k"), vi = as_input(v, "v");
-            check_same_rank({&ki, &vi}, "k, v");
-            py::gil_scoped_release release;
-            std::lock_guard<std::mutex> lock(self.mutex);
-            self.decoder.append(ki.view, vi.view);
-          },
-          py::arg("k"), py::arg("v"))
-      .def(
-          "query",
-          [](PyVQDecoder& self, const py::handle& q) {
-            const Input qi = as_input(q, "q");
-            const Shape4 shape{qi.view.shape[0], qi.view.shape[1], qi.view.shape[2],
-                               self.decoder.dv()};
-            py::array_t<float> y = new_output(shape, qi.rank);
-            const MutableTensorView out = output_view(y, shape);
-            {
-              py::gil_scoped_release release;
-              std::lock_guard<std::mutex> lock(self.mutex);
-              self.decoder.query(qi.view, out);
-            }
-            return y;
-          },
-          py::arg("q"))
-      .def("reset",
-           [](PyVQDecoder& self) {
-             std::lock_guard<std::mutex> lock(self.mutex);
-             self.decoder.reset();
-           })
-      .def_property_readonly("position", [](PyVQDecoder& s) { return s.decoder.position(); })
-      .def_property_readonly("batch", [](PyVQDecoder& s) { return s.decoder.batch(); })
-      .def_property_readonly("heads", [](PyVQDecoder& s) { return s.decoder.heads(); })
-      .def_property_readonly("dv", [](PyVQDecoder& s) { return s.decoder.dv(); })
-      .def_property_readonly("codes", [](PyVQDecoder& s) { return s.decoder.codes(); })
-      .def_property_readonly("state_bytes", [](PyVQDecoder& s) { return s.decoder.state_bytes(); });
+      .def_property_readonly("codes", [](PyVQDecoder& s) { return s.decoder.codes(); });
 }
 
 void bind_reference(py::module_& m) {
