@@ -145,6 +145,36 @@ def evaluate(model, symbols, length, sequences=1024, seed=12345):
             right.all(dim=1).float().mean().item())
 
 
+def optimise(model, c, seed, label, log_every=0, extra_loss=None, log_extra=None):
+    """Trains `model` for c["steps"] steps on copy batches (c["batch"], c["symbols"],
+    c["length"]) drawn from their own generator seeded with `seed`: AdamW (c["lr"], weight
+    decay 0.01), gradients clipped to norm 1. extra_loss(): a term added to the task loss
+    after each forward (None: nothing); every log_every steps a progress line tagged
+    `label`, ending in log_extra() when given. Returns (the task loss of every step, seconds)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=0.01)
+    warmup = max(1, c["steps"] // 20)
+    # Linear warmup then cosine decay to 0: the final steps settle without a noisy tail.
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(
+        (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / c["steps"])))))
+    g = torch.Generator().manual_seed(seed)
+    losses = []
+    t0 = time.perf_counter()
+    for step in range(c["steps"]):
+        inputs, targets, mask = copy_batch(c["batch"], c["symbols"], c["length"], g)
+        loss = masked_loss(model(inputs), targets, mask)
+        total = loss + extra_loss() if extra_loss else loss
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        schedule.step()
+        losses.append(loss.item())
+        if log_every and (step + 1) % log_every == 0:
+            extra = log_extra() if log_extra else ""
+            print(f"  [{label}] step {step + 1:5d}  loss {loss.item():.4f}{extra}", flush=True)
+    return losses, time.perf_counter() - t0
+
+
 def train(method="favor", steps=None, seed=0, features=None, feature_redraw_interval=None,
           lr=None, batch=None, symbols=None, length=None, d_model=None, heads=None, layers=None,
           log_every=0):
@@ -165,26 +195,7 @@ def train(method="favor", steps=None, seed=0, features=None, feature_redraw_inte
     model = CausalTransformer(c["symbols"] + 1, 2 * c["length"], c["d_model"], c["heads"],
                               c["layers"], method=method, features=c["features"],
                               feature_redraw_interval=c["feature_redraw_interval"], seed=seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=0.01)
-    warmup = max(1, c["steps"] // 20)
-    # Linear warmup then cosine decay to 0: the final steps settle without a noisy tail.
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(
-        (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / c["steps"])))))
-    g = torch.Generator().manual_seed(seed)
-    losses = []
-    t0 = time.perf_counter()
-    for step in range(c["steps"]):
-        inputs, targets, mask = copy_batch(c["batch"], c["symbols"], c["length"], g)
-        loss = masked_loss(model(inputs), targets, mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        schedule.step()
-        losses.append(loss.item())
-        if log_every and (step + 1) % log_every == 0:
-            print(f"  [{method}] step {step + 1:5d}  loss {loss.item():.4f}", flush=True)
-    seconds = time.perf_counter() - t0
+    losses, seconds = optimise(model, c, seed, method, log_every)
     final, acc, seq_acc = evaluate(model, c["symbols"], c["length"])
     return TrainResult(method, seed, losses, final, acc, seq_acc, math.log(c["symbols"]),
                        seconds, c, model)
@@ -194,6 +205,32 @@ def smoothed(losses, end, window):
     """Mean of the `window` training losses before step `end` (per-batch losses are noisy)."""
     part = losses[max(0, end - window):end]
     return sum(part) / len(part)
+
+
+def print_curves(results, steps):
+    """The training losses of `results` side by side, every steps / 10 steps, each smoothed
+    over the (up to 50) steps before it."""
+    every = max(1, steps // 10)
+    window = min(every, 50)
+    print(f"\ntraining loss (mean of the {window} steps before each step shown)")
+    print("  step  " + "".join(f"{r.method:>10}" for r in results))
+    for end in range(every, steps + 1, every):
+        print(f"{end:6d}  " + "".join(f"{smoothed(r.losses, end, window):10.4f}"
+                                      for r in results))
+
+
+def print_heldout(results, symbols, seed, note):
+    """The held-out loss and accuracies of each result, followed by note(r); the first
+    two results' difference in loss; the seed."""
+    print(f"\nheld-out (1024 sequences; chance loss log({symbols}) = {math.log(symbols):.4f})")
+    for r in results:
+        print(f"{r.method:>6}: final loss {r.final_loss:.5f}  token accuracy "
+              f"{100 * r.accuracy:.1f}%  sequence accuracy {100 * r.sequence_accuracy:.1f}%  "
+              f"{note(r)}")
+    if len(results) == 2:
+        print(f"final loss {results[0].method} - {results[1].method}: "
+              f"{results[0].final_loss - results[1].final_loss:+.5f}")
+    print(f"seed {seed}")
 
 
 def main(argv=None):
@@ -221,22 +258,9 @@ def main(argv=None):
     print(f"seed {args.seed}  (rerun: --seed {args.seed} --steps {steps})", flush=True)
     results = [train(m, steps=steps, seed=args.seed, features=args.features,
                      feature_redraw_interval=redraw, lr=args.lr) for m in methods]
-    every = max(1, steps // 10)
-    window = min(every, 50)
-    print(f"\ntraining loss (mean of the {window} steps before each step shown)")
-    print("  step  " + "".join(f"{r.method:>10}" for r in results))
-    for end in range(every, steps + 1, every):
-        print(f"{end:6d}  " + "".join(f"{smoothed(r.losses, end, window):10.4f}"
-                                      for r in results))
-    print(f"\nheld-out (1024 sequences; chance loss log({DEFAULTS['symbols']}) = "
-          f"{results[0].chance_loss:.4f})")
-    for r in results:
-        print(f"{r.method:>6}: final loss {r.final_loss:.5f}  token accuracy "
-              f"{100 * r.accuracy:.1f}%  sequence accuracy {100 * r.sequence_accuracy:.1f}%  "
-              f"({r.seconds:.1f} s, {1000 * r.seconds / steps:.1f} ms/step)")
-    if len(results) == 2:
-        print(f"final loss favor - exact: {results[0].final_loss - results[1].final_loss:+.5f}")
-    print(f"seed {args.seed}")
+    print_curves(results, steps)
+    print_heldout(results, DEFAULTS["symbols"], args.seed,
+                  lambda r: f"({r.seconds:.1f} s, {1000 * r.seconds / steps:.1f} ms/step)")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ From Python: `from train_vq import train; r = train('vq', steps=300, seed=0)`.
 """
 import argparse
 import dataclasses
-import math
-import time
 
 import numpy as np
 import torch
@@ -30,7 +28,8 @@ from torch import nn
 
 import favor
 import favor.torch as ft
-from train_copy import CausalTransformer, copy_batch, evaluate, masked_loss, smoothed
+from train_copy import (CausalTransformer, copy_batch, evaluate, optimise, print_curves,
+                        print_heldout)
 
 DEFAULTS = dict(symbols=16, length=12, d_model=64, heads=4, layers=2, codes=32, lr=3e-3,
                 batch=64, steps=300, beta=0.25, decay=0.99, dead_after=20)
@@ -102,30 +101,14 @@ def train(method="vq", steps=None, seed=0, log_every=0, **overrides):
     elif method != "exact":
         raise ValueError(f"method: '{method}' must be vq or exact")
     attns = [b.attn for b in model.blocks]
-    opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=0.01)
-    warmup = max(1, c["steps"] // 20)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(
-        (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / c["steps"])))))
-    g = torch.Generator().manual_seed(seed)
-    losses = []
-    t0 = time.perf_counter()
-    for step in range(c["steps"]):
-        inputs, targets, mask = copy_batch(c["batch"], c["symbols"], c["length"], g)
-        loss = masked_loss(model(inputs), targets, mask)
-        total = loss + sum(a.commitment_loss for a in attns) if method == "vq" else loss
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        schedule.step()
-        losses.append(loss.item())
-        if log_every and (step + 1) % log_every == 0:
-            extra = (f"  dead codes {[a.dead_codes() for a in attns]}" if method == "vq" else "")
-            print(f"  [{method}] step {step + 1:5d}  loss {loss.item():.4f}{extra}", flush=True)
-    seconds = time.perf_counter() - t0
-    dead = [a.dead_codes() for a in attns] if method == "vq" else []
-    reset = [a.codes_reset for a in attns] if method == "vq" else []
-    heldout = heldout_dead_codes(model, c) if method == "vq" else []
+    vq = method == "vq"
+    losses, seconds = optimise(
+        model, c, seed, method, log_every,
+        extra_loss=(lambda: sum(a.commitment_loss for a in attns)) if vq else None,
+        log_extra=(lambda: f"  dead codes {[a.dead_codes() for a in attns]}") if vq else None)
+    dead = [a.dead_codes() for a in attns] if vq else []
+    reset = [a.codes_reset for a in attns] if vq else []
+    heldout = heldout_dead_codes(model, c) if vq else []
     final, acc, seq_acc = evaluate(model, c["symbols"], c["length"])
     return TrainResult(method, seed, losses, final, acc, seq_acc, dead, heldout, reset, seconds, c,
                        model)
@@ -151,25 +134,15 @@ def main(argv=None):
           f"torch threads={torch.get_num_threads()}")
     print(f"seed {args.seed}  (rerun: --seed {args.seed} --steps {args.steps})", flush=True)
     results = [train(m, steps=args.steps, seed=args.seed, codes=args.codes) for m in methods]
-    every = max(1, args.steps // 10)
-    window = min(every, 50)
-    print(f"\ntraining loss (mean of the {window} steps before each step shown)")
-    print("  step  " + "".join(f"{r.method:>10}" for r in results))
-    for end in range(every, args.steps + 1, every):
-        print(f"{end:6d}  " + "".join(f"{smoothed(r.losses, end, window):10.4f}"
-                                      for r in results))
-    print(f"\nheld-out (1024 sequences; chance loss log({DEFAULTS['symbols']}) = "
-          f"{math.log(DEFAULTS['symbols']):.4f})")
-    for r in results:
+    print_curves(results, args.steps)
+
+    def note(r):
         extra = (f"\n        dead codes per layer (of {args.codes * DEFAULTS['heads']}): held-out "
                  f"{r.heldout_dead}, last training batch {r.dead_codes}; re-seeded during "
                  f"training {r.codes_reset}" if r.method == "vq" else "")
-        print(f"{r.method:>6}: final loss {r.final_loss:.5f}  token accuracy "
-              f"{100 * r.accuracy:.1f}%  sequence accuracy {100 * r.sequence_accuracy:.1f}%  "
-              f"({r.seconds:.1f} s){extra}")
-    if len(results) == 2:
-        print(f"final loss vq - exact: {results[0].final_loss - results[1].final_loss:+.5f}")
-    print(f"seed {args.seed}")
+        return f"({r.seconds:.1f} s){extra}"
+
+    print_heldout(results, DEFAULTS["symbols"], args.seed, note)
 
 
 if __name__ == "__main__":

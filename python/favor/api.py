@@ -187,7 +187,26 @@ def kernel_mse(x, y, *, kernel="positive", features=None, projection="orthogonal
     return _core.kernel_mse(x, y, w, kernel=kernel, scale=scale, fit=_fit(fit, kernel, d))
 
 
-class Decoder:
+class _Streaming:
+    """What Decoder and favor.VQDecoder share: calls and properties of the _core decoder
+    held in self._d."""
+
+    def append(self, k, v):
+        self._d.append(k, v)
+
+    def query(self, q):
+        return self._d.query(q)
+
+    def reset(self):
+        self._d.reset()
+
+    position = property(lambda self: self._d.position, doc="tokens appended so far")
+    batch = property(lambda self: self._d.batch)
+    heads = property(lambda self: self._d.heads)
+    dv = property(lambda self: self._d.dv)
+
+
+class Decoder(_Streaming):
     """Streaming (autoregressive) FAVOR decoding with a fixed-size state per (batch, head).
 
     Decoder(batch, heads, dv, projection, kernel='positive', scale=None, fit=None);
@@ -204,19 +223,6 @@ class Decoder:
         self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
                                 fit=_fit(fit, kernel, projection.d))
 
-    def append(self, k, v):
-        self._d.append(k, v)
-
-    def query(self, q):
-        return self._d.query(q)
-
-    def reset(self):
-        self._d.reset()
-
-    position = property(lambda self: self._d.position, doc="tokens appended so far")
-    batch = property(lambda self: self._d.batch)
-    heads = property(lambda self: self._d.heads)
-    dv = property(lambda self: self._d.dv)
     projection = property(lambda self: self._d.projection)
     state_bytes = property(lambda self: self._d.state_bytes,
                            doc="bytes of state (S, s, stabilisers): fixed, whatever the position")

@@ -11,6 +11,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import _core
+from .api import _Streaming
 
 VQGrads = namedtuple("VQGrads", ["dq", "dk", "dv", "dcodebook"])
 VQGrads.__doc__ = """dL/dq, dL/dv (exact), dL/dk (straight-through for hard VQ: the gradient of
@@ -174,7 +175,7 @@ class Codebook:
                 f"updates={self.updates})")
 
 
-class VQDecoder:
+class VQDecoder(_Streaming):
     """Streaming Transformer-VQ decoding: per (batch, head) a per-code value sum and count.
 
     VQDecoder(batch, heads, dv, codebook, *, scale=None, tau=0.0) (the codebook is copied);
@@ -187,19 +188,6 @@ class VQDecoder:
         self._d = _core.VQDecoder(batch, heads, dv, _values(codebook), scale=scale,
                                   tau=float(tau))
 
-    def append(self, k, v):
-        self._d.append(k, v)
-
-    def query(self, q):
-        return self._d.query(q)
-
-    def reset(self):
-        self._d.reset()
-
-    position = property(lambda self: self._d.position, doc="tokens appended so far")
-    batch = property(lambda self: self._d.batch)
-    heads = property(lambda self: self._d.heads)
-    dv = property(lambda self: self._d.dv)
     codes = property(lambda self: self._d.codes)
     state_bytes = property(lambda self: self._d.state_bytes,
                            doc="bytes of state (per-code sums and counts): fixed")

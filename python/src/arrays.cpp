@@ -113,6 +113,10 @@ std::optional<Mask> as_mask(const py::handle& obj, int rank, int64_t batch, int6
   return m;
 }
 
+std::optional<KeyMaskView> mask_view(const std::optional<Mask>& mask) {
+  return mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt;
+}
+
 py::array_t<float> new_output(const Shape4& shape, int rank) {
   if (rank == 2) return py::array_t<float>({shape[2], shape[3]});
   return py::array_t<float>({shape[0], shape[1], shape[2], shape[3]});
@@ -128,6 +132,15 @@ py::array_t<float> to_array(Tensor&& t, int rank) {
   const Shape4& s = owned->shape();
   if (rank == 2) return py::array_t<float>({s[2], s[3]}, owned->data(), free_when_done);
   return py::array_t<float>({s[0], s[1], s[2], s[3]}, owned->data(), free_when_done);
+}
+
+py::array_t<double> to_array(const reference::DTensor& t, int rank) {
+  const Shape4& s = t.shape;
+  py::array_t<double> a =
+      rank == 2 ? py::array_t<double>({s[2], s[3]}) : py::array_t<double>({s[0], s[1], s[2], s[3]});
+  if (!t.values.empty())
+    std::memcpy(a.mutable_data(), t.values.data(), sizeof(double) * t.values.size());
+  return a;
 }
 
 }  // namespace favor::python

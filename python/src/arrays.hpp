@@ -37,6 +37,8 @@ struct Mask {
 };
 std::optional<Mask> as_mask(const py::handle& obj, int rank, int64_t batch, int64_t nk,
                             const std::string& name);
+/// The view of a mask from as_mask, or none.
+std::optional<KeyMaskView> mask_view(const std::optional<Mask>& mask);
 
 /// A new C-contiguous float32 array of the given [B, H, N, X] shape, returned in `rank`.
 py::array_t<float> new_output(const Shape4& shape, int rank);
@@ -44,5 +46,7 @@ py::array_t<float> new_output(const Shape4& shape, int rank);
 MutableTensorView output_view(py::array_t<float>& out, const Shape4& shape);
 /// A favor::Tensor handed to numpy without a copy, in the given rank.
 py::array_t<float> to_array(Tensor&& t, int rank);
+/// A double-precision reference result [B, H, N, X], copied to numpy in the given rank.
+py::array_t<double> to_array(const reference::DTensor& t, int rank);
 
 }  // namespace favor::python

@@ -14,9 +14,7 @@ namespace {
 struct Call {
   Input q, k, v;
   std::optional<Mask> mask;
-  std::optional<KeyMaskView> mask_view() const {
-    return mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt;
-  }
+  std::optional<KeyMaskView> mask_view() const { return python::mask_view(mask); }
 };
 
 Call inputs(const py::handle& q, const py::handle& k, const py::handle& v,

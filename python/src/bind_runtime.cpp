@@ -3,25 +3,12 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
-#include <cstring>
 
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "options.hpp"
 
 namespace favor::python {
-namespace {
-
-py::array_t<double> to_array(const reference::DTensor& t, int rank) {
-  const Shape4& s = t.shape;
-  py::array_t<double> a =
-      rank == 2 ? py::array_t<double>({s[2], s[3]}) : py::array_t<double>({s[0], s[1], s[2], s[3]});
-  if (!t.values.empty())
-    std::memcpy(a.mutable_data(), t.values.data(), sizeof(double) * t.values.size());
-  return a;
-}
-
-}  // namespace
 
 void bind_runtime(py::module_& m) {
   m.def("build_info", &build_info);
@@ -79,9 +66,7 @@ void bind_runtime(py::module_& m) {
             as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
         return to_array(reference::favor_attention(
                             qi.view, ki.view, vi.view, w,
-                            attention_options(
-                                kernel, causal, scale,
-                                mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt, fit)),
+                            attention_options(kernel, causal, scale, mask_view(mask), fit)),
                         qi.rank);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("projection"),

@@ -5,10 +5,10 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
-#include <mutex>
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "decoder_binding.hpp"
 
 namespace favor::python {
 namespace {
@@ -48,10 +48,6 @@ py::array codebook_shaped(Tensor&& t, int rank) {
   const Shape4& s = owned->shape();
   if (rank == 2) return py::array_t<float>({s[2], s[3]}, owned->data(), free_when_done);
   return py::array_t<float>({s[1], s[2], s[3]}, owned->data(), free_when_done);
-}
-
-std::optional<KeyMaskView> mask_view(const std::optional<Mask>& mask) {
-  return mask ? std::optional<KeyMaskView>(mask->view) : std::nullopt;
 }
 
 /// The inputs and options of the attention calls, checked and converted.
@@ -107,20 +103,6 @@ T* state_buffer(const py::handle& obj, const std::vector<int64_t>& shape, const 
   if (!a.writeable()) throw Error(name + ": is read-only; it is updated in place");
   return static_cast<T*>(a.mutable_data());
 }
-
-py::array_t<double> to_double_array(const reference::DTensor& t, int rank) {
-  const Shape4& s = t.shape;
-  py::array_t<double> a =
-      rank == 2 ? py::array_t<double>({s[2], s[3]}) : py::array_t<double>({s[0], s[1], s[2], s[3]});
-  if (!t.values.empty())
-    std::memcpy(a.mutable_data(), t.values.data(), sizeof(double) * t.values.size());
-  return a;
-}
-
-struct PyVQDecoder {
-  VQDecoder decoder;
-  std::mutex mutex;
-};
 
 void bind_functions(py::module_& m) {
   m.def(
@@ -267,7 +249,8 @@ void bind_functions(py::module_& m) {
 }
 
 void bind_vq_decoder(py::module_& m) {
-  py::class_<PyVQDecoder>(m, "VQDecoder")
+  using PyVQDecoder = Locked<VQDecoder>;
+  bind_streaming_decoder<VQDecoder>(m, "VQDecoder")
       .def(py::init([](int64_t batch, int64_t heads, int64_t dv, const py::handle& codebook,
                        std::optional<double> scale, double tau) {
              const CodebookInput cb = as_codebook(codebook, "codebook");
@@ -278,43 +261,7 @@ void bind_vq_decoder(py::module_& m) {
            }),
            py::arg("batch"), py::arg("heads"), py::arg("dv"), py::arg("codebook"),
            py::arg("scale") = py::none(), py::arg("tau") = 0.0)
-      .def(
-          "append",
-          [](PyVQDecoder& self, const py::handle& k, const py::handle& v) {
-            const Input ki = as_input(k, "k"), vi = as_input(v, "v");
-            check_same_rank({&ki, &vi}, "k, v");
-            py::gil_scoped_release release;
-            std::lock_guard<std::mutex> lock(self.mutex);
-            self.decoder.append(ki.view, vi.view);
-          },
-          py::arg("k"), py::arg("v"))
-      .def(
-          "query",
-          [](PyVQDecoder& self, const py::handle& q) {
-            const Input qi = as_input(q, "q");
-            const Shape4 shape{qi.view.shape[0], qi.view.shape[1], qi.view.shape[2],
-                               self.decoder.dv()};
-            py::array_t<float> y = new_output(shape, qi.rank);
-            const MutableTensorView out = output_view(y, shape);
-            {
-              py::gil_scoped_release release;
-              std::lock_guard<std::mutex> lock(self.mutex);
-              self.decoder.query(qi.view, out);
-            }
-            return y;
-          },
-          py::arg("q"))
-      .def("reset",
-           [](PyVQDecoder& self) {
-             std::lock_guard<std::mutex> lock(self.mutex);
-             self.decoder.reset();
-           })
-      .def_property_readonly("position", [](PyVQDecoder& s) { return s.decoder.position(); })
-      .def_property_readonly("batch", [](PyVQDecoder& s) { return s.decoder.batch(); })
-      .def_property_readonly("heads", [](PyVQDecoder& s) { return s.decoder.heads(); })
-      .def_property_readonly("dv", [](PyVQDecoder& s) { return s.decoder.dv(); })
-      .def_property_readonly("codes", [](PyVQDecoder& s) { return s.decoder.codes(); })
-      .def_property_readonly("state_bytes", [](PyVQDecoder& s) { return s.decoder.state_bytes(); });
+      .def_property_readonly("codes", [](PyVQDecoder& s) { return s.decoder.codes(); });
 }
 
 void bind_reference(py::module_& m) {
@@ -324,7 +271,7 @@ void bind_reference(py::module_& m) {
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& codebook,
          bool causal, std::optional<double> scale, const py::handle& key_mask, double tau) {
         const Call c = inputs(q, k, v, codebook, causal, scale, key_mask, tau, 0);
-        return to_double_array(
+        return to_array(
             reference::vq_attention(c.q.view, c.k.view, c.v.view, c.codebook.view, c.options),
             c.q.rank);
       },
@@ -345,8 +292,8 @@ void bind_reference(py::module_& m) {
                                                       : py::array_t<double>({s[1], s[2], s[3]});
         if (!r.dw.empty())
           std::memcpy(dc.mutable_data(), r.dw.data(), sizeof(double) * r.dw.size());
-        return py::make_tuple(to_double_array(r.dq, c.q.rank), to_double_array(r.dk, c.q.rank),
-                              to_double_array(r.dv, c.q.rank), dc);
+        return py::make_tuple(to_array(r.dq, c.q.rank), to_array(r.dk, c.q.rank),
+                              to_array(r.dv, c.q.rank), dc);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("codebook"),
       py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("key_mask") = py::none(),

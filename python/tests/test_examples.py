@@ -26,17 +26,24 @@ def number(pattern, out):
     return float(m.group(1))
 
 
-def test_train_copy(tmp_path):
-    out = run("train_copy.py", cwd=tmp_path)
+def check_copy_learnt(out, methods, steps):
+    """The output of train_copy.py or train_vq.py: each method has started copying (held-out
+    loss below 0.5, chance being log(16) = 2.77; token accuracy >= 90%) and the training
+    curve is printed up to its last row, step `steps`."""
     assert "seed 0" in out
-    # --quick trains 100 steps: both models have started copying (measured held-out loss
-    # 0.031 favor, 0.027 exact; chance is log(16) = 2.77), and the curve is printed.
-    for method in ("favor", "exact"):
+    for method in methods:
         loss = number(rf"{method}: final loss ([0-9.]+)", out)
         acc = number(rf"{method}: final loss [0-9.]+  token accuracy ([0-9.]+)%", out)
         assert loss < 0.5, (method, loss)
         assert acc >= 90.0, (method, acc)
-    assert re.search(r"^\s+100\s+[0-9.]+\s+[0-9.]+$", out, re.M), out  # the curve's last row
+    assert re.search(rf"^\s+{steps}\s+[0-9.]+\s+[0-9.]+$", out, re.M), out
+
+
+def test_train_copy(tmp_path):
+    out = run("train_copy.py", cwd=tmp_path)
+    # --quick trains 100 steps: both models have started copying (measured held-out loss
+    # 0.031 favor, 0.027 exact; chance is log(16) = 2.77), and the curve is printed.
+    check_copy_learnt(out, ("favor", "exact"), 100)
 
 
 def test_convert_encoder(tmp_path):
@@ -85,14 +92,8 @@ def test_stream_decode(tmp_path):
 
 def test_train_vq(tmp_path):
     out = run("train_vq.py", cwd=tmp_path)
-    assert "seed 0" in out
     # --quick trains 150 steps: both models copy (measured held-out loss 0.057 vq, 0.0079
     # exact, token accuracy 99.9% / 100%; chance is log(16) = 2.77); VQ learns later (its
     # codebooks must first separate the positions) and reports its dead codes.
-    for method in ("vq", "exact"):
-        loss = number(rf"{method}: final loss ([0-9.]+)", out)
-        acc = number(rf"{method}: final loss [0-9.]+  token accuracy ([0-9.]+)%", out)
-        assert loss < 0.5, (method, loss)
-        assert acc >= 90.0, (method, acc)
+    check_copy_learnt(out, ("vq", "exact"), 150)
     assert re.search(r"dead codes per layer \(of 128\): held-out \[\d+, \d+\]", out), out
-    assert re.search(r"^\s+150\s+[0-9.]+\s+[0-9.]+$", out, re.M), out

@@ -6,7 +6,26 @@ from ..api import _fit
 from . import _tensors as T
 
 
-class Decoder:
+class _Streaming:
+    """What Decoder and VQDecoder share: calls of the _core decoder held in self._d with
+    torch tensors (float32 views in, a tensor sharing the result's memory out)."""
+
+    def append(self, k, v):
+        T.follow_torch_threads()
+        self._d.append(T.view(T.as_float32(k, "k")), T.view(T.as_float32(v, "v")))
+
+    def query(self, q):
+        T.follow_torch_threads()
+        return T.tensor(self._d.query(T.view(T.as_float32(q, "q"))))
+
+    def reset(self):
+        self._d.reset()
+
+    position = property(lambda self: self._d.position, doc="tokens appended so far")
+    state_bytes = property(lambda self: self._d.state_bytes)
+
+
+class Decoder(_Streaming):
     """Streaming FAVOR state per (batch, head), for generation with torch tensors.
 
     Decoder(batch, heads, dv, projection, *, kernel='positive', scale=None, fit=None):
@@ -24,17 +43,4 @@ class Decoder:
         self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
                                 fit=_fit(fit, kernel, projection.d))
 
-    def append(self, k, v):
-        T.follow_torch_threads()
-        self._d.append(T.view(T.as_float32(k, "k")), T.view(T.as_float32(v, "v")))
-
-    def query(self, q):
-        T.follow_torch_threads()
-        return T.tensor(self._d.query(T.view(T.as_float32(q, "q"))))
-
-    def reset(self):
-        self._d.reset()
-
-    position = property(lambda self: self._d.position, doc="tokens appended so far")
-    state_bytes = property(lambda self: self._d.state_bytes)
     projection = property(lambda self: self._d.projection)

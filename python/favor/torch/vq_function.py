@@ -6,6 +6,7 @@ from torch.autograd.function import once_differentiable
 from .. import _core
 from ..vq import _block
 from . import _tensors as T
+from .decoder import _Streaming
 
 
 class _Spec:
@@ -71,7 +72,7 @@ def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mas
     return y if out_dtype == torch.float32 else y.to(out_dtype)
 
 
-class VQDecoder:
+class VQDecoder(_Streaming):
     """Streaming Transformer-VQ state per (batch, head), for generation with torch tensors.
 
     VQDecoder(batch, heads, dv, codebook, *, scale=None, tau=0.0): the codebook tensor
@@ -86,17 +87,4 @@ class VQDecoder:
                                   T.view(T.as_float32(codebook.detach(), "codebook")),
                                   scale=scale, tau=float(tau))
 
-    def append(self, k, v):
-        T.follow_torch_threads()
-        self._d.append(T.view(T.as_float32(k, "k")), T.view(T.as_float32(v, "v")))
-
-    def query(self, q):
-        T.follow_torch_threads()
-        return T.tensor(self._d.query(T.view(T.as_float32(q, "q"))))
-
-    def reset(self):
-        self._d.reset()
-
-    position = property(lambda self: self._d.position, doc="tokens appended so far")
-    state_bytes = property(lambda self: self._d.state_bytes)
     codes = property(lambda self: self._d.codes)
