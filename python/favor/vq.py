@@ -149,7 +149,8 @@ class Codebook:
         return reset
 
     def quantisation_error(self, k, key_mask=None):
-        """Mean |k - C_z|^2 over the (unmasked) keys, in double."""
+        """Mean |k - C_z|^2 over the (unmasked) keys, in double; 0.0 when every key is
+        masked."""
         _, dist = _core.vq_assign(k, self._values, distances=True)
         dist = dist.astype(np.float64)
         if key_mask is None:
@@ -157,9 +158,8 @@ class Codebook:
         keep = np.asarray(key_mask) != 0
         if dist.ndim == 3:
             keep = np.broadcast_to(keep[:, None, :], dist.shape)
-        if not keep.any():
-            raise _core.Error("key_mask: masks every key; the error is undefined")
-        return float(dist[keep].mean())
+        # No unmasked key: no error (0.0, as favor::Codebook::quantisation_error).
+        return float(dist[keep].mean()) if keep.any() else 0.0
 
     def save(self, path):
         """Saves the values [H, c, D] as a .npy file."""

@@ -137,6 +137,40 @@ def test_grad_learned_codebook_receives_gradients():
     assert m.codebook.grad is not None and m.codebook.grad.abs().sum() > 0
 
 
+def test_grad_learned_codebook_gradient_is_that_of_the_forward_codebook():
+    # A training step in which dead codes are moved onto keys after the forward: the
+    # gradient is still the functional one at the codebook the forward used, and the codes
+    # are re-seeded from unmasked keys only, distinct ones.
+    torch.manual_seed(8)
+    m = ft.VQAttention(16, 2, 6, learn_codebook="grad", dead_after=1)
+    x = model_input(b=2, n=12)
+    pad = torch.zeros(2, 12, dtype=torch.bool)
+    pad[:, 8:] = True
+    with torch.no_grad():
+        x[:, 8:] = 50.0  # padding far away: a re-seeded code on it would be obvious
+    m(x, key_padding_mask=pad)
+    with torch.no_grad():
+        m.codebook[:, 4:] += 1e3  # codes 4, 5 of both heads: no key chooses them
+    used = m.codebook.detach().clone()
+    before = m.codes_reset
+    y = m(x, key_padding_mask=pad)
+    assert m.codes_reset - before >= 4  # codes 4, 5 of both heads, right after this forward
+    g = torch.randn_like(y)
+    (y * g).sum().backward()
+    # The reference: the same step with the codebook as the forward saw it.
+    ref = ft.VQAttention(16, 2, 6, learn_codebook="grad", dead_after=0)
+    ref.load_state_dict({n: t for n, t in m.state_dict().items()})
+    with torch.no_grad():
+        ref.codebook.copy_(used)
+    ref.eval()  # no reset, no tracking: only the attention's gradient
+    (ref(x, key_padding_mask=pad) * g).sum().backward()
+    torch.testing.assert_close(m.codebook.grad, ref.codebook.grad, rtol=1e-5, atol=1e-6)
+    moved = m.codebook.detach()[:, 4:]
+    assert moved.abs().max() < 20  # from unmasked keys (padding keys have norms ~ 100s)
+    for head in range(2):
+        assert not torch.equal(moved[head, 0], moved[head, 1])
+
+
 def test_state_dict_round_trip_and_decoder_step_equal_causal_forward():
     torch.manual_seed(3)
     m = ft.VQAttention(16, 2, 8, causal=True, tau=0.0)

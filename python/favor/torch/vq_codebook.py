@@ -28,8 +28,8 @@ class CodebookMixin:
             raise _core.Error(f"codes: {codes!r} must be an integer >= 1")
         if learn_codebook not in LEARN:
             raise _core.Error(f"learn_codebook: '{learn_codebook}' must be 'ema' or 'grad'")
-        if not 0.0 <= decay < 1.0:
-            raise _core.Error(f"decay: {decay} must be in [0, 1)")
+        if not 0.0 < decay < 1.0:
+            raise _core.Error(f"decay: {decay} must be in (0, 1)")
         if isinstance(dead_after, bool) or not isinstance(dead_after, int) or dead_after < 0:
             raise _core.Error(f"dead_after: {dead_after!r} must be an integer >= 0 (0: never)")
         if not (math.isfinite(beta) and beta >= 0):
@@ -95,10 +95,11 @@ class CodebookMixin:
             raise _core.Error("codebook: not initialised; run a forward pass (k-means on its "
                               "keys) or initialise_codebook(k) first")
         book = self.codebook
-        if self.learn_codebook == "ema" and self.training:
-            # The EMA update after this forward changes the buffer in place; the backward
-            # must see the codebook this forward used.
-            book = book.detach().clone()
+        if self.training:
+            # The EMA update (or, learning by gradient, a dead-code reset) after this forward
+            # changes the codebook in place; the backward must see the one this forward used.
+            # A clone of the Parameter still passes the gradient on to it.
+            book = book.detach().clone() if self.learn_codebook == "ema" else book.clone()
         return vq_attention(q, k, v, book, causal=self.causal if causal is None else causal,
                             scale=self.scale, key_padding_mask=key_padding_mask, tau=self.tau,
                             block=self.block)
@@ -160,11 +161,22 @@ class CodebookMixin:
         if self.dead_after == 0:
             return
         g = torch.Generator().manual_seed(_mix_seed(self.seed, int(self.updates)) % 2**63)
-        for head, code in (self.unused >= self.dead_after).nonzero().tolist():
+        for head in range(h):
+            dead = (self.unused[head] >= self.dead_after).nonzero().flatten().tolist()
+            if not dead:
+                continue
+            # Re-seeded from this batch's unmasked keys, distinct ones while there are enough
+            # (as codebook_ema_update does).
             rows = k[:, head].detach().reshape(-1, k.shape[-1])
-            self.codebook.data[head, code] = rows[torch.randint(len(rows), (1,), generator=g)][0]
-            self.unused[head, code] = 0
-            self.codes_reset += 1
+            if keep is not None:
+                rows = rows[torch.from_numpy(keep.reshape(-1).copy())]
+            if len(rows) == 0:
+                continue
+            order = torch.randperm(len(rows), generator=g)
+            for i, code in enumerate(dead):
+                self.codebook.data[head, code] = rows[order[i % len(rows)]]
+                self.unused[head, code] = 0
+                self.codes_reset += 1
 
     # ------------------------------------------------------------------ inspection, decoding
 
