@@ -17,8 +17,10 @@
 
 namespace favor {
 namespace {
+using testing::expect_error;
 using testing::random_tensor;
 using testing::rel_error;
+using testing::ThreadCount;
 
 // ---- (1) the reference against finite differences ----
 
@@ -343,11 +345,6 @@ TEST(VQBackwardCausal, BlockLengthDoesNotChangeTheResult) {
   }
 }
 
-struct ThreadCount {
-  int saved = num_threads();
-  ~ThreadCount() { set_num_threads(saved); }
-};
-
 TEST(VQBackwardThreads, OneAndTwoThreadsGiveIdenticalResults) {
   ThreadCount restore;
   for (bool causal : {false, true})
@@ -366,15 +363,6 @@ TEST(VQBackwardThreads, OneAndTwoThreadsGiveIdenticalResults) {
 }
 
 // ---- (4) errors ----
-
-void expect_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "no favor::Error, expected one naming " << fragment;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
 
 TEST(VQBackwardErrors, DyShapeAndValuesAreChecked) {
   const Case c{1, 2, 5, 6, 4, 3, 4, false, false, false, false, false};
