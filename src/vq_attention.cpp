@@ -66,9 +66,7 @@ void vq_assign(TensorView k, TensorView codebook, int32_t* codes, float* distanc
     norms.insert(norms.end(), ng.begin(), ng.end());
   }
   const int threads = num_threads();
-  cpu::Schedule plan = cpu::make_schedule(k.shape[0] * heads, threads);
-  plan.parts = 1;
-  plan.team = static_cast<int>(std::min<int64_t>(threads, plan.heads));
+  const cpu::Schedule plan = cpu::heads_only(k.shape[0] * heads, threads);
   std::vector<AssignWorkspace> spaces = cpu::make_workspaces<AssignWorkspace>(plan.team, d, c);
   cpu::for_each_head(plan, spaces, [&](int64_t bh, AssignWorkspace& ws) {
     const int64_t b = bh / heads, h = bh % heads;

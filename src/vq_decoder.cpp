@@ -46,11 +46,6 @@ struct QuerySpace {
       : x(rows * d), logits(rows * codes), log_counts(codes), e(codes), y(dv) {}
 };
 
-// A plan of one task per (batch, head) on `threads` threads.
-cpu::Schedule head_plan(int64_t heads, int threads) {
-  return {heads, 1, heads, threads};
-}
-
 }  // namespace
 
 VQDecoder::VQDecoder(int64_t batch, int64_t heads, int64_t dv, TensorView codebook,
@@ -97,7 +92,7 @@ void VQDecoder::append(TensorView k, TensorView v) {
   const double work = double(T) * (2.0 * c * d + (soft ? 2.0 * c * dv : double(dv)));
   const int threads = cpu::threads_for(heads, work, num_threads());
   std::vector<AppendSpace> spaces = cpu::make_workspaces<AppendSpace>(threads, rows, d, dv, c);
-  cpu::for_each_head(head_plan(heads, threads), spaces, [&](int64_t bh, AppendSpace& ws) {
+  cpu::for_each_head(cpu::heads_only(heads, threads), spaces, [&](int64_t bh, AppendSpace& ws) {
     const int64_t b = bh / heads_, h = bh % heads_, g = cb_heads_ == 1 ? 0 : h;
     const float* codebook = codebook_.data() + g * c * d;
     const float* norms = norms_.data() + g * c;
@@ -109,9 +104,9 @@ void VQDecoder::append(TensorView k, TensorView v) {
                        nullptr);
       cpu::gather_rows(&v.at(b, h, t0, 0), v.strides[2], v.strides[3], n, dv, 1.0f, ws.v.data(),
                        nullptr);
+      float* p = ws.scores.data();
+      cpu::assign_rows(ws.x.data(), n, d, codebook, norms, c, tau, ws.z.data(), p);
       if (!soft) {  // one row add per token: O(Dv)
-        cpu::nearest_codes(ws.x.data(), d, n, d, codebook, norms, c, ws.z.data(), nullptr,
-                           ws.scores.data());
         for (int64_t r = 0; r < n; ++r) {
           float* row = sums + ws.z[r] * dv;
           const float* value = ws.v.data() + r * dv;
@@ -121,9 +116,6 @@ void VQDecoder::append(TensorView k, TensorView v) {
         }
         continue;
       }
-      float* p = ws.scores.data();
-      cpu::soft_log_assign(ws.x.data(), d, n, d, codebook, norms, c, tau, p);
-      cpu::exp_affine(p, 1.0f, 0.0f, p, n * c);
       if (n == 1) {  // a decode step: the vectorised rank-1 update, no BLAS call overhead
         cpu::rank1_update(sums, p, ws.v.data(), c, dv);
       } else {  // sums += P^T V
@@ -145,7 +137,7 @@ void VQDecoder::query(TensorView q, MutableTensorView out) const {
   const float scale = static_cast<float>(scale_);
   const int threads = cpu::threads_for(heads, double(T) * 2.0 * c * (d + dv), num_threads());
   std::vector<QuerySpace> spaces = cpu::make_workspaces<QuerySpace>(threads, rows, d, dv, c);
-  cpu::for_each_head(head_plan(heads, threads), spaces, [&](int64_t bh, QuerySpace& ws) {
+  cpu::for_each_head(cpu::heads_only(heads, threads), spaces, [&](int64_t bh, QuerySpace& ws) {
     const int64_t b = bh / heads_, h = bh % heads_, g = cb_heads_ == 1 ? 0 : h;
     const float* codebook = codebook_.data() + g * c * d;
     const float* sums = sums_.data() + bh * c * dv;

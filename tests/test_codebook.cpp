@@ -14,18 +14,11 @@
 
 namespace favor {
 namespace {
+using testing::expect_error;
 using testing::random_tensor;
+using testing::ThreadCount;
 
 constexpr double kUlp = 0x1p-24;  // float unit roundoff
-
-class ThreadCount {  // restores the thread count after the test
- public:
-  ThreadCount() : saved_(num_threads()) {}
-  ~ThreadCount() { set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
 
 // Keys [B, H, N, D] in K Gaussian blobs per head: key n of batch b belongs to blob
 // (b N + n) % K, centres N(0, spread^2), spread sigma around them.
@@ -460,15 +453,6 @@ TEST(CodebookCommitment, SharedCodebookAndAllMasked) {
       commitment_loss(keys, shared, 1.0, KeyMaskView::contiguous(none.data(), 1, 10));
   EXPECT_EQ(masked.loss, 0.0);
   for (float g : masked.dk.values()) EXPECT_EQ(g, 0.0f);
-}
-
-void expect_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
 }
 
 TEST(CodebookErrors, RefusesBadArguments) {

@@ -10,18 +10,8 @@
 
 namespace favor {
 namespace {
+using testing::expect_error;
 using testing::random_tensor;
-
-void expect_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-    const std::invalid_argument& base = e;  // the contract for bindings
-    (void)base;
-  }
-}
 
 struct Inputs {
   Tensor q = random_tensor({2, 2, 10, 8}, 1), k = random_tensor({2, 2, 12, 8}, 2),

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/rng.hpp"
@@ -78,5 +81,27 @@ struct StridedCopy {
     view = TensorView{storage.data(), s, strides};
   }
 };
+
+/// Restores the thread count when it goes out of scope (tests that set it).
+class ThreadCount {
+ public:
+  ThreadCount() : saved_(num_threads()) {}
+  ~ThreadCount() { set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+/// Expects f to throw favor::Error with `fragment` in its message.
+inline void expect_error(const std::function<void()>& f, const std::string& fragment) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one mentioning '" << fragment << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    const std::invalid_argument& base = e;  // the contract for bindings
+    (void)base;
+  }
+}
 
 }  // namespace favor::testing

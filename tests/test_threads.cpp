@@ -11,15 +11,7 @@
 namespace favor {
 namespace {
 using testing::random_tensor;
-
-class ThreadCount {  // restores the thread count after the test
- public:
-  ThreadCount() : saved_(num_threads()) {}
-  ~ThreadCount() { set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
+using testing::ThreadCount;
 
 struct Split {
   int64_t B, H, N;

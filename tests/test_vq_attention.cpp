@@ -17,17 +17,10 @@
 
 namespace favor {
 namespace {
+using testing::expect_error;
 using testing::random_tensor;
 using testing::rel_error;
-
-class ThreadCount {  // restores the thread count after the test
- public:
-  ThreadCount() : saved_(num_threads()) {}
-  ~ThreadCount() { set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
+using testing::ThreadCount;
 
 double resolved_scale(const VQOptions& o, int64_t d) {
   return o.scale ? *o.scale : 1.0 / std::sqrt(double(d));
@@ -389,15 +382,6 @@ TEST(VQAttention, StridedViewsAndThreadCountsGiveIdenticalBits) {
 
 // ---------------------------------------------------------------------------------------
 // Errors
-
-void expect_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
 
 TEST(VQAttention, BadInputNamesTheArgument) {
   const Tensor q = random_tensor({1, 2, 6, 8}, 91), k = random_tensor({1, 2, 6, 8}, 92);

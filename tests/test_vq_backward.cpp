@@ -3,7 +3,7 @@
 // the codebook through them; soft VQ: w.r.t. k and C through p(s|k)); hard dk equals the
 // exact-attention gradient w.r.t. the quantised keys. (2) The float kernels equal the
 // reference within twice the error of a naive float32 evaluation of the same formula
-// (reference/vq_naive_grad.hpp in float). (3) Causal results do not depend on the block
+// (reference/naive_vq.hpp in float). (3) Causal results do not depend on the block
 // length; thread counts give bit-identical results. (4) dy is validated.
 #include <gtest/gtest.h>
 
@@ -12,13 +12,15 @@
 #include <limits>
 #include <string>
 
-#include "reference/vq_naive_grad.hpp"
+#include "reference/naive_vq.hpp"
 #include "test_helpers.hpp"
 
 namespace favor {
 namespace {
+using testing::expect_error;
 using testing::random_tensor;
 using testing::rel_error;
+using testing::ThreadCount;
 
 // ---- (1) the reference against finite differences ----
 
@@ -224,33 +226,16 @@ struct FlatGrads {
 // The naive float32 gradient of every head (codes from the double argmin, as the
 // reference's), flattened like the tensors; dC summed over heads in float.
 FlatGrads naive_float_grads(const Problem& pr, const Case& c) {
-  using reference::vq_naive::Head;
+  namespace vq_naive = reference::vq_naive;
   FlatGrads out;
   out.dc.assign(static_cast<size_t>(pr.C.numel()), 0.0f);
-  auto rows = [](const Tensor& t, int64_t b, int64_t h) {
-    const int64_t n = t.shape()[2] * t.shape()[3];
-    return std::vector<float>(t.data() + (b * t.shape()[1] + h) * n,
-                              t.data() + (b * t.shape()[1] + h + 1) * n);
-  };
   const float scale = float(1.0 / std::sqrt(double(c.D)));
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t h = 0; h < c.H; ++h) {
       const int64_t hc = c.shared ? 0 : h;
-      Head<float> head{c.Nq,
-                       c.Nk,
-                       c.D,
-                       c.Dv,
-                       c.c,
-                       rows(pr.q, b, h),
-                       rows(pr.k, b, h),
-                       rows(pr.v, b, h),
-                       rows(pr.C, 0, hc),
-                       {},
-                       {},
-                       float(pr.o.tau)};
-      if (c.masked) head.mask.assign(pr.mask.begin() + b * c.Nk, pr.mask.begin() + (b + 1) * c.Nk);
-      if (!c.soft) head.z = reference::vq_naive::nearest(head.k, c.Nk, c.D, head.C, c.c);
-      const auto g = reference::vq_naive::backward(head, rows(pr.dy, b, h), scale, c.causal);
+      const auto head = vq_naive::head_of<float>(pr.q, pr.k, pr.v, pr.C, pr.o, b, h);
+      const auto g = vq_naive::backward(head, reference::naive::head_rows<float>(pr.dy, b, h),
+                                        scale, c.causal);
       out.dq.insert(out.dq.end(), g.dq.begin(), g.dq.end());
       out.dk.insert(out.dk.end(), g.dk.begin(), g.dk.end());
       out.dv.insert(out.dv.end(), g.dv.begin(), g.dv.end());
@@ -360,11 +345,6 @@ TEST(VQBackwardCausal, BlockLengthDoesNotChangeTheResult) {
   }
 }
 
-struct ThreadCount {
-  int saved = num_threads();
-  ~ThreadCount() { set_num_threads(saved); }
-};
-
 TEST(VQBackwardThreads, OneAndTwoThreadsGiveIdenticalResults) {
   ThreadCount restore;
   for (bool causal : {false, true})
@@ -383,15 +363,6 @@ TEST(VQBackwardThreads, OneAndTwoThreadsGiveIdenticalResults) {
 }
 
 // ---- (4) errors ----
-
-void expect_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "no favor::Error, expected one naming " << fragment;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
 
 TEST(VQBackwardErrors, DyShapeAndValuesAreChecked) {
   const Case c{1, 2, 5, 6, 4, 3, 4, false, false, false, false, false};

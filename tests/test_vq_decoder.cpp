@@ -13,6 +13,7 @@
 
 namespace favor {
 namespace {
+using testing::expect_error;
 using testing::random_tensor;
 
 constexpr double kUnit = 0x1p-24;  // float unit roundoff
@@ -304,15 +305,6 @@ TEST(VQDecoder, SameResultForAnyThreadCount) {
   }
   set_num_threads(saved);
   EXPECT_EQ(results[0], results[1]);
-}
-
-void expect_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
 }
 
 TEST(VQDecoderErrors, ConstructorNamesTheArgument) {

@@ -24,6 +24,13 @@ inline Schedule make_schedule(int64_t heads, int threads) {
   return {heads, parts, tasks, static_cast<int>(std::min<int64_t>(threads, tasks))};
 }
 
+/// One task per (batch, head): a head is never split over threads, so its sums keep one
+/// order and the result is the same bits for any thread count.
+inline Schedule heads_only(int64_t heads, int threads) {
+  return {heads, 1, heads,
+          static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, heads)))};
+}
+
 /// One workspace per thread of the team, allocated before the parallel region so that an
 /// allocation failure throws to the caller instead of terminating inside OpenMP.
 template <class Workspace, class... Args>
@@ -56,9 +63,7 @@ int64_t for_each_head(const Schedule& plan, std::vector<Workspace>& spaces, Fn f
 template <class Workspace, class RunHead, class... Args>
 void backward_over_heads(int64_t heads, int threads, float* dw, float* dbias, RunHead run_head,
                          const Args&... args) {
-  Schedule plan = make_schedule(heads, threads);
-  plan.parts = 1;
-  plan.team = static_cast<int>(std::min<int64_t>(threads, heads));
+  const Schedule plan = heads_only(heads, threads);
   std::vector<Workspace> spaces = make_workspaces<Workspace>(plan.team, args...);
   for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
     run_head(bh, ws);

@@ -74,4 +74,14 @@ void soft_log_assign(const float* x, int64_t ldx, int64_t n, int64_t d, const fl
   }
 }
 
+void assign_rows(const float* x, int64_t n, int64_t d, const float* codebook, const float* norms,
+                 int64_t codes, float tau, int32_t* z, float* p) {
+  if (tau == 0.0f) {
+    nearest_codes(x, d, n, d, codebook, norms, codes, z, nullptr, p);
+    return;
+  }
+  soft_log_assign(x, d, n, d, codebook, norms, codes, tau, p);
+  exp_affine(p, 1.0f, 0.0f, p, n * codes);
+}
+
 }  // namespace favor::cpu

@@ -27,4 +27,9 @@ void nearest_codes(const float* x, int64_t ldx, int64_t n, int64_t d, const floa
 void soft_log_assign(const float* x, int64_t ldx, int64_t n, int64_t d, const float* codebook,
                      const float* norms, int64_t codes, float tau, float* logp);
 
+/// Assigns n contiguous rows x (n x d): hard VQ (tau = 0), the nearest code z[r] (p is
+/// scratch, n x c); soft VQ, p(s | x_r) into p (n x c, row-major), z unused.
+void assign_rows(const float* x, int64_t n, int64_t d, const float* codebook, const float* norms,
+                 int64_t codes, float tau, int32_t* z, float* p);
+
 }  // namespace favor::cpu

@@ -59,19 +59,12 @@ int64_t attend_queries(const VQParams& p, int64_t b, int64_t h, const float* cod
 }  // namespace
 
 int64_t vq_bidirectional(const VQParams& p) {
-  const AttentionParams& a = p.base;
-  const std::vector<float> norms = all_code_norms(p);
-  Schedule plan = make_schedule(a.batch * a.heads, a.threads);
-  plan.parts = 1;  // heads only: a split head would sum its keys in a thread-dependent order
-  plan.team = static_cast<int>(std::min<int64_t>(a.threads, plan.heads));
-  std::vector<VQWorkspace> spaces =
-      make_workspaces<VQWorkspace>(plan.team, a.d, p.codes, a.dv, kRowTile);
-  return for_each_head(plan, spaces, [&](int64_t bh, VQWorkspace& ws) {
-    const int64_t b = bh / a.heads, h = bh % a.heads;
-    const int64_t g = p.codebook_head_stride == 0 ? 0 : h;
-    key_state(p, b, h, p.head_codebook(bh), norms.data() + g * p.codes, ws);
-    return attend_queries(p, b, h, p.head_codebook(bh), ws);
-  });
+  return vq_forward_over_heads(
+      p, kRowTile,
+      [&](int64_t b, int64_t h, const float* codebook, const float* norms, VQWorkspace& ws) {
+        key_state(p, b, h, codebook, norms, ws);
+        return attend_queries(p, b, h, codebook, ws);
+      });
 }
 
 }  // namespace favor::cpu

@@ -94,18 +94,9 @@ int64_t head(const VQParams& p, int64_t b, int64_t h, const float* codebook, con
 }  // namespace
 
 int64_t vq_causal(const VQParams& p) {
-  const AttentionParams& a = p.base;
-  const std::vector<float> norms = all_code_norms(p);
-  Schedule plan = make_schedule(a.batch * a.heads, a.threads);
-  plan.parts = 1;  // heads only: the result is the same bits for any thread count
-  plan.team = static_cast<int>(std::min<int64_t>(a.threads, plan.heads));
-  const int64_t block = std::min(p.block, a.nq);
-  std::vector<VQWorkspace> spaces =
-      make_workspaces<VQWorkspace>(plan.team, a.d, p.codes, a.dv, block);
-  return for_each_head(plan, spaces, [&](int64_t bh, VQWorkspace& ws) {
-    const int64_t g = p.codebook_head_stride == 0 ? 0 : bh % a.heads;
-    return head(p, bh / a.heads, bh % a.heads, p.head_codebook(bh), norms.data() + g * p.codes, ws);
-  });
+  return vq_forward_over_heads(p, std::min(p.block, p.base.nq),
+                               [&](int64_t b, int64_t h, const float* codebook, const float* norms,
+                                   VQWorkspace& ws) { return head(p, b, h, codebook, norms, ws); });
 }
 
 }  // namespace favor::cpu

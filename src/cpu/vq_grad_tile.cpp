@@ -9,28 +9,11 @@
 
 namespace favor::cpu {
 
-void gather_head_rows(const float* base, const Shape4& st, int64_t b, int64_t h, int64_t start,
-                      int64_t rows, int64_t width, float* dst) {
-  const float* src = base + b * st[0] + h * st[1] + start * st[2];
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = src + r * st[2];
-    float* out = dst + r * width;
-    if (st[3] == 1) {
-      std::copy(row, row + width, out);
-    } else {
-      for (int64_t x = 0; x < width; ++x) out[x] = row[x * st[3]];
-    }
-  }
-}
-
 void key_weights(const VQParams& p, const float* codebook, const float* norms, int64_t b,
                  const float* k, int64_t start, int64_t rows, float* pk, int32_t* z) {
-  const int64_t c = p.codes, d = p.base.d;
-  if (p.tau > 0.0f) {
-    soft_log_assign(k, d, rows, d, codebook, norms, c, p.tau, pk);
-    exp_affine(pk, 1.0f, 0.0f, pk, rows * c);
-  } else {
-    nearest_codes(k, d, rows, d, codebook, norms, c, z, nullptr, pk);  // pk as scratch
+  const int64_t c = p.codes;
+  assign_rows(k, rows, p.base.d, codebook, norms, c, p.tau, z, pk);
+  if (p.tau == 0.0f) {  // one-hot rows
     std::fill(pk, pk + rows * c, 0.0f);
     for (int64_t r = 0; r < rows; ++r) pk[r * c + z[r]] = 1.0f;
   }

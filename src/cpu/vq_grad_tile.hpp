@@ -8,8 +8,6 @@
 // p(.|k_j) (soft); a_is = exp(l_is - m_i) with m_i = max_s (l_is + log n_s) over the codes
 // with visible weight n_s > 0 (n the per-code sum of the key weights the row sees), so the
 // row's denominator over exp(m_i) lies in [1, c]; P_is = a_is / den_i.
-#include <omp.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -22,10 +20,6 @@ namespace favor::cpu {
 /// Rows per tile of the bidirectional backward, and the causal backward's default block:
 /// the hard-VQ moment update T += P^T X is a GEMM with K = the tile, which wants K >= 64.
 constexpr int64_t kVQGradTile = 128;
-
-/// dst (rows x width) = rows [start, start + rows) of head (b, h) of a [B, H, N, width] view.
-void gather_head_rows(const float* base, const Shape4& st, int64_t b, int64_t h, int64_t start,
-                      int64_t rows, int64_t width, float* dst);
 
 /// Key weights pk (rows x c) of the gathered key rows k (rows x d) of keys [start, start +
 /// rows) of batch b: one-hot rows with the code in z (hard VQ), or p(.|k) (soft, z unused).
@@ -59,17 +53,13 @@ template <class Workspace, class RunHead, class... Args>
 void vq_backward_over_heads(const VQBackwardParams& bp, RunHead run_head, const Args&... args) {
   const AttentionParams& a = bp.fwd.base;
   const int64_t heads = a.batch * a.heads, slice = bp.fwd.codes * a.d;
-  const int team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(a.threads, heads)));
-  std::vector<Workspace> spaces = make_workspaces<Workspace>(team, args...);
+  const Schedule plan = heads_only(heads, a.threads);
+  std::vector<Workspace> spaces = make_workspaces<Workspace>(plan.team, args...);
   std::vector<float> dc(bp.dcodebook ? static_cast<size_t>(heads * slice) : 0);
-#pragma omp parallel num_threads(team)
-  {
-    blas_on_calling_thread();
-    Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < heads; ++bh)
-      run_head(bh, ws, dc.empty() ? nullptr : dc.data() + bh * slice);
-  }
+  for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
+    run_head(bh, ws, dc.empty() ? nullptr : dc.data() + bh * slice);
+    return int64_t{0};
+  });
   for (int64_t bh = 0; bh < heads && bp.dcodebook; ++bh) {
     float* dst = bp.dcodebook + (bh % a.heads) * bp.fwd.codebook_head_stride;
     const float* src = dc.data() + bh * slice;

@@ -25,6 +25,12 @@ VQWorkspace::VQWorkspace(int64_t d, int64_t codes_, int64_t dv_, int64_t rows_)
       z(rows_),
       visible(rows_) {}
 
+void gather_head_rows(const float* base, const Shape4& st, int64_t b, int64_t h, int64_t start,
+                      int64_t rows, int64_t width, float* dst) {
+  gather_rows(base + b * st[0] + h * st[1] + start * st[2], st[2], st[3], rows, width, 1.0f, dst,
+              nullptr);
+}
+
 int64_t gather_visible_keys(const VQParams& p, int64_t b, int64_t h, int64_t* next, int64_t end,
                             float* vx, VQWorkspace& ws) {
   const AttentionParams& a = p.base;
@@ -46,10 +52,8 @@ int64_t gather_visible_keys(const VQParams& p, int64_t b, int64_t h, int64_t* ne
 void gather_key_block(const VQParams& p, int64_t b, int64_t h, int64_t j0, int64_t rows, float* vx,
                       VQWorkspace& ws) {
   const AttentionParams& a = p.base;
-  const float* kh = a.k + b * a.k_strides[0] + h * a.k_strides[1];
   const float* vh = a.v + b * a.v_strides[0] + h * a.v_strides[1];
-  gather_rows(kh + j0 * a.k_strides[2], a.k_strides[2], a.k_strides[3], rows, a.d, 1.0f,
-              ws.x.data(), nullptr);
+  gather_head_rows(a.k, a.k_strides, b, h, j0, rows, a.d, ws.x.data());
   gather_values(vh + j0 * a.v_strides[2], a.v_strides[2], a.v_strides[3], rows, a.dv, vx);
   for (int64_t r = 0; r < rows; ++r) {
     ws.visible[r] = key_visible(a, b, j0 + r);
@@ -60,22 +64,16 @@ void gather_key_block(const VQParams& p, int64_t b, int64_t h, int64_t j0, int64
 void query_logits(const VQParams& p, int64_t b, int64_t h, int64_t i0, int64_t rows,
                   const float* codebook, int64_t ldl, VQWorkspace& ws) {
   const AttentionParams& a = p.base;
-  const float* qh = a.q + b * a.q_strides[0] + h * a.q_strides[1];
-  gather_rows(qh + i0 * a.q_strides[2], a.q_strides[2], a.q_strides[3], rows, a.d, 1.0f,
-              ws.x.data(), nullptr);
+  gather_head_rows(a.q, a.q_strides, b, h, i0, rows, a.d, ws.x.data());
   gemm(false, true, rows, p.codes, a.d, p.scale, ws.x.data(), a.d, codebook, a.d, 0.0f,
        ws.xg.data(), ldl);
 }
 
 void assign_keys(const VQParams& p, const float* codebook, const float* norms, int64_t rows,
                  const char* visible, VQWorkspace& ws) {
-  const int64_t c = p.codes, d = p.base.d;
-  if (p.tau == 0.0f) {
-    nearest_codes(ws.x.data(), d, rows, d, codebook, norms, c, ws.z.data(), nullptr, ws.p.data());
-    return;
-  }
-  soft_log_assign(ws.x.data(), d, rows, d, codebook, norms, c, p.tau, ws.p.data());
-  exp_affine(ws.p.data(), 1.0f, 0.0f, ws.p.data(), rows * c);
+  const int64_t c = p.codes;
+  assign_rows(ws.x.data(), rows, p.base.d, codebook, norms, c, p.tau, ws.z.data(), ws.p.data());
+  if (p.tau == 0.0f) return;
   for (int64_t r = 0; visible && r < rows; ++r)
     if (!visible[r]) std::fill(ws.p.data() + r * c, ws.p.data() + (r + 1) * c, 0.0f);
 }

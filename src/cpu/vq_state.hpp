@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/schedule.hpp"
+#include "cpu/vq_assign.hpp"
 #include "cpu/vq_params.hpp"
 
 namespace favor::cpu {
@@ -35,6 +37,10 @@ struct VQWorkspace {
 inline bool key_visible(const AttentionParams& p, int64_t b, int64_t j) {
   return p.mask == nullptr || p.mask[b * p.mask_stride_b + j * p.mask_stride_n] != 0;
 }
+
+/// dst (rows x width) = rows [start, start + rows) of head (b, h) of a [B, H, N, width] view.
+void gather_head_rows(const float* base, const Shape4& st, int64_t b, int64_t h, int64_t start,
+                      int64_t rows, int64_t width, float* dst);
 
 /// Gathers the next keys of head (b, h) that take part, from *next up to end and at most
 /// ws.rows of them: key rows into ws.x, [v | 1] into vx. Advances *next; returns the count.
@@ -65,5 +71,21 @@ void add_to_state(const VQParams& p, int64_t rows, const float* vx, const char* 
 /// Weights of one query row: x[s] = exp(L[s] - m) where log_n[s] > -inf, else 0, with
 /// m = max_s (L[s] + log_n[s]). In place (x may be L). Returns m (-inf: no live code).
 float code_weights(const float* L, const float* log_n, int64_t codes, float* x);
+
+/// The forward kernels' driver: run_head(b, h, codebook, norms, ws) for every (batch, head),
+/// one task per head (heads_only), workspaces of `rows` rows; returns the sum of run_head's
+/// results (rows written as zeros).
+template <class RunHead>
+int64_t vq_forward_over_heads(const VQParams& p, int64_t rows, RunHead run_head) {
+  const AttentionParams& a = p.base;
+  const std::vector<float> norms = all_code_norms(p);
+  const Schedule plan = heads_only(a.batch * a.heads, a.threads);
+  std::vector<VQWorkspace> spaces =
+      make_workspaces<VQWorkspace>(plan.team, a.d, p.codes, a.dv, rows);
+  return for_each_head(plan, spaces, [&](int64_t bh, VQWorkspace& ws) {
+    const int64_t h = bh % a.heads, g = p.codebook_head_stride == 0 ? 0 : h;
+    return run_head(bh / a.heads, h, p.head_codebook(bh), norms.data() + g * p.codes, ws);
+  });
+}
 
 }  // namespace favor::cpu

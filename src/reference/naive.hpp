@@ -2,9 +2,12 @@
 // Naive materialised formulas, templated on the arithmetic type. reference.cpp exposes
 // the double instantiation as favor::reference; tests also use the float one, a naive
 // same-precision implementation, to bound the fast kernels' rounding error.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
+#include "core/validate.hpp"
 #include "favor/attention.hpp"
 #include "favor/error.hpp"
 #include "favor/estimators.hpp"
@@ -124,6 +127,42 @@ std::vector<T> head_features(const TensorView& x, int64_t b, int64_t h, const Pr
 
 inline bool key_visible(const std::optional<KeyMaskView>& mask, int64_t b, int64_t j) {
   return !mask || mask->at(b, j);
+}
+
+/// Batch b's key flags (1: the key takes part), nk of them; empty when there is no mask.
+inline std::vector<uint8_t> head_mask(const std::optional<KeyMaskView>& mask, int64_t b,
+                                      int64_t nk) {
+  std::vector<uint8_t> flags;
+  for (int64_t j = 0; mask && j < nk; ++j) flags.push_back(mask->at(b, j) ? 1 : 0);
+  return flags;
+}
+
+/// Head (b, h) of a [B, H, N, X] view as N x X rows of T, row-major.
+template <class T>
+std::vector<T> head_rows(const TensorView& t, int64_t b, int64_t h) {
+  std::vector<T> out;
+  out.reserve(static_cast<size_t>(t.shape[2] * t.shape[3]));
+  for (int64_t n = 0; n < t.shape[2]; ++n)
+    for (int64_t x = 0; x < t.shape[3]; ++x) out.push_back(static_cast<T>(t.at(b, h, n, x)));
+  return out;
+}
+
+/// Writes head (b, h) of t from its rows (the inverse of head_rows).
+inline void put_head(DTensor& t, int64_t b, int64_t h, const std::vector<double>& rows) {
+  const size_t offset = static_cast<size_t>((b * t.shape[1] + h) * t.shape[2] * t.shape[3]);
+  std::copy(rows.begin(), rows.end(), t.values.begin() + static_cast<std::ptrdiff_t>(offset));
+}
+
+/// Zero dq, dk and dv for inputs of shape s (dw left empty).
+inline DGrads zero_grads(const detail::AttentionShape& s) {
+  auto zeros = [](const Shape4& shape) {
+    return DTensor{
+        shape, std::vector<double>(static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3]))};
+  };
+  return DGrads{zeros({s.batch, s.heads, s.nq, s.d}),
+                zeros({s.batch, s.heads, s.nk, s.d}),
+                zeros({s.batch, s.heads, s.nk, s.dv}),
+                {}};
 }
 
 /// Materialised FAVOR attention in T: [B, H, Nq, Dv] C-contiguous.

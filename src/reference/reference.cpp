@@ -69,40 +69,12 @@ DTensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOpt
   return out;
 }
 
-namespace {
-
-std::vector<double> head_rows(const TensorView& t, int64_t b, int64_t h) {
-  std::vector<double> out;
-  out.reserve(static_cast<size_t>(t.shape[2] * t.shape[3]));
-  for (int64_t n = 0; n < t.shape[2]; ++n)
-    for (int64_t x = 0; x < t.shape[3]; ++x) out.push_back(t.at(b, h, n, x));
-  return out;
-}
-
-void put_head(DTensor& t, int64_t b, int64_t h, const std::vector<double>& rows) {
-  const size_t offset = static_cast<size_t>((b * t.shape[1] + h) * t.shape[2] * t.shape[3]);
-  std::copy(rows.begin(), rows.end(), t.values.begin() + static_cast<std::ptrdiff_t>(offset));
-}
-
-DGrads zero_grads(const detail::AttentionShape& s) {
-  DGrads g;
-  g.dq = DTensor{{s.batch, s.heads, s.nq, s.d},
-                 std::vector<double>(static_cast<size_t>(s.batch * s.heads * s.nq * s.d))};
-  g.dk = DTensor{{s.batch, s.heads, s.nk, s.d},
-                 std::vector<double>(static_cast<size_t>(s.batch * s.heads * s.nk * s.d))};
-  g.dv = DTensor{{s.batch, s.heads, s.nk, s.dv},
-                 std::vector<double>(static_cast<size_t>(s.batch * s.heads * s.nk * s.dv))};
-  return g;
-}
-
-}  // namespace
-
 DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                                 const Projection& w, const AttentionOptions& options) {
   const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
   detail::check_projection(w, s.d, "q and k");
   const double scale = detail::resolve_scale(options.scale, s.d);
-  DGrads g = zero_grads(s);
+  DGrads g = naive::zero_grads(s);
   g.dw.assign(static_cast<size_t>(w.m() * w.d()), 0.0);
   const std::optional<KernelFit> fit = naive::attention_fit(q, k, options, scale);
   for (int64_t b = 0; b < s.batch; ++b)
@@ -115,20 +87,18 @@ DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, Tensor
                                s.d,
                                s.dv,
                                w.m(),
-                               head_rows(q, b, h),
-                               head_rows(k, b, h),
-                               head_rows(v, b, h),
+                               naive::head_rows<double>(q, b, h),
+                               naive::head_rows<double>(k, b, h),
+                               naive::head_rows<double>(v, b, h),
                                map.w,
                                {},
                                data_adapted(options.kernel) ? map.bias : std::vector<double>{}};
-      if (options.key_mask) {
-        for (int64_t j = 0; j < s.nk; ++j) head.mask.push_back(options.key_mask->at(b, j) ? 1 : 0);
-      }
-      const auto hg =
-          naive::backward(head, head_rows(dy, b, h), options.kernel, scale, options.causal);
-      put_head(g.dq, b, h, hg.dq);
-      put_head(g.dk, b, h, hg.dk);
-      put_head(g.dv, b, h, hg.dv);
+      head.mask = naive::head_mask(options.key_mask, b, s.nk);
+      const auto hg = naive::backward(head, naive::head_rows<double>(dy, b, h), options.kernel,
+                                      scale, options.causal);
+      naive::put_head(g.dq, b, h, hg.dq);
+      naive::put_head(g.dk, b, h, hg.dk);
+      naive::put_head(g.dv, b, h, hg.dv);
       naive::head_map_backward(w, options.kernel, fit, b * s.heads + h, hg.dw, hg.dbias, g.dw);
     }
   return g;
@@ -138,7 +108,7 @@ DGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, Tensor
                                 const ExactOptions& options) {
   const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
   const double scale = detail::resolve_scale(options.scale, s.d);
-  DGrads g = zero_grads(s);
+  DGrads g = naive::zero_grads(s);
   std::vector<double> p(static_cast<size_t>(s.nk)), dp(static_cast<size_t>(s.nk));
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)

@@ -10,7 +10,7 @@ std::vector<int32_t> vq_assign(TensorView k, TensorView codebook) {
   detail::check_view(k, "k");
   detail::check_finite(k, "k");
   detail::check_codebook(codebook, k.shape[1], k.shape[3]);
-  return naive::nearest_codes<double>(k, codebook);
+  return naive::nearest_codes(k, codebook);
 }
 
 DTensor vq_attention(TensorView q, TensorView k, TensorView v, TensorView codebook,

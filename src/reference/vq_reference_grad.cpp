@@ -1,37 +1,12 @@
 // The double oracle of the Transformer-VQ gradients: the materialised formula of
-// reference/vq_naive_grad.hpp per (batch, head), codes by double argmin.
-#include <algorithm>
-#include <cmath>
-
+// reference/naive_vq.hpp per (batch, head), codes by double argmin.
 #include "core/validate.hpp"
 #include "core/vq_validate.hpp"
 #include "favor/error.hpp"
 #include "favor/reference.hpp"
-#include "reference/naive.hpp"
-#include "reference/vq_naive_grad.hpp"
+#include "reference/naive_vq.hpp"
 
 namespace favor::reference {
-namespace {
-
-std::vector<double> rows_of(const TensorView& t, int64_t b, int64_t h) {
-  std::vector<double> out;
-  out.reserve(static_cast<size_t>(t.shape[2] * t.shape[3]));
-  for (int64_t n = 0; n < t.shape[2]; ++n)
-    for (int64_t x = 0; x < t.shape[3]; ++x) out.push_back(t.at(b, h, n, x));
-  return out;
-}
-
-DTensor zeros(const Shape4& shape) {
-  return DTensor{
-      shape, std::vector<double>(static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3]))};
-}
-
-void put(DTensor& t, int64_t b, int64_t h, const std::vector<double>& rows) {
-  const size_t offset = static_cast<size_t>((b * t.shape[1] + h) * t.shape[2] * t.shape[3]);
-  std::copy(rows.begin(), rows.end(), t.values.begin() + static_cast<std::ptrdiff_t>(offset));
-}
-
-}  // namespace
 
 DGrads vq_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                              TensorView codebook, const VQOptions& options) {
@@ -44,34 +19,18 @@ DGrads vq_attention_backward(TensorView q, TensorView k, TensorView v, TensorVie
                 " must be the output's shape [B, H, Nq, Dv]");
   }
   const double scale = detail::resolve_scale(options.scale, s.d);
-  const int64_t shared = codebook.shape[1] == 1, c = codebook.shape[2];
-  DGrads g;
-  g.dq = zeros({s.batch, s.heads, s.nq, s.d});
-  g.dk = zeros({s.batch, s.heads, s.nk, s.d});
-  g.dv = zeros({s.batch, s.heads, s.nk, s.dv});
+  const int64_t c = codebook.shape[2];
+  DGrads g = naive::zero_grads(s);
   g.dw.assign(static_cast<size_t>(codebook.shape[1] * c * s.d), 0.0);
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t hc = shared ? 0 : h;
-      vq_naive::Head<double> head{s.nq,
-                                  s.nk,
-                                  s.d,
-                                  s.dv,
-                                  c,
-                                  rows_of(q, b, h),
-                                  rows_of(k, b, h),
-                                  rows_of(v, b, h),
-                                  rows_of(codebook, 0, hc),
-                                  {},
-                                  {},
-                                  options.tau};
-      for (int64_t j = 0; options.key_mask && j < s.nk; ++j)
-        head.mask.push_back(naive::key_visible(options.key_mask, b, j) ? 1 : 0);
-      if (options.tau == 0.0) head.z = vq_naive::nearest(head.k, s.nk, s.d, head.C, c);
-      const auto hg = vq_naive::backward(head, rows_of(dy, b, h), scale, options.causal);
-      put(g.dq, b, h, hg.dq);
-      put(g.dk, b, h, hg.dk);
-      put(g.dv, b, h, hg.dv);
+      const auto head = vq_naive::head_of<double>(q, k, v, codebook, options, b, h);
+      const auto hg =
+          vq_naive::backward(head, naive::head_rows<double>(dy, b, h), scale, options.causal);
+      naive::put_head(g.dq, b, h, hg.dq);
+      naive::put_head(g.dk, b, h, hg.dk);
+      naive::put_head(g.dv, b, h, hg.dv);
+      const int64_t hc = codebook.shape[1] == 1 ? 0 : h;
       for (size_t i = 0; i < hg.dc.size(); ++i) g.dw[hc * c * s.d + i] += hg.dc[i];
     }
   return g;
