@@ -60,11 +60,9 @@ void vq_assign(TensorView k, TensorView codebook, int32_t* codes, float* distanc
   const std::vector<float> book = detail::contiguous_codebook(codebook);
   const int64_t c = codebook.shape[2];
   const int64_t book_stride = codebook.shape[1] == 1 ? 0 : c * d;
-  std::vector<float> norms;
-  for (int64_t g = 0; g < codebook.shape[1]; ++g) {
-    const std::vector<float> ng = cpu::code_norms(book.data() + g * c * d, c, d);
-    norms.insert(norms.end(), ng.begin(), ng.end());
-  }
+  std::vector<cpu::CodeTable> tables;
+  for (int64_t g = 0; g < codebook.shape[1]; ++g)
+    tables.push_back(cpu::code_table(book.data() + g * c * d, c, d));
   const int threads = num_threads();
   const cpu::Schedule plan = cpu::heads_only(k.shape[0] * heads, threads);
   std::vector<AssignWorkspace> spaces = cpu::make_workspaces<AssignWorkspace>(plan.team, d, c);
@@ -77,9 +75,8 @@ void vq_assign(TensorView k, TensorView codebook, int32_t* codes, float* distanc
       cpu::gather_rows(kh + j0 * k.strides[2], k.strides[2], k.strides[3], rows, d, 1.0f,
                        ws.x.data(), nullptr);
       const int64_t at = bh * n + j0;
-      cpu::nearest_codes(ws.x.data(), d, rows, d, book.data() + g * book_stride,
-                         norms.data() + g * c, c, codes + at, distances ? distances + at : nullptr,
-                         ws.scratch.data());
+      cpu::nearest_codes(ws.x.data(), d, rows, tables[g], codes + at,
+                         distances ? distances + at : nullptr, ws.scratch.data());
     }
     return int64_t{0};
   });

@@ -62,11 +62,10 @@ VQDecoder::VQDecoder(int64_t batch, int64_t heads, int64_t dv, TensorView codebo
   d_ = codebook.shape[3];
   scale_ = detail::resolve_scale(options.scale, d_);
   codebook_ = detail::contiguous_codebook(codebook);
-  norms_.reserve(static_cast<size_t>(cb_heads_ * codes_));
-  for (int64_t g = 0; g < cb_heads_; ++g) {
-    const std::vector<float> n = cpu::code_norms(codebook_.data() + g * codes_ * d_, codes_, d_);
-    norms_.insert(norms_.end(), n.begin(), n.end());
-  }
+  auto tables = std::make_shared<std::vector<cpu::CodeTable>>();
+  for (int64_t g = 0; g < cb_heads_; ++g)
+    tables->push_back(cpu::code_table(codebook_.data() + g * codes_ * d_, codes_, d_));
+  tables_ = std::move(tables);
   sums_.assign(static_cast<size_t>(batch * heads * codes_ * dv), 0.0f);
   counts_.assign(static_cast<size_t>(batch * heads * codes_), 0.0f);
 }
@@ -94,8 +93,7 @@ void VQDecoder::append(TensorView k, TensorView v) {
   std::vector<AppendSpace> spaces = cpu::make_workspaces<AppendSpace>(threads, rows, d, dv, c);
   cpu::for_each_head(cpu::heads_only(heads, threads), spaces, [&](int64_t bh, AppendSpace& ws) {
     const int64_t b = bh / heads_, h = bh % heads_, g = cb_heads_ == 1 ? 0 : h;
-    const float* codebook = codebook_.data() + g * c * d;
-    const float* norms = norms_.data() + g * c;
+    const cpu::CodeTable& table = (*tables_)[g];
     float* sums = sums_.data() + bh * c * dv;
     float* counts = counts_.data() + bh * c;
     for (int64_t t0 = 0; t0 < T; t0 += rows) {
@@ -105,7 +103,7 @@ void VQDecoder::append(TensorView k, TensorView v) {
       cpu::gather_rows(&v.at(b, h, t0, 0), v.strides[2], v.strides[3], n, dv, 1.0f, ws.v.data(),
                        nullptr);
       float* p = ws.scores.data();
-      cpu::assign_rows(ws.x.data(), n, d, codebook, norms, c, tau, ws.z.data(), p);
+      cpu::assign_rows(ws.x.data(), n, table, tau, ws.z.data(), p);
       if (!soft) {  // one row add per token: O(Dv)
         for (int64_t r = 0; r < n; ++r) {
           float* row = sums + ws.z[r] * dv;

@@ -229,6 +229,16 @@ TEST(CodebookKMeans, EmptyClusterTakesFarthestKey) {
   EXPECT_LE(km.assign(), after);
 }
 
+TEST(CodebookKMeans, ErrorNonIncreasingForKeysFarFromTheOrigin) {
+  // Keys sharing an offset of |k| ~ 4400 with a spread of 0.05: assignment through the
+  // uncentred GEMM form made the error rise between iterations here (review finding).
+  Tensor keys = random_tensor({1, 2, 256, 16}, 77);
+  for (float& x : keys.values()) x = 1100.0f + 0.05f * x;
+  const std::vector<double> errors = run_kmeans(keys, 16, 12);
+  expect_non_increasing(errors);
+  EXPECT_LT(errors.back(), errors.front());
+}
+
 TEST(CodebookKMeans, DuplicateKeysGiveZeroError) {
   // 4 distinct keys, 8 copies each, 6 codes: the seeding runs out of distance (D^2 = 0) and
   // empty clusters have no farther key; nothing breaks and the error is exactly 0.

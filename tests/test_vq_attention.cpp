@@ -96,6 +96,37 @@ TEST(VQAssign, MatchesReferenceWithDistances) {
   }
 }
 
+TEST(VQAssign, KeysFarFromTheOriginKeepTheirCodes) {
+  // Keys that share a large offset with a small spread (|k| ~ 440 and ~ 4400 against gaps of
+  // ~0.2): the GEMM form |C|^2 - 2 k.C cancels there (its error, eps |k|^2 ~ 0.01 - 1, is
+  // larger than the gaps), and put half the keys on a wrong code before assignment centred
+  // the keys and codes on the codes' mean. With the codebook made of the keys themselves
+  // every key must find itself (distance 0) and VQ attention must be exact attention.
+  const int64_t N = 64, D = 16;
+  for (const float offset : {110.0f, 1100.0f}) {
+    Tensor k = random_tensor({1, 1, N, D}, 41);
+    for (float& x : k.values()) x = offset + 0.05f * x;
+    const Tensor codebook(Shape4{1, 1, N, D}, k.values());
+    std::vector<int32_t> codes(N);
+    std::vector<float> dist(N);
+    vq_assign(k, codebook, codes.data(), dist.data());
+    for (int64_t j = 0; j < N; ++j) {
+      EXPECT_EQ(codes[j], j) << "offset " << offset;
+      EXPECT_EQ(dist[j], 0.0f) << "offset " << offset;
+    }
+    const Tensor q = random_tensor({1, 1, N, D}, 42, 2.0), v = random_tensor({1, 1, N, 4}, 43);
+    VQOptions o;
+    o.scale = 1.0;  // q.k^ spans ~offset: the logits differ by O(1) between keys
+    ExactOptions e;
+    e.scale = 1.0;
+    const Tensor fast = vq_attention(q, k, v, codebook, o);
+    const auto exact = reference::exact_attention(q, k, v, e);
+    // The logits themselves are large (|q| |k| ~ offset sqrt(D)): float rounding of scale
+    // q.C, about eps |q| |k|, bounds the error; 1e-3 is 10x that at offset 1100.
+    EXPECT_LT(rel_error(fast, exact.values), offset < 500 ? 1e-4 : 1e-3) << "offset " << offset;
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Attention against the double reference
 

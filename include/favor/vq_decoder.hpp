@@ -2,12 +2,16 @@
 /// \file vq_decoder.hpp
 /// Streaming Transformer-VQ decoding: per (batch, head) a per-code count and value sum.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "favor/tensor.hpp"
 
 namespace favor {
+namespace cpu {
+struct CodeTable;
+}
 
 struct VQDecoderOptions {
   std::optional<double> scale;  ///< default 1/sqrt(D)
@@ -45,7 +49,8 @@ class VQDecoder {
  private:
   int64_t batch_, heads_, dv_, codes_, d_, cb_heads_;
   std::vector<float> codebook_;  // [cb_heads][c][d]
-  std::vector<float> norms_;     // [cb_heads][c]: |C_s|^2, for the code assignment
+  // [cb_heads]: the codes prepared for assignment (centred, norms); immutable, shared by copies
+  std::shared_ptr<const std::vector<cpu::CodeTable>> tables_;
   VQDecoderOptions options_;
   double scale_;
   int64_t position_ = 0;

@@ -50,14 +50,14 @@ struct Workspace {
         z(kTile) {}
 };
 
-void run_head(const VQBackwardParams& bp, const std::vector<float>& norms, int64_t bh,
+void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, int64_t bh,
               Workspace& ws, float* dC) {
   const VQParams& p = bp.fwd;
   const AttentionParams& a = p.base;
   const int64_t b = bh / a.heads, h = bh % a.heads, c = p.codes, d = a.d, dv = a.dv;
   const bool hard = p.tau == 0.0f;
   const float* C = p.head_codebook(bh);
-  const float* norms_h = norms.data() + (p.codebook_head_stride ? h * c : 0);
+  const CodeTable& table = tables[p.codebook_head_stride ? h : 0];
   const float scale = p.scale;
 
   // 1. Per-code sums of the keys.
@@ -67,7 +67,7 @@ void run_head(const VQBackwardParams& bp, const std::vector<float>& norms, int64
     const int64_t rows = std::min(kTile, a.nk - j0);
     gather_head_rows(a.k, a.k_strides, b, h, j0, rows, d, ws.kt.data());
     gather_head_rows(a.v, a.v_strides, b, h, j0, rows, dv, ws.vt.data());
-    key_weights(p, C, norms_h, b, ws.kt.data(), j0, rows, ws.pk.data(), ws.z.data());
+    key_weights(p, table, b, ws.kt.data(), j0, rows, ws.pk.data(), ws.z.data());
     gemm(true, false, c, dv, rows, 1.0f, ws.pk.data(), c, ws.vt.data(), dv, 1.0f, ws.vsum.data(),
          dv);
     for (int64_t j = 0; j < rows; ++j)
@@ -118,7 +118,7 @@ void run_head(const VQBackwardParams& bp, const std::vector<float>& norms, int64
     const int64_t rows = std::min(kTile, a.nk - j0);
     gather_head_rows(a.k, a.k_strides, b, h, j0, rows, d, ws.kt.data());
     gather_head_rows(a.v, a.v_strides, b, h, j0, rows, dv, ws.vt.data());
-    key_weights(p, C, norms_h, b, ws.kt.data(), j0, rows, ws.pk.data(), ws.z.data());
+    key_weights(p, table, b, ws.kt.data(), j0, rows, ws.pk.data(), ws.z.data());
     gemm(false, false, rows, dv, c, 1.0f, ws.pk.data(), c, ws.U.data(), dv, 0.0f,
          bp.dv + (bh * a.nk + j0) * dv, dv);
     float* dk = bp.dk + (bh * a.nk + j0) * d;
@@ -140,9 +140,9 @@ void run_head(const VQBackwardParams& bp, const std::vector<float>& norms, int64
 
 void vq_backward_bidirectional(const VQBackwardParams& bp) {
   const VQParams& p = bp.fwd;
-  const std::vector<float> norms = all_code_norms(p);
+  const std::vector<CodeTable> tables = all_code_tables(p);
   vq_backward_over_heads<Workspace>(
-      bp, [&](int64_t bh, Workspace& ws, float* dC) { run_head(bp, norms, bh, ws, dC); }, p.codes,
+      bp, [&](int64_t bh, Workspace& ws, float* dC) { run_head(bp, tables, bh, ws, dC); }, p.codes,
       p.base.d, p.base.dv, p.tau == 0.0f);
 }
 

@@ -65,7 +65,7 @@ struct Workspace {
 // Gathers block [s0, s0 + rows) and computes its key weights pk and query weights a: row i's
 // shift uses the per-code weight of the keys up to i, nprev (the earlier blocks) plus the
 // block's own rows up to i.
-void load_block(const VQParams& p, const float* C, const float* norms, int64_t b, int64_t h,
+void load_block(const VQParams& p, const float* C, const CodeTable& table, int64_t b, int64_t h,
                 int64_t s0, int64_t rows, const float* nprev, const float* dy, const Shape4& dys,
                 Workspace& ws) {
   const AttentionParams& a = p.base;
@@ -74,7 +74,7 @@ void load_block(const VQParams& p, const float* C, const float* norms, int64_t b
   gather_head_rows(a.k, a.k_strides, b, h, s0, rows, d, ws.kt.data());
   gather_head_rows(a.v, a.v_strides, b, h, s0, rows, dv, ws.vt.data());
   gather_head_rows(dy, dys, b, h, s0, rows, dv, ws.dyt.data());
-  key_weights(p, C, norms, b, ws.kt.data(), s0, rows, ws.pk.data(), ws.z.data());
+  key_weights(p, table, b, ws.kt.data(), s0, rows, ws.pk.data(), ws.z.data());
   gemm(false, true, rows, c, d, p.scale, ws.qt.data(), d, C, d, 0.0f, ws.a.data(), c);
   std::copy(nprev, nprev + c, ws.nrun.begin());
   for (int64_t i = 0; i < rows; ++i) {
@@ -101,7 +101,7 @@ void tril_product(const float* X, int64_t rows, int64_t c, Workspace& ws) {
   for (int64_t i = 0; i < rows; ++i) std::fill(S + i * rows + i + 1, S + (i + 1) * rows, 0.0f);
 }
 
-void run_head(const VQBackwardParams& bp, const std::vector<float>& norms, int64_t bh,
+void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, int64_t bh,
               Workspace& ws, float* dC) {
   const VQParams& p = bp.fwd;
   const AttentionParams& at = p.base;
@@ -109,7 +109,7 @@ void run_head(const VQBackwardParams& bp, const std::vector<float>& norms, int64
   const int64_t n = at.nq, L = ws.L, blocks = (n + L - 1) / L;
   const bool hard = p.tau == 0.0f;
   const float* C = p.head_codebook(bh);
-  const float* norms_h = norms.data() + (p.codebook_head_stride ? h * c : 0);
+  const CodeTable& table = tables[p.codebook_head_stride ? h : 0];
   const float scale = p.scale;
 
   // A. Forward sweep: dq and the logit part of dC.
@@ -118,7 +118,7 @@ void run_head(const VQBackwardParams& bp, const std::vector<float>& norms, int64
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t s0 = blk * L, rows = std::min(L, n - s0);
     std::copy(ws.nprev.begin(), ws.nprev.end(), ws.block_n.begin() + blk * c);
-    load_block(p, C, norms_h, b, h, s0, rows, ws.nprev.data(), bp.dy, bp.dy_strides, ws);
+    load_block(p, C, table, b, h, s0, rows, ws.nprev.data(), bp.dy, bp.dy_strides, ws);
     float* P = ws.a.data();
     tril_product(P, rows, c, ws);
     gemm(false, false, rows, dv, c, 1.0f, P, c, ws.vprev.data(), dv, 0.0f, ws.y.data(), dv);
@@ -158,7 +158,7 @@ void run_head(const VQBackwardParams& bp, const std::vector<float>& norms, int64
   std::fill(ws.wsum.begin(), ws.wsum.end(), 0.0f);
   for (int64_t blk = blocks - 1; blk >= 0; --blk) {
     const int64_t s0 = blk * L, rows = std::min(L, n - s0);
-    load_block(p, C, norms_h, b, h, s0, rows, ws.block_n.data() + blk * c, bp.dy, bp.dy_strides,
+    load_block(p, C, table, b, h, s0, rows, ws.block_n.data() + blk * c, bp.dy, bp.dy_strides,
                ws);
     float* P = ws.a.data();
     const float* delta = ws.delta.data() + s0;
@@ -201,10 +201,10 @@ void run_head(const VQBackwardParams& bp, const std::vector<float>& norms, int64
 
 void vq_backward_causal(const VQBackwardParams& bp) {
   const VQParams& p = bp.fwd;
-  const std::vector<float> norms = all_code_norms(p);
+  const std::vector<CodeTable> tables = all_code_tables(p);
   const int64_t L = std::min(p.block, std::max<int64_t>(p.base.nq, 1));
   vq_backward_over_heads<Workspace>(
-      bp, [&](int64_t bh, Workspace& ws, float* dC) { run_head(bp, norms, bh, ws, dC); }, p.codes,
+      bp, [&](int64_t bh, Workspace& ws, float* dC) { run_head(bp, tables, bh, ws, dC); }, p.codes,
       p.base.d, p.base.dv, p.tau == 0.0f, L, p.base.nq);
 }
 

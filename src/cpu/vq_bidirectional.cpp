@@ -21,15 +21,14 @@ namespace favor::cpu {
 namespace {
 
 // Fills ws's state with [Vsum | n] over every visible key of head (b, h).
-void key_state(const VQParams& p, int64_t b, int64_t h, const float* codebook, const float* norms,
-               VQWorkspace& ws) {
+void key_state(const VQParams& p, int64_t b, int64_t h, const CodeTable& table, VQWorkspace& ws) {
   std::fill(ws.sv.begin(), ws.sv.begin() + p.codes * ws.ld(), 0.0f);
   float* vx = ws.state() + p.codes * ws.ld();  // a tile's [V | 1], below the state
   int64_t next = 0;
   for (;;) {
     const int64_t rows = gather_visible_keys(p, b, h, &next, p.base.nk, vx, ws);
     if (rows == 0) break;
-    assign_keys(p, codebook, norms, rows, nullptr, ws);
+    assign_keys(p, table, rows, nullptr, ws);
     add_to_state(p, rows, vx, nullptr, ws);
   }
 }
@@ -61,8 +60,8 @@ int64_t attend_queries(const VQParams& p, int64_t b, int64_t h, const float* cod
 int64_t vq_bidirectional(const VQParams& p) {
   return vq_forward_over_heads(
       p, kRowTile,
-      [&](int64_t b, int64_t h, const float* codebook, const float* norms, VQWorkspace& ws) {
-        key_state(p, b, h, codebook, norms, ws);
+      [&](int64_t b, int64_t h, const float* codebook, const CodeTable& table, VQWorkspace& ws) {
+        key_state(p, b, h, table, ws);
         return attend_queries(p, b, h, codebook, ws);
       });
 }

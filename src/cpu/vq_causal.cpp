@@ -61,8 +61,8 @@ void block_weights(const VQParams& p, int64_t rows, VQWorkspace& ws) {
   for (int64_t i = 0; i + 1 < rows; ++i) std::fill(g + i * ldg + i + 1, g + i * ldg + rows, 0.0f);
 }
 
-int64_t head(const VQParams& p, int64_t b, int64_t h, const float* codebook, const float* norms,
-             VQWorkspace& ws) {
+int64_t head(const VQParams& p, int64_t b, int64_t h, const float* codebook,
+             const CodeTable& table, VQWorkspace& ws) {
   const AttentionParams& a = p.base;
   const int64_t c = p.codes, ld = ws.ld(), ldg = ws.ldg();
   float* state = ws.state();
@@ -75,7 +75,7 @@ int64_t head(const VQParams& p, int64_t b, int64_t h, const float* codebook, con
   for (int64_t t0 = 0; t0 < a.nq; t0 += ws.rows) {
     const int64_t rows = std::min(ws.rows, a.nq - t0);
     gather_key_block(p, b, h, t0, rows, vx, ws);
-    assign_keys(p, codebook, norms, rows, ws.visible.data(), ws);
+    assign_keys(p, table, rows, ws.visible.data(), ws);
     query_logits(p, b, h, t0, rows, codebook, ldg, ws);
     block_weights(p, rows, ws);
     gemm(false, false, rows, ld, c + rows, 1.0f, ws.xg.data(), ldg, state, ld, 0.0f, ws.yx.data(),
@@ -95,8 +95,10 @@ int64_t head(const VQParams& p, int64_t b, int64_t h, const float* codebook, con
 
 int64_t vq_causal(const VQParams& p) {
   return vq_forward_over_heads(p, std::min(p.block, p.base.nq),
-                               [&](int64_t b, int64_t h, const float* codebook, const float* norms,
-                                   VQWorkspace& ws) { return head(p, b, h, codebook, norms, ws); });
+                               [&](int64_t b, int64_t h, const float* codebook,
+                                   const CodeTable& table, VQWorkspace& ws) {
+                                 return head(p, b, h, codebook, table, ws);
+                               });
 }
 
 }  // namespace favor::cpu

@@ -9,10 +9,10 @@
 
 namespace favor::cpu {
 
-void key_weights(const VQParams& p, const float* codebook, const float* norms, int64_t b,
-                 const float* k, int64_t start, int64_t rows, float* pk, int32_t* z) {
+void key_weights(const VQParams& p, const CodeTable& table, int64_t b, const float* k,
+                 int64_t start, int64_t rows, float* pk, int32_t* z) {
   const int64_t c = p.codes;
-  assign_rows(k, rows, p.base.d, codebook, norms, c, p.tau, z, pk);
+  assign_rows(k, rows, table, p.tau, z, pk);
   if (p.tau == 0.0f) {  // one-hot rows
     std::fill(pk, pk + rows * c, 0.0f);
     for (int64_t r = 0; r < rows; ++r) pk[r * c + z[r]] = 1.0f;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/schedule.hpp"
+#include "cpu/vq_assign.hpp"
 #include "cpu/vq_params.hpp"
 
 namespace favor::cpu {
@@ -24,8 +25,8 @@ constexpr int64_t kVQGradTile = 128;
 /// Key weights pk (rows x c) of the gathered key rows k (rows x d) of keys [start, start +
 /// rows) of batch b: one-hot rows with the code in z (hard VQ), or p(.|k) (soft, z unused).
 /// Masked keys get zero rows and z = -1.
-void key_weights(const VQParams& p, const float* codebook, const float* norms, int64_t b,
-                 const float* k, int64_t start, int64_t rows, float* pk, int32_t* z);
+void key_weights(const VQParams& p, const CodeTable& table, int64_t b, const float* k,
+                 int64_t start, int64_t rows, float* pk, int32_t* z);
 
 /// Hard VQ per-code moments: T (c x d*dv) += P^T X with X_i = vec(q_i dy_i^T), and
 /// wsum (c x d) += P^T (delta q). One GEMM each: O(rows c d dv). scratch: rows x (d dv + d).

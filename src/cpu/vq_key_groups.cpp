@@ -32,10 +32,10 @@ void assign_groups(const KeyGroups& keys, const float* codebook, int64_t codeboo
                    int64_t codes, int threads, int32_t* z, float* dist2, const uint8_t* active) {
   // Tasks are (group, tile) pairs, so that one pooled group also uses every thread.
   std::vector<int64_t> task_group, task_row;
-  std::vector<std::vector<float>> norms(static_cast<size_t>(keys.groups));
+  std::vector<CodeTable> tables(static_cast<size_t>(keys.groups));
   for (int64_t g = 0; g < keys.groups; ++g) {
     if (active && !active[g]) continue;
-    norms[g] = code_norms(codebook + g * codebook_stride, codes, keys.d);
+    tables[g] = code_table(codebook + g * codebook_stride, codes, keys.d);
     for (int64_t r = keys.start[g]; r < keys.start[g + 1]; r += kAssignTile) {
       task_group.push_back(g);
       task_row.push_back(r);
@@ -53,8 +53,7 @@ void assign_groups(const KeyGroups& keys, const float* codebook, int64_t codeboo
     for (int64_t t = 0; t < tasks; ++t) {
       const int64_t g = task_group[t], r = task_row[t];
       const int64_t n = std::min(kAssignTile, keys.start[g + 1] - r);
-      nearest_codes(keys.row(r), keys.d, n, keys.d, codebook + g * codebook_stride, norms[g].data(),
-                    codes, z + r, dist2 + r, ws);
+      nearest_codes(keys.row(r), keys.d, n, tables[g], z + r, dist2 + r, ws);
     }
   }
 }

@@ -69,10 +69,10 @@ void query_logits(const VQParams& p, int64_t b, int64_t h, int64_t i0, int64_t r
        ws.xg.data(), ldl);
 }
 
-void assign_keys(const VQParams& p, const float* codebook, const float* norms, int64_t rows,
-                 const char* visible, VQWorkspace& ws) {
+void assign_keys(const VQParams& p, const CodeTable& table, int64_t rows, const char* visible,
+                 VQWorkspace& ws) {
   const int64_t c = p.codes;
-  assign_rows(ws.x.data(), rows, p.base.d, codebook, norms, c, p.tau, ws.z.data(), ws.p.data());
+  assign_rows(ws.x.data(), rows, table, p.tau, ws.z.data(), ws.p.data());
   if (p.tau == 0.0f) return;
   for (int64_t r = 0; visible && r < rows; ++r)
     if (!visible[r]) std::fill(ws.p.data() + r * c, ws.p.data() + (r + 1) * c, 0.0f);

@@ -60,8 +60,8 @@ void query_logits(const VQParams& p, int64_t b, int64_t h, int64_t i0, int64_t r
 
 /// Assigns the `rows` keys in ws.x: hard, nearest codes into ws.z; soft, p(s|k) into ws.p
 /// (rows x c). Rows whose flag in `visible` is 0 (if not null) get p = 0.
-void assign_keys(const VQParams& p, const float* codebook, const float* norms, int64_t rows,
-                 const char* visible, VQWorkspace& ws);
+void assign_keys(const VQParams& p, const CodeTable& table, int64_t rows, const char* visible,
+                 VQWorkspace& ws);
 
 /// [Vsum | n] += Delta^T vx for `rows` assigned keys with augmented values vx (rows x (dv+1));
 /// hard: row by row into the code's row (skipping invisible rows); soft: one GEMM P^T vx.
@@ -72,19 +72,19 @@ void add_to_state(const VQParams& p, int64_t rows, const float* vx, const char* 
 /// m = max_s (L[s] + log_n[s]). In place (x may be L). Returns m (-inf: no live code).
 float code_weights(const float* L, const float* log_n, int64_t codes, float* x);
 
-/// The forward kernels' driver: run_head(b, h, codebook, norms, ws) for every (batch, head),
+/// The forward kernels' driver: run_head(b, h, codebook, table, ws) for every (batch, head),
 /// one task per head (heads_only), workspaces of `rows` rows; returns the sum of run_head's
 /// results (rows written as zeros).
 template <class RunHead>
 int64_t vq_forward_over_heads(const VQParams& p, int64_t rows, RunHead run_head) {
   const AttentionParams& a = p.base;
-  const std::vector<float> norms = all_code_norms(p);
+  const std::vector<CodeTable> tables = all_code_tables(p);
   const Schedule plan = heads_only(a.batch * a.heads, a.threads);
   std::vector<VQWorkspace> spaces =
       make_workspaces<VQWorkspace>(plan.team, a.d, p.codes, a.dv, rows);
   return for_each_head(plan, spaces, [&](int64_t bh, VQWorkspace& ws) {
     const int64_t h = bh % a.heads, g = p.codebook_head_stride == 0 ? 0 : h;
-    return run_head(bh / a.heads, h, p.head_codebook(bh), norms.data() + g * p.codes, ws);
+    return run_head(bh / a.heads, h, p.head_codebook(bh), tables[g], ws);
   });
 }
 
