@@ -11,7 +11,7 @@
 //   3. keys: dv_j = p_j U; hard: dk_j = scale (T_{z_j} v_j - w_{z_j}) for the moment codes
 //      (straight through); soft: dL/dp_j = U v_j - r, then the chain rule through p(.|k_j).
 // Time O(N c (d + dv)) (soft); hard adds sum_s min(2 N n_s (d + dv), 2 N d dv) for the key
-// gradient, at most O(N c d dv). Memory per thread O(tile (c + d dv + c d) + c d dv),
+// gradient, at most O(N c d dv). Memory per thread O(tile (c + d dv) + c d dv),
 // independent of N (the direct keys number fewer than c d dv / (d + dv)).
 #include <algorithm>
 #include <vector>

@@ -18,7 +18,7 @@
 // P (and the result) does not depend on L. Time O(N c (d + dv) + N L (c + d + dv)) (soft);
 // hard adds at most sum_s min(2 N n_s (d + dv), 2 N d dv) for the key gradient (the direct
 // route only pairs keys with the queries of later blocks, about half of that); memory
-// O(N + (N / L) c) per head stored, and O(L (L + c + d dv + c d) + c d dv) per thread.
+// O(N + (N / L) c) per head stored, and O(L (L + c + d dv) + c d dv) per thread.
 #include <algorithm>
 #include <vector>
 

@@ -7,6 +7,9 @@
 namespace favor::cpu {
 namespace {
 
+// Direct keys per accumulate() step: M = 128 rows x 256 keys x 4 B = 128 KiB, within L2.
+constexpr int64_t kKeyChunk = 256;
+
 int64_t direct_capacity(int64_t c, int64_t d, int64_t dv, int64_t nk) {
   const int64_t kmax = (d * dv - 1) / (d + dv);
   return std::min(c * kmax, nk);
@@ -26,7 +29,7 @@ KeyRoutes::KeyRoutes(int64_t c, int64_t d, int64_t dv, int64_t tile, int64_t nk)
       zt_(tile),
       v_(key_.size() * dv),
       dk_(key_.size() * d),
-      m_(tile * key_.size()),
+      m_(tile * std::min<int64_t>(kKeyChunk, key_.size())),
       pt_(tile * c) {}
 
 void KeyRoutes::reset() {
@@ -83,15 +86,19 @@ int64_t KeyRoutes::direct_before(int64_t end) const {
 
 void KeyRoutes::accumulate(const float* P, const float* q, const float* dy, const float* delta,
                            int64_t rows, int64_t keys, float scale) {
-  if (keys == 0 || rows == 0) return;
-  float* M = m_.data();
-  gemm(false, true, rows, keys, dv_, 1.0f, dy, dv_, v_.data(), dv_, 0.0f, M, keys);
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* Pi = P + i * c_;
-    float* Mi = M + i * keys;
-    for (int64_t j = 0; j < keys; ++j) Mi[j] = Pi[code_[j]] * (Mi[j] - delta[i]);
+  // Chunks of keys, so that M (rows x chunk) stays in cache between its three passes.
+  for (int64_t j0 = 0; j0 < keys; j0 += kKeyChunk) {
+    const int64_t n = std::min(kKeyChunk, keys - j0);
+    const int32_t* code = code_.data() + j0;
+    float* M = m_.data();
+    gemm(false, true, rows, n, dv_, 1.0f, dy, dv_, v_.data() + j0 * dv_, dv_, 0.0f, M, n);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* Pi = P + i * c_;
+      float* Mi = M + i * n;
+      for (int64_t j = 0; j < n; ++j) Mi[j] = Pi[code[j]] * (Mi[j] - delta[i]);
+    }
+    gemm(true, false, n, d_, rows, scale, M, n, q, d_, 1.0f, dk_.data() + j0 * d_, d_);
   }
-  gemm(true, false, keys, d_, rows, scale, M, keys, q, d_, 1.0f, dk_.data(), d_);
 }
 
 void KeyRoutes::scatter(float* dk) const {
