@@ -71,13 +71,18 @@ inline double vq_flops(const Problem& p, int64_t codes, bool causal, int64_t blo
 /// Hard Transformer-VQ backward (src/cpu/vq_backward*.cpp), the main GEMMs per head: key
 /// assignment 2 N c d; per query the logits 2 c d, [num | den] 2 c (dv + 1), dy Vsum^T 2 c dv,
 /// dq 2 c d, the query part of dC 2 c d, U = W^T dY 2 c dv and w 2 c d; the straight-through
-/// key gradient: the per-code moments T = W^T vec(q dy^T), 2 N c d dv (the dominant term),
-/// and T_z v per key 2 N d dv. Causal adds the intra-block products (weights, dy V^T, A^T dy,
-/// (A o D)^T Q: 2 N L (d + 2 dv + c)). Codebook gradient on.
+/// key gradient by the cheaper route of each code (src/cpu/vq_key_routes.hpp), assuming
+/// balanced codes n_s = N / c: direct when n_s (d + dv) < d dv, dY V^T and M'^T Q over every
+/// (query, key) pair, 2 N^2 (d + dv) (causal: the pairs across blocks, about half), else the
+/// per-code moments T = W^T vec(q dy^T), 2 N c d dv, and T_z v per key 2 N d dv. Causal adds
+/// the intra-block products (weights, dy V^T, A^T dy, (A o D)^T Q: 2 N L (d + 2 dv + c)).
+/// Codebook gradient on.
 inline double vq_backward_flops(const Problem& p, int64_t codes, bool causal, int64_t block) {
   const double n = double(p.n), c = double(codes), d = double(p.d), dv = double(p.dv);
-  const double per_head = 2.0 * n * c * (5.0 * d + 3.0 * dv + 1.0) + 2.0 * n * c * d * dv +
-                          2.0 * n * d * dv +
+  const bool direct = (n / c) * (d + dv) < d * dv;
+  const double key_grad =
+      direct ? (causal ? 1.0 : 2.0) * n * n * (d + dv) : 2.0 * n * c * d * dv + 2.0 * n * d * dv;
+  const double per_head = 2.0 * n * c * (5.0 * d + 3.0 * dv + 1.0) + key_grad +
                           (causal ? 2.0 * n * double(block) * (d + 2.0 * dv + c) : 0.0);
   return double(p.bh) * per_head;
 }

@@ -4,7 +4,9 @@
 // exact-attention gradient w.r.t. the quantised keys. (2) The float kernels equal the
 // reference within twice the error of a naive float32 evaluation of the same formula
 // (reference/naive_vq.hpp in float). (3) Causal results do not depend on the block
-// length; thread counts give bit-identical results. (4) dy is validated.
+// length; thread counts give bit-identical results. (4) Heads whose codes take the direct
+// route, the moment route, or both (hard VQ's key gradient) are as accurate. (5) dy is
+// validated.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -362,7 +364,107 @@ TEST(VQBackwardThreads, OneAndTwoThreadsGiveIdenticalResults) {
     }
 }
 
-// ---- (4) errors ----
+// ---- (4) the two routes of hard VQ's key gradient (cpu/vq_key_routes.hpp) ----
+// A code with n_s visible keys in the head goes direct when n_s (D + Dv) < D Dv, else through
+// the per-code moments; with D = 4, Dv = 6: direct for n_s <= 2. The keys sit next to their
+// codes (noise 0.02 against codes of norm 2), so many per code as asked, interleaved over the
+// sequence (the direct keys of the causal kernel then lie in several blocks).
+
+enum class Routes { kMixed, kAllDirect, kAllMoments };
+
+struct RouteCase {
+  std::string name;
+  std::vector<int64_t> counts;  // keys per code; c = counts.size()
+  Routes routes;                // what the visible counts must exercise in every head
+  bool causal, masked;
+};
+
+constexpr int64_t kRouteD = 4, kRouteDv = 6;
+constexpr int64_t kRouteMax = (kRouteD * kRouteDv - 1) / (kRouteD + kRouteDv);  // 2
+
+Problem make_routed_problem(const RouteCase& rc, Case& c) {
+  int64_t n = 0;
+  for (int64_t k : rc.counts) n += k;
+  c = Case{1,     2,         n,         n,     kRouteD, kRouteDv, int64_t(rc.counts.size()),
+           false, rc.causal, rc.masked, false, false,   7};
+  Problem pr = make_problem(c);
+  std::vector<int32_t> code;
+  for (size_t s = 0; s < rc.counts.size(); ++s)
+    code.insert(code.end(), size_t(rc.counts[s]), int32_t(s));
+  const Tensor noise = random_tensor(pr.k.shape(), 26);
+  for (int64_t h = 0; h < c.H; ++h)
+    for (int64_t j = 0; j < n;
+         ++j)  // j -> 7 j mod n: a permutation (no n below is a multiple of 7)
+      for (int64_t t = 0; t < c.D; ++t)
+        pr.k.at(0, h, j, t) = pr.C.at(0, h, code[(j * 7) % n], t) + 0.02f * noise.at(0, h, j, t);
+  return pr;
+}
+
+void PrintTo(const RouteCase& rc, std::ostream* os) {
+  *os << rc.name;
+}
+
+class VQBackwardKeyRoutes : public ::testing::TestWithParam<RouteCase> {};
+
+TEST_P(VQBackwardKeyRoutes, WithinTwiceNaiveFloatError) {
+  const RouteCase rc = GetParam();
+  Case c;
+  Problem pr = make_routed_problem(rc, c);
+  ASSERT_NE(c.Nk % 7, 0);
+  // The routes the kernels take: from the visible keys of each code, the codes as the
+  // reference assigns them.
+  const auto z = reference::naive::nearest_codes(pr.k, pr.C);
+  for (int64_t h = 0; h < c.H; ++h) {
+    std::vector<int64_t> visible(size_t(c.c), 0);
+    for (int64_t j = 0; j < c.Nk; ++j)
+      if (!c.masked || pr.mask[size_t(j)]) ++visible[size_t(z[size_t(h * c.Nk + j)])];
+    int direct = 0, moments = 0;
+    for (int64_t n_s : visible) {
+      direct += n_s > 0 && n_s <= kRouteMax;
+      moments += n_s > kRouteMax;
+    }
+    if (rc.routes != Routes::kAllMoments) EXPECT_GT(direct, 0) << rc.name << " head " << h;
+    if (rc.routes != Routes::kAllDirect) EXPECT_GT(moments, 0) << rc.name << " head " << h;
+    if (rc.routes == Routes::kAllDirect) EXPECT_EQ(moments, 0) << rc.name << " head " << h;
+    if (rc.routes == Routes::kAllMoments) EXPECT_EQ(direct, 0) << rc.name << " head " << h;
+  }
+  const auto ref = reference::vq_attention_backward(pr.q, pr.k, pr.v, pr.dy, pr.C, pr.o);
+  const FlatGrads n32 = naive_float_grads(pr, c);
+  // Causal: blocks of 1 (every direct pair across blocks), 7 and N (none across blocks).
+  for (int64_t L : rc.causal ? std::vector<int64_t>{1, 7, c.Nq} : std::vector<int64_t>{0}) {
+    pr.o.block = L;
+    const VQGrads fast = fast_grads(pr, c);
+    const std::string name = rc.name + "_L" + std::to_string(L);
+    expect_close(fast.dq.values(), n32.dq, ref.dq.values, "dq of " + name);
+    expect_close(fast.dk.values(), n32.dk, ref.dk.values, "dk of " + name);
+    expect_close(fast.dv.values(), n32.dv, ref.dv.values, "dv of " + name);
+    expect_close(fast.dcodebook.values(), n32.dc, ref.dw, "dC of " + name);
+    for (int64_t h = 0; h < c.H && c.masked; ++h)  // masked keys: exactly zero dk
+      for (int64_t j = 1; j < c.Nk; j += 3)
+        for (int64_t t = 0; t < c.D; ++t) EXPECT_EQ(fast.dk.at(0, h, j, t), 0.0f) << name;
+  }
+}
+
+std::vector<RouteCase> route_cases() {
+  std::vector<RouteCase> out;
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> counts{
+      {"mixed", {1, 2, 2, 3, 5, 7}},             // N = 20
+      {"all_direct", {1, 2, 2, 1, 2, 2}},        // N = 10
+      {"all_moments", {9, 10, 11, 12, 9, 10}}};  // N = 61
+  const Routes routes[] = {Routes::kMixed, Routes::kAllDirect, Routes::kAllMoments};
+  for (size_t k = 0; k < counts.size(); ++k)
+    for (bool causal : {false, true})
+      for (bool masked : {false, true})
+        out.push_back(
+            {counts[k].first + (causal ? "_causal" : "_bidir") + (masked ? "_masked" : ""),
+             counts[k].second, routes[k], causal, masked});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(VQBackward, VQBackwardKeyRoutes, ::testing::ValuesIn(route_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// ---- (5) errors ----
 
 TEST(VQBackwardErrors, DyShapeAndValuesAreChecked) {
   const Case c{1, 2, 5, 6, 4, 3, 4, false, false, false, false, false};

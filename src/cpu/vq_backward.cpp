@@ -3,12 +3,16 @@
 //   1. keys: the per-code sums Vsum = p^T V (c x dv) and n = p^T 1;
 //   2. queries: P = a / den, y = P Vsum, delta_i = dy_i . y_i; G = dL/dl =
 //      P o (dy Vsum^T - delta n^T), dq = scale G C, dC += scale G^T Q; then the per-code
-//      states the keys need: U = P^T dy (c x dv), r = P^T delta, and for hard VQ the moments
-//      T = P^T vec(q dy^T) (c x d x dv) and w = P^T (delta q);
-//   3. keys: dv_j = p_j U; hard: dk_j = scale (T_{z_j} v_j - w_{z_j}) (straight through);
-//      soft: dL/dp_j = U v_j - r, then the chain rule through p(.|k_j) (dk, dC).
-// Time O(N c (d + dv)) (soft) and O(N c d dv) (hard, the moments T); memory per thread
-// O(tile (c + d dv) + c d dv), independent of N.
+//      states the keys need: U = P^T dy (c x dv), r = P^T delta, and for hard VQ the
+//      straight-through key gradient by code (cpu/vq_key_routes.hpp): the codes with few keys
+//      directly, dk_j += scale sum_i P_{i,z_j} (dy_i . v_j - delta_i) q_i, the others through
+//      the moments T = P^T vec(q dy^T) (c_T x d x dv) and w = P^T (delta q) over their
+//      columns of P only;
+//   3. keys: dv_j = p_j U; hard: dk_j = scale (T_{z_j} v_j - w_{z_j}) for the moment codes
+//      (straight through); soft: dL/dp_j = U v_j - r, then the chain rule through p(.|k_j).
+// Time O(N c (d + dv)) (soft); hard adds sum_s min(2 N n_s (d + dv), 2 N d dv) for the key
+// gradient, at most O(N c d dv). Memory per thread O(tile (c + d dv) + c d dv),
+// independent of N (the direct keys number fewer than c d dv / (d + dv)).
 #include <algorithm>
 #include <vector>
 
@@ -16,6 +20,7 @@
 #include "cpu/vec_math.hpp"
 #include "cpu/vq_assign.hpp"
 #include "cpu/vq_grad_tile.hpp"
+#include "cpu/vq_key_routes.hpp"
 #include "cpu/vq_params.hpp"
 #include "cpu/vq_state.hpp"
 
@@ -28,7 +33,8 @@ struct Workspace {
   std::vector<float> qt, kt, vt, dyt, pk, l, g, y, delta, x, colsum;
   std::vector<float> vsum, n, logn, U, r, T, wsum;  // per-code states of the head
   std::vector<int32_t> z;
-  Workspace(int64_t c, int64_t d, int64_t dv, bool hard)
+  KeyRoutes routes;  // hard VQ: direct or moment route of each code
+  Workspace(int64_t c, int64_t d, int64_t dv, bool hard, int64_t nk)
       : qt(kTile * d),
         kt(kTile * d),
         vt(kTile * dv),
@@ -47,7 +53,8 @@ struct Workspace {
         r(c),
         T(hard ? c * d * dv : 0),
         wsum(hard ? c * d : 0),
-        z(kTile) {}
+        z(kTile),
+        routes(c, d, dv, hard ? kTile : 0, hard ? nk : 0) {}
 };
 
 void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, int64_t bh,
@@ -63,6 +70,7 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
   // 1. Per-code sums of the keys.
   std::fill(ws.vsum.begin(), ws.vsum.end(), 0.0f);
   std::fill(ws.n.begin(), ws.n.end(), 0.0f);
+  ws.routes.reset();
   for (int64_t j0 = 0; j0 < a.nk; j0 += kTile) {
     const int64_t rows = std::min(kTile, a.nk - j0);
     gather_head_rows(a.k, a.k_strides, b, h, j0, rows, d, ws.kt.data());
@@ -72,14 +80,19 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
          dv);
     for (int64_t j = 0; j < rows; ++j)
       for (int64_t s = 0; s < c; ++s) ws.n[s] += ws.pk[j * c + s];
+    if (hard) ws.routes.add_keys(ws.z.data(), ws.vt.data(), j0, rows);
   }
+  if (hard) ws.routes.finish();
+  const int64_t ct = ws.routes.moment_codes(), direct = ws.routes.direct_before(a.nk);
   log_or_neg_inf(ws.n.data(), ws.logn.data(), c);
 
   // 2. Queries: dq, the logit part of dC, and the per-code states of the keys' gradients.
   std::fill(ws.U.begin(), ws.U.end(), 0.0f);
   std::fill(ws.r.begin(), ws.r.end(), 0.0f);
-  std::fill(ws.T.begin(), ws.T.end(), 0.0f);
-  std::fill(ws.wsum.begin(), ws.wsum.end(), 0.0f);
+  if (hard) {
+    std::fill(ws.T.begin(), ws.T.begin() + ct * d * dv, 0.0f);
+    std::fill(ws.wsum.begin(), ws.wsum.begin() + ct * d, 0.0f);
+  }
   for (int64_t i0 = 0; i0 < a.nq; i0 += kTile) {
     const int64_t rows = std::min(kTile, a.nq - i0);
     gather_head_rows(a.q, a.q_strides, b, h, i0, rows, d, ws.qt.data());
@@ -108,8 +121,11 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
     if (dC) gemm(true, false, c, d, rows, scale, G, c, ws.qt.data(), d, 1.0f, dC, d);
     gemm(true, false, c, dv, rows, 1.0f, P, c, ws.dyt.data(), dv, 1.0f, ws.U.data(), dv);
     if (hard) {
-      add_code_moments(P, ws.qt.data(), ws.dyt.data(), ws.delta.data(), rows, c, d, dv, ws.T.data(),
-                       ws.wsum.data(), ws.x.data());
+      ws.routes.accumulate(P, ws.qt.data(), ws.dyt.data(), ws.delta.data(), rows, direct, scale);
+      if (ct > 0)
+        add_code_moments(ws.routes.moment_columns(P, rows), ws.qt.data(), ws.dyt.data(),
+                         ws.delta.data(), rows, ct, d, dv, ws.T.data(), ws.wsum.data(),
+                         ws.x.data());
     }
   }
 
@@ -123,8 +139,8 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
          bp.dv + (bh * a.nk + j0) * dv, dv);
     float* dk = bp.dk + (bh * a.nk + j0) * d;
     if (hard) {
-      straight_through_dk(ws.T.data(), ws.wsum.data(), ws.z.data(), ws.vt.data(), rows, d, dv,
-                          scale, dk);
+      straight_through_dk(ws.T.data(), ws.wsum.data(), ws.routes.moment_codes_of(ws.z.data(), rows),
+                          ws.vt.data(), rows, d, dv, scale, dk);
       continue;
     }
     float* dp = ws.g.data();
@@ -134,6 +150,7 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
     soft_assign_backward(ws.pk.data(), dp, ws.kt.data(), rows, C, c, d, p.tau, dk, dC,
                          ws.colsum.data());
   }
+  if (hard) ws.routes.scatter(bp.dk + bh * a.nk * d);
 }
 
 }  // namespace
@@ -143,7 +160,7 @@ void vq_backward_bidirectional(const VQBackwardParams& bp) {
   const std::vector<CodeTable> tables = all_code_tables(p);
   vq_backward_over_heads<Workspace>(
       bp, [&](int64_t bh, Workspace& ws, float* dC) { run_head(bp, tables, bh, ws, dC); }, p.codes,
-      p.base.d, p.base.dv, p.tau == 0.0f);
+      p.base.d, p.base.dv, p.tau == 0.0f, p.base.nk);
 }
 
 }  // namespace favor::cpu

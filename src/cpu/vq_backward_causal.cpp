@@ -6,14 +6,19 @@
 //      G = dL/dl = P o (dy Vprev^T - delta nprev^T + tril(dy V^T - delta) p) -> dq = scale G C,
 //      dC += scale G^T Q. Each row's den and delta and each block's nprev are stored.
 //   B. reverse: suffix states of the later blocks' queries, U = P^T dy, r = P^T delta and for
-//      hard VQ T = P^T vec(q dy^T), w = P^T (delta q); inside the block A = tril(P p^T) and
-//      D = tril(dy V^T - delta): dv = p U + A^T dy; hard: dk = scale (T_z v - w_z) +
-//      scale (A o D)^T Q (straight through); soft: dL/dp = V U^T - r + D^T P, then the chain
-//      rule through p(.|k). The block's queries then join the suffix states.
+//      hard VQ, over the moment codes only (cpu/vq_key_routes.hpp), T = P^T vec(q dy^T),
+//      w = P^T (delta q); inside the block A = tril(P p^T) and D = tril(dy V^T - delta):
+//      dv = p U + A^T dy; hard: dk = scale (T_z v - w_z) (moment codes) + scale (A o D)^T Q
+//      (straight through); soft: dL/dp = V U^T - r + D^T P, then the chain rule through
+//      p(.|k). The block's queries then join the suffix states; for hard VQ they also add
+//      their part to the keys of the direct codes in earlier blocks, dk_j += scale
+//      sum_i P_{i,z_j} (dy_i . v_j - delta_i) q_i (P_{i,z_j} is live there: key j <= i).
+// The route of each code depends on the head's keys only (counted in sweep A).
 // The row shift m_i = max_s (l_is + log n_s^{<=i}) uses the key weights up to row i, so
-// P (and the result) does not depend on L. Time O(N c (d + dv) + N L (c + d + dv)) (soft),
-// plus O(N c d dv) for the moments T (hard); memory O(N + (N / L) c) per head stored, and
-// O(L (L + c + d dv) + c d dv) per thread.
+// P (and the result) does not depend on L. Time O(N c (d + dv) + N L (c + d + dv)) (soft);
+// hard adds at most sum_s min(2 N n_s (d + dv), 2 N d dv) for the key gradient (the direct
+// route only pairs keys with the queries of later blocks, about half of that); memory
+// O(N + (N / L) c) per head stored, and O(L (L + c + d dv) + c d dv) per thread.
 #include <algorithm>
 #include <vector>
 
@@ -21,6 +26,7 @@
 #include "cpu/vec_math.hpp"
 #include "cpu/vq_assign.hpp"
 #include "cpu/vq_grad_tile.hpp"
+#include "cpu/vq_key_routes.hpp"
 #include "cpu/vq_params.hpp"
 #include "cpu/vq_state.hpp"
 
@@ -33,6 +39,7 @@ struct Workspace {
   std::vector<float> vprev, nprev, U, r, T, wsum;  // prefix (A) and suffix (B) states
   std::vector<float> den, delta, block_n;          // per head: N, N, blocks x c
   std::vector<int32_t> z;
+  KeyRoutes routes;  // hard VQ: direct or moment route of each code
   // Sized for a whole head of n rows here, before the parallel region.
   Workspace(int64_t c, int64_t d, int64_t dv, bool hard, int64_t L, int64_t n)
       : L(L),
@@ -59,7 +66,8 @@ struct Workspace {
         den(n),
         delta(n),
         block_n((n + L - 1) / L * c),
-        z(L) {}
+        z(L),
+        routes(c, d, dv, hard ? L : 0, hard ? n : 0) {}
 };
 
 // Gathers block [s0, s0 + rows) and computes its key weights pk and query weights a: row i's
@@ -115,10 +123,12 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
   // A. Forward sweep: dq and the logit part of dC.
   std::fill(ws.vprev.begin(), ws.vprev.end(), 0.0f);
   std::fill(ws.nprev.begin(), ws.nprev.end(), 0.0f);
+  ws.routes.reset();
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t s0 = blk * L, rows = std::min(L, n - s0);
     std::copy(ws.nprev.begin(), ws.nprev.end(), ws.block_n.begin() + blk * c);
     load_block(p, C, table, b, h, s0, rows, ws.nprev.data(), bp.dy, bp.dy_strides, ws);
+    if (hard) ws.routes.add_keys(ws.z.data(), ws.vt.data(), s0, rows);
     float* P = ws.a.data();
     tril_product(P, rows, c, ws);
     gemm(false, false, rows, dv, c, 1.0f, P, c, ws.vprev.data(), dv, 0.0f, ws.y.data(), dv);
@@ -154,12 +164,15 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
   // B. Reverse sweep: dv, dk and the assignment part of dC.
   std::fill(ws.U.begin(), ws.U.end(), 0.0f);
   std::fill(ws.r.begin(), ws.r.end(), 0.0f);
-  std::fill(ws.T.begin(), ws.T.end(), 0.0f);
-  std::fill(ws.wsum.begin(), ws.wsum.end(), 0.0f);
+  if (hard) ws.routes.finish();
+  const int64_t ct = ws.routes.moment_codes();
+  if (hard) {
+    std::fill(ws.T.begin(), ws.T.begin() + ct * d * dv, 0.0f);
+    std::fill(ws.wsum.begin(), ws.wsum.begin() + ct * d, 0.0f);
+  }
   for (int64_t blk = blocks - 1; blk >= 0; --blk) {
     const int64_t s0 = blk * L, rows = std::min(L, n - s0);
-    load_block(p, C, table, b, h, s0, rows, ws.block_n.data() + blk * c, bp.dy, bp.dy_strides,
-               ws);
+    load_block(p, C, table, b, h, s0, rows, ws.block_n.data() + blk * c, bp.dy, bp.dy_strides, ws);
     float* P = ws.a.data();
     const float* delta = ws.delta.data() + s0;
     for (int64_t i = 0; i < rows; ++i) {
@@ -174,8 +187,8 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
     gemm(false, false, rows, dv, c, 1.0f, ws.pk.data(), c, ws.U.data(), dv, 0.0f, dvo, dv);
     gemm(true, false, rows, dv, rows, 1.0f, ws.S.data(), rows, ws.dyt.data(), dv, 1.0f, dvo, dv);
     if (hard) {
-      straight_through_dk(ws.T.data(), ws.wsum.data(), ws.z.data(), ws.vt.data(), rows, d, dv,
-                          scale, dk);
+      straight_through_dk(ws.T.data(), ws.wsum.data(), ws.routes.moment_codes_of(ws.z.data(), rows),
+                          ws.vt.data(), rows, d, dv, scale, dk);
       for (int64_t i = 0; i < rows * rows; ++i) ws.S[i] *= ws.D[i];
       gemm(true, false, rows, d, rows, scale, ws.S.data(), rows, ws.qt.data(), d, 1.0f, dk, d);
     } else {
@@ -191,10 +204,14 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t s = 0; s < c; ++s) ws.r[s] += P[i * c + s] * delta[i];
     if (hard) {
-      add_code_moments(P, ws.qt.data(), ws.dyt.data(), delta, rows, c, d, dv, ws.T.data(),
-                       ws.wsum.data(), ws.x.data());
+      ws.routes.accumulate(P, ws.qt.data(), ws.dyt.data(), delta, rows, ws.routes.direct_before(s0),
+                           scale);
+      if (ct > 0)
+        add_code_moments(ws.routes.moment_columns(P, rows), ws.qt.data(), ws.dyt.data(), delta,
+                         rows, ct, d, dv, ws.T.data(), ws.wsum.data(), ws.x.data());
     }
   }
+  if (hard) ws.routes.scatter(bp.dk + bh * n * d);
 }
 
 }  // namespace

@@ -38,9 +38,10 @@ void add_code_moments(const float* P, const float* q, const float* dy, const flo
       dq[i * d + t] = delta[i] * qt;
     }
   }
-  // The cost of hard VQ's key gradient: 2 rows c d dv flops here, so O(N c d dv) per head
-  // over a pass, d dv / (d + dv) times the forward's O(N c (d + dv)); memory c d dv per
-  // thread, independent of N.
+  // The cost of hard VQ's key gradient for the codes with many keys (the others take the
+  // direct route, cpu/vq_key_routes.hpp): 2 rows c d dv flops here for c such codes, so
+  // O(N c d dv) per head over a pass, d dv / (d + dv) times the forward's O(N c (d + dv));
+  // memory c d dv per thread, independent of N.
   gemm(true, false, c, d * dv, rows, 1.0f, P, c, x, d * dv, 1.0f, T, d * dv);
   gemm(true, false, c, d, rows, 1.0f, P, c, dq, d, 1.0f, wsum, d);
 }

@@ -29,13 +29,16 @@ void key_weights(const VQParams& p, const CodeTable& table, int64_t b, const flo
                  int64_t start, int64_t rows, float* pk, int32_t* z);
 
 /// Hard VQ per-code moments: T (c x d*dv) += P^T X with X_i = vec(q_i dy_i^T), and
-/// wsum (c x d) += P^T (delta q). One GEMM each: O(rows c d dv). scratch: rows x (d dv + d).
+/// wsum (c x d) += P^T (delta q), for the c codes whose columns P (rows x c) holds (the
+/// moment codes of cpu/vq_key_routes.hpp). One GEMM each: O(rows c d dv). scratch:
+/// rows x (d dv + d).
 void add_code_moments(const float* P, const float* q, const float* dy, const float* delta,
                       int64_t rows, int64_t c, int64_t d, int64_t dv, float* T, float* wsum,
                       float* scratch);
 
 /// Hard VQ straight-through key gradient from the moments of the queries that see the keys:
-/// dk_j += scale (T_{z_j} v_j - w_{z_j}) for the keys with z_j >= 0. O(rows d dv).
+/// dk_j += scale (T_{z_j} v_j - w_{z_j}) for the keys with z_j >= 0 (z: the moment codes'
+/// numbering, -1 for the keys of direct codes). O(rows d dv).
 void straight_through_dk(const float* T, const float* wsum, const int32_t* z, const float* v,
                          int64_t rows, int64_t d, int64_t dv, float scale, float* dk);
 
