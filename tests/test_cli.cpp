@@ -69,6 +69,15 @@ TEST_F(Cli, AttentionEqualsLibrary) {
       EXPECT_EQ(read("y.npy").values(), expected.values()) << kernel << causal;
     }
   }
+  // dct projections (both norm modes) with the positive kernel: the same bits as the library.
+  for (std::string norms : {"chi", "quantile"}) {
+    const Result d = run("attention " + qkv() + " --out " + path("y.npy") +
+                         " --features 16 --projection dct --norms " + norms + " --seed 4");
+    ASSERT_EQ(d.code, 0) << d.err;
+    const Tensor expected = favor_attention(
+        q, k, v, Projection::draw(16, 8, {ProjectionKind::dct, parse_norm_mode(norms, "n"), 4}));
+    EXPECT_EQ(read("y.npy").values(), expected.values()) << norms;
+  }
   const Result r = run("attention " + qkv() + " --out " + path("e.npy") +
                        " --method exact --causal --accumulate f64");
   ASSERT_EQ(r.code, 0) << r.err;

@@ -1,4 +1,4 @@
-// Projection kinds radial, qmc, sorf and simplex (docs/projections.md, math.md s.3):
+// Projection kinds radial, qmc, sorf, simplex and dct (docs/projections.md, math.md s.3, s.7):
 // determinism, block structure, norms, low-discrepancy structure, marginal moments, errors.
 // Every random test uses fixed seeds; rerun with
 //   build/tests/favor_tests --gtest_filter='ProjectionFamily*'
@@ -14,6 +14,7 @@
 #include "core/projection_kinds.hpp"
 #include "favor/error.hpp"
 #include "favor/projection.hpp"
+#include "test_helpers.hpp"
 
 namespace favor {
 namespace {
@@ -28,6 +29,7 @@ const std::vector<Combo> kCombos = {
     {ProjectionKind::radial, NormMode::chi},  {ProjectionKind::radial, NormMode::quantile},
     {ProjectionKind::qmc, NormMode::chi},     {ProjectionKind::sorf, NormMode::chi},
     {ProjectionKind::simplex, NormMode::chi}, {ProjectionKind::simplex, NormMode::fixed},
+    {ProjectionKind::dct, NormMode::chi},     {ProjectionKind::dct, NormMode::quantile},
 };
 
 std::string name(const Combo& c) {
@@ -127,6 +129,8 @@ TEST(ProjectionFamily, GoldenBitsPinTheDefinitions) {
       {{ProjectionKind::sorf, NormMode::fixed}, 0x1176d0fe55603403ull},
       {{ProjectionKind::simplex, NormMode::chi}, 0xc4242e53df2567a5ull},
       {{ProjectionKind::simplex, NormMode::fixed}, 0xe6fd7eca4801a25bull},
+      {{ProjectionKind::dct, NormMode::chi}, 0x12e9037545d30197ull},
+      {{ProjectionKind::dct, NormMode::quantile}, 0x7decb2ec0f838d43ull},
   };
   for (const auto& [c, hash_expected] : expected) {
     const Projection w = Projection::draw(100, 24, {c.kind, c.norms, 5});
@@ -349,6 +353,120 @@ TEST(ProjectionFamily, UnbiasedKindsHaveStandardNormalEntries) {
   }
 }
 
+TEST(ProjectionFamily, DctBasisIsTheOrthonormalDctII) {
+  // c_i[n] = sqrt((2 - [i == 0]) / d) cos(pi (n + 1/2) i / d), against the unreduced formula
+  // in long double, and C C^T = I to 1e-12 in double (d up to 97: sums of d terms of size 2/d).
+  for (int64_t d : {1, 2, 7, 16, 64, 97}) {
+    std::vector<std::vector<double>> c;
+    for (int64_t i = 0; i < d; ++i) c.push_back(detail::dct_basis_vector(d, i));
+    for (int64_t i = 0; i < d; ++i) {
+      for (int64_t n = 0; n < d; ++n) {
+        const long double x = std::sqrt((i == 0 ? 1.0L : 2.0L) / d) *
+                              std::cos(3.14159265358979323846264338L * (n + 0.5L) * i / d);
+        ASSERT_NEAR(c[i][n], double(x), 1e-14) << "d " << d << " c_" << i << "[" << n << "]";
+      }
+      for (int64_t j = 0; j < d; ++j) {
+        double s = 0.0;
+        for (int64_t n = 0; n < d; ++n) s += c[i][n] * c[j][n];
+        ASSERT_NEAR(s, i == j ? 1.0 : 0.0, 1e-12) << "d " << d << " <c_" << i << ", c_" << j << ">";
+      }
+    }
+  }
+}
+
+TEST(ProjectionFamily, DctRowsAreScaledBasisVectors) {
+  // m = 100, d = 24: blocks of 24 rows (the last has 4). Row b*d + i is t_i c_i: its
+  // component off c_i is float rounding (|row - t c_i| <= 2^-24 |t| sqrt(d) < 1e-6 |t|), rows
+  // of a block are orthogonal (|cos| <= 1e-6, as for orthogonal), and t is the quantile of
+  // the block's uniform: Phi^-1(u_i) (quantile) or sign(u_i - 1/2) F^-1(|2 u_i - 1|) with F
+  // the chi(d) CDF (chi), to the float rounding of the stored row (2^-24 relative).
+  const int64_t m = 100, d = 24;
+  for (NormMode norms : {NormMode::chi, NormMode::quantile}) {
+    for (uint64_t seed : {1u, 2u}) {
+      const Projection w = Projection::draw(m, d, {ProjectionKind::dct, norms, seed});
+      for (int64_t b = 0; b * d < m; ++b) {
+        const std::vector<double> u = detail::dct_uniforms(d, seed, b);
+        const int64_t rows = std::min(d, m - b * d);
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t r = b * d + i;
+          const std::vector<double> c = detail::dct_basis_vector(d, i);
+          double t = 0.0;
+          for (int64_t j = 0; j < d; ++j) t += double(w.at(r, j)) * c[j];
+          double off = 0.0;
+          for (int64_t j = 0; j < d; ++j) off = std::max(off, std::abs(w.at(r, j) - t * c[j]));
+          EXPECT_LE(off, 1e-6 * std::abs(t)) << to_string(norms) << " row " << r;
+          const double expected =
+              norms == NormMode::quantile
+                  ? detail::normal_quantile(u[i])
+                  : (u[i] < 0.5 ? -1.0 : 1.0) * detail::chi_quantile(d, std::abs(2 * u[i] - 1));
+          EXPECT_NEAR(t, expected, 1e-6 * std::abs(expected) + 1e-30) << "row " << r;
+          for (int64_t k = b * d; k < r; ++k) {
+            EXPECT_LE(std::abs(dot_rows(w, r, k)) / (row_norm(w, r) * row_norm(w, k)), 1e-6)
+                << to_string(norms) << " rows " << r << ", " << k;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ProjectionFamily, DctUniformsAreAShiftedLattice) {
+  // The d uniforms of a block, sorted, are s/d + k/d: spacing exactly 1/d (to the rounding
+  // of (k + s)/d, a few 2^-53) and the first in (0, 1/d). Read back from W (quantile norms:
+  // Phi(t_i), t_i stored in float: |dPhi| <= phi(t) |t| 2^-24 < 2^-25), the spacing holds to
+  // 1e-7. Across seeds the shift s (so each u_i) is uniform: KS test on u_0 of block 0 and 1.
+  for (int64_t d : {1, 5, 16, 64}) {
+    for (int64_t b : {0, 3}) {
+      std::vector<double> u = detail::dct_uniforms(d, 17, b);
+      std::sort(u.begin(), u.end());
+      EXPECT_GT(u[0], 0.0);
+      EXPECT_LT(u[0], 1.0 / d);
+      for (int64_t k = 1; k < d; ++k) EXPECT_NEAR(u[k] - u[k - 1], 1.0 / d, 1e-15) << d;
+      EXPECT_LT(u[d - 1], 1.0);
+    }
+  }
+  const int64_t d = 32;
+  const Projection w = Projection::draw(3 * d, d, {ProjectionKind::dct, NormMode::quantile, 4});
+  for (int64_t b = 0; b < 3; ++b) {
+    std::vector<double> u;
+    for (int64_t i = 0; i < d; ++i) {
+      double t = 0.0;
+      const std::vector<double> c = detail::dct_basis_vector(d, i);
+      for (int64_t j = 0; j < d; ++j) t += double(w.at(b * d + i, j)) * c[j];
+      u.push_back(normal_cdf(t));
+    }
+    std::sort(u.begin(), u.end());
+    for (int64_t k = 1; k < d; ++k) EXPECT_NEAR(u[k] - u[k - 1], 1.0 / d, 1e-7) << "block " << b;
+  }
+  for (int64_t b : {0, 1}) {
+    std::vector<double> u0;
+    for (uint64_t s = 0; s < 2000; ++s) u0.push_back(detail::dct_uniforms(8, s, b)[0]);
+    EXPECT_LE(ks_uniform(u0), kKsBound) << "block " << b;
+  }
+}
+
+TEST(ProjectionFamily, DctAttentionRunsWithThePositiveKernel) {
+  // FAVOR+ with dct projections (both norm modes, bidirectional and causal) against the
+  // double reference with the same W: the rule of test_attention.cpp (2x the naive float
+  // error + 1e-6) is replaced by a plain 1e-4 relative bound, ample for N = 40, m = 32.
+  const Tensor q = testing::random_tensor({1, 2, 40, 16}, 1, 1.0);
+  const Tensor k = testing::random_tensor({1, 2, 40, 16}, 2, 1.0);
+  const Tensor v = testing::random_tensor({1, 2, 40, 8}, 3);
+  for (NormMode norms : {NormMode::chi, NormMode::quantile}) {
+    const Projection w = Projection::draw(32, 16, {ProjectionKind::dct, norms, 7});
+    for (bool causal : {false, true}) {
+      AttentionOptions o;
+      o.kernel = Kernel::positive;
+      o.causal = causal;
+      AttentionStats stats;
+      const Tensor y = favor_attention(q, k, v, w, o, &stats);
+      const auto ref = reference::favor_attention(q, k, v, w, o);
+      EXPECT_LE(testing::rel_error(y, ref.values), 1e-4) << to_string(norms) << causal;
+      EXPECT_EQ(stats.zero_rows, 0);
+    }
+  }
+}
+
 TEST(ProjectionFamily, ErrorsNameTheArgument) {
   const std::vector<Combo> bad = {
       {ProjectionKind::iid, NormMode::quantile},
@@ -358,6 +476,7 @@ TEST(ProjectionFamily, ErrorsNameTheArgument) {
       {ProjectionKind::qmc, NormMode::quantile},
       {ProjectionKind::sorf, NormMode::quantile},
       {ProjectionKind::simplex, NormMode::quantile},
+      {ProjectionKind::dct, NormMode::fixed},
   };
   for (const Combo& c : bad) {
     expect_error(
@@ -380,12 +499,12 @@ TEST(ProjectionFamily, ErrorsNameTheArgument) {
       {"d: " + std::to_string(too_big), "qmc", std::to_string(too_big - 1)});
   EXPECT_NO_THROW(Projection::draw(2, too_big - 1, {ProjectionKind::qmc, NormMode::chi, 0}));
   expect_error([] { parse_projection_kind("gaussian", "--projection"); },
-               {"--projection: 'gaussian'", "iid, orthogonal, radial, qmc, sorf or simplex"});
+               {"--projection: 'gaussian'", "iid, orthogonal, radial, qmc, sorf, simplex or dct"});
   expect_error([] { parse_norm_mode("median", "--norms"); },
                {"--norms: 'median'", "chi, fixed or quantile"});
   for (ProjectionKind kind :
        {ProjectionKind::iid, ProjectionKind::orthogonal, ProjectionKind::radial,
-        ProjectionKind::qmc, ProjectionKind::sorf, ProjectionKind::simplex})
+        ProjectionKind::qmc, ProjectionKind::sorf, ProjectionKind::simplex, ProjectionKind::dct})
     EXPECT_EQ(parse_projection_kind(to_string(kind), "kind"), kind);
   for (NormMode mode : {NormMode::chi, NormMode::fixed, NormMode::quantile})
     EXPECT_EQ(parse_norm_mode(to_string(mode), "norms"), mode);

@@ -180,7 +180,7 @@ void add_accuracy_command(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--projections", a->projections,
-                  "iid | orthogonal | radial | qmc | sorf | simplex (chi norms)")
+                  "iid | orthogonal | radial | qmc | sorf | simplex | dct (chi norms)")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--features", a->features, "projection counts m (F = 2m for trig, hyperbolic)")

@@ -7,15 +7,15 @@ void add_projection_options(CLI::App* app, ProjectionArgs& a) {
                                    "number of random projections m (F = m or 2m features)")
                        ->capture_default_str();
   a.kind_opt = app->add_option("--projection", a.kind,
-                               "iid | orthogonal | radial | qmc | sorf | simplex "
+                               "iid | orthogonal | radial | qmc | sorf | simplex | dct "
                                "(docs/projections.md)")
                    ->capture_default_str();
   a.norms_opt =
       app->add_option("--norms", a.norms,
                       "chi (unbiased; stratified for radial) | fixed (sqrt(d) row norms: the "
                       "regularised kernel SMREG; orthogonal, simplex, sorf as constructed) | "
-                      "quantile (radial only: "
-                      "deterministic chi(d) quantiles, biased)")
+                      "quantile (radial: deterministic chi(d) quantiles; dct: DiJiang's "
+                      "normal quantiles; biased)")
           ->capture_default_str();
   a.seed_opt =
       app->add_option("--seed", a.seed,

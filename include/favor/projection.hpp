@@ -20,16 +20,22 @@ enum class ProjectionKind {
                ///< power of two >= d, first d columns); rows not Gaussian: slightly biased
   simplex,     ///< blocks of d unit directions of a randomly rotated regular simplex (pairwise
                ///< inner product -1/(d-1)), chi(d) or sqrt(d) norms; needs d >= 2
+  dct,         ///< DiJiang (seed 003): blocks of d rows t_i c_i, c_i the orthonormal DCT-II basis
+               ///< vectors, t_i from a shifted d-point lattice of uniforms u_i (one per block);
+               ///< quantile norms: t_i = Phi^-1(u_i) (the paper's); chi: chi(d) quantiles of
+               ///< the same u_i. Fixed directions, not N(0, I): biased for SM either way
 };
 
-/// Row norms. Valid combinations: iid, qmc, sorf take chi only (their norms are as
-/// constructed); orthogonal and simplex take chi or fixed; radial takes chi or quantile.
+/// Row norms. Valid combinations: iid, qmc take chi only (their norms are as constructed);
+/// orthogonal, simplex and sorf take chi or fixed; radial and dct take chi or quantile.
 enum class NormMode {
   chi,       ///< chi(d) norms (independent; stratified for radial), so that every row is
-             ///< marginally N(0, I) and the estimator unbiased; for qmc and sorf: the norms
-             ///< as constructed (default)
+             ///< marginally N(0, I) and the estimator unbiased; for qmc: the norms as
+             ///< constructed; for sorf and dct: chi(d) norms on their fixed-structure
+             ///< directions, which stay biased (default)
   fixed,     ///< every row has norm sqrt(d): estimates the regularised kernel SMREG, not SM
-  quantile,  ///< radial only: the seed's deterministic chi(d) quantiles i/(m+1) (biased)
+  quantile,  ///< radial: the seed's deterministic chi(d) quantiles i/(m+1) (biased); dct:
+             ///< DiJiang's |t_i| = |Phi^-1(u_i)|, half-normal rather than chi(d) (biased)
 };
 
 struct ProjectionOptions {
@@ -72,7 +78,7 @@ class Projection {
 
 std::string to_string(ProjectionKind kind);
 std::string to_string(NormMode mode);
-/// Parses "iid" / "orthogonal" / "radial" / "qmc" / "sorf" / "simplex"; throws favor::Error
+/// Parses "iid" / "orthogonal" / "radial" / "qmc" / "sorf" / "simplex" / "dct"; throws favor::Error
 /// naming `argument` otherwise.
 ProjectionKind parse_projection_kind(const std::string& text, const std::string& argument);
 /// Parses "chi" / "fixed" / "quantile"; throws favor::Error naming `argument` otherwise.

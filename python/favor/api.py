@@ -35,7 +35,7 @@ def make_projection(d, projection="orthogonal", *, features=None, norms="chi", s
         return projection
     if not isinstance(projection, str):
         raise _core.Error("projection: must be a kind (iid, orthogonal, radial, qmc, sorf, "
-                          f"simplex) or a favor.Projection, not {type(projection).__name__}")
+                          f"simplex, dct) or a favor.Projection, not {type(projection).__name__}")
     m = _integer(DEFAULT_FEATURES if features is None else features)
     if m is None or m < 1:
         raise _core.Error(f"features: {features!r} must be an integer >= 1")
@@ -92,7 +92,7 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
 
     q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] (or 2-D [N, D]) -> y [B, H, Nq, Dv].
     kernel: positive | trig | hyperbolic | favorpp | favorsharp. projection: a kind (iid,
-    orthogonal, radial, qmc, sorf, simplex; drawn with `features` rows, `norms`, `seed`) or a
+    orthogonal, radial, qmc, sorf, simplex, dct; drawn with `features` rows, `norms`, `seed`) or a
     favor.Projection. scale: the temperature, default 1/sqrt(D). key_mask: [B, Nk], nonzero =
     the key takes part. fit: FAVOR++/FAVOR# parameters (favor.KernelFit, or a float A for
     favorpp); causal needs one. accumulate (exact only): 'f32' or 'f64'.

@@ -143,7 +143,8 @@ def test_fit_files_equal_fit_kernel(favor_cli, tmp_path):
 
 @pytest.mark.parametrize("kind,norms", [("iid", "chi"), ("orthogonal", "chi"),
                                         ("orthogonal", "fixed"), ("radial", "quantile"),
-                                        ("qmc", "chi"), ("sorf", "chi"), ("simplex", "chi")])
+                                        ("qmc", "chi"), ("sorf", "chi"), ("simplex", "chi"),
+                                        ("dct", "chi"), ("dct", "quantile")])
 def test_save_projection_equals_draw(favor_cli, tmp_path, kind, norms):
     q, k, v = inputs(seed=41)
     w_path = tmp_path / "w.npy"

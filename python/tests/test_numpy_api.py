@@ -128,7 +128,8 @@ def test_full_output():
 @pytest.mark.parametrize("kind,norms", [("iid", "chi"), ("orthogonal", "chi"),
                                         ("orthogonal", "fixed"), ("radial", "chi"),
                                         ("radial", "quantile"), ("qmc", "chi"),
-                                        ("sorf", "chi"), ("simplex", "fixed")])
+                                        ("sorf", "chi"), ("simplex", "fixed"),
+                                        ("dct", "chi"), ("dct", "quantile")])
 def test_projection_kinds_through_attention(kind, norms):
     # projection=<kind> draws Projection.draw(features, D, kind, norms, seed): same bits.
     q, k, v, _ = problem(causal=False)

@@ -261,6 +261,7 @@ def test_projection_errors():
     raises_naming("d", favor.Projection.draw, 4, 0)
     raises_naming("d", favor.Projection.draw, 4, 1, kind="simplex")
     raises_naming("d", favor.Projection.draw, 4, 4000, kind="qmc")
+    raises_naming("norms", favor.Projection.draw, 4, 4, kind="dct", norms="fixed")
     raises_naming("matrix", favor.Projection.from_matrix, np.ones(4))
     raises_naming("matrix", favor.Projection.from_matrix, "abc")
     raises_naming("m", favor.Projection.from_matrix, np.ones((0, 4)))

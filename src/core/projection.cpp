@@ -37,6 +37,8 @@ std::string valid_norms(ProjectionKind kind) {
       return "chi or fixed";
     case ProjectionKind::radial:
       return "chi (stratified) or quantile";
+    case ProjectionKind::dct:
+      return "chi (chi(d) norms) or quantile (DiJiang's normal quantiles)";
     default:
       return "chi only";
   }
@@ -47,12 +49,13 @@ void check_options(int64_t d, const ProjectionOptions& o) {
                   (o.norms == NormMode::fixed &&
                    (o.kind == ProjectionKind::orthogonal || o.kind == ProjectionKind::simplex ||
                     o.kind == ProjectionKind::sorf)) ||
-                  (o.norms == NormMode::quantile && o.kind == ProjectionKind::radial);
+                  (o.norms == NormMode::quantile &&
+                   (o.kind == ProjectionKind::radial || o.kind == ProjectionKind::dct));
   if (!ok) {
     const std::string why = o.norms == NormMode::fixed
                                 ? "fixed sqrt(d) norms apply to orthogonal projections only: "
                                   "orthogonal, simplex, sorf"
-                                : "quantile norms apply to radial projections only";
+                                : "quantile norms apply to radial and dct projections only";
     throw Error("norms: '" + to_string(o.norms) + "' is not valid for " + to_string(o.kind) +
                 " projections (" + why + "); " + to_string(o.kind) + " takes " +
                 valid_norms(o.kind));
@@ -109,6 +112,8 @@ std::vector<float> draw_matrix(int64_t m, int64_t d, const ProjectionOptions& o)
       return detail::draw_sorf(m, d, o.seed, o.norms);
     case ProjectionKind::simplex:
       return detail::draw_simplex(m, d, o.seed, o.norms);
+    case ProjectionKind::dct:
+      return detail::draw_dct(m, d, o.seed, o.norms);
   }
   throw Error("kind: " + std::to_string(static_cast<int>(o.kind)) + " is not a projection kind");
 }
@@ -158,6 +163,8 @@ std::string to_string(ProjectionKind kind) {
       return "sorf";
     case ProjectionKind::simplex:
       return "simplex";
+    case ProjectionKind::dct:
+      return "dct";
   }
   return "unknown";
 }
@@ -177,11 +184,11 @@ std::string to_string(NormMode mode) {
 ProjectionKind parse_projection_kind(const std::string& text, const std::string& argument) {
   for (ProjectionKind kind :
        {ProjectionKind::iid, ProjectionKind::orthogonal, ProjectionKind::radial,
-        ProjectionKind::qmc, ProjectionKind::sorf, ProjectionKind::simplex}) {
+        ProjectionKind::qmc, ProjectionKind::sorf, ProjectionKind::simplex, ProjectionKind::dct}) {
     if (text == to_string(kind)) return kind;
   }
   throw Error(argument + ": '" + text +
-              "' is not a projection; use iid, orthogonal, radial, qmc, sorf or simplex");
+              "' is not a projection; use iid, orthogonal, radial, qmc, sorf, simplex or dct");
 }
 
 NormMode parse_norm_mode(const std::string& text, const std::string& argument) {

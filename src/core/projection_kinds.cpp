@@ -1,5 +1,5 @@
-// Projection kinds radial, qmc, sorf and simplex (math.md s.3, docs/projections.md), and the
-// Haar block and chi(d) helpers they share with orthogonal. Built like projection.cpp with
+// Projection kinds radial, qmc, sorf, simplex (math.md s.3) and dct (s.7, docs/projections.md), and
+// the Haar block and chi(d) helpers they share with orthogonal. Built like projection.cpp with
 // EIGEN_DONT_VECTORIZE and -ffp-contract=off; Boost.Math runs in double (no promotion to
 // long double, whose width differs between platforms), so W depends on its arguments alone.
 #include "core/projection_kinds.hpp"
@@ -243,6 +243,70 @@ std::vector<float> draw_simplex(int64_t m, int64_t d, uint64_t seed, NormMode no
         const double unit =
             scale * (dir[static_cast<size_t>(i * d + j)] - center[static_cast<size_t>(j)]);
         w[static_cast<size_t>((b * d + i) * d + j)] = static_cast<float>(norm * unit);
+      }
+    }
+  }
+  return w;
+}
+
+std::vector<double> dct_basis_vector(int64_t d, int64_t i) {
+  // cos(pi (2n+1) i / (2d)) = cos(pi k / (2d)) with k = (2n+1) i mod 4d, reduced in integers so
+  // that std::cos sees an argument in [0, 2 pi) whatever n and i are.
+  const double pi = 3.14159265358979323846;
+  const double scale = std::sqrt((i == 0 ? 1.0 : 2.0) / static_cast<double>(d));
+  std::vector<double> c(static_cast<size_t>(d));
+  for (int64_t n = 0; n < d; ++n) {
+    const int64_t k = ((2 * n + 1) * i) % (4 * d);
+    c[static_cast<size_t>(n)] =
+        scale * std::cos(pi * static_cast<double>(k) / static_cast<double>(2 * d));
+  }
+  return c;
+}
+
+std::vector<double> dct_uniforms(int64_t d, uint64_t seed, int64_t block) {
+  const uint64_t b = static_cast<uint64_t>(block);
+  Rng srng(seed, stream_id(StreamKind::dct, StreamUse::shift, b));
+  const double shift = srng.uniform_open();
+  std::vector<int64_t> order(static_cast<size_t>(d));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  Rng prng(seed, stream_id(StreamKind::dct, StreamUse::permutation, b));
+  for (int64_t i = d - 1; i > 0; --i) {  // Fisher-Yates
+    std::swap(order[static_cast<size_t>(i)],
+              order[uniform_below(prng, static_cast<uint64_t>(i) + 1)]);
+  }
+  std::vector<double> u(static_cast<size_t>(d));
+  for (int64_t i = 0; i < d; ++i) {
+    // (d - 1 + s)/d can round up to 1 for s close to 1.
+    u[static_cast<size_t>(i)] = std::min(
+        (static_cast<double>(order[static_cast<size_t>(i)]) + shift) / static_cast<double>(d),
+        kBelowOne);
+  }
+  return u;
+}
+
+std::vector<float> draw_dct(int64_t m, int64_t d, uint64_t seed, NormMode norms) {
+  // Block b, row i: t_i c_i with c_i the DCT-II basis vector i and, for NormMode::quantile,
+  // t_i = Phi^-1(u_i) (DiJiang's P = C diag(t)). NormMode::chi keeps the sign of t_i and maps
+  // the same uniform p_i = |2 u_i - 1| (|t_i| = Phi^-1((1 + p_i)/2), half-normal) through the
+  // chi(d) quantile instead, so that the row norms are chi(d), stratified within the block.
+  std::vector<std::vector<double>> basis(static_cast<size_t>(std::min(m, d)));
+  for (size_t i = 0; i < basis.size(); ++i) basis[i] = dct_basis_vector(d, int64_t(i));
+  std::vector<float> w(static_cast<size_t>(m * d));
+  const int64_t blocks = (m + d - 1) / d;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const std::vector<double> u = dct_uniforms(d, seed, b);
+    const int64_t rows = std::min(d, m - b * d);
+    for (int64_t i = 0; i < rows; ++i) {
+      const double ui = u[static_cast<size_t>(i)];
+      double t = normal_quantile(ui);
+      if (norms == NormMode::chi) {
+        const double r = chi_quantile(d, std::abs(2.0 * ui - 1.0));
+        t = ui < 0.5 ? -r : r;
+      }
+      const std::vector<double>& c = basis[static_cast<size_t>(i)];
+      for (int64_t j = 0; j < d; ++j) {
+        w[static_cast<size_t>((b * d + i) * d + j)] =
+            static_cast<float>(t * c[static_cast<size_t>(j)]);
       }
     }
   }

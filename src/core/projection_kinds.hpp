@@ -1,7 +1,7 @@
 #pragma once
-// The projection kinds of math.md s.3 beyond iid (radial, qmc, sorf, simplex) and the pieces
-// they share with orthogonal: the Haar-orthogonal d x d block, chi(d) norms and quantiles, the
-// inverse normal CDF. Every function is deterministic in its arguments (docs/projections.md).
+// The projection kinds of math.md s.3 and s.7 beyond iid (radial, qmc, sorf, simplex, dct) and the
+// pieces they share with orthogonal: the Haar-orthogonal d x d block, chi(d) norms and quantiles,
+// the inverse normal CDF. Every function is deterministic in its arguments (docs/projections.md).
 //
 // Random streams: iid uses stream 0, orthogonal block b streams 2b+1 and 2b+2 (projection.cpp).
 // The kinds here use stream_id(kind, purpose, index) >= 2^56, one stream per block and purpose,
@@ -15,7 +15,7 @@
 namespace favor::detail {
 
 /// Stream tags of the kinds below (the top byte of a stream id).
-enum class StreamKind : uint64_t { radial = 1, qmc = 2, sorf = 3, simplex = 4 };
+enum class StreamKind : uint64_t { radial = 1, qmc = 2, sorf = 3, simplex = 4, dct = 5 };
 /// What a stream draws (the next byte).
 enum class StreamUse : uint64_t { gaussian = 0, norms = 1, permutation = 2, signs = 3, shift = 4 };
 
@@ -52,5 +52,14 @@ std::vector<float> draw_radial(int64_t m, int64_t d, uint64_t seed, NormMode nor
 std::vector<float> draw_qmc(int64_t m, int64_t d, uint64_t seed);
 std::vector<float> draw_sorf(int64_t m, int64_t d, uint64_t seed, NormMode norms);
 std::vector<float> draw_simplex(int64_t m, int64_t d, uint64_t seed, NormMode norms);
+std::vector<float> draw_dct(int64_t m, int64_t d, uint64_t seed, NormMode norms);
+
+/// Basis vector i of the orthonormal DCT-II of size d: c_i[n] = sqrt((2 - [i == 0]) / d)
+/// cos(pi (n + 1/2) i / d), n = 0..d-1 (the argument reduced exactly in integers).
+std::vector<double> dct_basis_vector(int64_t d, int64_t i);
+/// The uniforms of dct block b: u_i = (pi(i) + s) / d for i = 0..d-1, the d-point lattice
+/// {k/d} shifted by one s ~ U(0, 1) (one point in each cell [k/d, (k+1)/d)), handed to the
+/// basis vectors in the order of a random permutation pi; both from Rng(seed, block b).
+std::vector<double> dct_uniforms(int64_t d, uint64_t seed, int64_t block);
 
 }  // namespace favor::detail
