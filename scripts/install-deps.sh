@@ -14,6 +14,7 @@ packages=(
   python3-matplotlib               # favor bench --plot, the Python plots (Debian's /usr/bin/python3)
   python3-dev pybind11-dev python3-pybind11 python3-numpy   # the Python package (favor._core)
   python3-pytest                   # the Python test suite
+  python3-scipy                    # scripts/dct_bias.py (exact expectations of the dct projection)
   python3-torch                    # favor.torch (PyTorch 1.13, CPU)
   python3-venv python3-setuptools python3-wheel python3-pip # pip install . (offline, README)
 )
