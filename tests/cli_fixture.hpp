@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 
 #include "favor/favor.hpp"
 #include "npy.hpp"
+#include "test_helpers.hpp"
 
 namespace favor::testing {
 
@@ -64,6 +66,37 @@ class CliTest : public ::testing::Test {
     const int status = std::system(cmd.c_str());
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp("stderr.txt"), slurp("stdout.txt")};
   }
+
+  /// Exit code 2, exactly one line on stderr containing `fragment`, no file at `out` other
+  /// than what was there before (left unchanged), and no temporaries.
+  void expect_failure(const std::string& args, const std::string& fragment,
+                      const std::string& out = "y.npy") {
+    const bool existed = std::filesystem::exists(path(out));
+    const std::string before = existed ? slurp(out) : "";
+    const Result r = run_cli(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(fragment), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(std::filesystem::exists(path(out)), existed) << args;
+    if (existed) EXPECT_EQ(slurp(out), before);
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      EXPECT_EQ(entry.path().string().find(".partial-"), std::string::npos) << entry.path();
+    }
+  }
+
+  /// q, k, v [2, 3, n, 8 / 8 / 5] written as q.npy, k.npy, v.npy, and the options naming them.
+  std::string qkv() const {
+    return "--q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy");
+  }
+  void write_qkv(int64_t n = 40) {
+    q = random_tensor({2, 3, n, 8}, 1, 1.0);
+    k = random_tensor({2, 3, n, 8}, 2, 1.0);
+    v = random_tensor({2, 3, n, 5}, 3);
+    write("q.npy", q);
+    write("k.npy", k);
+    write("v.npy", v);
+  }
+  Tensor q, k, v;
 };
 
 }  // namespace favor::testing

@@ -22,34 +22,6 @@ using testing::random_tensor;
 class Cli : public testing::CliTest {
  protected:
   Result run(const std::string& args) const { return run_cli(args); }
-  // Exit code 2, exactly one line on stderr containing `fragment`, and no file at `out`
-  // other than what was there before.
-  void expect_failure(const std::string& args, const std::string& fragment,
-                      const std::string& out = "y.npy") {
-    const bool existed = fs::exists(path(out));
-    const std::string before = existed ? slurp(out) : "";
-    const Result r = run(args);
-    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
-    EXPECT_NE(r.err.find(fragment), std::string::npos) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_EQ(fs::exists(path(out)), existed) << args;
-    if (existed) EXPECT_EQ(slurp(out), before);
-    for (const auto& entry : fs::directory_iterator(dir)) {
-      EXPECT_EQ(entry.path().string().find(".partial-"), std::string::npos) << entry.path();
-    }
-  }
-  std::string qkv() const {
-    return "--q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy");
-  }
-  void write_qkv(int64_t n = 40) {
-    q = random_tensor({2, 3, n, 8}, 1, 1.0);
-    k = random_tensor({2, 3, n, 8}, 2, 1.0);
-    v = random_tensor({2, 3, n, 5}, 3);
-    write("q.npy", q);
-    write("k.npy", k);
-    write("v.npy", v);
-  }
-  Tensor q, k, v;
 };
 
 TEST_F(Cli, AttentionEqualsLibrary) {

@@ -23,37 +23,12 @@ using testing::random_tensor;
 
 class VQCli : public testing::CliTest {
  protected:
-  // Exit code 2, exactly one line on stderr containing `fragment`, no file at `out`, no
-  // temporaries.
-  void expect_failure(const std::string& args, const std::string& fragment,
-                      const std::string& out = "y.npy") {
-    const Result r = run_cli(args);
-    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
-    EXPECT_NE(r.err.find(fragment), std::string::npos) << args << "\n" << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_FALSE(fs::exists(path(out))) << args;
-    for (const auto& entry : fs::directory_iterator(dir)) {
-      EXPECT_EQ(entry.path().string().find(".partial-"), std::string::npos) << entry.path();
-    }
-  }
-  std::string qkv() const {
-    return "--q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy");
-  }
-  void write_qkv(int64_t n = 40) {
-    q = random_tensor({2, 3, n, 8}, 1, 1.0);
-    k = random_tensor({2, 3, n, 8}, 2, 1.0);
-    v = random_tensor({2, 3, n, 5}, 3);
-    write("q.npy", q);
-    write("k.npy", k);
-    write("v.npy", v);
-  }
   void write_codebook(const std::string& name, const Tensor& c, bool shared) {
     const auto& s = c.shape();
     const std::vector<int64_t> shape =
         shared ? std::vector<int64_t>{s[2], s[3]} : std::vector<int64_t>{s[1], s[2], s[3]};
     write_bytes(name, cli::encode_npy_f32(shape, c.data()));
   }
-  Tensor q, k, v;
 };
 
 // The library's hard and soft VQ on the same inputs and codebook, bit for bit: per-head
