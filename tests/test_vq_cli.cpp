@@ -228,10 +228,10 @@ TEST_F(VQCli, AccuracySectionRuns) {
   ASSERT_EQ(records.size(), 6u);
   std::vector<double> hard;
   for (const json& rec : records) {
-    for (const char* key : {"data", "codes", "fit", "evaluated_positions", "seeds", "soft",
-                            "tau_rel", "tau", "attention_rel_error", "attention_rel_error_std",
-                            "quantisation_error", "favor_m", "favor_rel_error",
-                            "favor_rel_error_std", "zero_rows"})
+    for (const char* key :
+         {"data", "codes", "fit", "evaluated_positions", "seeds", "soft", "tau_rel", "tau",
+          "attention_rel_error", "attention_rel_error_std", "quantisation_error", "favor_m",
+          "favor_rel_error", "favor_rel_error_std", "zero_rows"})
       ASSERT_TRUE(rec.contains(key)) << key << " in " << rec.dump();
     EXPECT_EQ(rec["favor_m"], rec["codes"]);
     EXPECT_EQ(rec["fit"], "same");

@@ -58,6 +58,21 @@ struct Measured {
   double seconds, heap_mb, rss_mb;
 };
 
+// The fields every timed row has: what ran, its time, rate (cost-model flops) and memory.
+nlohmann::json timed_record(const char* method, bool causal, int64_t n, int64_t bh, int threads,
+                            const Measured& t, double flops) {
+  return {{"method", method},
+          {"causal", causal},
+          {"n", n},
+          {"bh", bh},
+          {"threads", threads},
+          {"seconds", t.seconds},
+          {"gflops", flops / t.seconds / 1e9},
+          {"tokens_per_s", double(n * bh) / t.seconds},
+          {"peak_heap_mb", t.heap_mb},
+          {"rss_growth_mb", t.rss_mb}};
+}
+
 // Times f (median) and measures its memory beyond what is live before it: the peak of heap
 // bytes it allocates (all favor allocations go through operator new) and the growth of the
 // resident high-water mark (reset through /proc/self/clear_refs; BLAS buffers included).
@@ -208,16 +223,7 @@ class Bench {
                                a_.repeats, a_.min_time);
     set_num_threads(saved);
     const double flops = favor_flops(problem(bh, n, o.kernel), causal, kernel_info().causal_chunk);
-    nlohmann::json r = {{"method", "favor"},
-                        {"causal", causal},
-                        {"n", n},
-                        {"bh", bh},
-                        {"threads", threads},
-                        {"seconds", t.seconds},
-                        {"gflops", flops / t.seconds / 1e9},
-                        {"tokens_per_s", double(n * bh) / t.seconds},
-                        {"peak_heap_mb", t.heap_mb},
-                        {"rss_growth_mb", t.rss_mb}};
+    nlohmann::json r = timed_record("favor", causal, n, bh, threads, t, flops);
     if (kernel) r["kernel"] = to_string(*kernel);
     if (extra.is_object()) r.update(extra);
     emit(std::move(r));
@@ -246,16 +252,8 @@ class Bench {
     o.causal = causal;
     const Measured t =
         measure([&] { exact_attention(q, k, v, out.mutable_view(), o); }, a_.repeats, a_.min_time);
-    emit({{"method", "exact"},
-          {"causal", causal},
-          {"n", n},
-          {"bh", bh},
-          {"threads", num_threads()},
-          {"seconds", t.seconds},
-          {"gflops", exact_flops(problem(bh, n), causal) / t.seconds / 1e9},
-          {"tokens_per_s", double(n * bh) / t.seconds},
-          {"peak_heap_mb", t.heap_mb},
-          {"rss_growth_mb", t.rss_mb}});
+    emit(timed_record("exact", causal, n, bh, num_threads(), t,
+                      exact_flops(problem(bh, n), causal)));
     return t.seconds;
   }
 
@@ -265,20 +263,12 @@ class Bench {
   void backward_record(const char* method, int64_t bh, int64_t n, bool causal, const Measured& t,
                        double flops, double forward_seconds, bool context) {
     const double outputs_mb = double(bh * n * (2 * a_.d + a_.d)) * 4.0 / (1024.0 * 1024.0);
-    emit({{"method", method},
-          {"pass", "backward"},
-          {"causal", causal},
-          {"n", n},
-          {"bh", bh},
-          {"threads", num_threads()},
-          {"seconds", t.seconds},
-          {"gflops", flops / t.seconds / 1e9},
-          {"tokens_per_s", double(n * bh) / t.seconds},
-          {"peak_heap_mb", t.heap_mb},
-          {"extra_heap_mb", t.heap_mb - outputs_mb},
-          {"rss_growth_mb", t.rss_mb},
-          {"context", context},
-          {"ratio_to_forward", t.seconds / forward_seconds}});
+    nlohmann::json r = timed_record(method, causal, n, bh, num_threads(), t, flops);
+    r.update({{"pass", "backward"},
+              {"extra_heap_mb", t.heap_mb - outputs_mb},
+              {"context", context},
+              {"ratio_to_forward", t.seconds / forward_seconds}});
+    emit(std::move(r));
   }
 
   // FAVOR backward. Bidirectional: also the training pattern, a forward that saves its
@@ -463,23 +453,13 @@ class Bench {
     }
     const double flops = backward ? vq_backward_flops(problem(bh, n), c, causal, a_.vq_block)
                                   : vq_flops(problem(bh, n), c, causal, a_.vq_block);
-    nlohmann::json r = {
-        {"method", "vq"},
-        {"pass", backward ? "backward" : "forward"},
-        {"causal", causal},
-        {"n", n},
-        {"bh", bh},
-        {"threads", num_threads()},
-        {"seconds", t.seconds},
-        {"gflops", flops / t.seconds / 1e9},
-        {"tokens_per_s", double(n * bh) / t.seconds},
-        {"peak_heap_mb", t.heap_mb},
-        {"rss_growth_mb", t.rss_mb},
-        {"block", a_.vq_block},
-        {"codebook", "keys"},
-        {"ratio_to_favor", t.seconds / favor_seconds},
-        {"ratio_to_exact",
-         exact_seconds ? nlohmann::json(t.seconds / *exact_seconds) : nlohmann::json(nullptr)}};
+    nlohmann::json r = timed_record("vq", causal, n, bh, num_threads(), t, flops);
+    r.update({{"pass", backward ? "backward" : "forward"},
+              {"block", a_.vq_block},
+              {"codebook", "keys"},
+              {"ratio_to_favor", t.seconds / favor_seconds},
+              {"ratio_to_exact", exact_seconds ? nlohmann::json(t.seconds / *exact_seconds)
+                                               : nlohmann::json(nullptr)}});
     emit(std::move(r));
     if (!a_.json) {
       fmt::print(
