@@ -61,9 +61,7 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const P
 
 Tensor favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
                        const AttentionOptions& options, AttentionStats* stats) {
-  detail::check_view(q, "q");
-  detail::check_view(v, "v");
-  Tensor out({q.shape[0], q.shape[1], q.shape[2], v.shape[3]});  // the callee validates fully
+  Tensor out = detail::attention_output(q, v);  // the callee validates fully
   const AttentionStats st = favor_attention(q, k, v, w, out.mutable_view(), options);
   if (stats) *stats = st;
   return out;
@@ -83,9 +81,7 @@ void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView
 }
 
 Tensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOptions& options) {
-  detail::check_view(q, "q");
-  detail::check_view(v, "v");
-  Tensor out({q.shape[0], q.shape[1], q.shape[2], v.shape[3]});  // the callee validates fully
+  Tensor out = detail::attention_output(q, v);  // the callee validates fully
   exact_attention(q, k, v, out.mutable_view(), options);
   return out;
 }

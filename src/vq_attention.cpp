@@ -32,9 +32,7 @@ VQStats vq_attention(TensorView q, TensorView k, TensorView v, TensorView codebo
 
 Tensor vq_attention(TensorView q, TensorView k, TensorView v, TensorView codebook,
                     const VQOptions& options, VQStats* stats) {
-  detail::check_view(q, "q");
-  detail::check_view(v, "v");
-  Tensor out({q.shape[0], q.shape[1], q.shape[2], v.shape[3]});  // the callee validates fully
+  Tensor out = detail::attention_output(q, v);  // the callee validates fully
   const VQStats st = vq_attention(q, k, v, codebook, out.mutable_view(), options);
   if (stats) *stats = st;
   return out;

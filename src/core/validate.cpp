@@ -50,6 +50,12 @@ bool any_nonfinite(const float* x, int64_t n) {
 
 }  // namespace
 
+Tensor attention_output(const TensorView& q, const TensorView& v) {
+  check_view(q, "q");
+  check_view(v, "v");
+  return Tensor({q.shape[0], q.shape[1], q.shape[2], v.shape[3]});
+}
+
 void check_finite(const TensorView& t, const std::string& name) {
   for (int64_t b = 0; b < t.shape[0]; ++b)
     for (int64_t h = 0; h < t.shape[1]; ++h)

@@ -21,6 +21,9 @@ void check_output(const MutableTensorView& out, const Shape4& expected, const st
 /// dim_name names the last extent in the message ("D", "Dv").
 void check_step(const TensorView& t, int64_t batch, int64_t heads, int64_t dim,
                 const std::string& name, const std::string& dim_name);
+/// The output [B, H, Nq, Dv] of an attention call that allocates it, from q and v (each
+/// checked as a view; the callee validates the rest).
+Tensor attention_output(const TensorView& q, const TensorView& v);
 /// scale > 0 and finite when given; default 1/sqrt(d).
 double resolve_scale(const std::optional<double>& scale, int64_t d);
 /// W is m x d with d matching the head dim of `name`.
