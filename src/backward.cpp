@@ -26,13 +26,7 @@ Checked check_backward(const TensorView& q, const TensorView& k, const TensorVie
                        const TensorView& dy, bool causal, const std::optional<KeyMaskView>& mask,
                        const std::optional<double>& scale) {
   const auto s = detail::check_attention_inputs(q, k, v, causal, mask);
-  detail::check_view(dy, "dy");
-  const Shape4 expected{s.batch, s.heads, s.nq, s.dv};
-  if (dy.shape != expected) {
-    throw Error("dy: shape " + shape_string(dy.shape) +
-                " must be the output's shape [B, H, Nq, Dv] = " + shape_string(expected));
-  }
-  detail::check_finite(dy, "dy");
+  detail::check_dy(dy, s);
   return {s, detail::resolve_scale(scale, s.d)};
 }
 

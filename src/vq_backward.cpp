@@ -18,13 +18,7 @@ VQGrads vq_attention_backward(TensorView q, TensorView k, TensorView v, TensorVi
   detail::AttentionShape s;
   cpu::VQBackwardParams bp{};
   bp.fwd = detail::vq_params(q, k, v, codebook, options, codebook_copy, &s);
-  detail::check_view(dy, "dy");
-  const Shape4 expected{s.batch, s.heads, s.nq, s.dv};
-  if (dy.shape != expected) {
-    throw Error("dy: shape " + shape_string(dy.shape) +
-                " must be the output's shape [B, H, Nq, Dv] = " + shape_string(expected));
-  }
-  detail::check_finite(dy, "dy");
+  detail::check_dy(dy, s);
   // The backward's own default block: its hard-VQ moment update is a GEMM with K = L.
   if (options.block == 0) bp.fwd.block = cpu::kVQGradTile;
   bp.dy = dy.data;

@@ -50,6 +50,16 @@ bool any_nonfinite(const float* x, int64_t n) {
 
 }  // namespace
 
+void check_dy(const TensorView& dy, const AttentionShape& s) {
+  check_view(dy, "dy");
+  const Shape4 expected{s.batch, s.heads, s.nq, s.dv};
+  if (dy.shape != expected) {
+    throw Error("dy: shape " + shape_string(dy.shape) +
+                " must be the output's shape [B, H, Nq, Dv] = " + shape_string(expected));
+  }
+  check_finite(dy, "dy");
+}
+
 Tensor attention_output(const TensorView& q, const TensorView& v) {
   check_view(q, "q");
   check_view(v, "v");

@@ -35,5 +35,8 @@ struct AttentionShape {
 };
 AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                       bool causal, const std::optional<KeyMaskView>& mask);
+/// The upstream gradient dy of a backward pass: a view of the output's shape [B, H, Nq, Dv],
+/// finite.
+void check_dy(const TensorView& dy, const AttentionShape& s);
 
 }  // namespace favor::detail
