@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "core/adapted.hpp"
+#include "core/feature_map_params.hpp"
 #include "core/fingerprint.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
@@ -31,27 +31,25 @@ Shape4 output_shape(const detail::AttentionShape& s) {
 
 }  // namespace
 
-AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
+AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const FeatureMap& map,
                                MutableTensorView out, const AttentionOptions& options,
                                AttentionContext* context) {
+  detail::check_map_options(options, "favor_attention");
   const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
-  detail::check_projection(w, s.d, "q and k");
+  detail::check_projection(map.projection, s.d, "q and k");
   detail::check_output(out, output_shape(s), "out", {q, k, v});
-  const double scale = detail::resolve_scale(options.scale, s.d);
-  cpu::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
-  const detail::AdaptedProjection adapted = detail::attention_projection(q, k, options, scale, w);
-  detail::use_projection(adapted, w, p);
-  p.kernel = options.kernel;
+  const detail::ResolvedMap resolved = detail::resolve_map(map, s, q, k, options);
+  cpu::AttentionParams p = make_params(q, k, v, out, s, resolved.scale, options.key_mask);
+  p.map = resolved.params();
   if (context) {
     *context = AttentionContext{};
     if (!options.causal) {  // causal attention saves nothing: its state depends on the position
-      const int64_t F = feature_count(options.kernel, w.m());
+      const int64_t F = map.features();
       context->states.resize(static_cast<size_t>(s.batch * s.heads * F * (s.dv + 1)));
       context->maxima.resize(static_cast<size_t>(s.batch * s.heads));
       p.ctx_states = context->states.data();
       p.ctx_maxima = context->maxima.data();
-      context->fingerprint =
-          detail::context_fingerprint(k, v, w, options, scale) ^ detail::fingerprint(adapted);
+      context->fingerprint = detail::context_fingerprint(k, v, options) ^ resolved.fingerprint;
     }
   }
   AttentionStats stats;
@@ -59,12 +57,24 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const P
   return stats;
 }
 
-Tensor favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
+Tensor favor_attention(TensorView q, TensorView k, TensorView v, const FeatureMap& map,
                        const AttentionOptions& options, AttentionStats* stats) {
   Tensor out = detail::attention_output(q, v);  // the callee validates fully
-  const AttentionStats st = favor_attention(q, k, v, w, out.mutable_view(), options);
+  const AttentionStats st = favor_attention(q, k, v, map, out.mutable_view(), options);
   if (stats) *stats = st;
   return out;
+}
+
+AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
+                               MutableTensorView out, const AttentionOptions& options,
+                               AttentionContext* context) {
+  return favor_attention(q, k, v, detail::map_of(w, options), out, detail::without_map(options),
+                         context);
+}
+
+Tensor favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
+                       const AttentionOptions& options, AttentionStats* stats) {
+  return favor_attention(q, k, v, detail::map_of(w, options), detail::without_map(options), stats);
 }
 
 void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView out,

@@ -5,7 +5,8 @@
 #include <cmath>
 #include <vector>
 
-#include "core/adapted.hpp"
+#include "core/feature_map_params.hpp"
+#include "core/parameter_grads.hpp"
 #include "core/fingerprint.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
@@ -49,56 +50,49 @@ cpu::BackwardParams make_params(const TensorView& q, const TensorView& k, const 
 }  // namespace
 
 AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
-                                        const Projection& w, const AttentionOptions& options,
-                                        bool with_projection_grad,
+                                        const FeatureMap& map, const AttentionOptions& options,
+                                        bool with_parameter_grads,
                                         const AttentionContext* context) {
-  const Checked c = check_backward(q, k, v, dy, options.causal, options.key_mask, options.scale);
-  detail::check_projection(w, c.s.d, "q and k");
+  detail::check_map_options(options, "favor_attention_backward");
+  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  detail::check_dy(dy, s);
+  detail::check_projection(map.projection, s.d, "q and k");
+  const detail::ResolvedMap resolved = detail::resolve_map(map, s, q, k, options);
   AttentionGrads g;
-  cpu::BackwardParams bp = make_params(q, k, v, dy, c, options.key_mask, g);
-  const detail::AdaptedProjection adapted = detail::attention_projection(q, k, options, c.scale, w);
-  detail::use_projection(adapted, w, bp.fwd);
-  bp.fwd.kernel = options.kernel;
+  cpu::BackwardParams bp =
+      make_params(q, k, v, dy, Checked{s, resolved.scale}, options.key_mask, g);
+  bp.fwd.map = resolved.params();
   if (context) {
-    const int64_t F = feature_count(options.kernel, w.m());
+    const int64_t F = map.features();
     if (options.causal || !context->valid()) {
       throw Error("context: only a bidirectional forward call saves a context (this one is empty)");
     }
-    if (context->states.size() != static_cast<size_t>(c.s.batch * c.s.heads * F * (c.s.dv + 1)) ||
-        context->maxima.size() != static_cast<size_t>(c.s.batch * c.s.heads) ||
-        context->fingerprint != (detail::context_fingerprint(k, v, w, options, c.scale) ^
-                                 detail::fingerprint(adapted))) {
+    if (context->states.size() != static_cast<size_t>(s.batch * s.heads * F * (s.dv + 1)) ||
+        context->maxima.size() != static_cast<size_t>(s.batch * s.heads) ||
+        context->fingerprint !=
+            (detail::context_fingerprint(k, v, options) ^ resolved.fingerprint)) {
       throw Error(
           "context: it was saved for other k, v, W, mask or options than this backward call's");
     }
     bp.ctx_states = context->states.data();
     bp.ctx_maxima = context->maxima.data();
   }
-  // FAVOR++ / FAVOR#: the kernels return dL/dW_h and dL/db_h per fit head (one sum when the
-  // fit is shared), and the chain rule through the fitted transform gives dL/dW.
-  std::vector<float> dw_heads, dbias;
-  if (with_projection_grad && adapted.heads) {
-    const int64_t m = w.m(), d = w.d();
-    dw_heads.assign(static_cast<size_t>(adapted.heads * m * d), 0.0f);
-    dbias.assign(static_cast<size_t>(adapted.heads * m), 0.0f);
-    bp.dw = dw_heads.data();
-    bp.dbias = dbias.data();
-    bp.dw_head_stride = adapted.heads == 1 ? 0 : m * d;
-    bp.dbias_head_stride = adapted.heads == 1 ? 0 : m;
-  } else if (with_projection_grad) {
-    g.dw.assign(static_cast<size_t>(w.m() * w.d()), 0.0f);
-    bp.dw = g.dw.data();
-  }
+  detail::ParameterGrads pg(resolved, map, s, with_parameter_grads, bp);
   if (options.causal) {
     cpu::favor_backward_causal(bp);
   } else {
     cpu::favor_backward_bidirectional(bp);
   }
-  if (!dw_heads.empty()) {
-    const KernelFit& fit = options.fit ? *options.fit : adapted.fitted;
-    g.dw = detail::projection_grad(fit, w, dw_heads.data(), dbias.data());
-  }
+  pg.finish(map, g);
   return g;
+}
+
+AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        const Projection& w, const AttentionOptions& options,
+                                        bool with_projection_grad,
+                                        const AttentionContext* context) {
+  return favor_attention_backward(q, k, v, dy, detail::map_of(w, options),
+                                  detail::without_map(options), with_projection_grad, context);
 }
 
 AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,

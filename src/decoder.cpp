@@ -12,7 +12,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/adapted.hpp"
+#include "core/feature_map_params.hpp"
 #include "core/validate.hpp"
 #include "cpu/blas.hpp"
 #include "cpu/feature_tile.hpp"
@@ -46,33 +46,26 @@ void project(const float* wt, const float* bias, int64_t d, int64_t m, const flo
 
 Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, Projection w,
                  const DecoderOptions& options)
-    : batch_(batch), heads_(heads), dv_(dv), features_(0), w_(std::move(w)), options_(options) {
+    : Decoder(batch, heads, dv, detail::map_of(w, options), detail::without_map(options)) {}
+
+Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, FeatureMap map,
+                 const DecoderOptions& options)
+    : batch_(batch), heads_(heads), dv_(dv), features_(0), w_(map.projection) {
   if (batch < 1) throw Error("batch: " + std::to_string(batch) + " must be >= 1");
   if (heads < 1) throw Error("heads: " + std::to_string(heads) + " must be >= 1");
   if (dv < 1) throw Error("dv: " + std::to_string(dv) + " must be >= 1");
-  sqrt_scale_ = std::sqrt(detail::resolve_scale(options.scale, w_.d()));
-  features_ = feature_count(options.kernel, w_.m());
-  const int64_t m = w_.m(), d = w_.d();
-  if (data_adapted(options.kernel)) {
-    if (!options.fit) {
-      throw Error("fit: a " + to_string(options.kernel) +
-                  " decoder needs DecoderOptions::fit (fit_kernel on calibration data, or "
-                  "KernelFit::constant): it never sees the tokens still to come");
-    }
-    detail::check_fit(*options.fit, d, batch * heads, "fit");
-    detail::AdaptedProjection adapted = detail::adapt_projection(*options.fit, w_);
-    proj_heads_ = adapted.heads;
-    w_eff_ = std::move(adapted.w);
-    bias_ = std::move(adapted.bias);
-  } else {
-    w_eff_ = w_.matrix();
-  }
-  wt_.resize(w_eff_.size());
-  for (int64_t g = 0; g < proj_heads_; ++g)
+  detail::check_map_options(options, "Decoder");
+  if (w_.m() < 1) throw Error("projection: m = " + std::to_string(w_.m()) + " must be >= 1");
+  map_ = std::make_shared<const detail::ResolvedMap>(
+      detail::resolve_fixed_map(map, batch, heads, options.decay));
+  features_ = map.features();
+  const cpu::FeatureParams fp = map_->params();
+  const int64_t m = fp.m, d = fp.d;
+  wt_.resize(static_cast<size_t>(fp.w_sets * m * d));
+  for (int64_t g = 0; g < fp.w_sets; ++g)
     for (int64_t i = 0; i < m; ++i)
       for (int64_t t = 0; t < d; ++t)
-        wt_[static_cast<size_t>((g * d + t) * m + i)] =
-            w_eff_[static_cast<size_t>((g * m + i) * d + t)];
+        wt_[static_cast<size_t>((g * d + t) * m + i)] = fp.w[(g * m + i) * d + t];
   S_.assign(static_cast<size_t>(batch * heads * features_ * (dv + 1)), 0.0f);
   max_.assign(static_cast<size_t>(batch * heads), -INFINITY);
 }
@@ -91,7 +84,6 @@ void Decoder::append(TensorView k, TensorView v) {
                 ": same token count T");
   }
   const int64_t m = w_.m(), d = w_.d(), F = features_, T = k.shape[2], heads = batch_ * heads_;
-  const Kernel kernel = options_.kernel;
   const int threads =
       cpu::threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_), num_threads());
   // Buffers are allocated before the parallel region (allocation failures throw here).
@@ -111,14 +103,10 @@ void Decoder::append(TensorView k, TensorView v) {
   p.nk = T;
   p.d = d;
   p.dv = dv_;
-  p.w = w_eff_.data();
-  p.m = m;
-  p.w_head_stride = proj_heads_ == 1 ? 0 : m * d;
-  p.bias = bias_.empty() ? nullptr : bias_.data();
-  p.bias_head_stride = proj_heads_ == 1 ? 0 : m;
-  p.kernel = kernel;
-  p.sqrt_scale = static_cast<float>(sqrt_scale_);
-  auto head_wt = [&](int64_t bh) { return wt_.data() + (proj_heads_ == 1 ? 0 : bh * d * m); };
+  p.map = map_->params();
+  p.first_position = position_;
+  const cpu::FeatureParams& fp = p.map;
+  auto head_wt = [&](int64_t bh) { return wt_.data() + (bh % fp.w_sets) * d * m; };
 #pragma omp parallel num_threads(threads)
   {
     cpu::blas_on_calling_thread();
@@ -132,14 +120,14 @@ void Decoder::append(TensorView k, TensorView v) {
       } else {
         TokenBuffers& buf = buffers[tid];
         double half_norm2 = 0.0;  // |y|^2 / 2 accumulated in double, as in the batch kernels
-        cpu::gather_rows(&k.at(b, h, 0, 0), 0, k.strides[3], 1, d, p.sqrt_scale, buf.x.data(),
+        cpu::gather_rows(&k.at(b, h, 0, 0), 0, k.strides[3], 1, d, fp.sqrt_scale, buf.x.data(),
                          &half_norm2);
         cpu::gather_values(&v.at(b, h, 0, 0), 0, v.strides[3], 1, dv_, buf.vx.data());
-        project(head_wt(bh), p.head_bias(bh), d, m, buf.x.data(), buf.a.data());
-        const double g = cpu::key_log_weight(kernel, half_norm2);
-        const double row_max = cpu::key_log_max(kernel, buf.a.data(), m, g);
+        project(head_wt(bh), fp.head_bias(bh), d, m, buf.x.data(), buf.a.data());
+        const double g = fp.key_log_weight(half_norm2, bh, position_);
+        const double row_max = cpu::key_log_max(fp, bh, buf.a.data(), g);
         if (row_max > state.max) state.raise_max(row_max);
-        cpu::key_features(kernel, buf.a.data(), m, g - state.max, buf.phi.data());
+        cpu::key_features(fp, bh, buf.a.data(), g - state.max, buf.phi.data());
         cpu::rank1_update(state.Sx, buf.phi.data(), buf.vx.data(), F,
                           dv_ + 1);  // [S | s] += phi [v | 1]
       }
@@ -157,29 +145,26 @@ void Decoder::query(TensorView q, MutableTensorView out) const {
       cpu::threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_), num_threads());
   std::vector<TokenBuffers> buffers;
   for (int t = 0; t < threads; ++t) buffers.emplace_back(d, m, F, dv_);
-  const int64_t g_stride = proj_heads_ == 1 ? 0 : 1;
-  auto head_wt = [&](int64_t bh) { return wt_.data() + g_stride * bh * d * m; };
-  auto head_bias = [&](int64_t bh) {
-    return bias_.empty() ? nullptr : bias_.data() + g_stride * bh * m;
-  };
+  const cpu::FeatureParams fp = map_->params();
+  auto head_wt = [&](int64_t bh) { return wt_.data() + (bh % fp.w_sets) * d * m; };
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t bh = 0; bh < heads; ++bh) {
     const int64_t b = bh / heads_, h = bh % heads_;
     TokenBuffers& buf = buffers[static_cast<size_t>(omp_get_thread_num())];
     const float* Sx = S_.data() + bh * F * (dv_ + 1);  // [S | s]
-    if (cpu::positive_family(options_.kernel)) {
+    if (cpu::positive_family(fp.kernel)) {
       for (int64_t f = 0; f < F; ++f) buf.s[f] = Sx[f * (dv_ + 1) + dv_];
       cpu::log_or_neg_inf(buf.s.data(), buf.log_s.data(), F);
     }
     for (int64_t t = 0; t < T; ++t) {
-      cpu::gather_rows(&q.at(b, h, t, 0), 0, q.strides[3], 1, d, static_cast<float>(sqrt_scale_),
-                       buf.x.data(), nullptr);
-      project(head_wt(bh), head_bias(bh), d, m, buf.x.data(), buf.a.data());
-      const float c = cpu::query_shift(options_.kernel, buf.a.data(), m, buf.log_s.data());
+      cpu::gather_rows(&q.at(b, h, t, 0), 0, q.strides[3], 1, d, fp.sqrt_scale, buf.x.data(),
+                       nullptr);
+      project(head_wt(bh), fp.head_bias(bh), d, m, buf.x.data(), buf.a.data());
+      const float c = cpu::query_shift(fp.kernel, buf.a.data(), m, buf.log_s.data());
       if (std::isinf(c)) {  // -inf: nothing appended for this head yet; den 0 gives zeros
         std::fill(buf.yx.begin(), buf.yx.end(), 0.0f);
       } else {
-        cpu::query_features(options_.kernel, buf.a.data(), m, c, buf.log_s.data(), buf.phi.data());
+        cpu::query_features(fp.kernel, buf.a.data(), m, c, buf.log_s.data(), buf.phi.data());
         cpu::transposed_matvec(Sx, buf.phi.data(), F, dv_ + 1, buf.yx.data());  // [y | den]
       }
       cpu::write_rows(buf.yx.data(), 1, dv_, &out.at(b, h, t, 0), 0, out.strides[3]);

@@ -339,19 +339,6 @@ AdaptedProjection attention_projection(const TensorView& q, const TensorView& k,
   return out;
 }
 
-void use_projection(const AdaptedProjection& adapted, const Projection& w,
-                    cpu::AttentionParams& p) {
-  p.m = w.m();
-  if (adapted.heads == 0) {
-    p.w = w.data();
-    return;
-  }
-  p.w = adapted.w.data();
-  p.bias = adapted.bias.data();
-  p.w_head_stride = adapted.heads == 1 ? 0 : adapted.m * adapted.d;
-  p.bias_head_stride = adapted.heads == 1 ? 0 : adapted.m;
-}
-
 uint64_t fingerprint(const AdaptedProjection& adapted) {
   uint64_t h = 0;
   auto mix = [&h](const std::vector<float>& values) {

@@ -320,7 +320,8 @@ class Bench {
     const int64_t bh = a_.bh, steps = 256;
     const Projection w =
         Projection::draw(a_.m, a_.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
-    DecoderOptions options{kernel_, std::nullopt, std::nullopt};
+    DecoderOptions options;
+    options.kernel = kernel_;
     if (data_adapted(kernel_)) {  // a fit from calibration rows (the decoder needs one)
       const auto [cq, ck, cv] = inputs(bh, 256, 5000);
       options.fit = fit_kernel(kernel_, cq, ck);

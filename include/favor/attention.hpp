@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "favor/feature_map.hpp"
 #include "favor/features.hpp"
 #include "favor/projection.hpp"
 #include "favor/tensor.hpp"
@@ -22,6 +23,10 @@ struct AttentionOptions {
   /// FAVOR++ / FAVOR# parameters (estimators.hpp). Empty: bidirectional attention fits
   /// them to q and k; causal attention refuses (a fit on the sequence sees the future).
   std::optional<KernelFit> fit;
+  /// Causal decay (DiJiang, RetNet): the weight of pair (i, j) times gamma^(i - j), gamma in
+  /// (0, 1], one value shared by every head or one per head (H values). Empty: no decay; all
+  /// ones reproduce it bit for bit. Causal attention only (bidirectional refuses it).
+  std::vector<double> decay;
 };
 
 /// What happened to rows whose output favor had to define (docs/numerics.md).
@@ -54,6 +59,16 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const P
 
 /// Convenience overload that allocates the output.
 Tensor favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
+                       const AttentionOptions& options = {}, AttentionStats* stats = nullptr);
+
+/// The same with any feature map (feature_map.hpp): learned projections, biases, feature
+/// weights, Hedgehog. The map carries the kernel, scale and fit, so options.kernel, .scale
+/// and .fit must keep their defaults (favor::Error otherwise); options gives causal, the
+/// mask and the decay. The Projection overloads are this with FeatureMap{w, options.kernel}.
+AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const FeatureMap& map,
+                               MutableTensorView out, const AttentionOptions& options = {},
+                               AttentionContext* context = nullptr);
+Tensor favor_attention(TensorView q, TensorView k, TensorView v, const FeatureMap& map,
                        const AttentionOptions& options = {}, AttentionStats* stats = nullptr);
 
 /// Accumulation precision of exact attention.

@@ -13,6 +13,11 @@ namespace favor {
 struct AttentionGrads {
   Tensor dq, dk, dv;
   std::vector<float> dw;  ///< empty unless requested
+  /// With a FeatureMap and with_parameter_grads (each empty unless the map or the options have
+  /// the parameter): dw is [heads][m][d] when map.weights is set (else dL/dW of the shared
+  /// projection, m x d); dbias [heads][m]; dlambda [heads][m]; ddecay one per decay value.
+  std::vector<float> dbias, dlambda;
+  std::vector<double> ddecay;
 };
 
 /// Backward pass of favor_attention with the same inputs and options: given dy = dL/dy
@@ -27,6 +32,15 @@ struct AttentionGrads {
 AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                                         const Projection& w, const AttentionOptions& options = {},
                                         bool with_projection_grad = false,
+                                        const AttentionContext* context = nullptr);
+
+/// Backward pass of favor_attention with a FeatureMap: dq, dk, dv and, with
+/// with_parameter_grads, the gradients of the map's parameters (dw, dbias, dlambda) and of the
+/// decay (ddecay). Same rules as above (options.kernel, .scale, .fit at their defaults).
+AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        const FeatureMap& map,
+                                        const AttentionOptions& options = {},
+                                        bool with_parameter_grads = false,
                                         const AttentionContext* context = nullptr);
 
 /// Backward pass of exact softmax attention (blockwise, recomputing probabilities from

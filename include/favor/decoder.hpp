@@ -2,14 +2,19 @@
 /// \file decoder.hpp
 /// Streaming (autoregressive) FAVOR+ decoding with an O(m Dv) state per (batch, head).
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "favor/feature_map.hpp"
 #include "favor/features.hpp"
 #include "favor/projection.hpp"
 #include "favor/tensor.hpp"
 
 namespace favor {
+namespace detail {
+struct ResolvedMap;
+}
 
 struct DecoderOptions {
   Kernel kernel = Kernel::positive;
@@ -17,6 +22,9 @@ struct DecoderOptions {
   /// FAVOR++ / FAVOR# parameters, required for those kernels (a fixed or calibrated fit:
   /// the decoder never sees future tokens). heads must be 1 or batch * heads.
   std::optional<KernelFit> fit;
+  /// Decay gamma in (0, 1] per head (1 or H values), as AttentionOptions::decay: the state
+  /// is multiplied by gamma at every appended token. Empty: none.
+  std::vector<double> decay;
 };
 
 /// Holds, per (batch, head), S = sum phi(k) v^T (F x Dv), s = sum phi(k) (F), and the
@@ -26,6 +34,10 @@ struct DecoderOptions {
 class Decoder {
  public:
   Decoder(int64_t batch, int64_t heads, int64_t dv, Projection w,
+          const DecoderOptions& options = {});
+  /// With any feature map; options.kernel, .scale and .fit must keep their defaults (the
+  /// map carries them), options gives the decay.
+  Decoder(int64_t batch, int64_t heads, int64_t dv, FeatureMap map,
           const DecoderOptions& options = {});
 
   /// Appends T tokens: k [B, H, T, D], v [B, H, T, Dv].
@@ -40,8 +52,7 @@ class Decoder {
   /// Bytes held by the state (S, s and the stabilisers): fixed at construction, whatever
   /// the position.
   int64_t state_bytes() const {
-    return static_cast<int64_t>(S_.size() * sizeof(float) + s_.size() * sizeof(float) +
-                                max_.size() * sizeof(double));
+    return static_cast<int64_t>(S_.size() * sizeof(float) + max_.size() * sizeof(double));
   }
   void reset();
 
@@ -53,15 +64,10 @@ class Decoder {
  private:
   int64_t batch_, heads_, dv_, features_;
   Projection w_;
-  int64_t proj_heads_ = 1;    // 1, or B*H for a per-head FAVOR++ / FAVOR# fit
-  std::vector<float> w_eff_;  // [proj_heads][m][d]: W, or the fitted per-head projections
-  std::vector<float> bias_;   // [proj_heads][m]: FAVOR++ / FAVOR# log biases (else empty)
-  std::vector<float> wt_;     // [proj_heads][d][m]: W^T, the per-token projection as axpys
-  DecoderOptions options_;
-  double sqrt_scale_;
+  std::shared_ptr<const detail::ResolvedMap> map_;  // the resolved feature map
+  std::vector<float> wt_;  // [w_sets][d][m]: W^T per parameter set, the per-token projection
   int64_t position_ = 0;
   std::vector<float> S_;     // [B*H][F][Dv]
-  std::vector<float> s_;     // [B*H][F]
   std::vector<double> max_;  // running key log-max per (b, h)
 };
 

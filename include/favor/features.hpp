@@ -10,18 +10,20 @@
 
 namespace favor {
 
-/// The feature map. F (features per row) is 2m for trig and hyperbolic, m for the others.
+/// The feature map. F (features per row) is 2m for trig, hyperbolic and hedgehog, m for the
+/// others.
 enum class Kernel {
   positive,    ///< FAVOR+: m^-1/2 exp(W x - |x|^2/2)
   trig,        ///< RFF: m^-1/2 exp(|x|^2/2) [sin(W x), cos(W x)]
   hyperbolic,  ///< (2m)^-1/2 exp(-|x|^2/2) [exp(W x), exp(-W x)]
   favorpp,     ///< FAVOR++ (OPRF), positive features with the optimal A (estimators.hpp)
   favorsharp,  ///< FAVOR# (SDERF), positive features with per-direction A_l (estimators.hpp)
+  hedgehog,    ///< learned map [exp(W x + b), exp(-W x - b)] (Hedgehog; feature_map.hpp, fit.hpp)
 };
 
 std::string to_string(Kernel kernel);
-/// Parses "positive" / "trig" / "hyperbolic" / "favorpp" / "favorsharp" (also "favor++",
-/// "favor#"); throws favor::Error naming `argument`.
+/// Parses "positive" / "trig" / "hyperbolic" / "favorpp" / "favorsharp" / "hedgehog" (also
+/// "favor++", "favor#"); throws favor::Error naming `argument`.
 Kernel parse_kernel(const std::string& text, const std::string& argument);
 /// Features per row for a kernel with m projections.
 int64_t feature_count(Kernel kernel, int64_t m);

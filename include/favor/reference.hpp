@@ -30,6 +30,11 @@ DTensor features(TensorView x, const Projection& w, const FeatureOptions& option
 DTensor favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
                         const AttentionOptions& options = {});
 
+/// The same with any feature map (feature_map.hpp) and, causal, the decay gamma^(i-j).
+DTensor features(TensorView x, const FeatureMap& map);
+DTensor favor_attention(TensorView q, TensorView k, TensorView v, const FeatureMap& map,
+                        const AttentionOptions& options = {});
+
 /// Naive softmax attention in double (scores materialised per row, max-subtracted).
 DTensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOptions& options = {});
 
@@ -38,9 +43,15 @@ DTensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOpt
 struct DGrads {
   DTensor dq, dk, dv;
   std::vector<double> dw;
+  std::vector<double> dbias, dlambda, ddecay;  ///< as AttentionGrads (FeatureMap overload)
 };
 DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                                 const Projection& w, const AttentionOptions& options = {});
+
+/// Gradients of the FeatureMap formula in double, with every parameter gradient the map and
+/// options have (as favor_attention_backward with with_parameter_grads).
+DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                const FeatureMap& map, const AttentionOptions& options = {});
 
 /// Gradients of naive softmax attention in double.
 DGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,

@@ -26,7 +26,11 @@ AttentionOptions attention_options(const std::string& kernel, bool causal,
 DecoderOptions decoder_options(const std::string& kernel, std::optional<double> scale,
                                const std::optional<KernelFit>& fit) {
   const FeatureOptions f = feature_options(kernel, scale, fit);
-  return DecoderOptions{f.kernel, f.scale, f.fit};
+  DecoderOptions o;
+  o.kernel = f.kernel;
+  o.scale = f.scale;
+  o.fit = f.fit;
+  return o;
 }
 
 }  // namespace favor::python

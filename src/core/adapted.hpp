@@ -42,8 +42,6 @@ std::vector<float> projection_grad(const KernelFit& fit, const Projection& w, co
 AdaptedProjection attention_projection(const TensorView& q, const TensorView& k,
                                        const AttentionOptions& options, double scale,
                                        const Projection& w);
-/// Points the kernel params at W (empty adapted) or at the per-head projections.
-void use_projection(const AdaptedProjection& adapted, const Projection& w, cpu::AttentionParams& p);
 /// A 64-bit hash of the per-head projections and biases (0 when empty).
 uint64_t fingerprint(const AdaptedProjection& adapted);
 

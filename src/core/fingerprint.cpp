@@ -54,17 +54,12 @@ class Hasher {
 
 }  // namespace
 
-uint64_t context_fingerprint(const TensorView& k, const TensorView& v, const Projection& w,
-                             const AttentionOptions& options, double scale) {
+uint64_t context_fingerprint(const TensorView& k, const TensorView& v,
+                             const AttentionOptions& options) {
   Hasher f;
   f.tensor(k);
   f.tensor(v);
-  f.value(w.m());
-  f.value(w.d());
-  f.words(reinterpret_cast<const unsigned char*>(w.data()), w.matrix().size() * sizeof(float));
-  f.value(static_cast<int>(options.kernel));
   f.value(options.causal);
-  f.value(scale);
   if (options.key_mask) {
     for (int64_t b = 0; b < options.key_mask->batch; ++b)
       for (int64_t j = 0; j < options.key_mask->n; ++j) f.value(options.key_mask->at(b, j));

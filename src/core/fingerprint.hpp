@@ -1,14 +1,15 @@
 #pragma once
 // A 64-bit fingerprint (multiply-xor over the bits of every element, in logical order) of what a
-// saved attention context depends on: k, v, W, the key mask and the options. Used to refuse
-// a context that came from other inputs. O(N (D + Dv)).
+// saved attention context depends on: k, v, the key mask and causal (the feature map has its
+// own, detail::ResolvedMap::fingerprint, which callers combine with it). Used to refuse a
+// context that came from other inputs. O(N (D + Dv)).
 #include <cstdint>
 
 #include "favor/attention.hpp"
 
 namespace favor::detail {
 
-uint64_t context_fingerprint(const TensorView& k, const TensorView& v, const Projection& w,
-                             const AttentionOptions& options, double scale);
+uint64_t context_fingerprint(const TensorView& k, const TensorView& v,
+                             const AttentionOptions& options);
 
 }  // namespace favor::detail

@@ -22,7 +22,7 @@ cpu::AttentionParams attention_params(const TensorView& q, const TensorView& k, 
   p.nk = s.nk;
   p.d = s.d;
   p.dv = s.dv;
-  p.sqrt_scale = static_cast<float>(std::sqrt(scale));
+  p.map.sqrt_scale = static_cast<float>(std::sqrt(scale));
   if (mask) {
     p.mask = mask->data;
     p.mask_stride_b = mask->stride_b;

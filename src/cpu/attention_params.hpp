@@ -4,6 +4,7 @@
 // it; kernels never throw.
 #include <cstdint>
 
+#include "cpu/feature_params.hpp"
 #include "favor/features.hpp"
 #include "favor/tensor.hpp"
 
@@ -19,21 +20,13 @@ struct AttentionParams {
   float* out;
   Shape4 out_strides;
   int64_t batch, heads, nq, nk, d, dv;
-  const float* w;  // m x d, row-major; one per (batch, head) when w_head_stride != 0
-  int64_t m;
-  int64_t w_head_stride = 0;     // floats between the W of consecutive (batch, head); 0 = shared
-  const float* bias = nullptr;   // FAVOR++ / FAVOR#: log bias per feature, [B*H or 1][m]
-  int64_t bias_head_stride = 0;  // floats between consecutive heads' biases; 0 = shared
-  Kernel kernel;
-  float sqrt_scale;     // inputs are multiplied by sqrt(scale) before the feature map
+  FeatureParams map;    // the feature map (cpu/feature_params.hpp)
+  int64_t first_position = 0;  // position of key 0 (decay): the decoder's tokens so far
   const uint8_t* mask;  // [B, Nk], nonzero = key takes part; null = no mask
   int64_t mask_stride_b, mask_stride_n;
   int threads;
   float* ctx_states = nullptr;   // bidirectional: save [S | s] per head here (B*H x F x (dv + 1))
   double* ctx_maxima = nullptr;  // ... and its max per head
-
-  const float* head_w(int64_t bh) const { return w + bh * w_head_stride; }
-  const float* head_bias(int64_t bh) const { return bias ? bias + bh * bias_head_stride : nullptr; }
 };
 
 /// The backward pass: the forward's params plus dy and the gradient outputs, which are
@@ -52,6 +45,11 @@ struct BackwardParams {
   int64_t dw_head_stride = 0;
   float* dbias = nullptr;
   int64_t dbias_head_stride = 0;
+  // dL/d(log lambda^2) of the feature weights and dL/d(rate) of the decay (rate = -log gamma),
+  // one slice per (batch, head): [B*H][m] and [B*H]; null when not requested. The facade
+  // sums them into the map's parameter sets.
+  float* dlogw = nullptr;
+  double* drate = nullptr;
   const float* ctx_states = nullptr;  // bidirectional: the forward's saved [S | s] per head
   const double* ctx_maxima = nullptr;
 

@@ -34,6 +34,8 @@ float rescale(double from, double to) {
 void load_chunk(const AttentionParams& p, int64_t b, int64_t h, int64_t c0, int64_t rows, float* vx,
                 ChunkWorkspace& ws) {
   const int64_t bh = b * p.heads + h;
+  ws.bh = bh;
+  ws.c0 = c0;
   const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
   const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
   const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
@@ -41,27 +43,27 @@ void load_chunk(const AttentionParams& p, int64_t b, int64_t h, int64_t c0, int6
     ws.visible[r] =
         p.mask == nullptr || p.mask[b * p.mask_stride_b + (c0 + r) * p.mask_stride_n] != 0;
   }
-  gather_rows(kh + c0 * p.k_strides[2], p.k_strides[2], p.k_strides[3], rows, p.d, p.sqrt_scale,
+  gather_rows(kh + c0 * p.k_strides[2], p.k_strides[2], p.k_strides[3], rows, p.d, p.map.sqrt_scale,
               ws.x.data(), ws.half_norm2.data());
-  gather_rows(qh + c0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.sqrt_scale,
+  gather_rows(qh + c0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.map.sqrt_scale,
               ws.x.data() + rows * p.d, nullptr);
   gather_values(vh + c0 * p.v_strides[2], p.v_strides[2], p.v_strides[3], rows, p.dv, vx);
-  project_rows(ws.x.data(), 2 * rows, p.d, p.head_w(bh), p.m, ws.a.data(),
-               p.head_bias(bh));  // keys and queries at once
+  project_rows(ws.x.data(), 2 * rows, p.d, p.map.head_w(bh), p.map.m, ws.a.data(),
+               p.map.head_bias(bh));  // keys and queries at once
 }
 
 bool chunk_key_features(const AttentionParams& p, int64_t rows, double prev_max,
                         ChunkWorkspace& ws) {
-  const int64_t m = p.m, F = ws.F;
+  const int64_t m = p.map.m, F = ws.F;
   double running = prev_max;
   for (int64_t r = 0; r < rows; ++r) {
     const float* a = ws.a.data() + r * m;
-    ws.g[r] = key_log_weight(p.kernel, ws.half_norm2[r]);
-    if (ws.visible[r]) running = std::max(running, key_log_max(p.kernel, a, m, ws.g[r]));
+    ws.g[r] = p.map.key_log_weight(ws.half_norm2[r], ws.bh, ws.c0 + r);
+    if (ws.visible[r]) running = std::max(running, key_log_max(p.map, ws.bh, a, ws.g[r]));
     ws.run_max[r] = running;
     float* phi = ws.phik.data() + r * F;
     if (ws.visible[r]) {
-      key_features(p.kernel, a, m, ws.g[r] - running, phi);
+      key_features(p.map, ws.bh, a, ws.g[r] - running, phi);
     } else {
       std::fill(phi, phi + F, 0.0f);
     }
@@ -71,9 +73,9 @@ bool chunk_key_features(const AttentionParams& p, int64_t rows, double prev_max,
 
 void chunk_query_features(const AttentionParams& p, int64_t rows, const float* s_prev,
                           double prev_max, ChunkWorkspace& ws) {
-  const int64_t m = p.m, F = ws.F;
+  const int64_t m = p.map.m, F = ws.F;
   const float* aq = ws.a.data() + rows * m;
-  const bool pos = positive_family(p.kernel);
+  const bool pos = positive_family(p.map.kernel);
   for (int64_t r = 0; pos && r < rows; ++r) {
     float* row = ws.prefix.data() + r * F;
     const float* prev = r == 0 ? s_prev : row - F;  // still the raw prefix of row r-1
@@ -86,11 +88,11 @@ void chunk_query_features(const AttentionParams& p, int64_t rows, const float* s
     const float* a = aq + r * m;
     float* phi = ws.qg.data() + r * ws.ldq();
     const float* log_p = ws.prefix.data() + r * F;
-    const float c = query_shift(p.kernel, a, m, log_p);
+    const float c = query_shift(p.map.kernel, a, m, log_p);
     if (std::isinf(c)) {  // no visible key yet: zero features give a zero denominator
       std::fill(phi, phi + F, 0.0f);
     } else {
-      query_features(p.kernel, a, m, c, log_p, phi);
+      query_features(p.map.kernel, a, m, c, log_p, phi);
     }
   }
 }

@@ -15,6 +15,7 @@ namespace favor::cpu {
 
 struct ChunkWorkspace {
   int64_t F, dv;
+  int64_t bh = 0, c0 = 0;     // the loaded chunk: head and first position (load_chunk)
   std::vector<float> x;       // 2C x d: the chunk's keys, then its queries
   std::vector<float> a;       // 2C x m: their projections
   std::vector<float> phik;    // C x F

@@ -79,7 +79,7 @@ int64_t run_block(const AttentionParams& p, bool causal, int64_t b, int64_t h, i
   const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
   const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
   float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
-  const T scale = static_cast<T>(p.sqrt_scale) * static_cast<T>(p.sqrt_scale);
+  const T scale = static_cast<T>(p.map.sqrt_scale) * static_cast<T>(p.map.sqrt_scale);
 
   gather<T>(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], qrows, d, scale, ws.q.data());
   std::fill(ws.acc.begin(), ws.acc.end(), T(0));

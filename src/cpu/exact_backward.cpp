@@ -87,7 +87,7 @@ void probabilities_and_ds(Rows qr, Rows kr, const float* lse, const float* dd, W
 void query_block(const BackwardParams& bp, bool causal, int64_t b, int64_t h, Rows qr, float* lse,
                  float* dd, Workspace& ws) {
   const AttentionParams& p = bp.fwd;
-  const float scale = p.sqrt_scale * p.sqrt_scale;
+  const float scale = p.map.sqrt_scale * p.map.sqrt_scale;
   const int64_t d = p.d, dv = p.dv, bh = b * p.heads + h;
   gather(p.q, p.q_strides, b, h, qr, d, scale, ws.q.data());  // scale folded into Q
   gather(bp.dy, bp.dy_strides, b, h, qr, dv, 1.0f, ws.dy.data());
@@ -145,7 +145,7 @@ void query_block(const BackwardParams& bp, bool causal, int64_t b, int64_t h, Ro
 void key_block(const BackwardParams& bp, bool causal, int64_t b, int64_t h, Rows kr,
                const float* lse, const float* dd, Workspace& ws) {
   const AttentionParams& p = bp.fwd;
-  const float scale = p.sqrt_scale * p.sqrt_scale;
+  const float scale = p.map.sqrt_scale * p.map.sqrt_scale;
   const int64_t d = p.d, dv = p.dv, bh = b * p.heads + h;
   gather(p.k, p.k_strides, b, h, kr, d, 1.0f, ws.k.data());
   gather(p.v, p.v_strides, b, h, kr, dv, 1.0f, ws.v.data());

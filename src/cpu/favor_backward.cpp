@@ -29,7 +29,6 @@ namespace {
 struct Workspace {
   KeyTile tile;
   std::vector<float> yx, gx, dphi, pa, dx, dvx, Sx, R, s, log_s, dw, db;
-  std::vector<int64_t> index;
   Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, bool summed_dw, bool summed_db)
       : tile(d, m, F, dv),
         yx(kRowTile * (dv + 1)),
@@ -43,13 +42,12 @@ struct Workspace {
         s(F),
         log_s(F),
         dw(summed_dw ? m * d : 0),
-        db(summed_db ? m : 0),
-        index(kRowTile) {}
+        db(summed_db ? m : 0) {}
 };
 
 void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
   const AttentionParams& p = bp.fwd;
-  const int64_t m = p.m, d = p.d, dv = p.dv, F = feature_count(p.kernel, m), ld = dv + 1;
+  const int64_t m = p.map.m, d = p.d, dv = p.dv, F = p.map.features(), ld = dv + 1;
   HeadState state{ws.Sx.data(), F, dv};
   const int64_t bh = b * p.heads + h;
   if (bp.ctx_states) {  // the forward pass saved the key state
@@ -60,7 +58,7 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     accumulate_keys(p, b, h, 0, p.nk, ws.tile, state);
   }
   if (std::isinf(state.max)) return;  // no visible key: the forward wrote zeros, no gradient
-  if (positive_family(p.kernel)) {
+  if (positive_family(p.map.kernel)) {
     state.copy_normaliser(ws.s.data());
     log_or_neg_inf(ws.s.data(), ws.log_s.data(), F);
   }
@@ -74,12 +72,12 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
   KeyTile& t = ws.tile;
   for (int64_t i0 = 0; i0 < p.nq; i0 += kRowTile) {
     const int64_t rows = std::min(kRowTile, p.nq - i0);
-    gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, d, p.sqrt_scale,
+    gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, d, p.map.sqrt_scale,
                 t.x.data(), nullptr);
-    project_rows(t.x.data(), rows, d, p.head_w(bh), m, t.a.data(), p.head_bias(bh));
+    project_rows(t.x.data(), rows, d, p.map.head_w(bh), m, t.a.data(), p.map.head_bias(bh));
     for (int64_t r = 0; r < rows; ++r) {
       const float* a = t.a.data() + r * m;
-      query_features(p.kernel, a, m, query_shift(p.kernel, a, m, ws.log_s.data()), ws.log_s.data(),
+      query_features(p.map.kernel, a, m, query_shift(p.map.kernel, a, m, ws.log_s.data()), ws.log_s.data(),
                      t.phi.data() + r * F);
     }
     gemm(false, false, rows, ld, F, 1.0f, t.phi.data(), F, ws.Sx.data(), ld, 0.0f, ws.yx.data(),
@@ -89,27 +87,23 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     gemm(false, true, rows, F, ld, 1.0f, ws.gx.data(), ld, ws.Sx.data(), ld, 0.0f, ws.dphi.data(),
          F);
     gemm(true, false, F, ld, rows, 1.0f, t.phi.data(), F, ws.gx.data(), ld, 1.0f, ws.R.data(), ld);
-    feature_backward(p.kernel, false, rows, d, m, t.x.data(), t.phi.data(), ws.dphi.data(),
-                     p.head_w(bh), p.sqrt_scale, ws.pa.data(), bp.dq + (bh * p.nq + i0) * d, dw,
-                     db);
+    feature_backward(p.map, bh, false, rows, t.x.data(), t.phi.data(), ws.dphi.data(), ws.pa.data(), bp.dq + (bh * p.nq + i0) * d, dw, db);
   }
 
   // Keys: dk and dv (masked keys keep their zero gradients).
   for (int64_t next = 0; next < p.nk;) {
-    const int64_t rows = gather_key_tile(p, b, h, &next, p.nk, t, ws.index.data());
+    const int64_t rows = gather_key_tile(p, b, h, &next, p.nk, t);
     if (rows == 0) break;
-    project_rows(t.x.data(), rows, d, p.head_w(bh), m, t.a.data(), p.head_bias(bh));
+    project_key_tile(p, bh, rows, t);
     for (int64_t r = 0; r < rows; ++r) {
-      const double g = key_log_weight(p.kernel, t.half_norm2[r]);
-      key_features(p.kernel, t.a.data() + r * m, m, g - state.max, t.phi.data() + r * F);
+      key_features(p.map, bh, t.a.data() + r * m, t.g[r] - state.max, t.phi.data() + r * F);
     }
     gemm(false, true, rows, F, ld, 1.0f, t.vx.data(), ld, ws.R.data(), ld, 0.0f, ws.dphi.data(), F);
     gemm(false, false, rows, dv, F, 1.0f, t.phi.data(), F, ws.R.data(), ld, 0.0f, ws.dvx.data(),
          dv);
-    feature_backward(p.kernel, true, rows, d, m, t.x.data(), t.phi.data(), ws.dphi.data(),
-                     p.head_w(bh), p.sqrt_scale, ws.pa.data(), ws.dx.data(), dw, db);
+    feature_backward(p.map, bh, true, rows, t.x.data(), t.phi.data(), ws.dphi.data(), ws.pa.data(), ws.dx.data(), dw, db);
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t j = ws.index[r];
+      const int64_t j = t.index[r];
       std::copy(ws.dx.data() + r * d, ws.dx.data() + (r + 1) * d, bp.dk + (bh * p.nk + j) * d);
       std::copy(ws.dvx.data() + r * dv, ws.dvx.data() + (r + 1) * dv, bp.dv + (bh * p.nk + j) * dv);
     }
@@ -122,8 +116,8 @@ void favor_backward_bidirectional(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   backward_over_heads<Workspace>(
       p.batch * p.heads, p.threads, bp.dw, bp.dbias,
-      [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d, p.m,
-      feature_count(p.kernel, p.m), p.dv, bp.summed_dw(), bp.summed_dbias());
+      [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d, p.map.m,
+      p.map.features(), p.dv, bp.summed_dw(), bp.summed_dbias());
 }
 
 }  // namespace favor::cpu

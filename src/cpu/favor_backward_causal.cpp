@@ -75,7 +75,7 @@ void scale_rows(const float* gx, int64_t rows, int64_t ldv, double from,
 void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
   const AttentionParams& p = bp.fwd;
   ChunkWorkspace& ws = w.chunk;
-  const int64_t F = ws.F, d = p.d, m = p.m, dv = p.dv, ldv = dv + 1, ldq = ws.ldq(), n = p.nq;
+  const int64_t F = ws.F, d = p.d, m = p.map.m, dv = p.dv, ldv = dv + 1, ldq = ws.ldq(), n = p.nq;
   const int64_t chunks = (n + kChunk - 1) / kChunk, bh = b * p.heads + h;
   float* dw = bp.head_dw(bh, w.dw.empty() ? nullptr : w.dw.data());
   float* db = bp.head_dbias(bh, w.db.empty() ? nullptr : w.db.data());
@@ -105,9 +105,7 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
     chunk_d_matrix(rows, moved, gx, vx, ldv, w);
     gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
          w.dphi.data(), F);
-    feature_backward(p.kernel, false, rows, d, m, ws.x.data() + rows * d, w.phiq.data(),
-                     w.dphi.data(), p.head_w(bh), p.sqrt_scale, w.pa.data(),
-                     bp.dq + (bh * n + c0) * d, dw, db);
+    feature_backward(p.map, bh, false, rows, ws.x.data() + rows * d, w.phiq.data(), w.dphi.data(), w.pa.data(), bp.dq + (bh * n + c0) * d, dw, db);
     chunk_state_update(rows, moved, state, vx, ws);
   }
 
@@ -138,8 +136,7 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
     gemm(true, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.qg.data(), ldq, 1.0f,
          w.dphi.data(), F);
     gemm(true, false, rows, dv, rows, 1.0f, ws.qg.data() + F, ldq, gx, ldv, 1.0f, w.dvv.data(), dv);
-    feature_backward(p.kernel, true, rows, d, m, ws.x.data(), ws.phik.data(), w.dphi.data(),
-                     p.head_w(bh), p.sqrt_scale, w.pa.data(), bp.dk + (bh * n + c0) * d, dw, db);
+    feature_backward(p.map, bh, true, rows, ws.x.data(), ws.phik.data(), w.dphi.data(), w.pa.data(), bp.dk + (bh * n + c0) * d, dw, db);
     std::copy_n(w.dvv.data(), rows * dv, bp.dv + (bh * n + c0) * dv);
     if (ci > 0) {  // R relative to the previous chunk's last max (= this chunk's starting max)
       const float f = rescale(prev_max, end_max);
@@ -157,8 +154,8 @@ void favor_backward_causal(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   backward_over_heads<Workspace>(
       p.batch * p.heads, p.threads, bp.dw, bp.dbias,
-      [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d, p.m,
-      feature_count(p.kernel, p.m), p.dv, bp.summed_dw(), bp.summed_dbias(), p.nq);
+      [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d, p.map.m,
+      p.map.features(), p.dv, bp.summed_dw(), bp.summed_dbias(), p.nq);
 }
 
 }  // namespace favor::cpu

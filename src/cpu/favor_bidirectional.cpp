@@ -66,23 +66,23 @@ int64_t attend_queries(const AttentionParams& p, int64_t b, int64_t h, int64_t b
     write_zero_rows(p, b, h, begin, end);
     return end - begin;
   }
-  const int64_t m = p.m, F = state.features, bh = b * p.heads + h;
+  const int64_t m = p.map.m, F = state.features, bh = b * p.heads + h;
   const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
   float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
-  if (positive_family(p.kernel)) {
+  if (positive_family(p.map.kernel)) {
     state.copy_normaliser(ws.s.data());
     log_or_neg_inf(ws.s.data(), ws.log_s.data(), F);
   }
   int64_t zero_rows = 0;
   for (int64_t i0 = begin; i0 < end; i0 += kRowTile) {
     const int64_t rows = std::min(kRowTile, end - i0);
-    gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.sqrt_scale,
+    gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.map.sqrt_scale,
                 ws.tile.x.data(), nullptr);
-    project_rows(ws.tile.x.data(), rows, p.d, p.head_w(bh), m, ws.tile.a.data(), p.head_bias(bh));
+    project_rows(ws.tile.x.data(), rows, p.d, p.map.head_w(bh), m, ws.tile.a.data(), p.map.head_bias(bh));
     for (int64_t r = 0; r < rows; ++r) {
       const float* a = ws.tile.a.data() + r * m;
-      const float c = query_shift(p.kernel, a, m, ws.log_s.data());
-      query_features(p.kernel, a, m, c, ws.log_s.data(), ws.tile.phi.data() + r * F);
+      const float c = query_shift(p.map.kernel, a, m, ws.log_s.data());
+      query_features(p.map.kernel, a, m, c, ws.log_s.data(), ws.tile.phi.data() + r * F);
     }
     gemm(false, false, rows, state.ld(), F, 1.0f, ws.tile.phi.data(), F, state.Sx, state.ld(), 0.0f,
          ws.yx.data(), state.ld());
@@ -95,9 +95,9 @@ int64_t attend_queries(const AttentionParams& p, int64_t b, int64_t h, int64_t b
 }  // namespace
 
 int64_t favor_bidirectional(const AttentionParams& p) {
-  const int64_t F = feature_count(p.kernel, p.m);
+  const int64_t F = p.map.features();
   const Schedule plan = make_schedule(p.batch * p.heads, p.threads);
-  std::vector<Workspace> spaces = make_workspaces<Workspace>(plan.team, p.d, p.m, F, p.dv);
+  std::vector<Workspace> spaces = make_workspaces<Workspace>(plan.team, p.d, p.map.m, F, p.dv);
   if (plan.parts == 1) {
     return for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
       const int64_t b = bh / p.heads, h = bh % p.heads;

@@ -119,10 +119,10 @@ std::vector<int64_t> segment_bounds(int64_t n, int64_t parts) {
 }  // namespace
 
 int64_t favor_causal(const AttentionParams& p) {
-  const int64_t F = feature_count(p.kernel, p.m);
+  const int64_t F = p.map.features();
   const Schedule plan = make_schedule(p.batch * p.heads, p.threads);
   std::vector<ChunkWorkspace> spaces =
-      make_workspaces<ChunkWorkspace>(plan.team, p.d, p.m, F, p.dv);
+      make_workspaces<ChunkWorkspace>(plan.team, p.d, p.map.m, F, p.dv);
   if (plan.parts == 1) {
     return for_each_head(plan, spaces, [&](int64_t bh, ChunkWorkspace& ws) {
       HeadState state = ws.state();

@@ -7,10 +7,13 @@
 
 namespace favor::cpu {
 
-void feature_backward(Kernel kernel, bool key, int64_t rows, int64_t d, int64_t m, const float* x,
-                      const float* phi, const float* dphi, const float* w, float sqrt_scale,
-                      float* pa, float* dx, float* dw, float* db) {
-  const int64_t F = feature_count(kernel, m);
+void feature_backward(const FeatureParams& map, int64_t bh, bool key, int64_t rows, const float* x,
+                      const float* phi, const float* dphi, float* pa, float* dx, float* dw,
+                      float* db) {
+  const Kernel kernel = map.kernel;
+  const int64_t m = map.m, d = map.d, F = map.features();
+  const float* w = map.head_w(bh);
+  const float sqrt_scale = map.sqrt_scale;
   for (int64_t r = 0; r < rows; ++r) {
     const float* p = phi + r * F;
     const float* dp = dphi + r * F;
@@ -22,6 +25,7 @@ void feature_backward(Kernel kernel, bool key, int64_t rows, int64_t d, int64_t 
         for (int64_t f = 0; f < m; ++f) out[f] = dp[f] * p[f];
         break;
       case Kernel::hyperbolic:
+      case Kernel::hedgehog:
         for (int64_t f = 0; f < m; ++f) out[f] = dp[f] * p[f] - dp[m + f] * p[m + f];
         break;
       case Kernel::trig:
@@ -30,8 +34,8 @@ void feature_backward(Kernel kernel, bool key, int64_t rows, int64_t d, int64_t 
     }
   }
   gemm(false, false, rows, d, m, sqrt_scale, pa, m, w, d, 0.0f, dx, d);
-  if (key) {
-    const float sign = kernel == Kernel::trig ? 1.0f : -1.0f;
+  if (key && map.key_norm != KeyNorm::none) {
+    const float sign = map.key_norm == KeyNorm::plus_half ? 1.0f : -1.0f;
     for (int64_t r = 0; r < rows; ++r) {
       float total = 0.0f;
       for (int64_t f = 0; f < F; ++f) total += dphi[r * F + f] * phi[r * F + f];

@@ -9,16 +9,17 @@
 // -+x sum_f dphi_f phi_f (queries' factor cancels in the output and is not formed).
 #include <cstdint>
 
+#include "cpu/feature_params.hpp"
 #include "favor/features.hpp"
 
 namespace favor::cpu {
 
-/// dx (rows x d) = sqrt_scale * (Pa W + norm term) for scaled input rows x (rows x d);
+/// Head bh of `map`: dx (rows x d) = sqrt_scale * (Pa W + norm term) for scaled input rows x (rows x d);
 /// dw (m x d) += Pa^T x when dw is non-null; db (m) += the column sums of Pa when db is
 /// non-null (FAVOR++ / FAVOR#: the gradient of the log bias, added to a). pa: rows x m scratch.
-void feature_backward(Kernel kernel, bool key, int64_t rows, int64_t d, int64_t m, const float* x,
-                      const float* phi, const float* dphi, const float* w, float sqrt_scale,
-                      float* pa, float* dx, float* dw, float* db);
+void feature_backward(const FeatureParams& map, int64_t bh, bool key, int64_t rows, const float* x,
+                      const float* phi, const float* dphi, float* pa, float* dx, float* dw,
+                      float* db);
 
 /// The upstream gradient in augmented form: for rows of [num | den] (ld dv + 1) and dy,
 /// gx = [dy / den, -(dy . y) / den], or zeros for rows the forward defined as zeros

@@ -37,39 +37,64 @@ void project_rows(const float* x, int64_t rows, int64_t d, const float* w, int64
   }
 }
 
-double key_log_weight(Kernel kernel, double half_norm2) {
-  return kernel == Kernel::trig ? half_norm2 : -half_norm2;
-}
-
-double key_log_max(Kernel kernel, const float* a_row, int64_t m, double g) {
-  switch (kernel) {
+double key_log_max(const FeatureParams& map, int64_t bh, const float* a_row, double g) {
+  const int64_t m = map.m;
+  const float* lw = map.head_key_logw(bh);
+  switch (map.kernel) {
     case Kernel::positive:
     case Kernel::favorpp:
     case Kernel::favorsharp:
-      return static_cast<double>(max_value(a_row, m)) + g;
+      return static_cast<double>(lw ? max_of_signed_sum(a_row, 1.0f, lw, m) : max_value(a_row, m)) +
+             g;
     case Kernel::hyperbolic:
+    case Kernel::hedgehog:
+      if (lw) {
+        return static_cast<double>(std::max(max_of_signed_sum(a_row, 1.0f, lw, m),
+                                            max_of_signed_sum(a_row, -1.0f, lw, m))) +
+               g;
+      }
       return static_cast<double>(std::max(max_value(a_row, m), -min_value(a_row, m))) + g;
     case Kernel::trig:
-      return g;
+      return lw ? g + static_cast<double>(max_value(lw, m)) : g;
   }
   return g;
 }
 
-void key_features(Kernel kernel, const float* a_row, int64_t m, double off, float* phi) {
+void key_features(const FeatureParams& map, int64_t bh, const float* a_row, double off,
+                  float* phi) {
+  const int64_t m = map.m;
   const auto offset = static_cast<float>(off);
-  switch (kernel) {
+  const float* lw = map.head_key_logw(bh);
+  switch (map.kernel) {
     case Kernel::positive:
     case Kernel::favorpp:
     case Kernel::favorsharp:
-      exp_affine(a_row, 1.0f, offset, phi, m);
+      if (lw) {
+        exp_affine_plus(a_row, 1.0f, offset, lw, phi, m);
+      } else {
+        exp_affine(a_row, 1.0f, offset, phi, m);
+      }
       break;
     case Kernel::hyperbolic:
-      exp_affine(a_row, 1.0f, offset, phi, m);
-      exp_affine(a_row, -1.0f, offset, phi + m, m);
+    case Kernel::hedgehog:
+      if (lw) {
+        exp_affine_plus(a_row, 1.0f, offset, lw, phi, m);
+        exp_affine_plus(a_row, -1.0f, offset, lw, phi + m, m);
+      } else {
+        exp_affine(a_row, 1.0f, offset, phi, m);
+        exp_affine(a_row, -1.0f, offset, phi + m, m);
+      }
       break;
-    case Kernel::trig:
+    case Kernel::trig: {
       sincos_scaled(a_row, static_cast<float>(std::exp(off)), phi, phi + m, m);
+      if (const float* w2 = map.head_key_w2(bh)) {
+        for (int64_t f = 0; f < m; ++f) {
+          phi[f] *= w2[f];
+          phi[m + f] *= w2[f];
+        }
+      }
       break;
+    }
   }
 }
 
@@ -80,6 +105,7 @@ float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log
     case Kernel::favorsharp:
       return max_of_signed_sum(a_row, 1.0f, log_s, m);
     case Kernel::hyperbolic:
+    case Kernel::hedgehog:
       return std::max(max_of_signed_sum(a_row, 1.0f, log_s, m),
                       max_of_signed_sum(a_row, -1.0f, log_s + m, m));
     case Kernel::trig:
@@ -97,6 +123,7 @@ void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const
       exp_shift_live(a_row, 1.0f, c, log_s, phi, m);
       break;
     case Kernel::hyperbolic:
+    case Kernel::hedgehog:
       exp_shift_live(a_row, 1.0f, c, log_s, phi, m);
       exp_shift_live(a_row, -1.0f, c, log_s + m, phi + m, m);
       break;

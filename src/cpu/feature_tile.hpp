@@ -9,12 +9,17 @@
 // denominator below by 1.
 #include <cstdint>
 
+#include "cpu/feature_params.hpp"
 #include "favor/features.hpp"
 
 namespace favor::cpu {
 
 inline bool positive_family(Kernel k) {
   return k != Kernel::trig;
+}
+/// Kernels with features [exp(a), exp(-a)] (2m of them).
+inline bool two_sided(Kernel k) {
+  return k == Kernel::hyperbolic || k == Kernel::hedgehog;
 }
 
 /// dst[r, x] = mult * row_r[x] for `rows` rows starting at base (row stride stride_n,
@@ -26,13 +31,14 @@ void gather_rows(const float* base, int64_t stride_n, int64_t stride_d, int64_t 
 void project_rows(const float* x, int64_t rows, int64_t d, const float* w, int64_t m, float* a,
                   const float* bias = nullptr);
 
-/// Log weight of a key row: -|y|^2/2 (positive family) or +|y|^2/2 (trig).
-double key_log_weight(Kernel kernel, double half_norm2);
-/// Largest log-feature of a key row: max_f L_f + g (positive family), g (trig).
-double key_log_max(Kernel kernel, const float* a_row, int64_t m, double g);
-/// Key features, F of them: positive exp(a + off); hyperbolic [exp(a + off), exp(-a + off)];
-/// trig exp(off) [sin a, cos a]. off = g - M.
-void key_features(Kernel kernel, const float* a_row, int64_t m, double off, float* phi);
+/// Largest log-feature of a key row of head bh with log weight g (map.key_log_weight):
+/// max_f (L_f + l_f) + g (positive family; l = log lambda^2, or 0), g + max_f l_f (trig).
+double key_log_max(const FeatureParams& map, int64_t bh, const float* a_row, double g);
+/// Key features of head bh, F of them, l = log lambda^2 (0 without feature weights):
+/// positive exp(a + l + off); hyperbolic and hedgehog [exp(a + l + off), exp(-a + l + off)];
+/// trig exp(off) lambda^2 [sin a, cos a]. off = g - M.
+void key_features(const FeatureParams& map, int64_t bh, const float* a_row, double off,
+                  float* phi);
 /// Query shift c = max_f (L_f + log_s_f) (positive family); 0 for trig.
 float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log_s);
 /// Query features: exp(L - c) (positive family) where log_s > -inf and 0 where the key

@@ -73,6 +73,19 @@ void ExpShiftLive(const float* a, float sign, float c, const float* log_s, float
     out[i] = log_s[i] > -std::numeric_limits<float>::infinity() ? std::exp(sign * a[i] - c) : 0.0f;
 }
 
+void ExpAffinePlus(const float* a, float sign, float offset, const float* b, float* out,
+                   int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto s = hn::Set(d, sign), off = hn::Set(d, offset);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto x = hn::Add(hn::MulAdd(hn::LoadU(d, a + i), s, off), hn::LoadU(d, b + i));
+    hn::StoreU(ExpOrInf(d, x), d, out + i);
+  }
+  for (; i < n; ++i) out[i] = std::exp(sign * a[i] + offset + b[i]);
+}
+
 float MaxOfSignedSum(const float* a, float sign, const float* b, int64_t n) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -202,6 +215,7 @@ namespace favor::cpu {
 HWY_EXPORT(ExpAffine);
 HWY_EXPORT(LogOrNegInf);
 HWY_EXPORT(ExpShiftLive);
+HWY_EXPORT(ExpAffinePlus);
 HWY_EXPORT(MaxOfSignedSum);
 HWY_EXPORT(MaxValue);
 HWY_EXPORT(MinValue);
@@ -221,6 +235,10 @@ void log_or_neg_inf(const float* in, float* out, int64_t n) {
 void exp_shift_live(const float* a, float sign, float c, const float* log_s, float* out,
                     int64_t n) {
   HWY_DYNAMIC_DISPATCH(ExpShiftLive)(a, sign, c, log_s, out, n);
+}
+void exp_affine_plus(const float* a, float sign, float offset, const float* b, float* out,
+                     int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ExpAffinePlus)(a, sign, offset, b, out, n);
 }
 float max_of_signed_sum(const float* a, float sign, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(MaxOfSignedSum)(a, sign, b, n);

@@ -13,6 +13,9 @@ void exp_affine(const float* in, float sign, float offset, float* out, int64_t n
 void log_or_neg_inf(const float* in, float* out, int64_t n);
 /// out[i] = exp(sign * a[i] - c) where log_s[i] > -inf, else 0.
 void exp_shift_live(const float* a, float sign, float c, const float* log_s, float* out, int64_t n);
+/// out[i] = exp(sign * a[i] + offset + b[i]); exp(-inf) = 0. a and out may be equal.
+void exp_affine_plus(const float* a, float sign, float offset, const float* b, float* out,
+                     int64_t n);
 /// max_i (sign * a[i] + b[i]); -inf when n == 0 or every term is -inf.
 float max_of_signed_sum(const float* a, float sign, const float* b, int64_t n);
 /// max_i a[i] and min_i a[i].

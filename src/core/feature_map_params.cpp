@@ -1,0 +1,169 @@
+#include "core/feature_map_params.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "favor/error.hpp"
+
+namespace favor::detail {
+namespace {
+
+uint64_t mix(uint64_t h, const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+template <class T>
+uint64_t mix(uint64_t h, const std::vector<T>& values) {
+  h = mix(h, values.data(), values.size() * sizeof(T));
+  const uint64_t n = values.size();
+  return mix(h, &n, sizeof n);
+}
+
+cpu::KeyNorm key_norm(Kernel kernel) {
+  if (kernel == Kernel::trig) return cpu::KeyNorm::plus_half;
+  if (kernel == Kernel::hedgehog) return cpu::KeyNorm::none;
+  return cpu::KeyNorm::minus_half;
+}
+
+// Everything but the FAVOR++ / FAVOR# projection (set by the callers).
+ResolvedMap resolve_common(const FeatureMap& map, int64_t d, int64_t head_count,
+                           int64_t batch_heads, const std::vector<double>& decay, bool causal) {
+  check_feature_map(map, d, head_count, batch_heads);
+  ResolvedMap r;
+  r.kernel = map.kernel;
+  r.m = map.m();
+  r.d = map.d();
+  r.scale = resolve_scale(map.scale, d);
+  if (!map.weights.empty()) {
+    r.w = map.weights;
+    r.w_sets = map.heads;
+  } else {
+    r.w = map.projection.matrix();
+  }
+  if (!map.bias.empty()) {
+    r.bias = map.bias;
+    r.bias_sets = map.heads;
+  }
+  if (!map.lambda.empty()) {
+    r.lambda_sets = map.heads;
+    r.key_logw.resize(map.lambda.size());
+    r.key_w2.resize(map.lambda.size());
+    for (size_t i = 0; i < map.lambda.size(); ++i) {
+      const double l = map.lambda[i];
+      r.key_w2[i] = static_cast<float>(l * l);
+      r.key_logw[i] = static_cast<float>(2.0 * std::log(std::fabs(l)));
+    }
+  }
+  r.decay_rate = decay_rates(decay, head_count, causal);
+  r.decay_sets = static_cast<int64_t>(std::max<size_t>(r.decay_rate.size(), 1));
+  return r;
+}
+
+void finish(ResolvedMap& r) {
+  uint64_t h = 1469598103934665603ull;
+  const int k = static_cast<int>(r.kernel);
+  h = mix(h, &k, sizeof k);
+  h = mix(h, &r.scale, sizeof r.scale);
+  h = mix(h, r.w);
+  h = mix(h, r.bias);
+  h = mix(h, r.key_logw);
+  h = mix(h, r.decay_rate);
+  h = mix(h, r.adapted.w);
+  h = mix(h, r.adapted.bias);
+  r.fingerprint = h;
+}
+
+}  // namespace
+
+cpu::FeatureParams ResolvedMap::params() const {
+  cpu::FeatureParams p;
+  p.kernel = kernel;
+  p.m = m;
+  p.d = d;
+  p.sqrt_scale = static_cast<float>(std::sqrt(scale));
+  p.key_norm = key_norm(kernel);
+  if (adapted.heads) {
+    p.w = adapted.w.data();
+    p.w_sets = adapted.heads;
+    p.bias = adapted.bias.data();
+    p.bias_sets = adapted.heads;
+  } else {
+    p.w = w.data();
+    p.w_sets = w_sets;
+    p.bias = bias.empty() ? nullptr : bias.data();
+    p.bias_sets = bias_sets;
+  }
+  if (!key_logw.empty()) {
+    p.key_logw = key_logw.data();
+    p.key_w2 = key_w2.data();
+    p.lambda_sets = lambda_sets;
+  }
+  if (!decay_rate.empty()) {
+    p.decay_rate = decay_rate.data();
+    p.decay_sets = decay_sets;
+  }
+  return p;
+}
+
+void map_options_error(const char* function) {
+  throw Error(std::string("options: ") + function +
+              " with a FeatureMap takes the kernel, scale and fit from the map; leave "
+              "options.kernel, options.scale and options.fit at their defaults");
+}
+
+std::vector<double> decay_rates(const std::vector<double>& decay, int64_t heads, bool causal,
+                                const char* argument) {
+  if (decay.empty()) return {};
+  const std::string name = argument;
+  if (!causal) {
+    throw Error(name + ": decay gamma^(i - j) is defined for causal attention only (set causal)");
+  }
+  if (decay.size() != 1 && static_cast<int64_t>(decay.size()) != heads) {
+    throw Error(name + ": has " + std::to_string(decay.size()) + " values; give 1 or one per head (" +
+                std::to_string(heads) + ")");
+  }
+  std::vector<double> rates(decay.size());
+  for (size_t i = 0; i < decay.size(); ++i) {
+    const double g = decay[i];
+    if (!(g > 0.0 && g <= 1.0)) {
+      throw Error(name + "[" + std::to_string(i) + "] = " + std::to_string(g) +
+                  ": gamma must lie in (0, 1]");
+    }
+    rates[i] = -std::log(g);  // gamma = 1: rate 0, and g + j * 0 = g bit for bit
+  }
+  return rates;
+}
+
+ResolvedMap resolve_map(const FeatureMap& map, const AttentionShape& s, const TensorView& q,
+                        const TensorView& k, const AttentionOptions& options) {
+  ResolvedMap r =
+      resolve_common(map, s.d, s.heads, s.batch * s.heads, options.decay, options.causal);
+  AttentionOptions fit_options;
+  fit_options.kernel = map.kernel;
+  fit_options.causal = options.causal;
+  fit_options.key_mask = options.key_mask;
+  fit_options.fit = map.fit;
+  r.adapted = attention_projection(q, k, fit_options, r.scale, map.projection);
+  finish(r);
+  return r;
+}
+
+ResolvedMap resolve_fixed_map(const FeatureMap& map, int64_t batch, int64_t heads,
+                                const std::vector<double>& decay) {
+  ResolvedMap r = resolve_common(map, map.d(), heads, batch * heads, decay, true);
+  if (data_adapted(map.kernel)) {
+    if (!map.fit) {
+      throw Error("fit: a " + to_string(map.kernel) +
+                  " decoder needs a fit (fit_kernel on calibration data, or KernelFit::constant)");
+    }
+    check_fit(*map.fit, map.d(), batch * heads, "fit");
+    r.adapted = adapt_projection(*map.fit, map.projection);
+  }
+  finish(r);
+  return r;
+}
+
+}  // namespace favor::detail
