@@ -1,0 +1,68 @@
+#pragma once
+/// \file fit.hpp
+/// Fitting a feature map to data by distillation (Hedgehog; DiJiang's WPFF weights): the map's
+/// learned parameters (per-head projections W, biases b, feature weights lambda) are trained
+/// so that favor attention matches exact softmax attention on training sequences, with
+/// gradients from favor's own backward pass and Adam. See docs/estimators.md.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "favor/attention.hpp"
+#include "favor/feature_map.hpp"
+#include "favor/tensor.hpp"
+
+namespace favor {
+
+enum class FitObjective {
+  output,  ///< mean squared error of the attention output against exact attention
+  kl,      ///< row-wise KL(exact attention weights || favor's), computed in blocks of queries
+};
+
+struct FitOptions {
+  FitObjective objective = FitObjective::output;
+  int steps = 200;
+  double learning_rate = 0.01;  ///< Adam's step size
+  double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;
+  bool causal = false;
+  /// What to learn; each must be set in the starting map or is created by
+  /// FeatureMap::learnable (one set per head, H).
+  bool learn_weights = true, learn_bias = true, learn_lambda = true;
+  /// Query rows per block of the KL objective (never N x N at once).
+  int64_t kl_block = 256;
+  /// Held-out error every this many steps (and at the last step); 0: only at the end.
+  int eval_every = 1;
+  uint64_t seed = 0;  ///< for anything random in the fit (the map's projection has its own)
+};
+
+/// One evaluated step: the training loss and the relative attention-output error
+/// |y - y_exact|_F / |y_exact|_F on the held-out sequences.
+struct FitStep {
+  int step = 0;
+  double loss = 0.0;
+  double heldout_error = 0.0;
+  double seconds = 0.0;  ///< wall time since the fit began
+};
+
+struct FitResult {
+  FeatureMap map;
+  std::vector<FitStep> history;  ///< step 0 = the starting map
+};
+
+/// Sequences to fit on: q, k [B, H, N, D], v [B, H, N, Dv] (their own exact attention is the
+/// target), optional key mask.
+struct FitData {
+  TensorView q, k, v;
+  std::optional<KeyMaskView> key_mask;
+};
+
+/// Fits `start`'s learned parameters (per head: heads 1 or H) to `train`, reporting the
+/// held-out error on `heldout` (same H, D, Dv) as it goes; on_step (optional) sees every
+/// evaluated step. Throws favor::Error on bad shapes, a FAVOR++ / FAVOR# start, or a
+/// non-finite loss (with the step).
+FitResult fit_features(const FitData& train, const FitData& heldout, FeatureMap start,
+                       const FitOptions& options = {},
+                       const std::function<void(const FitStep&)>& on_step = {});
+
+}  // namespace favor
