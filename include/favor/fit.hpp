@@ -2,8 +2,10 @@
 /// \file fit.hpp
 /// Fitting a feature map to data by distillation (Hedgehog; DiJiang's WPFF weights): the map's
 /// learned parameters (per-head projections W, biases b, feature weights lambda) are trained
-/// so that favor attention matches exact softmax attention on training sequences, with
-/// gradients from favor's own backward pass and Adam. See docs/estimators.md.
+/// so that favor attention matches exact softmax attention on training sequences: the loss is
+/// the mean squared error of the attention output, its gradients come from favor's own
+/// backward pass, the optimiser is Adam. (The Python fit, favor.fit_features, also offers the
+/// row-wise KL of the attention weights.) See docs/estimators.md.
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -15,13 +17,7 @@
 
 namespace favor {
 
-enum class FitObjective {
-  output,  ///< mean squared error of the attention output against exact attention
-  kl,      ///< row-wise KL(exact attention weights || favor's), computed in blocks of queries
-};
-
 struct FitOptions {
-  FitObjective objective = FitObjective::output;
   int steps = 200;
   double learning_rate = 0.01;  ///< Adam's step size
   double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;
@@ -29,8 +25,6 @@ struct FitOptions {
   /// What to learn; each must be set in the starting map or is created by
   /// FeatureMap::learnable (one set per head, H).
   bool learn_weights = true, learn_bias = true, learn_lambda = true;
-  /// Query rows per block of the KL objective (never N x N at once).
-  int64_t kl_block = 256;
   /// Held-out error every this many steps (and at the last step); 0: only at the end.
   int eval_every = 1;
   uint64_t seed = 0;  ///< for anything random in the fit (the map's projection has its own)
