@@ -114,7 +114,9 @@ DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, Tensor
                                naive::head_rows<double>(v, b, h),
                                map.w,
                                {},
-                               data_adapted(options.kernel) ? map.bias : std::vector<double>{}};
+                               data_adapted(options.kernel) ? map.bias : std::vector<double>{},
+                               {},
+                               1.0};
       head.mask = naive::head_mask(options.key_mask, b, s.nk);
       const auto hg = naive::backward(head, naive::head_rows<double>(dy, b, h), options.kernel,
                                       scale, options.causal);
@@ -123,6 +125,31 @@ DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, Tensor
       naive::put_head(g.dv, b, h, hg.dv);
       naive::head_map_backward(w, options.kernel, fit, b * s.heads + h, hg.dw, hg.dbias, g.dw);
     }
+  return g;
+}
+
+DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                const FeatureMap& map, const AttentionOptions& options) {
+  detail::check_map_options(options, "reference::favor_attention_backward");
+  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  detail::check_dy(dy, s);
+  detail::check_projection(map.projection, s.d, "q and k");
+  check_feature_map(map, s.d, s.heads, s.batch * s.heads);
+  detail::decay_rates(options.decay, s.heads, options.causal);  // the decay's checks
+  const double scale = detail::resolve_scale(map.scale, s.d);
+  AttentionOptions o = options;
+  o.kernel = map.kernel;
+  o.fit = map.fit;
+  const std::optional<KernelFit> fit = naive::attention_fit(q, k, o, scale);
+  auto mg = naive::map_backward<double>(q, k, v, dy, map, options, scale, fit);
+  DGrads g = naive::zero_grads(s);
+  g.dq.values = std::move(mg.dq);
+  g.dk.values = std::move(mg.dk);
+  g.dv.values = std::move(mg.dv);
+  g.dw = std::move(mg.dw);
+  g.dbias = std::move(mg.dbias);
+  g.dlambda = std::move(mg.dlambda);
+  g.ddecay = std::move(mg.ddecay);
   return g;
 }
 
