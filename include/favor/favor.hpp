@@ -19,6 +19,7 @@
 #include "favor/decoder.hpp"
 #include "favor/error.hpp"
 #include "favor/features.hpp"
+#include "favor/fit.hpp"
 #include "favor/metrics.hpp"
 #include "favor/projection.hpp"
 #include "favor/reference.hpp"

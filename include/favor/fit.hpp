@@ -25,13 +25,19 @@ struct FitOptions {
   /// What to learn; each must be set in the starting map or is created by
   /// FeatureMap::learnable (one set per head, H).
   bool learn_weights = true, learn_bias = true, learn_lambda = true;
-  /// Held-out error every this many steps (and at the last step); 0: only at the end.
+  /// Feature weights must stay nonzero: after every step each |lambda_f| is raised to at
+  /// least this (its sign kept). Only ratios of lambda^2 matter, and a weight at the floor
+  /// leaves its feature 1e-6 of the weight of one at 1: practically off, still invertible.
+  double lambda_floor = 1e-3;
+  /// Held-out error every this many steps (and at steps 0 and `steps`); 0: only at 0 and the end.
   int eval_every = 1;
   uint64_t seed = 0;  ///< for anything random in the fit (the map's projection has its own)
 };
 
-/// One evaluated step: the training loss and the relative attention-output error
-/// |y - y_exact|_F / |y_exact|_F on the held-out sequences.
+/// One evaluated step: the map after `step` Adam updates (0: the starting map), its training
+/// loss (mean squared error of the attention output over every element of the training
+/// sequences) and its relative attention-output error |y - y_exact|_F / |y_exact|_F on the
+/// held-out sequences.
 struct FitStep {
   int step = 0;
   double loss = 0.0;
@@ -40,8 +46,8 @@ struct FitStep {
 };
 
 struct FitResult {
-  FeatureMap map;
-  std::vector<FitStep> history;  ///< step 0 = the starting map
+  FeatureMap map;                ///< after options.steps updates
+  std::vector<FitStep> history;  ///< the evaluated steps in order; the first is step 0
 };
 
 /// Sequences to fit on: q, k [B, H, N, D], v [B, H, N, Dv] (their own exact attention is the
@@ -52,9 +58,15 @@ struct FitData {
 };
 
 /// Fits `start`'s learned parameters (per head: heads 1 or H) to `train`, reporting the
-/// held-out error on `heldout` (same H, D, Dv) as it goes; on_step (optional) sees every
-/// evaluated step. Throws favor::Error on bad shapes, a FAVOR++ / FAVOR# start, or a
-/// non-finite loss (with the step).
+/// held-out error on `heldout` (same H, D, Dv; any B, N) as it goes; on_step (optional) sees
+/// every evaluated step as it happens. The exact targets are computed once (exact_attention,
+/// blockwise, with the map's scale); each step then costs one favor_attention and one
+/// favor_attention_backward on `train` (bidirectional: the backward reuses the forward's
+/// context) plus, when evaluated, one favor_attention on `heldout`. The parameters the start
+/// has but options do not learn stay fixed. The result is a function of the inputs, the
+/// options and the thread count (the same bits on a rerun). Throws favor::Error on bad shapes
+/// (naming train or heldout), bad options, a FAVOR++ / FAVOR# start, a start with B*H
+/// parameter sets, or a non-finite loss or update (with the step).
 FitResult fit_features(const FitData& train, const FitData& heldout, FeatureMap start,
                        const FitOptions& options = {},
                        const std::function<void(const FitStep&)>& on_step = {});
