@@ -9,7 +9,7 @@ packages=(
   libeigen3-dev                    # QR of the orthogonal projection blocks, FAVOR# eigenvectors
   libboost-dev                     # Boost.Math (chi quantiles, inverse normal CDF), Sobol points
   libhwy-dev                       # Highway: run-time dispatched SIMD exp/log/sin/cos
-  libcli11-dev libfmt-dev nlohmann-json3-dev   # the favor CLI
+  libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev   # the favor CLI (zlib: .npz map files)
   libgtest-dev libbenchmark-dev    # tests, the Google Benchmark target
   python3-matplotlib               # favor bench --plot, the Python plots (Debian's /usr/bin/python3)
   python3-dev pybind11-dev python3-pybind11 python3-numpy   # the Python package (favor._core)

@@ -30,15 +30,6 @@ struct Header {
   throw Error(argument + ": " + path + ": " + rule);
 }
 
-std::string read_file(const std::string& path, const std::string& argument) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(argument, path, std::string("cannot open (") + std::strerror(errno) + ")");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail(argument, path, "read error");
-  if (bytes.empty()) fail(argument, path, "empty file, not a .npy array");
-  return bytes;
-}
-
 Header parse_header(const std::string& bytes, const std::string& path,
                     const std::string& argument) {
   if (bytes.size() < 10 || bytes.compare(0, 6, kMagic, 6) != 0)
@@ -61,20 +52,22 @@ Header parse_header(const std::string& bytes, const std::string& path,
   const std::string dict = bytes.substr(start, len);
   Header h;
   h.data_offset = start + len;
+  // Compiled once (thread-safe statics): .npz map files parse several headers per read.
+  static const std::regex descr(R"('descr'\s*:\s*'([^']*)')"),
+      fortran(R"('fortran_order'\s*:\s*(True|False))"), shape(R"('shape'\s*:\s*\(([^)]*)\))"),
+      blanks(R"(\s+|L)");
   std::smatch match;
-  if (!std::regex_search(dict, match, std::regex(R"('descr'\s*:\s*'([^']*)')")))
-    fail(argument, path, "header has no 'descr'");
+  if (!std::regex_search(dict, match, descr)) fail(argument, path, "header has no 'descr'");
   h.descr = match[1];
-  if (!std::regex_search(dict, match, std::regex(R"('fortran_order'\s*:\s*(True|False))"))) {
+  if (!std::regex_search(dict, match, fortran)) {
     fail(argument, path, "header has no 'fortran_order'");
   }
   h.fortran = match[1] == "True";
-  if (!std::regex_search(dict, match, std::regex(R"('shape'\s*:\s*\(([^)]*)\))")))
-    fail(argument, path, "header has no 'shape'");
+  if (!std::regex_search(dict, match, shape)) fail(argument, path, "header has no 'shape'");
   std::stringstream dims(match[1].str());
   std::string item;
   while (std::getline(dims, item, ',')) {
-    item = std::regex_replace(item, std::regex(R"(\s+|L)"), "");
+    item = std::regex_replace(item, blanks, "");
     if (item.empty()) continue;
     try {
       size_t used = 0;
@@ -119,10 +112,12 @@ T load(const char* p) {
   return v;
 }
 
+// Bytes per element; numpy unicode '<Un' has n UTF-32 code units of 4 bytes.
 size_t item_size_of(const std::string& descr) {
   if (descr.size() < 3) return 0;
   try {
-    return static_cast<size_t>(std::stoul(descr.substr(2)));
+    const auto n = static_cast<size_t>(std::stoul(descr.substr(2)));
+    return descr[1] == 'U' ? 4 * n : n;
   } catch (const std::exception&) {
     return 0;
   }
@@ -137,12 +132,14 @@ struct Loaded {
   size_t at(size_t i) const { return c_index.empty() ? i : c_index[i]; }
 };
 
-// Reads the file, checks the dtype with `accept` (else fails with `rule`), the data size and
-// a non-empty shape, and precomputes the Fortran-to-C index map.
+// Parses .npy bytes, checks the dtype with `accept` (else fails with `rule`), the data size
+// and a non-empty shape, and precomputes the Fortran-to-C index map. `path` names the bytes
+// in messages (a file, or a file and its .npz member).
 template <class Accept>
-Loaded load_checked(const std::string& path, const std::string& argument, Accept accept,
-                    const std::string& rule) {
-  Loaded l{{}, read_file(path, argument), 0, {}};
+Loaded load_checked(std::string bytes, const std::string& path, const std::string& argument,
+                    Accept accept, const std::string& rule) {
+  if (bytes.empty()) fail(argument, path, "empty, not a .npy array");
+  Loaded l{{}, std::move(bytes), 0, {}};
   l.header = parse_header(l.bytes, path, argument);
   if (!accept(l.header.descr))
     fail(argument, path, "dtype '" + l.header.descr + "' is not supported; " + rule);
@@ -154,6 +151,7 @@ Loaded load_checked(const std::string& path, const std::string& argument, Accept
          "truncated: " + std::to_string(need) + " bytes of data expected, " + std::to_string(have) +
              " found");
   }
+  if (l.item == 0) fail(argument, path, "dtype '" + l.header.descr + "' has no element size");
   if (count(l.header.shape) == 0) fail(argument, path, "array has no elements");
   if (l.header.fortran && l.header.shape.size() > 1) l.c_index = fortran_to_c(l.header.shape);
   return l;
@@ -165,9 +163,23 @@ int64_t NpyArray::numel() const {
   return count(shape);
 }
 
+std::string read_file(const std::string& path, const std::string& argument) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(argument, path, std::string("cannot open (") + std::strerror(errno) + ")");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail(argument, path, "read error");
+  if (bytes.empty()) fail(argument, path, "empty file");
+  return bytes;
+}
+
 NpyArray read_float_npy(const std::string& path, const std::string& argument) {
+  return decode_float_npy(read_file(path, argument), path, argument);
+}
+
+NpyArray decode_float_npy(std::string bytes, const std::string& where,
+                          const std::string& argument) {
   const Loaded l = load_checked(
-      path, argument,
+      std::move(bytes), where, argument,
       [](const std::string& d) { return d == "<f4" || d == "<f8" || d == "=f4" || d == "=f8"; },
       "use little-endian float32 or float64");
   NpyArray a{l.header.shape, l.header.descr, {}, {}};
@@ -180,14 +192,32 @@ NpyArray read_float_npy(const std::string& path, const std::string& argument) {
   return a;
 }
 
+namespace {
+
+bool little_integer(const std::string& d) {
+  if (d == "|b1" || d == "|u1" || d == "|i1") return true;
+  if (d.size() < 3) return false;
+  const std::string size = d.substr(2);
+  return (d[0] == '<' || d[0] == '=') && (d[1] == 'i' || d[1] == 'u') &&
+         (size == "2" || size == "4" || size == "8");
+}
+
+template <class Accept>
+Loaded load_scalar(std::string bytes, const std::string& where, const std::string& argument,
+                   Accept accept, const std::string& rule) {
+  Loaded l = load_checked(std::move(bytes), where, argument, accept, rule);
+  if (count(l.header.shape) != 1) {
+    fail(argument, where,
+         "must hold one value (a 0-d array), has " + std::to_string(count(l.header.shape)));
+  }
+  return l;
+}
+
+}  // namespace
+
 NpyArray read_mask_npy(const std::string& path, const std::string& argument) {
-  const auto accept = [](const std::string& d) {
-    if (d == "|b1" || d == "|u1" || d == "|i1") return true;
-    const std::string size = d.substr(2);
-    return (d[0] == '<' || d[0] == '=') && (d[1] == 'i' || d[1] == 'u') &&
-           (size == "2" || size == "4" || size == "8");
-  };
-  const Loaded l = load_checked(path, argument, accept, "a mask is bool or 0/1 integers");
+  const Loaded l = load_checked(read_file(path, argument), path, argument, little_integer,
+                                "a mask is bool or 0/1 integers");
   NpyArray a{l.header.shape, l.header.descr, {}, {}};
   const size_t n = static_cast<size_t>(a.numel());
   a.flags.resize(n);
@@ -199,11 +229,53 @@ NpyArray read_mask_npy(const std::string& path, const std::string& argument) {
   return a;
 }
 
-std::string encode_npy_f32(const std::vector<int64_t>& shape, const float* data) {
+double decode_float_scalar_npy(std::string bytes, const std::string& where,
+                               const std::string& argument) {
+  const Loaded l = load_scalar(
+      std::move(bytes), where, argument,
+      [](const std::string& d) { return d == "<f4" || d == "<f8" || d == "=f4" || d == "=f8"; },
+      "use a little-endian float32 or float64 scalar");
+  return l.item == 4 ? load<float>(l.data()) : load<double>(l.data());
+}
+
+int64_t decode_int_scalar_npy(std::string bytes, const std::string& where,
+                              const std::string& argument) {
+  const Loaded l = load_scalar(std::move(bytes), where, argument, little_integer,
+                               "use a little-endian integer scalar");
+  const bool is_signed = l.header.descr[1] == 'i';
+  uint64_t bits = 0;
+  for (size_t b = 0; b < l.item; ++b)
+    bits |= static_cast<uint64_t>(static_cast<unsigned char>(l.data()[b])) << (8 * b);
+  if (is_signed && l.item < 8 && (bits >> (8 * l.item - 1)) & 1) bits |= ~0ull << (8 * l.item);
+  if (!is_signed && l.item == 8 && bits > static_cast<uint64_t>(INT64_MAX))
+    fail(argument, where, "value " + std::to_string(bits) + " does not fit int64");
+  return static_cast<int64_t>(bits);
+}
+
+std::string decode_unicode_npy(std::string bytes, const std::string& where,
+                               const std::string& argument) {
+  const Loaded l = load_scalar(
+      std::move(bytes), where, argument,
+      [](const std::string& d) {
+        return d.size() >= 3 && (d[0] == '<' || d[0] == '=') && d[1] == 'U';
+      },
+      "use a little-endian unicode string ('<U')");
+  std::string text;
+  for (size_t i = 0; i < l.item / 4; ++i) {
+    const auto c = load<uint32_t>(l.data() + 4 * i);
+    if (c == 0) break;  // numpy pads with NUL code units
+    if (c > 0x7e || c < 0x20) fail(argument, where, "holds a character outside printable ASCII");
+    text += static_cast<char>(c);
+  }
+  return text;
+}
+
+std::string encode_npy(const std::string& descr, const std::vector<int64_t>& shape,
+                       const void* data, size_t bytes) {
   std::string tuple = "(";
   for (size_t i = 0; i < shape.size(); ++i) tuple += (i ? ", " : "") + std::to_string(shape[i]);
   tuple += shape.size() == 1 ? ",)" : ")";
-  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': " + tuple + ", }";
+  std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + tuple + ", }";
   // Pad with spaces so the data starts on a 64-byte boundary; end with a newline.
   const size_t unpadded = 10 + dict.size() + 1;
   dict.append((64 - unpadded % 64) % 64, ' ');
@@ -214,9 +286,27 @@ std::string encode_npy_f32(const std::vector<int64_t>& shape, const float* data)
   out += static_cast<char>(dict.size() & 0xff);
   out += static_cast<char>((dict.size() >> 8) & 0xff);
   out += dict;
-  out.append(reinterpret_cast<const char*>(data),
-             static_cast<size_t>(count(shape)) * sizeof(float));
+  out.append(static_cast<const char*>(data), bytes);
   return out;
+}
+
+std::string encode_npy_f32(const std::vector<int64_t>& shape, const float* data) {
+  return encode_npy("<f4", shape, data, static_cast<size_t>(count(shape)) * sizeof(float));
+}
+
+std::string encode_npy_f64_scalar(double value) {
+  return encode_npy("<f8", {}, &value, sizeof value);
+}
+
+std::string encode_npy_i64_scalar(int64_t value) {
+  return encode_npy("<i8", {}, &value, sizeof value);
+}
+
+std::string encode_npy_unicode(const std::string& text, size_t width) {
+  if (text.size() > width) throw Error("'" + text + "' is longer than " + std::to_string(width));
+  std::vector<uint32_t> units(width, 0);
+  for (size_t i = 0; i < text.size(); ++i) units[i] = static_cast<unsigned char>(text[i]);
+  return encode_npy("<U" + std::to_string(width), {}, units.data(), 4 * width);
 }
 
 StagedOutputs::~StagedOutputs() {
