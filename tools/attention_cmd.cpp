@@ -8,6 +8,7 @@
 #include "cli_common.hpp"
 #include "commands.hpp"
 #include "fit_args.hpp"
+#include "map_file.hpp"
 #include "vq_args.hpp"
 
 namespace favor::cli {
@@ -20,7 +21,85 @@ struct AttentionArgs {
   ProjectionArgs projection;
   FitArgs fit;
   VQArgs vq;
+  std::string feature_map, feature_weights;  // --feature-map map.npz, --feature-weights W.npy
+  std::vector<double> decay;                 // --decay
+  CLI::Option* kernel_opt = nullptr;
+  CLI::Option* scale_opt = nullptr;
 };
+
+// The map of --feature-map (which refuses the options it replaces), or the one the kernel,
+// projection, scale, fit and --feature-weights options describe.
+FeatureMap feature_map(const AttentionArgs& a, const Shape4& qs) {
+  const int64_t d = qs[3], heads = qs[1];
+  if (!a.feature_map.empty()) {
+    const auto& p = a.projection;
+    const std::pair<bool, const char*> replaced[] = {
+        {a.kernel_opt->count() > 0, "--kernel"},
+        {p.features_opt->count() > 0, "--features"},
+        {p.kind_opt->count() > 0, "--projection"},
+        {p.norms_opt->count() > 0, "--norms"},
+        {p.seed_opt->count() > 0, "--seed"},
+        {!p.file.empty(), "--projection-file"},
+        {a.scale_opt->count() > 0, "--scale"},
+        {!a.feature_weights.empty(), "--feature-weights"},
+        {a.fit.a.has_value(), "--fit-a"},
+        {!a.fit.q.empty() || !a.fit.k.empty(), "--fit-q/--fit-k"}};
+    for (const auto& [given, name] : replaced) {
+      if (given) {
+        throw Error(
+            std::string("--feature-map: the map file gives the kernel, projection, scale and "
+                        "weights; drop ") +
+            name);
+      }
+    }
+    FeatureMap map = read_map_file(a.feature_map, "--feature-map");
+    if (map.d() != d) {
+      throw Error("--feature-map: " + a.feature_map + ": its projection is " +
+                  std::to_string(map.m()) + " x " + std::to_string(map.d()) +
+                  " but the inputs have D = " + std::to_string(d));
+    }
+    if (map.learned() && map.heads != 1 && map.heads != heads && map.heads != qs[0] * heads) {
+      throw Error("--feature-map: " + a.feature_map + ": has " + std::to_string(map.heads) +
+                  " parameter sets; the inputs need 1, H = " + std::to_string(heads) +
+                  " or B*H = " + std::to_string(qs[0] * heads));
+    }
+    return map;
+  }
+  const Kernel kernel = parse_kernel(a.kernel, "--kernel");
+  FeatureMap map(make_projection(a.projection, d), kernel);
+  map.scale = a.scale;
+  map.fit = make_fit(a.fit, kernel, a.scale, d);
+  if (a.causal && data_adapted(kernel) && !map.fit) {
+    throw Error("--fit-a / --fit-q,--fit-k: causal " + to_string(kernel) +
+                " attention needs a fit from calibration data (a fit to the sequence itself "
+                "would let every position see future tokens)");
+  }
+  if (!a.feature_weights.empty()) {
+    if (data_adapted(kernel)) {
+      throw Error(
+          "--feature-weights: a " + to_string(kernel) +
+          " map takes its weights from its fit; use positive, trig, hyperbolic or hedgehog");
+    }
+    map.lambda =
+        read_feature_weights(a.feature_weights, "--feature-weights", map.m(), heads, map.heads);
+  }
+  return map;
+}
+
+// --decay: 1 or H values in (0, 1], causal attention only.
+std::vector<double> decay(const AttentionArgs& a, int64_t heads) {
+  if (a.decay.empty()) return {};
+  if (!a.causal) throw Error("--decay: decay gamma^(i - j) is for causal attention; add --causal");
+  if (a.decay.size() != 1 && static_cast<int64_t>(a.decay.size()) != heads) {
+    throw Error("--decay: " + std::to_string(a.decay.size()) +
+                " values; give 1 or one per head (H = " + std::to_string(heads) + ")");
+  }
+  for (double g : a.decay) {
+    if (!(g > 0.0 && g <= 1.0))
+      throw Error("--decay: " + fmt::format("{}", g) + " must lie in (0, 1]");
+  }
+  return a.decay;
+}
 
 // Transformer-VQ attention with the --codebook given or one learned from the keys (k-means,
 // seeded by --seed); the codebook used is staged for --save-codebook.
@@ -81,7 +160,14 @@ void run(const AttentionArgs& a) {
   if (a.method != "favor" && a.method != "exact" && a.method != "vq") {
     throw Error("--method: '" + a.method + "' is not a method; use favor, vq or exact");
   }
-  const Kernel kernel = parse_kernel(a.kernel, "--kernel");
+  if (a.method != "favor") {
+    for (const auto& [given, name] : {std::pair{!a.feature_map.empty(), "--feature-map"},
+                                      std::pair{!a.feature_weights.empty(), "--feature-weights"},
+                                      std::pair{!a.decay.empty(), "--decay"}}) {
+      if (given) throw Error(std::string(name) + ": only --method favor takes it");
+    }
+  }
+  parse_kernel(a.kernel, "--kernel");  // a bad name fails before any file is read
   const InputTensor q = read_tensor(a.q, "--q"), k = read_tensor(a.k, "--k"),
                     v = read_tensor(a.v, "--v");
   if (q.rank != k.rank || q.rank != v.rank)
@@ -107,26 +193,20 @@ void run(const AttentionArgs& a) {
   } else if (a.method == "vq") {
     y = vq(a, q, k, v, mask_view, outputs);
   } else {
-    const Projection w = make_projection(a.projection, q.tensor.shape()[3]);
+    const FeatureMap map = feature_map(a, q.tensor.shape());
     AttentionOptions o;
-    o.kernel = kernel;
     o.causal = a.causal;
-    o.scale = a.scale;
     o.key_mask = mask_view;
-    o.fit = make_fit(a.fit, kernel, a.scale, q.tensor.shape()[3]);
-    if (a.causal && data_adapted(kernel) && !o.fit) {
-      throw Error("--fit-a / --fit-q,--fit-k: causal " + to_string(kernel) +
-                  " attention needs a fit from calibration data (a fit to the sequence itself "
-                  "would let every position see future tokens)");
-    }
+    o.decay = decay(a, q.tensor.shape()[1]);
     AttentionStats stats;
-    y = favor_attention(q.tensor, k.tensor, v.tensor, w, o, &stats);
+    y = favor_attention(q.tensor, k.tensor, v.tensor, map, o, &stats);
     if (stats.zero_rows > 0) {
       std::cerr << "favor: note: " << stats.zero_rows
                 << " query rows had no visible key or a non-positive denominator and were written "
                    "as zeros\n";
     }
     if (!a.projection.save.empty()) {
+      const Projection& w = map.projection;
       outputs.stage(a.projection.save, encode_npy_f32({w.m(), w.d()}, w.data()),
                     "--save-projection");
     }
@@ -151,9 +231,12 @@ void add_attention_command(CLI::App& app) {
       ->required();
   cmd->add_option("--method", args->method, "favor | vq | exact")->capture_default_str();
   cmd->add_flag("--causal", args->causal, "query i attends to keys j <= i (needs Nq == Nk)");
-  cmd->add_option("--kernel", args->kernel, "positive | trig | hyperbolic | favorpp | favorsharp")
-      ->capture_default_str();
-  cmd->add_option("--scale", args->scale, "temperature: softmax(scale q.k); default 1/sqrt(D)");
+  args->kernel_opt =
+      cmd->add_option("--kernel", args->kernel,
+                      "positive | trig | hyperbolic | favorpp | favorsharp | hedgehog")
+          ->capture_default_str();
+  args->scale_opt =
+      cmd->add_option("--scale", args->scale, "temperature: softmax(scale q.k); default 1/sqrt(D)");
   cmd->add_option("--key-mask", args->key_mask,
                   "bool/0-1 .npy [B, Nk] ([Nk] for 2-D inputs), true = key takes part");
   cmd->add_option("--accumulate", args->accumulate, "exact method's accumulation: f32 | f64")
@@ -161,6 +244,16 @@ void add_attention_command(CLI::App& app) {
   add_projection_options(cmd, args->projection);
   add_fit_options(cmd, args->fit);
   add_vq_options(cmd, args->vq);
+  cmd->add_option(
+      "--feature-map", args->feature_map,
+      "a fitted map (.npz from favor fit or favor.fit_features): kernel, projection, "
+      "scale and learned weights, instead of --kernel, --features, --projection, --scale");
+  cmd->add_option("--feature-weights", args->feature_weights,
+                  "feature weights lambda (WPFF): a .npy [m] or [H, m], one per projection row");
+  cmd->add_option(
+         "--decay", args->decay,
+         "causal decay gamma^(i - j): one gamma in (0, 1] or one per head, comma-separated")
+      ->delimiter(',');
   cmd->callback([args] { run(*args); });
 }
 

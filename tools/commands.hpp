@@ -11,5 +11,6 @@ void add_features_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_accuracy_command(CLI::App& app);
 void add_codebook_command(CLI::App& app);
+void add_fit_command(CLI::App& app);
 
 }  // namespace favor::cli

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   favor::cli::add_bench_command(app);
   favor::cli::add_accuracy_command(app);
   favor::cli::add_codebook_command(app);
+  favor::cli::add_fit_command(app);
   app.parse_complete_callback([&threads] {
     if (threads) favor::set_num_threads(*threads);
   });
