@@ -122,6 +122,27 @@ void print_vq_row(const nlohmann::json& r) {
   std::fflush(stdout);
 }
 
+void print_maps_header(bool after_other) {
+  if (after_other) fmt::print("\n");
+  fmt::print(
+      "Feature maps vs exact softmax attention on the second half of each sequence (held out); "
+      "the fitted maps (fit_features) train on the first half; F features each (hedgehog: m = "
+      "F / 2 projections)\n");
+  fmt::print("{:<30} {:<13} {:>5} {:>5} {:>21} {:>12} {:>9}\n", "data", "method", "F", "m",
+             "rel err ± std", "before fit", "fit s");
+}
+
+void print_maps_row(const nlohmann::json& r) {
+  const bool fitted = r["fitted"].get<bool>();
+  fmt::print("{:<30} {:<13} {:>5} {:>5} {:>10.4g} ± {:<8.2g} {:>12} {:>9}\n",
+             r["data"].get<std::string>(), r["method"].get<std::string>(),
+             r["features"].get<int64_t>(), r["m"].get<int64_t>(),
+             r["attention_rel_error"].get<double>(), r["attention_rel_error_std"].get<double>(),
+             fitted ? fmt::format("{:.4g}", r["initial_rel_error"].get<double>()) : "-",
+             fitted ? fmt::format("{:.2f}", r["fit_seconds"].get<double>()) : "-");
+  std::fflush(stdout);
+}
+
 void run(const AccuracyArgs& a) {
   const std::vector<DataSetting> data = make_data_settings(a);
   if (!a.plot.empty() && !a.has("favor"))
@@ -152,6 +173,17 @@ void run(const AccuracyArgs& a) {
       if (!a.json) print_vq_row(r);
     };
     result["vq_records"] = run_vq_sweep(a, data, vq_progress, vq_sink);
+  }
+  if (a.has("maps")) {
+    if (!a.json) print_maps_header(a.has("favor") || a.has("vq"));
+    const MapsProgress maps_progress = [show_progress](int64_t i, int64_t total,
+                                                       const std::string& method, int64_t F) {
+      if (show_progress) fmt::print(stderr, "accuracy: maps {}/{} {} F={}\n", i, total, method, F);
+    };
+    const RecordSink maps_sink = [&a](const nlohmann::json& r) {
+      if (!a.json) print_maps_row(r);
+    };
+    result["maps_records"] = run_maps_sweep(a, data, maps_progress, maps_sink);
   }
   const std::string text = result.dump(2) + "\n";
   if (a.json) fmt::print("{}", text);
@@ -214,8 +246,9 @@ void add_accuracy_command(CLI::App& app) {
                             "values .npy [Nk, Dv] or [B, H, Nk, Dv] (default: "
                             "synthetic Gaussian)");
   cmd->add_option("--sections", a->sections,
-                  "favor (estimators x projections x m) and/or vq (Transformer-VQ vs FAVOR+ at "
-                  "m = c)")
+                  "favor (estimators x projections x m), vq (Transformer-VQ vs FAVOR+ at m = c) "
+                  "and/or maps (DCT, WPFF, fitted positive and Hedgehog maps vs FAVOR+, FAVOR++, "
+                  "FAVOR# at equal F, held out)")
       ->delimiter(',')
       ->capture_default_str();
   std::vector<CLI::Option*> vq_options{
@@ -234,6 +267,16 @@ void add_accuracy_command(CLI::App& app) {
                       "the second; same = k-means on the evaluated keys (in-sample)")
           ->check(CLI::IsMember({"heldout", "same"}))
           ->capture_default_str()};
+  cmd->add_option("--maps-features", a->maps_features,
+                  "maps: feature counts F (hedgehog uses m = F / 2 projections)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--maps-steps", a->maps_steps, "maps: Adam steps of each fit")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--maps-lr", a->maps_lr, "maps: Adam learning rate of each fit")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   q->needs(k)->excludes(n)->excludes(d)->excludes(norm)->excludes(cos);
   k->needs(q);
   v->needs(q)->excludes(dv);

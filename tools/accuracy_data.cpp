@@ -47,9 +47,13 @@ void check_args(const AccuracyArgs& a) {
   if (a.scale && !(std::isfinite(*a.scale) && *a.scale > 0.0))
     throw Error("--scale: " + fmt::format("{}", *a.scale) + " must be finite and > 0");
   check_list(a.sections, "--sections", [](const std::string& s) {
-    if (s != "favor" && s != "vq")
-      throw Error("--sections: '" + s + "' is not a section; use favor and/or vq");
+    if (s != "favor" && s != "vq" && s != "maps")
+      throw Error("--sections: '" + s + "' is not a section; use favor, vq and/or maps");
     return s;
+  });
+  check_list(a.maps_features, "--maps-features", [](int64_t f) {
+    if (f < 2) throw Error("--maps-features: F = " + std::to_string(f) + " must be >= 2");
+    return f;
   });
   if (a.vq_options_given && !a.has("vq"))
     throw Error("--vq-codes, --vq-tau-rel, --vq-iterations: only with --sections vq");

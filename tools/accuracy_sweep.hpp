@@ -39,6 +39,10 @@ struct AccuracyArgs {
   // keys themselves: in-sample, an optimistic bound).
   std::string vq_fit = "heldout";
   bool vq_options_given = false;  // a --vq-* option was on the command line
+  // Section maps: DiJiang and learned maps vs the random ones at equal feature count F.
+  std::vector<int64_t> maps_features{64, 256};
+  int64_t maps_steps = 200;
+  double maps_lr = 0.02;
   bool has(const std::string& section) const {
     return std::find(sections.begin(), sections.end(), section) != sections.end();
   }
@@ -82,5 +86,17 @@ using VQProgress = std::function<void(int64_t, int64_t, int64_t)>;
 /// data x c x tau.
 nlohmann::json run_vq_sweep(const AccuracyArgs& args, const std::vector<DataSetting>& data,
                             const VQProgress& progress, const RecordSink& sink);
+
+/// Called before each method of the maps section with (index from 1, total, method, F).
+using MapsProgress = std::function<void(int64_t, int64_t, const std::string&, int64_t)>;
+
+/// The maps section (accuracy_maps.cpp): per data setting and feature count F
+/// (--maps-features), favor+, favor++, favor#, dct, wpff (dct + fitted lambda), positive-fit
+/// (W, b, lambda fitted) and hedgehog (fitted, m = F / 2) against exact attention on the
+/// second half of each sequence; the fitted maps train on the first half (fit_features,
+/// --maps-steps, --maps-lr). Seeds 0 .. S-1 draw the projections (and start the fits). One
+/// record per data x F x method.
+nlohmann::json run_maps_sweep(const AccuracyArgs& args, const std::vector<DataSetting>& data,
+                              const MapsProgress& progress, const RecordSink& sink);
 
 }  // namespace favor::cli

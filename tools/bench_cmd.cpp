@@ -128,6 +128,10 @@ class Bench {
     for (int64_t n : a_.has("estimators") ? a_.estimator_lengths : std::vector<int64_t>{}) {
       for (bool causal : {false, true}) estimator_rows(n, causal);
     }
+    section_ = "maps";
+    for (int64_t n : a_.has("maps") ? a_.estimator_lengths : std::vector<int64_t>{}) {
+      for (bool causal : {false, true}) map_rows(n, causal);
+    }
     section_ = "vq";
     if (a_.has("vq")) vq_section();
     section_ = "decode";
@@ -242,6 +246,61 @@ class Bench {
       const double seconds = favor_row(a_.bh, n, causal, num_threads(), kernel);
       records_.back()["ratio_to_positive"] = seconds / base;
       if (!a_.json) fmt::print("{:>7} {} / positive = {:.2f}\n", "", name, seconds / base);
+    }
+  }
+
+  // The cost of the DiJiang and learned maps (feature_map.hpp) at one N, against FAVOR+
+  // (positive, shared W) timed just before, forward and backward (with the parameter
+  // gradients): feature weights lambda, per-head learned W, b and lambda, Hedgehog (m / 2
+  // projections: the same F) and, causal, the decay. ratio_to_positive = seconds / FAVOR+'s.
+  void map_rows(int64_t n, bool causal) {
+    const auto [q, k, v] = inputs(a_.bh, n);
+    const Tensor dy = gaussian_rows({1, a_.bh, n, a_.d}, 44);
+    const int64_t heads = a_.bh, m = a_.m;
+    auto draw = [&](int64_t rows) {
+      return Projection::draw(rows, a_.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
+    };
+    std::vector<std::pair<std::string, FeatureMap>> maps;
+    maps.emplace_back("positive", FeatureMap(draw(m)));
+    maps.emplace_back("lambda", FeatureMap(draw(m)));
+    maps.back().second.learnable(heads, false, false, true);
+    maps.emplace_back("learned", FeatureMap(draw(m)));
+    maps.back().second.learnable(heads);
+    maps.emplace_back("hedgehog", FeatureMap(draw(std::max<int64_t>(m / 2, 1)), Kernel::hedgehog));
+    maps.back().second.learnable(heads, true, true, false);
+    if (causal) maps.emplace_back("decay", FeatureMap(draw(m)));
+    double base_fwd = 0.0, base_bwd = 0.0;
+    for (const auto& [name, map] : maps) {
+      AttentionOptions o;
+      o.causal = causal;
+      if (name == "decay") o.decay.assign(static_cast<size_t>(heads), 0.99);
+      Tensor out({1, a_.bh, n, a_.d});
+      const Measured f = measure([&] { favor_attention(q, k, v, map, out.mutable_view(), o); },
+                                 a_.repeats, a_.min_time);
+      const bool grads = name != "positive";
+      const Measured b = measure([&] { favor_attention_backward(q, k, v, dy, map, o, grads); },
+                                 a_.repeats, a_.min_time);
+      if (name == "positive") {
+        base_fwd = f.seconds;
+        base_bwd = b.seconds;
+      }
+      const Problem prob = problem(a_.bh, n, map.kernel);
+      const int64_t chunk = kernel_info().causal_chunk;
+      nlohmann::json rf = timed_record("favor", causal, n, a_.bh, num_threads(), f,
+                                       favor_flops(prob, causal, chunk));
+      rf.update({{"map", name}, {"pass", "forward"}, {"ratio_to_positive", f.seconds / base_fwd}});
+      emit(std::move(rf));
+      nlohmann::json rb = timed_record("favor", causal, n, a_.bh, num_threads(), b,
+                                       favor_backward_flops(prob, causal, chunk));
+      rb.update({{"map", name},
+                 {"pass", "backward"},
+                 {"parameter_grads", grads},
+                 {"ratio_to_positive", b.seconds / base_bwd}});
+      emit(std::move(rb));
+      if (!a_.json) {
+        fmt::print("{:>7} {} / positive = {:.2f} forward, {:.2f} backward\n", "", name,
+                   f.seconds / base_fwd, b.seconds / base_bwd);
+      }
     }
   }
 
@@ -594,7 +653,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--estimator,--estimators", a->estimators,
                   "kernels of the estimators section, each timed against positive (FAVOR+)")
       ->capture_default_str();
-  cmd->add_option("--estimator-lengths", a->estimator_lengths, "N of the estimators section")
+  cmd->add_option("--estimator-lengths", a->estimator_lengths,
+                  "N of the estimators and maps sections")
       ->capture_default_str();
   cmd->add_option("--max-exact-n", a->max_exact_n, "longest N for exact attention")
       ->capture_default_str();
@@ -606,11 +666,13 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--sections", a->sections,
                   "which rows: sweep (N x causal, favor and exact), long (B*H = 1 at the "
                   "longest N), scaling (1 thread vs all), decode, backward, estimators "
-                  "(each --estimators kernel vs positive), vq (Transformer-VQ vs FAVOR+ and "
-                  "exact, forward and backward; not in the default run)")
+                  "(each --estimators kernel vs positive), maps (feature weights, learned and "
+                  "Hedgehog maps, decay vs FAVOR+) and vq (Transformer-VQ vs FAVOR+ and exact, "
+                  "forward and backward); maps and vq are not in the default run")
       ->capture_default_str()
       ->check(
-          CLI::IsMember({"sweep", "long", "scaling", "decode", "backward", "estimators", "vq"}));
+          CLI::IsMember(
+              {"sweep", "long", "scaling", "decode", "backward", "estimators", "maps", "vq"}));
   cmd->add_option("--vq-lengths", a->vq_lengths,
                   "N of the vq section (N = 4096, seed 002's setting, is always added)")
       ->capture_default_str();

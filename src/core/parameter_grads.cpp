@@ -56,14 +56,14 @@ ParameterGrads::ParameterGrads(const ResolvedMap& resolved, const FeatureMap& ma
 void ParameterGrads::finish(const FeatureMap& map, AttentionGrads& g) const {
   if (!wanted_) return;
   const int64_t m = resolved_.m, d = resolved_.d;
-  if (resolved_.adapted.heads) {
+  if (resolved_.adapted.heads) {  // FAVOR++ / FAVOR#: no learned parameters but W (and decay)
     const KernelFit& fit = map.fit ? *map.fit : resolved_.adapted.fitted;
     g.dw = projection_grad(fit, map.projection, dw_.data(), dbias_.data());
-    return;
+  } else {
+    const bool per_head = !map.weights.empty() && map.heads > 1;
+    g.dw = per_head ? reduce_sets(dw_, batch_heads_, map.heads, m * d) : dw_;
+    if (!dbias_.empty()) g.dbias = reduce_sets(dbias_, batch_heads_, map.heads, m);
   }
-  const bool per_head = !map.weights.empty() && map.heads > 1;
-  g.dw = per_head ? reduce_sets(dw_, batch_heads_, map.heads, m * d) : dw_;
-  if (!dbias_.empty()) g.dbias = reduce_sets(dbias_, batch_heads_, map.heads, m);
   if (!dlogw_.empty()) {
     // l = log lambda^2: dL/dlambda = dL/dl * 2 / lambda.
     g.dlambda = reduce_sets(dlogw_, batch_heads_, map.heads, m);

@@ -87,10 +87,15 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     gemm(false, true, rows, F, ld, 1.0f, ws.gx.data(), ld, ws.Sx.data(), ld, 0.0f, ws.dphi.data(),
          F);
     gemm(true, false, F, ld, rows, 1.0f, t.phi.data(), F, ws.gx.data(), ld, 1.0f, ws.R.data(), ld);
-    feature_backward(p.map, bh, false, rows, t.x.data(), t.phi.data(), ws.dphi.data(), ws.pa.data(), bp.dq + (bh * p.nq + i0) * d, dw, db);
+    feature_backward(p.map, bh, nullptr, rows, t.x.data(), t.phi.data(), ws.dphi.data(),
+                     ws.pa.data(), bp.dq + (bh * p.nq + i0) * d, dw, db);
   }
 
-  // Keys: dk and dv (masked keys keep their zero gradients).
+  // Keys: dk and dv (masked keys keep their zero gradients), and the gradients of their log
+  // weights (feature weights; positions as in the key pass).
+  const KeyRows keys{t.index.data(), p.first_position,
+                     static_cast<double>(p.first_position) + 0.5 * static_cast<double>(p.nk - 1),
+                     bp.dlogw ? bp.dlogw + bh * m : nullptr, bp.drate ? bp.drate + bh : nullptr};
   for (int64_t next = 0; next < p.nk;) {
     const int64_t rows = gather_key_tile(p, b, h, &next, p.nk, t);
     if (rows == 0) break;
@@ -101,7 +106,8 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     gemm(false, true, rows, F, ld, 1.0f, t.vx.data(), ld, ws.R.data(), ld, 0.0f, ws.dphi.data(), F);
     gemm(false, false, rows, dv, F, 1.0f, t.phi.data(), F, ws.R.data(), ld, 0.0f, ws.dvx.data(),
          dv);
-    feature_backward(p.map, bh, true, rows, t.x.data(), t.phi.data(), ws.dphi.data(), ws.pa.data(), ws.dx.data(), dw, db);
+    feature_backward(p.map, bh, &keys, rows, t.x.data(), t.phi.data(), ws.dphi.data(),
+                     ws.pa.data(), ws.dx.data(), dw, db);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t j = t.index[r];
       std::copy(ws.dx.data() + r * d, ws.dx.data() + (r + 1) * d, bp.dk + (bh * p.nk + j) * d);

@@ -105,7 +105,8 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
     chunk_d_matrix(rows, moved, gx, vx, ldv, w);
     gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
          w.dphi.data(), F);
-    feature_backward(p.map, bh, false, rows, ws.x.data() + rows * d, w.phiq.data(), w.dphi.data(), w.pa.data(), bp.dq + (bh * n + c0) * d, dw, db);
+    feature_backward(p.map, bh, nullptr, rows, ws.x.data() + rows * d, w.phiq.data(),
+                     w.dphi.data(), w.pa.data(), bp.dq + (bh * n + c0) * d, dw, db);
     chunk_state_update(rows, moved, state, vx, ws);
   }
 
@@ -136,7 +137,11 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
     gemm(true, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.qg.data(), ldq, 1.0f,
          w.dphi.data(), F);
     gemm(true, false, rows, dv, rows, 1.0f, ws.qg.data() + F, ldq, gx, ldv, 1.0f, w.dvv.data(), dv);
-    feature_backward(p.map, bh, true, rows, ws.x.data(), ws.phik.data(), w.dphi.data(), w.pa.data(), bp.dk + (bh * n + c0) * d, dw, db);
+    // Key j of the chunk sits at position c0 + j (as in chunk_key_features).
+    const KeyRows keys{nullptr, c0, 0.5 * static_cast<double>(n - 1),
+                       bp.dlogw ? bp.dlogw + bh * m : nullptr, bp.drate ? bp.drate + bh : nullptr};
+    feature_backward(p.map, bh, &keys, rows, ws.x.data(), ws.phik.data(), w.dphi.data(),
+                     w.pa.data(), bp.dk + (bh * n + c0) * d, dw, db);
     std::copy_n(w.dvv.data(), rows * dv, bp.dv + (bh * n + c0) * dv);
     if (ci > 0) {  // R relative to the previous chunk's last max (= this chunk's starting max)
       const float f = rescale(prev_max, end_max);

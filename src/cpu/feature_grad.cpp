@@ -7,9 +7,45 @@
 
 namespace favor::cpu {
 
-void feature_backward(const FeatureParams& map, int64_t bh, bool key, int64_t rows, const float* x,
-                      const float* phi, const float* dphi, float* pa, float* dx, float* dw,
-                      float* db) {
+namespace {
+
+// The KeyRows gradients of `rows` key rows (feature_grad.hpp).
+void key_log_weight_grads(const FeatureParams& map, const KeyRows& key, int64_t rows,
+                          const float* phi, const float* dphi) {
+  const int64_t m = map.m, F = map.features();
+  if (key.drate) {
+    // The sum cancels (sum_r t_r = 0): double products and sums.
+    double sum = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      double t = 0.0;
+      for (int64_t f = 0; f < F; ++f)
+        t += static_cast<double>(dphi[r * F + f]) * static_cast<double>(phi[r * F + f]);
+      const int64_t position = key.first + (key.index ? key.index[r] : r);
+      sum += (static_cast<double>(position) - key.origin) * t;
+    }
+    *key.drate += sum;
+  }
+  if (key.dlogw) {
+    // Row f makes features f and (two-sided and trig kernels) m + f, each times lambda_f^2.
+    const bool paired = F == 2 * m;
+    for (int64_t f = 0; f < m; ++f) {
+      double sum = 0.0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* p = phi + r * F;
+        const float* dp = dphi + r * F;
+        sum += static_cast<double>(dp[f]) * p[f];
+        if (paired) sum += static_cast<double>(dp[m + f]) * p[m + f];
+      }
+      key.dlogw[f] += static_cast<float>(sum);
+    }
+  }
+}
+
+}  // namespace
+
+void feature_backward(const FeatureParams& map, int64_t bh, const KeyRows* key, int64_t rows,
+                      const float* x, const float* phi, const float* dphi, float* pa, float* dx,
+                      float* dw, float* db) {
   const Kernel kernel = map.kernel;
   const int64_t m = map.m, d = map.d, F = map.features();
   const float* w = map.head_w(bh);
@@ -42,6 +78,7 @@ void feature_backward(const FeatureParams& map, int64_t bh, bool key, int64_t ro
       for (int64_t t = 0; t < d; ++t) dx[r * d + t] += sqrt_scale * sign * total * x[r * d + t];
     }
   }
+  if (key) key_log_weight_grads(map, *key, rows, phi, dphi);
   if (dw) gemm(true, false, m, d, rows, 1.0f, pa, m, x, d, 1.0f, dw, d);
   for (int64_t r = 0; db && r < rows; ++r)
     for (int64_t f = 0; f < m; ++f) db[f] += pa[r * m + f];

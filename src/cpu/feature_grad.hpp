@@ -2,11 +2,12 @@
 // The backward pass through the feature maps. Given stabilised features phi and the
 // gradient dphi with respect to them, only the products dphi * phi enter (the shifts
 // cancel: docs/gradients.md), so:
-//   positive    d/da_f = dphi_f phi_f
-//   hyperbolic  d/da_f = dphi+_f phi+_f - dphi-_f phi-_f
-//   trig        d/da_f = dphi_sin,f phi_cos,f - dphi_cos,f phi_sin,f
-// with a = W x; keys also carry their norm factor exp(-+|x|^2/2), whose gradient is
-// -+x sum_f dphi_f phi_f (queries' factor cancels in the output and is not formed).
+//   positive              d/da_f = dphi_f phi_f
+//   hyperbolic, hedgehog  d/da_f = dphi+_f phi+_f - dphi-_f phi-_f
+//   trig                  d/da_f = dphi_sin,f phi_cos,f - dphi_cos,f phi_sin,f
+// with a = W x + b; keys also carry their norm factor exp(-+|x|^2/2) (none for hedgehog),
+// whose gradient is -+x sum_f dphi_f phi_f (queries' factor cancels in the output and is not
+// formed), and their log weights (feature weights, decay: KeyRows).
 #include <cstdint>
 
 #include "cpu/feature_params.hpp"
@@ -14,12 +15,31 @@
 
 namespace favor::cpu {
 
-/// Head bh of `map`: dx (rows x d) = sqrt_scale * (Pa W + norm term) for scaled input rows x (rows x d);
-/// dw (m x d) += Pa^T x when dw is non-null; db (m) += the column sums of Pa when db is
-/// non-null (FAVOR++ / FAVOR#: the gradient of the log bias, added to a). pa: rows x m scratch.
-void feature_backward(const FeatureParams& map, int64_t bh, bool key, int64_t rows, const float* x,
-                      const float* phi, const float* dphi, float* pa, float* dx, float* dw,
-                      float* db);
+/// What key rows add beyond dx: their positions (decay) and the gradients of the key-only log
+/// weights. A key's features carry exp(g_r + l_f) (g_r = key_log_weight, with + position *
+/// rate under decay; l_f = log lambda_f^2), so with t_r = sum_f dphi_rf phi_rf = dL/dg_r:
+///   drate += sum_r (position_r - origin) t_r            (in double)
+///   dlogw[f] += sum_r sum over the features of row f of dphi phi
+/// (the products are the unstabilised ones: the shifts cancel). Scaling every key of a head
+/// leaves y unchanged, so sum_r t_r = 0 over the head's keys and any origin gives the same
+/// drate; the middle of the positions halves the largest weight on the rounding errors of t_r,
+/// which the sum does not cancel (its relative error grows like N (1 - gamma) 2^-24).
+struct KeyRows {
+  const int64_t* index = nullptr;  // row r sits at position first + index[r] (null: first + r)
+  int64_t first = 0;
+  double origin = 0.0;
+  float* dlogw = nullptr;   // m, or null
+  double* drate = nullptr;  // one value, or null
+};
+
+/// Head bh of `map`: dx (rows x d) = sqrt_scale * (Pa W + norm term) for scaled input rows x
+/// (rows x d); dw (m x d) += Pa^T x when dw is non-null; db (m) += the column sums of Pa when db
+/// is non-null (the gradient of the bias added to a: FAVOR++ / FAVOR# log bias, learned b).
+/// `key` is null for query rows; for key rows it adds the norm term and the KeyRows gradients.
+/// pa: rows x m scratch.
+void feature_backward(const FeatureParams& map, int64_t bh, const KeyRows* key, int64_t rows,
+                      const float* x, const float* phi, const float* dphi, float* pa, float* dx,
+                      float* dw, float* db);
 
 /// The upstream gradient in augmented form: for rows of [num | den] (ld dv + 1) and dy,
 /// gx = [dy / den, -(dy . y) / den], or zeros for rows the forward defined as zeros

@@ -7,30 +7,42 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/feature_map_params.hpp"
 #include "core/validate.hpp"
 #include "favor/attention.hpp"
 #include "favor/error.hpp"
 #include "favor/estimators.hpp"
+#include "favor/feature_map.hpp"
 #include "favor/reference.hpp"
 
 namespace favor::reference::naive {
 
-/// The map of head bh in double: W (m x d) or the FAVOR++ / FAVOR# effective projection
-/// Q diag(sqrt(1 - 4 A_l)) w_f, the log bias sum_l A_l w_fl^2 per feature (zero for the
-/// fixed kernels) and the log of the constant factor (math.md s.2). Built here from the fit
-/// directly, independently of the library's float path (src/estimators.cpp).
+/// The map of head bh in double: the projection (W, the learned W_h of parameter set
+/// bh % heads, or the FAVOR++ / FAVOR# effective projection Q diag(sqrt(1 - 4 A_l)) w_f), the
+/// bias per feature (the learned b_h, the FAVOR++ / FAVOR# log bias sum_l A_l w_fl^2, or zero),
+/// the feature weights lambda (or ones) and the log of the constant factor (math.md s.2; zero
+/// for hedgehog). Built here from the map and the fit directly, independently of the library's
+/// float path (src/estimators.cpp, src/core/feature_map_params.cpp).
 struct HeadMap {
-  std::vector<double> w, bias;
+  std::vector<double> w, bias, lambda;
   double log_c = 0.0;
 };
 
-inline HeadMap head_map(const Projection& w, Kernel kernel, const std::optional<KernelFit>& fit,
-                        int64_t bh) {
-  const int64_t m = w.m(), d = w.d();
-  HeadMap map{std::vector<double>(w.matrix().begin(), w.matrix().end()),
-              std::vector<double>(static_cast<size_t>(m), 0.0),
-              -0.5 * std::log(static_cast<double>(kernel == Kernel::hyperbolic ? 2 * m : m))};
-  if (!data_adapted(kernel)) return map;
+inline HeadMap head_map(const FeatureMap& fm, const std::optional<KernelFit>& fit, int64_t bh) {
+  const Projection& w = fm.projection;
+  const int64_t m = w.m(), d = w.d(), set = bh % fm.heads;
+  auto row_set = [&](const std::vector<float>& values, int64_t per_set, double fill) {
+    if (values.empty()) return std::vector<double>(static_cast<size_t>(per_set), fill);
+    const float* first = values.data() + set * per_set;
+    return std::vector<double>(first, first + per_set);
+  };
+  HeadMap map{fm.weights.empty() ? std::vector<double>(w.matrix().begin(), w.matrix().end())
+                                 : row_set(fm.weights, m * d, 0.0),
+              row_set(fm.bias, m, 0.0), row_set(fm.lambda, m, 1.0), 0.0};
+  if (fm.kernel != Kernel::hedgehog) {
+    map.log_c = -0.5 * std::log(static_cast<double>(fm.kernel == Kernel::hyperbolic ? 2 * m : m));
+  }
+  if (!data_adapted(fm.kernel)) return map;
   const int64_t g = fit->heads == 1 ? 0 : bh;
   const double* a = fit->a.data() + g * d;
   const double* q = fit->basis.data() + g * d * d;
@@ -47,6 +59,12 @@ inline HeadMap head_map(const Projection& w, Kernel kernel, const std::optional<
     }
   }
   return map;
+}
+
+/// The map of a Projection with a kernel (no learned parameters).
+inline HeadMap head_map(const Projection& w, Kernel kernel, const std::optional<KernelFit>& fit,
+                        int64_t bh) {
+  return head_map(FeatureMap(w, kernel), fit, bh);
 }
 
 /// The adjoint of head_map, evaluated in T: dw (m x d) += dL/dW from the gradients with
@@ -76,21 +94,29 @@ void head_map_backward(const Projection& w, Kernel kernel, const std::optional<K
     }
 }
 
-/// The fit an attention call uses: options.fit, or (bidirectional) the library's fit to q
-/// and k; causal calls without a fit throw, as the library does.
+/// The fit an attention call with `kernel` and `fit` (a map's, or the options') uses: `fit`,
+/// or (bidirectional) the library's fit to q and k; causal calls without a fit throw, as the
+/// library does.
 inline std::optional<KernelFit> attention_fit(const TensorView& q, const TensorView& k,
+                                              Kernel kernel, const std::optional<KernelFit>& fit,
                                               const AttentionOptions& o, double scale) {
-  if (!data_adapted(o.kernel) || o.fit) return o.fit;
-  if (o.causal) throw Error("fit: causal " + to_string(o.kernel) + " attention needs a fit");
-  return fit_kernel(o.kernel, q, k, scale, o.key_mask);
+  if (!data_adapted(kernel) || fit) return fit;
+  if (o.causal) throw Error("fit: causal " + to_string(kernel) + " attention needs a fit");
+  return fit_kernel(kernel, q, k, scale, o.key_mask);
 }
 
-/// phi(x) of one head as N x F, constants kept, in T.
+inline std::optional<KernelFit> attention_fit(const TensorView& q, const TensorView& k,
+                                              const AttentionOptions& o, double scale) {
+  return attention_fit(q, k, o.kernel, o.fit, o, scale);
+}
+
+/// phi(x) of one head as N x F, constants and feature weights kept, in T (feature_map.hpp):
+/// lambda_f times the kernel's features of row f, a = W_h x' + b_h, x' = sqrt(scale) x.
 template <class T>
-std::vector<T> head_features(const TensorView& x, int64_t b, int64_t h, const Projection& w,
-                             Kernel kernel, double scale, const std::optional<KernelFit>& fit) {
-  const int64_t n = x.shape[2], d = x.shape[3], m = w.m(), F = feature_count(kernel, m);
-  const HeadMap map = head_map(w, kernel, fit, b * x.shape[1] + h);
+std::vector<T> head_features(const TensorView& x, int64_t b, int64_t h, const FeatureMap& fm,
+                             double scale, const std::optional<KernelFit>& fit) {
+  const int64_t n = x.shape[2], d = x.shape[3], m = fm.m(), F = fm.features();
+  const HeadMap map = head_map(fm, fit, b * x.shape[1] + h);
   const T ss = static_cast<T>(std::sqrt(scale));
   const T c = std::exp(static_cast<T>(map.log_c));
   std::vector<T> phi(static_cast<size_t>(n * F));
@@ -104,20 +130,25 @@ std::vector<T> head_features(const TensorView& x, int64_t b, int64_t h, const Pr
     for (int64_t f = 0; f < m; ++f) {
       T a = static_cast<T>(map.bias[f]);
       for (int64_t t = 0; t < d; ++t) a += static_cast<T>(map.w[f * d + t]) * xs[t];
+      const T lc = static_cast<T>(map.lambda[f]) * c;  // lambda_f and the constant
       T* row = phi.data() + i * F;
-      switch (kernel) {
+      switch (fm.kernel) {
         case Kernel::positive:
         case Kernel::favorpp:
         case Kernel::favorsharp:
-          row[f] = c * std::exp(a - norm2 / 2);
+          row[f] = lc * std::exp(a - norm2 / 2);
           break;
         case Kernel::trig:
-          row[f] = c * std::exp(norm2 / 2) * std::sin(a);
-          row[m + f] = c * std::exp(norm2 / 2) * std::cos(a);
+          row[f] = lc * std::exp(norm2 / 2) * std::sin(a);
+          row[m + f] = lc * std::exp(norm2 / 2) * std::cos(a);
           break;
         case Kernel::hyperbolic:
-          row[f] = c * std::exp(-norm2 / 2) * std::exp(a);
-          row[m + f] = c * std::exp(-norm2 / 2) * std::exp(-a);
+          row[f] = lc * std::exp(-norm2 / 2) * std::exp(a);
+          row[m + f] = lc * std::exp(-norm2 / 2) * std::exp(-a);
+          break;
+        case Kernel::hedgehog:
+          row[f] = lc * std::exp(a);
+          row[m + f] = lc * std::exp(-a);
           break;
       }
     }
@@ -162,22 +193,36 @@ inline DGrads zero_grads(const detail::AttentionShape& s) {
   return DGrads{zeros({s.batch, s.heads, s.nq, s.d}),
                 zeros({s.batch, s.heads, s.nk, s.d}),
                 zeros({s.batch, s.heads, s.nk, s.dv}),
+                {},
+                {},
+                {},
                 {}};
 }
 
-/// Materialised FAVOR attention in T: [B, H, Nq, Dv] C-contiguous.
+/// gamma of head h (options.decay: none, one shared value, or one per head); 1 without decay.
+inline double head_decay(const std::vector<double>& decay, int64_t h) {
+  if (decay.empty()) return 1.0;
+  return decay[decay.size() == 1 ? 0 : static_cast<size_t>(h)];
+}
+
+/// Materialised FAVOR attention in T with a feature map: [B, H, Nq, Dv] C-contiguous.
+/// A_ij = phi(q_i).phi(k_j), zero where the key is masked or (causal) j > i, times
+/// gamma_h^(i - j) with decay; y = A V / A 1 (rows with A 1 <= 0 or not finite: zeros).
+/// The map gives kernel, scale and fit; o gives causal, the mask and the decay (checked by
+/// the caller).
 template <class T>
 std::vector<T> favor_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                               const Projection& w, const AttentionOptions& o) {
+                               const FeatureMap& fm, const AttentionOptions& o) {
   const int64_t B = q.shape[0], H = q.shape[1], nq = q.shape[2], nk = k.shape[2], dv = v.shape[3];
-  const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(q.shape[3]));
-  const int64_t F = feature_count(o.kernel, w.m());
-  const std::optional<KernelFit> fit = attention_fit(q, k, o, scale);
+  const double scale = fm.scale ? *fm.scale : 1.0 / std::sqrt(static_cast<double>(q.shape[3]));
+  const int64_t F = fm.features();
+  const std::optional<KernelFit> fit = attention_fit(q, k, fm.kernel, fm.fit, o, scale);
   std::vector<T> out(static_cast<size_t>(B * H * nq * dv), T(0));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
-      const auto pq = head_features<T>(q, b, h, w, o.kernel, scale, fit);
-      const auto pk = head_features<T>(k, b, h, w, o.kernel, scale, fit);
+      const auto pq = head_features<T>(q, b, h, fm, scale, fit);
+      const auto pk = head_features<T>(k, b, h, fm, scale, fit);
+      const T gamma = static_cast<T>(head_decay(o.decay, h));
       for (int64_t i = 0; i < nq; ++i) {
         std::vector<T> num(static_cast<size_t>(dv), T(0));
         T den = 0;
@@ -185,6 +230,7 @@ std::vector<T> favor_attention(const TensorView& q, const TensorView& k, const T
           if ((o.causal && j > i) || !key_visible(o.key_mask, b, j)) continue;
           T a = 0;
           for (int64_t f = 0; f < F; ++f) a += pq[i * F + f] * pk[j * F + f];
+          if (!o.decay.empty()) a *= std::pow(gamma, static_cast<T>(i - j));
           den += a;
           for (int64_t x = 0; x < dv; ++x) num[x] += a * static_cast<T>(v.at(b, h, j, x));
         }
@@ -194,6 +240,13 @@ std::vector<T> favor_attention(const TensorView& q, const TensorView& k, const T
       }
     }
   return out;
+}
+
+/// The same with a Projection: the map {w, o.kernel, o.scale, o.fit}.
+template <class T>
+std::vector<T> favor_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const Projection& w, const AttentionOptions& o) {
+  return favor_attention<T>(q, k, v, detail::map_of(w, o), o);
 }
 
 }  // namespace favor::reference::naive

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "core/adapted.hpp"
+#include "core/feature_map_params.hpp"
 #include "core/validate.hpp"
 #include "favor/error.hpp"
 #include "reference/naive.hpp"
@@ -11,30 +13,50 @@
 
 namespace favor::reference {
 
-DTensor features(TensorView x, const Projection& w, const FeatureOptions& options) {
+DTensor features(TensorView x, const FeatureMap& map) {
   detail::check_view(x, "x");
-  detail::check_projection(w, x.shape[3], "x");
-  const double scale = detail::resolve_scale(options.scale, x.shape[3]);
-  const int64_t F = feature_count(options.kernel, w.m());
-  if (data_adapted(options.kernel) && !options.fit) {
-    throw Error("fit: the " + to_string(options.kernel) + " kernel needs FeatureOptions::fit");
+  detail::check_projection(map.projection, x.shape[3], "x");
+  check_feature_map(map, x.shape[3], x.shape[1], x.shape[0] * x.shape[1]);
+  const double scale = detail::resolve_scale(map.scale, x.shape[3]);
+  if (data_adapted(map.kernel)) {
+    if (!map.fit) throw Error("fit: the " + to_string(map.kernel) + " kernel needs a fit");
+    detail::check_fit(*map.fit, x.shape[3], x.shape[0] * x.shape[1], "fit");
   }
-  DTensor out{{x.shape[0], x.shape[1], x.shape[2], F}, {}};
+  DTensor out{{x.shape[0], x.shape[1], x.shape[2], map.features()}, {}};
   for (int64_t b = 0; b < x.shape[0]; ++b)
     for (int64_t h = 0; h < x.shape[1]; ++h) {
-      const auto phi = naive::head_features<double>(x, b, h, w, options.kernel, scale, options.fit);
+      const auto phi = naive::head_features<double>(x, b, h, map, scale, map.fit);
       out.values.insert(out.values.end(), phi.begin(), phi.end());
     }
   return out;
 }
 
+DTensor features(TensorView x, const Projection& w, const FeatureOptions& options) {
+  FeatureMap map(w, options.kernel);
+  map.scale = options.scale;
+  map.fit = options.fit;
+  return reference::features(x, map);
+}
+
+DTensor favor_attention(TensorView q, TensorView k, TensorView v, const FeatureMap& map,
+                        const AttentionOptions& options) {
+  detail::check_map_options(options, "reference::favor_attention");
+  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  detail::check_projection(map.projection, s.d, "q and k");
+  check_feature_map(map, s.d, s.heads, s.batch * s.heads);
+  detail::resolve_scale(map.scale, s.d);                        // the rules only
+  detail::decay_rates(options.decay, s.heads, options.causal);  // the rules only
+  if (data_adapted(map.kernel) && map.fit) {
+    detail::check_fit(*map.fit, s.d, s.batch * s.heads, "fit");
+  }
+  return DTensor{{s.batch, s.heads, s.nq, s.dv},
+                 naive::favor_attention<double>(q, k, v, map, options)};
+}
+
 DTensor favor_attention(TensorView q, TensorView k, TensorView v, const Projection& w,
                         const AttentionOptions& options) {
-  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
-  detail::check_projection(w, s.d, "q and k");
-  AttentionOptions o = options;
-  o.scale = detail::resolve_scale(options.scale, s.d);
-  return DTensor{{s.batch, s.heads, s.nq, s.dv}, naive::favor_attention<double>(q, k, v, w, o)};
+  return reference::favor_attention(q, k, v, detail::map_of(w, options),
+                                    detail::without_map(options));
 }
 
 DTensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOptions& options) {
@@ -92,7 +114,9 @@ DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, Tensor
                                naive::head_rows<double>(v, b, h),
                                map.w,
                                {},
-                               data_adapted(options.kernel) ? map.bias : std::vector<double>{}};
+                               data_adapted(options.kernel) ? map.bias : std::vector<double>{},
+                               {},
+                               1.0};
       head.mask = naive::head_mask(options.key_mask, b, s.nk);
       const auto hg = naive::backward(head, naive::head_rows<double>(dy, b, h), options.kernel,
                                       scale, options.causal);
@@ -101,6 +125,31 @@ DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, Tensor
       naive::put_head(g.dv, b, h, hg.dv);
       naive::head_map_backward(w, options.kernel, fit, b * s.heads + h, hg.dw, hg.dbias, g.dw);
     }
+  return g;
+}
+
+DGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                const FeatureMap& map, const AttentionOptions& options) {
+  detail::check_map_options(options, "reference::favor_attention_backward");
+  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  detail::check_dy(dy, s);
+  detail::check_projection(map.projection, s.d, "q and k");
+  check_feature_map(map, s.d, s.heads, s.batch * s.heads);
+  detail::decay_rates(options.decay, s.heads, options.causal);  // the decay's checks
+  const double scale = detail::resolve_scale(map.scale, s.d);
+  AttentionOptions o = options;
+  o.kernel = map.kernel;
+  o.fit = map.fit;
+  const std::optional<KernelFit> fit = naive::attention_fit(q, k, o, scale);
+  auto mg = naive::map_backward<double>(q, k, v, dy, map, options, scale, fit);
+  DGrads g = naive::zero_grads(s);
+  g.dq.values = std::move(mg.dq);
+  g.dk.values = std::move(mg.dk);
+  g.dv.values = std::move(mg.dv);
+  g.dw = std::move(mg.dw);
+  g.dbias = std::move(mg.dbias);
+  g.dlambda = std::move(mg.dlambda);
+  g.ddecay = std::move(mg.ddecay);
   return g;
 }
 
