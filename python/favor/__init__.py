@@ -15,9 +15,11 @@ from . import _core
 from ._core import AttentionContext, Error, KernelFit, Projection, build_info, kernel_info
 from ._core import num_threads, optimal_a, relative_frobenius_error
 from ._threads import set_num_threads
-from .api import (AttentionOutput, Decoder, Grads, attention, attention_backward,
-                  exact_attention, exact_attention_backward, features, fit_kernel, kernel_mse,
-                  make_projection)
+from .api import (AttentionOutput, Decoder, FeatureMapGrads, Grads, attention,
+                  attention_backward, exact_attention, exact_attention_backward, features,
+                  fit_kernel, kernel_mse, make_projection)
+from .feature_map import FeatureMap
+from .fit import fit_features
 from .vq import (Codebook, Commitment, VQDecoder, VQGrads, VQOutput, commitment_loss,
                  vq_assign, vq_attention, vq_attention_backward)
 
@@ -30,6 +32,8 @@ __all__ = [
     "exact_attention_backward", "features", "fit_kernel", "kernel_info", "kernel_mse",
     "make_projection", "num_threads", "optimal_a", "reference", "relative_frobenius_error",
     "set_num_threads",
+    # learned feature maps (favor/feature_map.py, favor/fit.py; fit_features needs torch)
+    "FeatureMap", "FeatureMapGrads", "fit_features",
     # Transformer-VQ (favor/vq.py)
     "Codebook", "Commitment", "VQDecoder", "VQGrads", "VQOutput", "commitment_loss",
     "vq_assign", "vq_attention", "vq_attention_backward",

@@ -6,12 +6,17 @@ nonzero = the key takes part (the CLI's --key-mask; torch's key_padding_mask is 
 opposite and is handled in favor.torch).
 """
 import operator
+import os
 from collections import namedtuple
 
+import numpy as np
+
 from . import _core
+from .feature_map import FeatureMap, _sets
 
 DEFAULT_FEATURES = 256
-KERNEL_NAMES = ("positive", "trig", "hyperbolic", "favorpp", "favorsharp", "favor++", "favor#")
+KERNEL_NAMES = ("positive", "trig", "hyperbolic", "favorpp", "favorsharp", "hedgehog", "favor++",
+                "favor#")
 
 AttentionOutput = namedtuple("AttentionOutput", ["y", "context", "zero_rows"])
 AttentionOutput.__doc__ = """attention(..., full_output=True): the output y, the saved key
@@ -19,6 +24,12 @@ state for the backward pass (bidirectional FAVOR; None otherwise) and the number
 rows written as zeros (no visible key, or a trig denominator <= 0)."""
 Grads = namedtuple("Grads", ["dq", "dk", "dv", "dw"])
 Grads.__doc__ = "dL/dq, dL/dk, dL/dv (shapes of q, k, v) and dL/dW ([m, D], or None)."
+FeatureMapGrads = namedtuple("FeatureMapGrads",
+                             ["dq", "dk", "dv", "dw", "dbias", "dlambda", "ddecay"])
+FeatureMapGrads.__doc__ = """attention_backward(..., parameter_grads=True): dL/dq, dL/dk, dL/dv
+and the gradients of the map's parameters: dw [heads, m, D] when the map has weights (else
+dL/dW of the shared projection, [m, D]), dbias and dlambda [heads, m] (None when the map has
+no bias / lambda), ddecay (float64, one per decay value; None without decay)."""
 
 
 def make_projection(d, projection="orthogonal", *, features=None, norms="chi", seed=0):
@@ -77,6 +88,76 @@ def _fit(fit, kernel, d):
     raise _core.Error(f"fit: must be a favor.KernelFit or a float A, not {type(fit).__name__}")
 
 
+def _decay(decay):
+    """decay (None, a float or one gamma per head) as a list of floats; [] for none."""
+    if decay is None:
+        return []
+    try:
+        a = np.asarray(decay, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise _core.Error(f"decay: {decay!r} must be a float or a sequence of floats "
+                          "(one gamma in (0, 1] per head)") from None
+    if a.ndim > 1:
+        raise _core.Error(f"decay: shape {list(a.shape)} must be a float or 1-D (one gamma per "
+                          "head)")
+    return [float(x) for x in a.ravel()]
+
+
+def _lambda(feature_weights):
+    """feature_weights (an array [m] / [heads, m] or a .npy path) as float32 [heads, m]."""
+    if isinstance(feature_weights, (str, os.PathLike)):
+        try:
+            feature_weights = np.load(os.fspath(feature_weights), allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise _core.Error(f"feature_weights: cannot read '{os.fspath(feature_weights)}' "
+                              f"as .npy ({e})") from None
+        if not isinstance(feature_weights, np.ndarray):
+            raise _core.Error("feature_weights: a .npz file is a whole map; pass it as "
+                              "feature_map=")
+    return _sets(feature_weights, "feature_weights", 1, None)
+
+
+_DRAW_DEFAULTS = (("kernel", "positive"), ("features", None), ("projection", "orthogonal"),
+                  ("norms", "chi"), ("seed", 0), ("scale", None), ("fit", None))
+
+
+def _core_map(d, feature_map, feature_weights, decay, draw, force=False):
+    """The favor._core.FeatureMap of a call, or None for the Projection path: feature_map
+    itself (a FeatureMap or a path to a saved one; the drawing options `draw` must then keep
+    their defaults), or the drawn projection with the kernel, scale, fit and feature_weights
+    of the call (when feature_weights or decay is given, or `force`)."""
+    if feature_map is not None:
+        for name, default in _DRAW_DEFAULTS:
+            value = draw[name]
+            if value is not default and not (isinstance(value, (str, int)) and value == default):
+                raise _core.Error(f"{name}: the feature_map carries the kernel, projection, scale "
+                                  "and fit; leave " + ", ".join(n for n, _ in _DRAW_DEFAULTS)
+                                  + " at their defaults")
+        if feature_weights is not None:
+            raise _core.Error("feature_weights: the feature_map carries its own lambda; give one "
+                              "or the other")
+        if isinstance(feature_map, (str, os.PathLike)):
+            feature_map = FeatureMap.load(feature_map)
+        if not isinstance(feature_map, FeatureMap):
+            raise _core.Error(f"feature_map: must be a favor.FeatureMap or the path of a saved "
+                              f"one, not {type(feature_map).__name__}")
+        if d is not None and feature_map.d != d:
+            raise _core.Error(f"feature_map: has d = {feature_map.d}; the inputs have head dim "
+                              f"D = {d}")
+        return feature_map.core()
+    if feature_weights is None and decay is None and not force:
+        return None
+    lam = None if feature_weights is None else _lambda(feature_weights)
+    features = draw["features"]
+    if features is None and lam is not None:
+        features = lam.shape[-1]
+    w = make_projection(d, draw["projection"], features=features, norms=draw["norms"],
+                        seed=draw["seed"])
+    kernel = draw["kernel"]
+    return _core.FeatureMap(w, kernel=kernel, scale=draw["scale"], fit=_fit(draw["fit"], kernel, d),
+                            heads=1 if lam is None else lam.shape[0], lambda_=lam)
+
+
 def _head_dim(x, name):
     shape = getattr(x, "shape", None)
     if shape is None or len(shape) not in (2, 4):
@@ -86,12 +167,13 @@ def _head_dim(x, name):
 
 def attention(q, k, v, *, method="favor", causal=False, kernel="positive", features=None,
               projection="orthogonal", norms="chi", seed=0, scale=None, key_mask=None,
-              fit=None, accumulate="f32", full_output=False, codebook=None, tau=0.0, block=None):
+              fit=None, accumulate="f32", full_output=False, codebook=None, tau=0.0, block=None,
+              feature_map=None, feature_weights=None, decay=None):
     """Attention y = softmax(scale q.k) v, estimated by FAVOR (method='favor'), exact, or
     Transformer-VQ (method='vq': over keys quantised to `codebook`, see favor.vq_attention).
 
     q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] (or 2-D [N, D]) -> y [B, H, Nq, Dv].
-    kernel: positive | trig | hyperbolic | favorpp | favorsharp. projection: a kind (iid,
+    kernel: positive | trig | hyperbolic | favorpp | favorsharp | hedgehog. projection: a kind (iid,
     orthogonal, radial, qmc, sorf, simplex, dct; drawn with `features` rows, `norms`, `seed`) or a
     favor.Projection. scale: the temperature, default 1/sqrt(D). key_mask: [B, Nk], nonzero =
     the key takes part. fit: FAVOR++/FAVOR# parameters (favor.KernelFit, or a float A for
@@ -101,7 +183,19 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
     method='vq' takes codebook ([c, D], [H, c, D] or a favor.Codebook), tau (0: hard VQ)
     and block (the causal block length; None: favor's default); full_output gives
     AttentionOutput(y, None, zero_rows).
+    feature_map (favor.FeatureMap, or the path of a saved .npz): any map, learned ones
+    included (hedgehog; per-head weights, bias, lambda); it carries the kernel, projection,
+    scale and fit, which must then keep their defaults. feature_weights: lambda alone
+    ([m] or [heads, m], or a .npy path) on the drawn projection and kernel (only lambda^2
+    enters). decay: gamma in (0, 1], one value or one per head: causal attention weights
+    times gamma^(i - j) (DiJiang, RetNet); 1 is no decay.
     """
+    if method != "favor":
+        for name, value in (("feature_map", feature_map), ("feature_weights", feature_weights),
+                            ("decay", decay)):
+            if value is not None:
+                raise _core.Error(f"{name}: only method='favor' takes a {name} "
+                                  f"(method is '{method}')")
     if codebook is not None and method != "vq":
         raise _core.Error(f"codebook: only method='vq' takes a codebook (method is '{method}')")
     if method == "vq":
@@ -115,13 +209,20 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
     if method == "exact":
         if kernel not in KERNEL_NAMES:  # the CLI parses --kernel whatever the method
             raise _core.Error(f"kernel: '{kernel}' is not a kernel; use one of "
-                              + ", ".join(KERNEL_NAMES[:5]))
+                              + ", ".join(KERNEL_NAMES[:6]))
         y = _core.exact_attention(q, k, v, causal=causal, scale=scale, key_mask=key_mask,
                                   accumulate=accumulate)
         return AttentionOutput(y, None, 0) if full_output else y
     if method != "favor":
         raise _core.Error(f"method: '{method}' is not a method; use favor, exact or vq")
     d = _head_dim(q, "q")
+    draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
+                seed=seed, scale=scale, fit=fit)
+    fm = _core_map(d, feature_map, feature_weights, decay, draw)
+    if fm is not None:
+        y, zero_rows, context = _core.attention_map(q, k, v, fm, causal=causal, key_mask=key_mask,
+                                                    decay=_decay(decay), save_context=full_output)
+        return AttentionOutput(y, context, zero_rows) if full_output else y
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
     y, zero_rows, context = _core.attention(q, k, v, w, kernel=kernel, causal=causal,
                                             scale=scale, key_mask=key_mask,
@@ -138,16 +239,30 @@ def exact_attention(q, k, v, *, causal=False, scale=None, key_mask=None, accumul
 
 def attention_backward(q, k, v, dy, *, causal=False, kernel="positive", features=None,
                        projection="orthogonal", norms="chi", seed=0, scale=None, key_mask=None,
-                       fit=None, projection_grad=False, context=None):
+                       fit=None, projection_grad=False, context=None, feature_map=None,
+                       feature_weights=None, decay=None, parameter_grads=False):
     """Gradients of attention() (method='favor') for dy = dL/dy [B, H, Nq, Dv]: returns
     Grads(dq, dk, dv, dw), dw = dL/dW [m, D] when projection_grad, else None. Give the same
-    inputs and options as the forward call; `context` (from attention(...,
-    full_output=True)) skips recomputing the key state and is refused if it came from other
-    inputs."""
+    inputs and options as the forward call (feature_map, feature_weights and decay
+    included); `context` (from attention(..., full_output=True)) skips recomputing the key
+    state and is refused if it came from other inputs. parameter_grads=True returns
+    FeatureMapGrads(dq, dk, dv, dw, dbias, dlambda, ddecay): the gradients of the map's
+    learned parameters and of the decay as well."""
     if context is not None and not isinstance(context, _core.AttentionContext):
         raise _core.Error(f"context: must be the AttentionContext of attention(..., "
                           f"full_output=True), not {type(context).__name__}")
     d = _head_dim(q, "q")
+    draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
+                seed=seed, scale=scale, fit=fit)
+    fm = _core_map(d, feature_map, feature_weights, decay, draw, force=parameter_grads)
+    if fm is not None:
+        g = _core.attention_map_backward(q, k, v, dy, fm, causal=causal, key_mask=key_mask,
+                                         decay=_decay(decay),
+                                         parameter_grads=parameter_grads or projection_grad,
+                                         context=context)
+        if parameter_grads:
+            return FeatureMapGrads(*g)
+        return Grads(*g[:3], g[3] if projection_grad else None)
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
     return Grads(*_core.attention_backward(q, k, v, dy, w, kernel=kernel, causal=causal,
                                            scale=scale, key_mask=key_mask,
@@ -162,12 +277,19 @@ def exact_attention_backward(q, k, v, dy, *, causal=False, scale=None, key_mask=
 
 
 def features(x, *, kernel="positive", features=None, projection="orthogonal", norms="chi",
-             seed=0, scale=None, fit=None):
+             seed=0, scale=None, fit=None, feature_map=None, feature_weights=None):
     """The exact feature map phi(x) with every constant (docs/math.md): x [B, H, N, D] or
-    [N, D] -> [..., F], F = m (positive, favorpp, favorsharp) or 2m (trig, hyperbolic), so
-    that phi(q).phi(k) estimates exp(scale q.k) without bias. Raises if a feature overflows
-    float32 (attention() stabilises; this map does not)."""
+    [N, D] -> [..., F], F = m (positive, favorpp, favorsharp) or 2m (trig, hyperbolic,
+    hedgehog), so that phi(q).phi(k) estimates exp(scale q.k) without bias (the random maps).
+    With a feature_map (or feature_weights: lambda), its phi: each feature of row f times
+    lambda_f (favor.FeatureMap). Raises if a feature overflows float32 (attention()
+    stabilises; this map does not)."""
     d = _head_dim(x, "x")
+    draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
+                seed=seed, scale=scale, fit=fit)
+    fm = _core_map(d, feature_map, feature_weights, None, draw)
+    if fm is not None:
+        return _core.features_map(x, fm)
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
     return _core.features(x, w, kernel=kernel, scale=scale, fit=_fit(fit, kernel, d))
 
@@ -209,7 +331,9 @@ class _Streaming:
 class Decoder(_Streaming):
     """Streaming (autoregressive) FAVOR decoding with a fixed-size state per (batch, head).
 
-    Decoder(batch, heads, dv, projection, kernel='positive', scale=None, fit=None);
+    Decoder(batch, heads, dv, projection, kernel='positive', scale=None, fit=None,
+    feature_map=None, feature_weights=None, decay=None) (with a feature_map, no projection;
+    decay: gamma per head, the state decays by gamma at every appended token);
     append(k [B, H, T, D], v [B, H, T, Dv]) adds T tokens; query(q [B, H, T, D]) ->
     [B, H, T, Dv] reads the current state, O(m (D + Dv)) per token whatever the position:
     query after appending tokens 0..i equals row i of causal attention. FAVOR++/FAVOR#
@@ -217,9 +341,25 @@ class Decoder(_Streaming):
     position. One decoder is not to be shared by threads (calls are serialised).
     """
 
-    def __init__(self, batch, heads, dv, projection, *, kernel="positive", scale=None, fit=None):
+    def __init__(self, batch, heads, dv, projection=None, *, kernel="positive", scale=None,
+                 fit=None, feature_map=None, feature_weights=None, decay=None):
+        if feature_map is not None:
+            if projection is not None:
+                raise _core.Error("projection: the feature_map carries the projection; give one "
+                                  "or the other")
+            fm = _core_map(None, feature_map, feature_weights, decay,
+                           dict(_DRAW_DEFAULTS, kernel=kernel, scale=scale, fit=fit))
+            self._d = _core.Decoder(batch, heads, dv, feature_map=fm, decay=_decay(decay))
+            return
         if not isinstance(projection, _core.Projection):
-            raise _core.Error("projection: Decoder needs a favor.Projection (its d sets D)")
+            raise _core.Error("projection: Decoder needs a favor.Projection (its d sets D) or "
+                              "a feature_map")
+        if feature_weights is not None or decay is not None:
+            fm = _core_map(projection.d, None, feature_weights, decay,
+                           dict(_DRAW_DEFAULTS, kernel=kernel, scale=scale, fit=fit,
+                                projection=projection))
+            self._d = _core.Decoder(batch, heads, dv, feature_map=fm, decay=_decay(decay))
+            return
         self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
                                 fit=_fit(fit, kernel, projection.d))
 

@@ -134,6 +134,12 @@ py::array_t<float> to_array(Tensor&& t, int rank) {
   return py::array_t<float>({s[0], s[1], s[2], s[3]}, owned->data(), free_when_done);
 }
 
+py::array_t<float> to_array(std::vector<float>&& v, std::vector<py::ssize_t> shape) {
+  auto* owned = new std::vector<float>(std::move(v));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<float>*>(p); });
+  return py::array_t<float>(std::move(shape), owned->data(), free_when_done);
+}
+
 py::array_t<double> to_array(const reference::DTensor& t, int rank) {
   const Shape4& s = t.shape;
   py::array_t<double> a =

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "favor/favor.hpp"
 
@@ -46,6 +47,8 @@ py::array_t<float> new_output(const Shape4& shape, int rank);
 MutableTensorView output_view(py::array_t<float>& out, const Shape4& shape);
 /// A favor::Tensor handed to numpy without a copy, in the given rank.
 py::array_t<float> to_array(Tensor&& t, int rank);
+/// A vector handed to numpy without a copy, in the given shape.
+py::array_t<float> to_array(std::vector<float>&& v, std::vector<py::ssize_t> shape);
 /// A double-precision reference result [B, H, N, X], copied to numpy in the given rank.
 py::array_t<double> to_array(const reference::DTensor& t, int rank);
 

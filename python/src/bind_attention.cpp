@@ -41,11 +41,9 @@ ExactOptions exact_options(bool causal, std::optional<double> scale, const Call&
 py::tuple grads_tuple(AttentionGrads&& g, int rank) {
   py::object dw = py::none();
   if (!g.dw.empty()) {
-    auto* owned = new std::vector<float>(std::move(g.dw));
-    py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<float>*>(p); });
     const int64_t d = g.dq.shape()[3];
-    dw = py::array_t<float>({static_cast<int64_t>(owned->size()) / d, d}, owned->data(),
-                            free_when_done);
+    const auto m = static_cast<py::ssize_t>(g.dw.size()) / d;
+    dw = to_array(std::move(g.dw), {m, d});
   }
   return py::make_tuple(to_array(std::move(g.dq), rank), to_array(std::move(g.dk), rank),
                         to_array(std::move(g.dv), rank), dw);

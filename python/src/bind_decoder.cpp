@@ -1,4 +1,5 @@
-// favor.Decoder: streaming decode (the methods shared with VQDecoder: decoder_binding.hpp).
+// favor.Decoder: streaming decode, with a Projection or a FeatureMap and decay (the methods shared
+// with VQDecoder: decoder_binding.hpp).
 #include <pybind11/stl.h>
 
 #include "arrays.hpp"
@@ -20,6 +21,18 @@ void bind_decoder(py::module_& m) {
            py::arg("batch"), py::arg("heads"), py::arg("dv"), py::arg("projection"),
            py::arg("kernel") = "positive", py::arg("scale") = py::none(),
            py::arg("fit") = py::none())
+      .def(py::init([](int64_t batch, int64_t heads, int64_t dv, const FeatureMap& map,
+                       std::vector<double> decay) {
+             DecoderOptions o;
+             o.decay = std::move(decay);
+             try {
+               return new PyDecoder{Decoder(batch, heads, dv, map, o), {}};
+             } catch (const Error& e) {
+               throw renamed_map_error(e);
+             }
+           }),
+           py::arg("batch"), py::arg("heads"), py::arg("dv"), py::arg("feature_map"),
+           py::arg("decay") = std::vector<double>{})
       .def_property_readonly("projection", [](PyDecoder& s) { return s.decoder.projection(); });
 }
 

@@ -4,10 +4,11 @@
 
 namespace favor::python {
 
-void bind_projection(pybind11::module_& m);  // Projection, KernelFit, fit_kernel, optimal_a
-void bind_attention(pybind11::module_& m);   // attention, backward, exact, features, metrics
-void bind_decoder(pybind11::module_& m);     // Decoder
-void bind_runtime(pybind11::module_& m);     // threads, build info, timing, reference
+void bind_projection(pybind11::module_& m);   // Projection, KernelFit, fit_kernel, optimal_a
+void bind_attention(pybind11::module_& m);    // attention, backward, exact, features, metrics
+void bind_feature_map(pybind11::module_& m);  // FeatureMap, attention_map(_backward), features_map
+void bind_decoder(pybind11::module_& m);      // Decoder (after bind_feature_map)
+void bind_runtime(pybind11::module_& m);      // threads, build info, timing, reference
 void bind_vq(pybind11::module_& m);  // Transformer-VQ, codebooks, VQDecoder (after bind_runtime)
 
 }  // namespace favor::python

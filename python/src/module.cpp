@@ -12,6 +12,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("__version__") = FAVOR_VERSION_STRING;
   favor::python::bind_projection(m);
   favor::python::bind_attention(m);
+  favor::python::bind_feature_map(m);
   favor::python::bind_decoder(m);
   favor::python::bind_runtime(m);
   favor::python::bind_vq(m);  // adds to the reference submodule bind_runtime made

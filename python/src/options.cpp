@@ -33,4 +33,12 @@ DecoderOptions decoder_options(const std::string& kernel, std::optional<double> 
   return o;
 }
 
+Error renamed_map_error(const Error& e) {
+  const std::string what = e.what();
+  if (what.rfind("map:", 0) == 0 || what.rfind("map.", 0) == 0) {
+    return Error("feature_map" + what.substr(3));
+  }
+  return e;
+}
+
 }  // namespace favor::python

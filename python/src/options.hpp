@@ -15,4 +15,8 @@ AttentionOptions attention_options(const std::string& kernel, bool causal,
 DecoderOptions decoder_options(const std::string& kernel, std::optional<double> scale,
                                const std::optional<KernelFit>& fit);
 
+/// The error `e` with the C++ argument name "map" (FeatureMap overloads) replaced by
+/// "feature_map", the name Python callers give it; other errors unchanged.
+Error renamed_map_error(const Error& e);
+
 }  // namespace favor::python

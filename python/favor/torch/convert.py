@@ -4,15 +4,22 @@ import warnings
 from torch import nn
 
 from .. import _core
+from ..feature_map import FeatureMap
 from .mha import MultiheadAttention
 from .vq_mha import VQMultiheadAttention
 
 
-def convert(model, **options):
+def convert(model, *, init=None, **options):
     """Replaces every torch.nn.MultiheadAttention inside `model` (in place) by
     favor.torch.MultiheadAttention with the same configuration, trained weights, dtype and
     train/eval mode. options: the favor keywords of MultiheadAttention (kernel, features,
-    projection, norms, seed, method, feature_redraw_interval, learn_projection, scale, fit).
+    projection, norms, seed, method, feature_redraw_interval, learn_projection, scale, fit,
+    learn_features, feature_weights, decay, learn_decay).
+    Learned feature maps (DiJiang's and Hedgehog's conversion): kernel='hedgehog' learns the
+    map (per-head W and b: learn_features defaults to True); init is where the map starts:
+    'projection' (W = the drawn projection, b = 0, lambda = 1) or a favor.FeatureMap (e.g.
+    from favor.fit_features; heads 1 or num_heads), whose kernel, features and scale become
+    the defaults. The map's parameters are trainable (model.parameters() holds them).
     method='vq' puts in favor.torch.VQMultiheadAttention instead, with its keywords (codes,
     tau, decay, dead_after, beta, learn_codebook, scale, block, seed): each codebook is
     initialised by k-means on the keys of the first forward call (run one batch before
@@ -27,6 +34,18 @@ def convert(model, **options):
                           "favor.torch.MultiheadAttention.from_torch(model)")
     if not isinstance(model, nn.Module):
         raise _core.Error(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if init is not None:
+        if options.get("method") == "vq":
+            raise _core.Error("init: method='vq' has no feature map to initialise")
+        if isinstance(init, FeatureMap):
+            options.setdefault("kernel", init.kernel)
+            options.setdefault("features", init.m)
+            options.setdefault("scale", init.scale)
+            options.setdefault("feature_weights", init.lambda_ is not None)
+        options.setdefault("learn_features", True)
+        options["feature_init"] = init
+    if options.get("kernel") == "hedgehog":
+        options.setdefault("learn_features", True)
     cls = MultiheadAttention
     if options.get("method") == "vq":
         cls = VQMultiheadAttention

@@ -1,7 +1,7 @@
 """favor.torch.Decoder: token-by-token generation with torch tensors."""
 import torch
 
-from .. import _core
+from .. import _core, api
 from ..api import _fit
 from . import _tensors as T
 
@@ -28,18 +28,30 @@ class _Streaming:
 class Decoder(_Streaming):
     """Streaming FAVOR state per (batch, head), for generation with torch tensors.
 
-    Decoder(batch, heads, dv, projection, *, kernel='positive', scale=None, fit=None):
-    projection is a favor.Projection or a float [m, D] tensor. append(k [B, H, T, D],
+    Decoder(batch, heads, dv, projection=None, *, kernel='positive', scale=None, fit=None,
+            feature_map=None, decay=None):
+    projection is a favor.Projection or a float [m, D] tensor; or give a favor.FeatureMap
+    (learned maps; FavorAttention.feature_map()) instead; decay: gamma per head (the state
+    decays by gamma at every appended token). append(k [B, H, T, D],
     v [B, H, T, Dv]); query(q [B, H, T, D]) -> [B, H, T, Dv] (float32; no autograd) reads
     the current state: query after appending tokens 0..i equals row i of causal
     attention. The state has a fixed size (state_bytes) whatever the position.
     """
 
-    def __init__(self, batch, heads, dv, projection, *, kernel="positive", scale=None, fit=None):
+    def __init__(self, batch, heads, dv, projection=None, *, kernel="positive", scale=None,
+                 fit=None, feature_map=None, decay=None):
         if isinstance(projection, torch.Tensor):
             projection = T.projection_matrix(projection.detach(), projection.shape[-1])
-        if not isinstance(projection, _core.Projection):
-            raise _core.Error("projection: must be a favor.Projection or an [m, D] tensor")
+        if feature_map is None and not isinstance(projection, _core.Projection):
+            raise _core.Error("projection: must be a favor.Projection or an [m, D] tensor (or "
+                              "give a feature_map)")
+        if isinstance(decay, torch.Tensor):
+            decay = decay.detach().double().reshape(-1).tolist()
+        if feature_map is not None or decay is not None:
+            # the numpy Decoder checks and builds the map (api.Decoder)
+            self._d = api.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
+                                  fit=fit, feature_map=feature_map, decay=decay)._d
+            return
         self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
                                 fit=_fit(fit, kernel, projection.d))
 

@@ -1,11 +1,13 @@
 """favor.torch.attention: FAVOR (or exact) attention as a torch.autograd.Function."""
 import functools
 
+import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _core
-from ..api import _fit, make_projection
+from ..api import _decay, _fit, make_projection
+from ..feature_map import FeatureMap
 from . import _tensors as T
 
 
@@ -44,6 +46,71 @@ class _FavorFunction(torch.autograd.Function):
         need = ctx.needs_input_grad
         return (T.tensor(dq) if need[0] else None, T.tensor(dk) if need[1] else None,
                 T.tensor(dv) if need[2] else None, T.tensor(dw) if want_dw else None, None)
+
+
+class _MapSpec:
+    """What the feature-map function needs besides tensors: the base projection (a
+    favor.Projection; its rows set m), kernel, scale, fit, causal, key mask, and the decay
+    when it is a constant (a decay tensor is an input of the function)."""
+    __slots__ = ("projection", "kernel", "scale", "fit", "causal", "keep", "decay")
+
+    def __init__(self, projection, kernel, scale, fit, causal, keep, decay):
+        self.projection, self.kernel, self.scale, self.fit = projection, kernel, scale, fit
+        self.causal, self.keep, self.decay = causal, keep, decay
+
+    def core_map(self, w, b, lam):
+        """The favor._core.FeatureMap of the current parameter values (float32 copies): w
+        [m, D] replaces the projection, w [sets, m, D] are per-head weights."""
+        arr = lambda t: None if t is None else np.ascontiguousarray(T.view(t.to(torch.float32)))
+        proj = self.projection
+        if w is not None and w.dim() == 2:
+            proj = _core.Projection.from_matrix(arr(w))
+        weights = arr(w) if w is not None and w.dim() == 3 else None
+        sets = [t.shape[0] for t in (weights, b, lam) if t is not None]
+        return _core.FeatureMap(proj, kernel=self.kernel, scale=self.scale, fit=self.fit,
+                                heads=sets[0] if sets else 1, weights=weights, bias=arr(b),
+                                lambda_=arr(lam))
+
+    def decay_values(self, gamma):
+        return self.decay if gamma is None else [float(g) for g in gamma.detach().reshape(-1)]
+
+
+class _MapFunction(torch.autograd.Function):
+    """Attention with a feature map whose parameters are inputs: w (a projection [m, D] or
+    per-head weights [sets, m, D]), b [sets, m], lam [sets, m] and the decay gamma [1 or H],
+    each None or a tensor; their gradients come from favor's backward with
+    with_parameter_grads."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, w, b, lam, gamma, spec):
+        fm = spec.core_map(w, b, lam)
+        decay = spec.decay_values(gamma)
+        want_context = not spec.causal and any(ctx.needs_input_grad[:7])
+        y, _, saved = _core.attention_map(T.view(q), T.view(k), T.view(v), fm, causal=spec.causal,
+                                          key_mask=spec.keep, decay=decay,
+                                          save_context=want_context)
+        ctx.save_for_backward(q, k, v)
+        ctx.fm, ctx.decay, ctx.saved, ctx.spec = fm, decay, saved, spec
+        ctx.params = [None if t is None else (t.shape, t.dtype) for t in (w, b, lam, gamma)]
+        return T.tensor(y)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        q, k, v = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        grads = _core.attention_map_backward(
+            T.view(q), T.view(k), T.view(v), T.view(dy.to(torch.float32)), ctx.fm,
+            causal=ctx.spec.causal, key_mask=ctx.spec.keep, decay=ctx.decay,
+            parameter_grads=any(need[3:7]), context=ctx.saved)
+        out = [T.tensor(g) if need[i] else None for i, g in enumerate(grads[:3])]
+        for i, (param, g) in enumerate(zip(ctx.params, grads[3:])):
+            if need[3 + i]:
+                shape, dtype = param
+                out.append(torch.from_numpy(np.asarray(g)).to(dtype).reshape(shape))
+            else:
+                out.append(None)
+        return (*out, None)
 
 
 class _ExactFunction(torch.autograd.Function):
@@ -85,9 +152,55 @@ def resolve_projection(projection, d, features, norms, seed):
     return make_projection(d, projection, features=features, norms=norms, seed=seed), None
 
 
+def _parameter(x, name):
+    """A learned-map parameter as a float32 tensor (arrays become constant tensors)."""
+    if x is None:
+        return None
+    if not isinstance(x, torch.Tensor):
+        x = torch.from_numpy(np.asarray(x, dtype=np.float32))
+    return T.as_float32(x, name)
+
+
+def _map_inputs(d, projection, features, norms, seed, kernel, scale, fit, feature_map, weights,
+                bias, feature_weights):
+    """(spec fields, w, b, lam) for _MapFunction: from a favor.FeatureMap (its arrays as
+    constants) or from the projection and the given parameter tensors."""
+    if feature_map is not None:
+        if not isinstance(feature_map, FeatureMap):
+            raise _core.Error(f"feature_map: must be a favor.FeatureMap, not "
+                              f"{type(feature_map).__name__}")
+        if any(t is not None for t in (weights, bias, feature_weights)):
+            raise _core.Error("feature_map: carries its own weights, bias and lambda; give the "
+                              "map or the tensors, not both")
+        if feature_map.d != d:
+            raise _core.Error(f"feature_map: has d = {feature_map.d}, the inputs have D = {d}")
+        base = _core.Projection.from_matrix(feature_map.projection)
+        arrays = (feature_map.weights, feature_map.bias, feature_map.lambda_)
+        return ((base, feature_map.kernel, feature_map.scale, feature_map.fit),
+                *(_parameter(a, n) for a, n in zip(arrays, ("weights", "bias", "lambda"))))
+    wt = _parameter(weights, "weights")
+    if wt is not None and features is None and isinstance(projection, str) and wt.dim() == 3:
+        features = wt.shape[1]
+    proj, w = resolve_projection(projection, d, features, norms, seed)
+    if wt is not None:
+        if w is not None:
+            if w.requires_grad:
+                raise _core.Error("projection: a projection tensor that requires grad is unused "
+                                  "when per-head weights are given; pass it without grad")
+            proj = T.projection_matrix(w, d)
+        w = wt
+    elif w is not None:
+        T.projection_matrix(w, d)  # the shape check
+    if proj is None:
+        proj = T.projection_matrix(w if w.dim() == 2 else w[0], d)
+    return ((proj, kernel, scale, _fit(fit, kernel, d)), w, _parameter(bias, "bias"),
+            _parameter(feature_weights, "feature_weights"))
+
+
 def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogonal",
               features=None, norms="chi", seed=0, scale=None, key_padding_mask=None, fit=None,
-              method="favor"):
+              method="favor", feature_map=None, weights=None, bias=None, feature_weights=None,
+              decay=None):
     """Differentiable FAVOR attention on CPU tensors (exact attention with method='exact').
 
     q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] (or [N, D]) -> [B, H, Nq, Dv], in the
@@ -98,6 +211,13 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     [B, Nk]: torch's convention, True (or -inf) = ignore the key. kernel, scale and fit as in favor.attention.
     The forward pass saves the key state for the backward (bidirectional); double backward
     is not supported.
+
+    Learned feature maps (favor.FeatureMap; each tensor receives a gradient when it requires
+    one, through favor's backward): weights [sets, m, D] per-head projections (the
+    projection then only sets m), bias [sets, m], feature_weights (lambda) [sets, m], with
+    sets 1, H or B*H; decay: gamma in (0, 1] (a float, a list, or a tensor [1] / [H], which
+    is learned; causal only). feature_map: a favor.FeatureMap whose arrays are constants
+    (it carries the kernel, projection, scale and fit).
     """
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         T.check_tensor(t, name)
@@ -105,8 +225,24 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     out_dtype = q.dtype
     q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")
     keep = T.keep_mask(key_padding_mask)
+    map_args = (feature_map, weights, bias, feature_weights, decay)
+    if method == "exact" and any(x is not None for x in map_args):
+        raise _core.Error("method: 'exact' takes no feature map, weights, bias, feature_weights "
+                          "or decay")
     if method == "exact":
         y = _ExactFunction.apply(q32, k32, v32, _Spec(None, None, causal, scale, keep, None))
+    elif method == "favor" and any(x is not None for x in map_args):
+        d = q.shape[-1]
+        (proj, kern, sc, ft), w, b, lam = _map_inputs(
+            d, projection, features, norms, seed, kernel, scale, fit, feature_map, weights, bias,
+            feature_weights)
+        gamma = None
+        if isinstance(decay, torch.Tensor):
+            T.check_tensor(decay, "decay")
+            gamma = decay
+        constant = None if gamma is not None else _decay(decay)
+        spec = _MapSpec(proj, kern, sc, ft, causal, keep, constant)
+        y = _MapFunction.apply(q32, k32, v32, w, b, lam, gamma, spec)
     elif method == "favor":
         d = q.shape[-1]
         proj, w = resolve_projection(projection, d, features, norms, seed)

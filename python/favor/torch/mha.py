@@ -8,12 +8,13 @@ from torch import nn
 from .. import _core
 from ..api import _fit
 from . import _tensors as T
+from ._feature_map import FeatureMapMixin, check_method, describe
 from ._projection import ProjectionMixin
 from .function import attention
 from .masks import resolve_causal
 
 
-class MultiheadAttention(ProjectionMixin, nn.Module):
+class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
     """torch.nn.MultiheadAttention's constructor, parameters and forward, computed by favor.
 
     MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
@@ -21,7 +22,8 @@ class MultiheadAttention(ProjectionMixin, nn.Module):
                        device=None, dtype=None, *, kernel='positive', features=256,
                        projection='orthogonal', norms='chi', seed=0, method='favor',
                        causal=False, feature_redraw_interval=None, learn_projection=False,
-                       scale=None, fit=None)
+                       scale=None, fit=None, learn_features=False, feature_weights=False,
+                       decay=None, learn_decay=False, feature_init='projection')
 
     The parameters have torch's names and shapes (in_proj_weight or q/k/v_proj_weight,
     in_proj_bias, out_proj), so load_state_dict takes an nn.MultiheadAttention's state
@@ -32,6 +34,9 @@ class MultiheadAttention(ProjectionMixin, nn.Module):
     pass need_weights=False), an attn_mask other than the causal one (which is recognised
     and runs causal FAVOR), add_bias_kv and add_zero_attn. dropout on the attention weights
     has no FAVOR equivalent: it is kept as an attribute and not applied (a warning says so).
+    learn_features, feature_weights, decay, learn_decay, feature_init: the learned feature
+    map and decay, as in favor.torch.FavorAttention (Parameters map_weight, map_bias,
+    map_lambda, decay_logit; decay applies to causal calls only).
     """
 
     __constants__ = ["batch_first"]
@@ -40,16 +45,19 @@ class MultiheadAttention(ProjectionMixin, nn.Module):
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, device=None,
                  dtype=None, *, kernel="positive", features=256, projection="orthogonal",
                  norms="chi", seed=0, method="favor", causal=False, feature_redraw_interval=None,
-                 learn_projection=False, scale=None, fit=None, warn_dropout=True):
+                 learn_projection=False, scale=None, fit=None, warn_dropout=True,
+                 learn_features=False, feature_weights=False, decay=None, learn_decay=False,
+                 feature_init="projection"):
         super().__init__()
-        if method not in ("favor", "exact"):
-            raise _core.Error(f"method: '{method}' is not a method; use favor or exact")
+        check_method(method, learn_features, feature_weights, decay)
         self._init_torch(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim,
                          vdim, batch_first, device, dtype, warn_dropout)
         self.kernel, self.method, self.causal, self.scale = kernel, method, causal, scale
         self.fit = _fit(fit, kernel, self.head_dim)
         self._init_projection(features, self.head_dim, projection, norms, seed,
                               learn_projection, feature_redraw_interval, device, dtype)
+        self._init_feature_map(kernel, learn_features, feature_weights, decay, learn_decay,
+                               feature_init, learn_projection, device, dtype)
 
     def _init_torch(self, embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim,
                     vdim, batch_first, device, dtype, warn_dropout):
@@ -184,12 +192,14 @@ class MultiheadAttention(ProjectionMixin, nn.Module):
 
     def attend(self, q, k, v, key_padding_mask=None, causal=None):
         """The attention core on [B, H, N, head_dim] tensors (no in/out projections)."""
+        extra = self._map_arguments() if self._uses_map() else {}
         return attention(q, k, v, causal=self.causal if causal is None else causal,
                          kernel=self.kernel, projection=self.projection, scale=self.scale,
-                         key_padding_mask=key_padding_mask, fit=self.fit, method=self.method)
+                         key_padding_mask=key_padding_mask, fit=self.fit, method=self.method,
+                         **extra)
 
     def extra_repr(self):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"batch_first={self.batch_first}, kernel={self.kernel}, "
                 f"features={self.features}, projection={self.projection_kind}, "
-                f"method={self.method}")
+                f"method={self.method}" + describe(self))

@@ -1,0 +1,208 @@
+// favor._core.FeatureMap and the calls that take one: attention_map, attention_map_backward,
+// features_map (favor.FeatureMap in python/favor/feature_map.py builds the map; favor.attention
+// and friends choose these calls when a map or a decay is given).
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+#include "options.hpp"
+
+namespace favor::python {
+namespace {
+
+std::string shape_of(const py::array& a) {
+  std::string s = "[";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) s += (i ? "," : "") + std::to_string(a.shape(i));
+  return s + "]";
+}
+
+/// The values of an optional float array of shape `want` (empty for None); favor::Error
+/// naming `name` for another shape or dtype.
+std::vector<float> parameter(const py::handle& obj, const std::vector<int64_t>& want,
+                             const std::string& name, const std::string& layout) {
+  if (obj.is_none()) return {};
+  py::array a = py::array::ensure(obj);
+  if (!a) throw Error(name + ": cannot be read as an array");
+  if (a.dtype().kind() != 'f') {
+    throw Error(name + ": dtype " + py::str(a.dtype()).cast<std::string>() +
+                " is not a float type");
+  }
+  bool ok = a.ndim() == static_cast<py::ssize_t>(want.size());
+  for (size_t i = 0; ok && i < want.size(); ++i) ok = a.shape(i) == want[i];
+  if (!ok) throw Error(name + ": shape " + shape_of(a) + " must be " + layout);
+  auto c = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
+  std::vector<float> values(static_cast<size_t>(c.size()));
+  if (!values.empty()) std::memcpy(values.data(), c.data(), sizeof(float) * values.size());
+  return values;
+}
+
+FeatureMap make_map(const Projection& w, const std::string& kernel, std::optional<double> scale,
+                    const std::optional<KernelFit>& fit, int64_t heads, const py::handle& weights,
+                    const py::handle& bias, const py::handle& lambda) {
+  if (heads < 1) throw Error("heads: " + std::to_string(heads) + " must be >= 1");
+  FeatureMap map(w, parse_kernel(kernel, "kernel"));
+  map.scale = scale;
+  map.fit = fit;
+  map.heads = heads;
+  const int64_t m = w.m(), d = w.d();
+  const std::string sets = "[heads=" + std::to_string(heads) + ", m=" + std::to_string(m);
+  map.weights =
+      parameter(weights, {heads, m, d}, "weights", sets + ", d=" + std::to_string(d) + "]");
+  map.bias = parameter(bias, {heads, m}, "bias", sets + "]");
+  map.lambda = parameter(lambda, {heads, m}, "lambda", sets + "]");
+  check_feature_map(map, d, heads, heads, "feature_map");
+  return map;
+}
+
+py::object copy_or_none(const std::vector<float>& values, std::vector<py::ssize_t> shape) {
+  if (values.empty()) return py::none();
+  py::array_t<float> a(shape);
+  std::memcpy(a.mutable_data(), values.data(), sizeof(float) * values.size());
+  return a;
+}
+
+/// Runs `f`, renaming the C++ argument "map" in its errors (renamed_map_error).
+template <class F>
+auto renaming_map(F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    throw renamed_map_error(e);
+  }
+}
+
+struct Call {
+  Input q, k, v;
+  std::optional<Mask> mask;
+};
+
+Call inputs(const py::handle& q, const py::handle& k, const py::handle& v,
+            const py::handle& key_mask) {
+  Call c{as_input(q, "q"), as_input(k, "k"), as_input(v, "v"), std::nullopt};
+  check_same_rank({&c.q, &c.k, &c.v}, "q, k, v");
+  c.mask = as_mask(key_mask, c.k.rank, c.k.view.shape[0], c.k.view.shape[2], "key_mask");
+  return c;
+}
+
+AttentionOptions map_options(bool causal, const Call& c, std::vector<double> decay) {
+  AttentionOptions o;
+  o.causal = causal;
+  o.key_mask = mask_view(c.mask);
+  o.decay = std::move(decay);
+  return o;
+}
+
+py::object grads_or_none(std::vector<float>&& g, std::vector<py::ssize_t> shape) {
+  if (g.empty()) return py::none();
+  return to_array(std::move(g), std::move(shape));
+}
+
+}  // namespace
+
+void bind_feature_map(py::module_& m) {
+  py::class_<FeatureMap>(m, "FeatureMap")
+      .def(py::init(&make_map), py::arg("projection"), py::arg("kernel") = "positive",
+           py::arg("scale") = py::none(), py::arg("fit") = py::none(), py::arg("heads") = 1,
+           py::arg("weights") = py::none(), py::arg("bias") = py::none(),
+           py::arg("lambda_") = py::none())
+      .def_property_readonly("kernel", [](const FeatureMap& f) { return to_string(f.kernel); })
+      .def_property_readonly("projection", [](const FeatureMap& f) { return f.projection; })
+      .def_readonly("scale", &FeatureMap::scale)
+      .def_readonly("fit", &FeatureMap::fit)
+      .def_readonly("heads", &FeatureMap::heads)
+      .def_property_readonly("m", &FeatureMap::m)
+      .def_property_readonly("d", &FeatureMap::d)
+      .def_property_readonly("features", &FeatureMap::features)
+      .def_property_readonly("weights",
+                             [](const FeatureMap& f) {
+                               return copy_or_none(f.weights, {f.heads, f.m(), f.d()});
+                             })
+      .def_property_readonly("bias",
+                             [](const FeatureMap& f) {
+                               return copy_or_none(f.bias, {f.heads, f.m()});
+                             })
+      .def_property_readonly("lambda_", [](const FeatureMap& f) {
+        return copy_or_none(f.lambda, {f.heads, f.m()});
+      });
+
+  m.def(
+      "attention_map",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const FeatureMap& map,
+         bool causal, const py::handle& key_mask, std::vector<double> decay, bool save_context) {
+        const Call c = inputs(q, k, v, key_mask);
+        const AttentionOptions o = map_options(causal, c, std::move(decay));
+        const Shape4 shape{c.q.view.shape[0], c.q.view.shape[1], c.q.view.shape[2],
+                           c.v.view.shape[3]};
+        py::array_t<float> y = new_output(shape, c.q.rank);
+        const MutableTensorView out = output_view(y, shape);
+        auto context = std::make_unique<AttentionContext>();
+        AttentionStats stats;
+        {
+          py::gil_scoped_release release;
+          stats = renaming_map([&] {
+            return favor_attention(c.q.view, c.k.view, c.v.view, map, out, o,
+                                   save_context ? context.get() : nullptr);
+          });
+        }
+        py::object ctx = py::none();
+        if (save_context && context->valid()) ctx = py::cast(std::move(context));
+        return py::make_tuple(y, stats.zero_rows, ctx);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("feature_map"), py::arg("causal") = false,
+      py::arg("key_mask") = py::none(), py::arg("decay") = std::vector<double>{},
+      py::arg("save_context") = false);
+
+  m.def(
+      "attention_map_backward",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
+         const FeatureMap& map, bool causal, const py::handle& key_mask, std::vector<double> decay,
+         bool parameter_grads, const AttentionContext* context) {
+        const Call c = inputs(q, k, v, key_mask);
+        const Input g = as_input(dy, "dy");
+        check_same_rank({&c.q, &g}, "q, dy");
+        const AttentionOptions o = map_options(causal, c, std::move(decay));
+        AttentionGrads grads;
+        {
+          py::gil_scoped_release release;
+          grads = renaming_map([&] {
+            return favor_attention_backward(c.q.view, c.k.view, c.v.view, g.view, map, o,
+                                            parameter_grads, context);
+          });
+        }
+        const int64_t mm = map.m(), d = map.d(), sets = map.heads;
+        std::vector<py::ssize_t> dw_shape{mm, d};
+        if (!map.weights.empty()) dw_shape = {sets, mm, d};
+        py::object ddecay = py::none();
+        if (!grads.ddecay.empty()) {
+          py::array_t<double> a(static_cast<py::ssize_t>(grads.ddecay.size()));
+          std::memcpy(a.mutable_data(), grads.ddecay.data(), sizeof(double) * grads.ddecay.size());
+          ddecay = std::move(a);
+        }
+        return py::make_tuple(
+            to_array(std::move(grads.dq), c.q.rank), to_array(std::move(grads.dk), c.q.rank),
+            to_array(std::move(grads.dv), c.q.rank), grads_or_none(std::move(grads.dw), dw_shape),
+            grads_or_none(std::move(grads.dbias), {sets, mm}),
+            grads_or_none(std::move(grads.dlambda), {sets, mm}), ddecay);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("feature_map"),
+      py::arg("causal") = false, py::arg("key_mask") = py::none(),
+      py::arg("decay") = std::vector<double>{}, py::arg("parameter_grads") = false,
+      py::arg("context") = nullptr);
+
+  m.def(
+      "features_map",
+      [](const py::handle& x, const FeatureMap& map) {
+        const Input xi = as_input(x, "x");
+        Tensor phi;
+        {
+          py::gil_scoped_release release;
+          phi = renaming_map([&] { return features(xi.view, map); });
+        }
+        return to_array(std::move(phi), xi.rank);
+      },
+      py::arg("x"), py::arg("feature_map"));
+}
+
+}  // namespace favor::python
