@@ -224,3 +224,40 @@ def test_cli_and_api_refuse_the_same_fit(favor_cli, tmp_path):
     assert not (tmp_path / "y.npy").exists()
     with pytest.raises(favor.Error, match="fit"):
         favor.attention(q, k, v, fit=-0.1)
+
+
+# Feature maps (.npz) cross between Python and the CLI: a map saved by favor.FeatureMap runs
+# through `favor attention --feature-map` to the same bits, and a map written by `favor fit`
+# loads in Python and gives the CLI's output.
+def trained_looking_map(kernel, m, d, heads, seed):
+    fm = favor.FeatureMap.learnable(kernel, m, d, heads=heads, seed=seed)
+    r = np.random.default_rng(seed)
+    fm.weights += 0.1 * r.standard_normal(fm.weights.shape).astype(np.float32)
+    fm.bias += 0.1 * r.standard_normal(fm.bias.shape).astype(np.float32)
+    fm.lambda_ = (1.0 + 0.3 * r.standard_normal(fm.lambda_.shape)).astype(np.float32)
+    return fm
+
+
+@pytest.mark.parametrize("kernel", ["hedgehog", "positive"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_saved_map_equals_cli_feature_map(favor_cli, tmp_path, kernel, causal):
+    q, k, v = inputs(nq=40, nk=40)
+    fm = trained_looking_map(kernel, 12, q.shape[-1], q.shape[1], 4)
+    path = fm.save(tmp_path / "map.npz")
+    options = ["--feature-map", path] + (["--causal", "--decay", "0.9,0.8,0.99"] if causal else [])
+    y_cli = cli_attention(favor_cli, tmp_path, q, k, v, *options)
+    y = favor.attention(q, k, v, feature_map=favor.FeatureMap.load(path), causal=causal,
+                        decay=[0.9, 0.8, 0.99] if causal else None)
+    assert np.array_equal(y_cli, y)
+
+
+def test_cli_fit_map_loads_in_python(favor_cli, tmp_path):
+    q, k, v = inputs(nq=48, nk=48)
+    paths = [save(tmp_path, f"{n}.npy", x) for n, x in (("q", q), ("k", k), ("v", v))]
+    out = tmp_path / "fit.npz"
+    run(favor_cli, "fit", "--q", paths[0], "--k", paths[1], "--v", paths[2], "--out", out,
+        "--m", 8, "--steps", 5)
+    fm = favor.FeatureMap.load(out)
+    assert fm.kernel == "hedgehog" and fm.weights.shape == (q.shape[1], 8, q.shape[-1])
+    y_cli = cli_attention(favor_cli, tmp_path, q, k, v, "--feature-map", out)
+    assert np.array_equal(y_cli, favor.attention(q, k, v, feature_map=fm))
