@@ -284,7 +284,7 @@ class Bench {
         base_fwd = f.seconds;
         base_bwd = b.seconds;
       }
-      const Problem prob = problem(a_.bh, n, map.kernel);
+      const Problem prob{a_.bh, n, a_.d, a_.d, map.m(), map.features()};
       const int64_t chunk = kernel_info().causal_chunk;
       nlohmann::json rf = timed_record("favor", causal, n, a_.bh, num_threads(), f,
                                        favor_flops(prob, causal, chunk));

@@ -18,6 +18,7 @@
 #include "favor/codebook.hpp"
 #include "favor/decoder.hpp"
 #include "favor/error.hpp"
+#include "favor/feature_map.hpp"
 #include "favor/features.hpp"
 #include "favor/fit.hpp"
 #include "favor/metrics.hpp"
