@@ -29,6 +29,11 @@ void check_set(const std::vector<float>& values, int64_t per_set, int64_t sets,
 FeatureMap& FeatureMap::learnable(int64_t sets, bool with_weights, bool with_bias,
                                   bool with_lambda) {
   if (sets < 1) throw Error("heads: " + std::to_string(sets) + " parameter sets; must be >= 1");
+  // The parameters already set must be valid before they are widened.
+  if (heads < 1) throw Error("heads: " + std::to_string(heads) + " parameter sets; must be >= 1");
+  check_set(weights, m() * d(), heads, "weights", false);
+  check_set(bias, m(), heads, "bias", false);
+  check_set(lambda, m(), heads, "lambda", true);
   if (data_adapted(kernel)) {
     throw Error("kernel: " + to_string(kernel) +
                 " takes its parameters from its fit; learn a positive or hedgehog map instead");

@@ -71,7 +71,6 @@ Tensor features(TensorView x, const FeatureMap& map) {
   // The unweighted map: lambda multiplies the rows below (key_features would apply lambda^2).
   cpu::FeatureParams fp = resolved.params();
   fp.key_logw = nullptr;
-  fp.key_w2 = nullptr;
   const int64_t m = fp.m, d = fp.d, F = fp.features();
   const auto& adapted = resolved.adapted;
   // Constant factors: m^-1/2 (positive, trig), (2m)^-1/2 (hyperbolic), 1 (hedgehog), as a log.

@@ -264,3 +264,44 @@ TEST(FeatureMap, ContextFromAnotherLambdaIsRefused) {
 
 }  // namespace
 }  // namespace favor
+
+namespace favor::testing {
+namespace {
+
+// learnable() validates what it widens: bad sets counts and sizes throw, never crash.
+TEST(FeatureMap, LearnableRefusesBadParametersBeforeWideningThem) {
+  const Projection w = Projection::draw(4, 3);
+  FeatureMap zero_sets(w);
+  zero_sets.bias.assign(4, 0.0f);
+  zero_sets.heads = 0;
+  expect_error([&] { zero_sets.learnable(2); }, "heads");
+  FeatureMap short_weights(w);
+  short_weights.weights.assign(5, 0.0f);
+  expect_error([&] { short_weights.learnable(2); }, "weights");
+  FeatureMap zero_lambda(w);
+  zero_lambda.lambda.assign(4, 0.0f);
+  expect_error([&] { zero_lambda.learnable(2); }, "lambda");
+  expect_error([&] { FeatureMap(w).learnable(0); }, "heads");
+}
+
+// Huge and tiny feature weights: lambda^2 is formed in the exponent (log lambda^2 added to the
+// key's log-features), so |lambda| = 1e20 (lambda^2 beyond float) and 1e-20 stay exact for
+// every kernel, trig included.
+TEST(FeatureMap, ExtremeFeatureWeightsStayExact) {
+  const Tensor q = random_tensor({1, 2, 24, 8}, 3, 1.0), k = random_tensor({1, 2, 24, 8}, 4, 1.0),
+               v = random_tensor({1, 2, 24, 5}, 5);
+  const Projection w = Projection::draw(6, 8);
+  for (Kernel kernel : {Kernel::positive, Kernel::trig, Kernel::hyperbolic, Kernel::hedgehog}) {
+    for (bool causal : {false, true}) {
+      FeatureMap map(w, kernel);
+      map.lambda = {1e20f, 1.0f, 1e-20f, 2.0f, 1e20f, 0.5f};
+      AttentionOptions o;
+      o.causal = causal;
+      const Tensor y = expect_near_reference(q, k, v, map, o, to_string(kernel));
+      for (int64_t i = 0; i < y.numel(); ++i) ASSERT_TRUE(std::isfinite(y.data()[i]));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace favor::testing

@@ -177,6 +177,27 @@ TEST(Fit, DeterministicAndEvaluatesEveryEvalEvery) {
   EXPECT_EQ(fit_features(train.view(), heldout.view(), hedgehog(16), o).history.size(), 2u);
 }
 
+// A map whose parameters are one set shared by every head sums its gradients over heads: that
+// sum is formed in head order, not per thread, so reruns on several threads give the same bits
+// (each (batch, head) may run on any thread).
+TEST(Fit, SharedParametersGiveTheSameBitsOnEveryRerun) {
+  const testing::ThreadCount saved;
+  set_num_threads(2);
+  const Data train = make_data(4, 40, 71), heldout = make_data(1, 40, 81);
+  FitOptions o;
+  o.steps = 6;
+  FeatureMap start = hedgehog(16);
+  start.learnable(1);
+  const FitResult first = fit_features(train.view(), heldout.view(), start, o);
+  ASSERT_EQ(first.map.heads, 1);
+  for (int rerun = 0; rerun < 4; ++rerun) {
+    const FitResult again = fit_features(train.view(), heldout.view(), start, o);
+    EXPECT_EQ(again.map.weights, first.map.weights) << "rerun " << rerun;
+    EXPECT_EQ(again.map.bias, first.map.bias) << "rerun " << rerun;
+    EXPECT_EQ(again.history.back().loss, first.history.back().loss) << "rerun " << rerun;
+  }
+}
+
 // Learning lambda alone (W, b fixed) lowers the held-out error of a positive map and keeps
 // every |lambda| >= the floor. NEEDS the backward kernels' dL/dlambda (BackwardParams::dlogw):
 // with a zero gradient lambda never moves and this test fails.

@@ -58,7 +58,7 @@ FeatureMap feature_map(const AttentionArgs& a, const Shape4& qs) {
                   std::to_string(map.m()) + " x " + std::to_string(map.d()) +
                   " but the inputs have D = " + std::to_string(d));
     }
-    if (map.learned() && map.heads != 1 && map.heads != heads && map.heads != qs[0] * heads) {
+    if (map.heads != 1 && map.heads != heads && map.heads != qs[0] * heads) {
       throw Error("--feature-map: " + a.feature_map + ": has " + std::to_string(map.heads) +
                   " parameter sets; the inputs need 1, H = " + std::to_string(heads) +
                   " or B*H = " + std::to_string(qs[0] * heads));

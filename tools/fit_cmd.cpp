@@ -184,9 +184,12 @@ void run(const FitCmdArgs& a) {
     return;
   }
   fmt::print(
-      "held-out error: {:.6f} at the start, {:.6f} after {} steps: ratio {:.4f} ({:.2f}x lower); "
+      "held-out error: {:.6f} at the start, {:.6f} after {} steps: ratio {:.4f} ({}); "
       "{:.2f} s; map written to {}\n",
-      first.heldout_error, last.heldout_error, last.step, ratio, 1.0 / ratio, last.seconds, a.out);
+      first.heldout_error, last.heldout_error, last.step, ratio,
+      ratio <= 1.0 ? fmt::format("{:.2f}x lower", 1.0 / ratio)
+                   : fmt::format("{:.2f}x higher: the fit made it worse", ratio),
+      last.seconds, a.out);
 }
 
 }  // namespace

@@ -50,10 +50,8 @@ ResolvedMap resolve_common(const FeatureMap& map, int64_t d, int64_t head_count,
   if (!map.lambda.empty()) {
     r.lambda_sets = map.heads;
     r.key_logw.resize(map.lambda.size());
-    r.key_w2.resize(map.lambda.size());
     for (size_t i = 0; i < map.lambda.size(); ++i) {
       const double l = map.lambda[i];
-      r.key_w2[i] = static_cast<float>(l * l);
       r.key_logw[i] = static_cast<float>(2.0 * std::log(std::fabs(l)));
     }
   }
@@ -98,7 +96,6 @@ cpu::FeatureParams ResolvedMap::params() const {
   }
   if (!key_logw.empty()) {
     p.key_logw = key_logw.data();
-    p.key_w2 = key_w2.data();
     p.lambda_sets = lambda_sets;
   }
   if (!decay_rate.empty()) {

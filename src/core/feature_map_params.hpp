@@ -25,7 +25,7 @@ struct ResolvedMap {
   int64_t w_sets = 1;
   std::vector<float> bias;  // [bias_sets][m] or empty
   int64_t bias_sets = 1;
-  std::vector<float> key_logw, key_w2;  // [lambda_sets][m] or empty: log lambda^2, lambda^2
+  std::vector<float> key_logw;  // [lambda_sets][m] or empty: log lambda^2
   int64_t lambda_sets = 1;
   std::vector<double> decay_rate;  // [decay_sets]: -log gamma, or empty (no decay)
   int64_t decay_sets = 1;

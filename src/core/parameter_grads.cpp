@@ -24,22 +24,14 @@ ParameterGrads::ParameterGrads(const ResolvedMap& resolved, const FeatureMap& ma
     : resolved_(resolved), batch_heads_(s.batch * s.heads), wanted_(wanted) {
   if (!wanted) return;
   const int64_t m = resolved.m, d = resolved.d, bhs = batch_heads_;
-  const auto& adapted = resolved.adapted;
-  if (adapted.heads) {  // FAVOR++ / FAVOR#: per fit head, or one sum when the fit is shared
-    dw_.assign(static_cast<size_t>(adapted.heads * m * d), 0.0f);
-    dbias_.assign(static_cast<size_t>(adapted.heads * m), 0.0f);
-    bp.dw_head_stride = adapted.heads == 1 ? 0 : m * d;
-    bp.dbias_head_stride = adapted.heads == 1 ? 0 : m;
-  } else {
-    // Learned per-head projections: one slice per (batch, head), summed into the sets below;
-    // a shared projection: one sum.
-    const bool per_head = !map.weights.empty() && map.heads > 1;
-    dw_.assign(static_cast<size_t>((per_head ? bhs : 1) * m * d), 0.0f);
-    bp.dw_head_stride = per_head ? m * d : 0;
-    if (!map.bias.empty()) {
-      dbias_.assign(static_cast<size_t>(bhs * m), 0.0f);
-      bp.dbias_head_stride = m;
-    }
+  // One slice per (batch, head) for dW and db, summed into the parameter sets in head order
+  // by finish(): the result does not depend on which thread ran which head (a shared sum of
+  // per-thread partials would), so a rerun gives the same bits. Memory B*H (m d + m) floats.
+  dw_.assign(static_cast<size_t>(bhs * m * d), 0.0f);
+  bp.dw_head_stride = m * d;
+  if (resolved.adapted.heads || !map.bias.empty()) {
+    dbias_.assign(static_cast<size_t>(bhs * m), 0.0f);
+    bp.dbias_head_stride = m;
   }
   bp.dw = dw_.data();
   bp.dbias = dbias_.empty() ? nullptr : dbias_.data();
@@ -56,12 +48,14 @@ ParameterGrads::ParameterGrads(const ResolvedMap& resolved, const FeatureMap& ma
 void ParameterGrads::finish(const FeatureMap& map, AttentionGrads& g) const {
   if (!wanted_) return;
   const int64_t m = resolved_.m, d = resolved_.d;
-  if (resolved_.adapted.heads) {  // FAVOR++ / FAVOR#: no learned parameters but W (and decay)
+  if (const int64_t sets = resolved_.adapted.heads) {  // FAVOR++ / FAVOR#: W (and decay)
     const KernelFit& fit = map.fit ? *map.fit : resolved_.adapted.fitted;
-    g.dw = projection_grad(fit, map.projection, dw_.data(), dbias_.data());
+    g.dw = projection_grad(fit, map.projection,
+                           reduce_sets(dw_, batch_heads_, sets, m * d).data(),
+                           reduce_sets(dbias_, batch_heads_, sets, m).data());
   } else {
-    const bool per_head = !map.weights.empty() && map.heads > 1;
-    g.dw = per_head ? reduce_sets(dw_, batch_heads_, map.heads, m * d) : dw_;
+    // Learned weights: one gradient per parameter set; a shared projection: one sum.
+    g.dw = reduce_sets(dw_, batch_heads_, map.weights.empty() ? 1 : map.heads, m * d);
     if (!dbias_.empty()) g.dbias = reduce_sets(dbias_, batch_heads_, map.heads, m);
   }
   if (!dlogw_.empty()) {

@@ -25,10 +25,9 @@ struct FeatureParams {
   const float* bias = nullptr;  // [bias_sets][m]: added to W x (FAVOR++ / FAVOR# log bias, b)
   int64_t bias_sets = 1;
   // Feature weights lambda, applied to the keys only as lambda^2 (queries unweighted: only
-  // lambda_f^2 enters phi(q).phi(k)). key_logw = log lambda^2 (positive family, hedgehog);
-  // key_w2 = lambda^2 (trig). [lambda_sets][m]; null when the map has no weights.
+  // lambda_f^2 enters phi(q).phi(k)): key_logw = log lambda^2, added in the key features'
+  // exponent. [lambda_sets][m]; null when the map has no weights.
   const float* key_logw = nullptr;
-  const float* key_w2 = nullptr;
   int64_t lambda_sets = 1;
   // Causal decay: rate = -log gamma >= 0 per head; key j's log weight gets + j * rate (the
   // query's gamma^i cancels in the ratio). Null: no decay.
@@ -42,9 +41,6 @@ struct FeatureParams {
   }
   const float* head_key_logw(int64_t bh) const {
     return key_logw ? key_logw + (bh % lambda_sets) * m : nullptr;
-  }
-  const float* head_key_w2(int64_t bh) const {
-    return key_w2 ? key_w2 + (bh % lambda_sets) * m : nullptr;
   }
   double head_decay(int64_t bh) const { return decay_rate ? decay_rate[bh % decay_sets] : 0.0; }
   /// Log weight of key `position` of head bh with half squared norm half_norm2 (scaled input).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "cpu/blas.hpp"
 #include "cpu/vec_math.hpp"
@@ -86,12 +87,19 @@ void key_features(const FeatureParams& map, int64_t bh, const float* a_row, doub
       }
       break;
     case Kernel::trig: {
-      sincos_scaled(a_row, static_cast<float>(std::exp(off)), phi, phi + m, m);
-      if (const float* w2 = map.head_key_w2(bh)) {
-        for (int64_t f = 0; f < m; ++f) {
-          phi[f] *= w2[f];
-          phi[m + f] *= w2[f];
-        }
+      if (!lw) {
+        sincos_scaled(a_row, static_cast<float>(std::exp(off)), phi, phi + m, m);
+        break;
+      }
+      // lambda_f^2 exp(off) = exp(l_f + off) per feature, formed in the exponent (no overflow
+      // of lambda^2 against an underflowing exp(off)).
+      thread_local std::vector<float> weight;
+      weight.resize(static_cast<size_t>(m));
+      exp_affine(lw, 1.0f, offset, weight.data(), m);
+      sincos_scaled(a_row, 1.0f, phi, phi + m, m);
+      for (int64_t f = 0; f < m; ++f) {
+        phi[f] *= weight[f];
+        phi[m + f] *= weight[f];
       }
       break;
     }
