@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "core/feature_map_params.hpp"
-#include "core/parameter_grads.hpp"
 #include "core/fingerprint.hpp"
+#include "core/parameter_grads.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
 #include "cpu/attention_params.hpp"

@@ -135,8 +135,9 @@ double iid_mse(Kernel kernel, const double* x, const double* y, int64_t d, int64
     case Kernel::hyperbolic:
       return -0.5 * std::expm1(-zz) * positive / m;
     case Kernel::hedgehog:
-      throw Error("kernel: hedgehog is a learned map, not an estimator of exp(x.y): it has no "
-                  "closed-form MSE");
+      throw Error(
+          "kernel: hedgehog is a learned map, not an estimator of exp(x.y): it has no "
+          "closed-form MSE");
     case Kernel::favorpp:
     case Kernel::favorsharp:
       break;

@@ -63,8 +63,7 @@ void check_feature_map(const FeatureMap& map, int64_t d, int64_t head_count, int
   const std::string name = argument;
   if (map.d() != d) {
     throw Error(name + ": projection is " + std::to_string(map.m()) + " x " +
-                std::to_string(map.d()) + " but the head dim D of q and k is " +
-                std::to_string(d));
+                std::to_string(map.d()) + " but the head dim D of q and k is " + std::to_string(d));
   }
   if (map.heads != 1 && map.heads != head_count && map.heads != batch_heads) {
     throw Error(name + ".heads = " + std::to_string(map.heads) + ": must be 1, H (" +

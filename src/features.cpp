@@ -44,8 +44,9 @@ Kernel parse_kernel(const std::string& text, const std::string& argument) {
 }
 
 int64_t feature_count(Kernel kernel, int64_t m) {
-  return kernel == Kernel::trig || kernel == Kernel::hyperbolic || kernel == Kernel::hedgehog ? 2 * m
-                                                                                              : m;
+  return kernel == Kernel::trig || kernel == Kernel::hyperbolic || kernel == Kernel::hedgehog
+             ? 2 * m
+             : m;
 }
 
 bool data_adapted(Kernel kernel) {
@@ -85,8 +86,7 @@ Tensor features(TensorView x, const FeatureMap& map) {
       const int64_t bh = b * x.shape[1] + h;
       const double head_const =
           adapted.heads ? adapted.log_const[adapted.heads == 1 ? 0 : bh] : log_const;
-      const float* lambda =
-          map.lambda.empty() ? nullptr : map.lambda.data() + (bh % map.heads) * m;
+      const float* lambda = map.lambda.empty() ? nullptr : map.lambda.data() + (bh % map.heads) * m;
       for (int64_t n0 = 0; n0 < x.shape[2]; n0 += cpu::kRowTile) {
         const int64_t rows = std::min(cpu::kRowTile, x.shape[2] - n0);
         cpu::gather_rows(&x.at(b, h, n0, 0), x.strides[2], x.strides[3], rows, d, fp.sqrt_scale,

@@ -75,8 +75,8 @@ nlohmann::json run_maps_sweep(const AccuracyArgs& a, const std::vector<DataSetti
         const int64_t m = method.kernel == Kernel::hedgehog ? std::max<int64_t>(F / 2, 1) : F;
         std::vector<double> errors, initial, seconds;
         for (int64_t seed = 0; seed < a.seeds; ++seed) {
-          FeatureMap map(Projection::draw(m, d, {method.projection, NormMode::chi,
-                                                 static_cast<uint64_t>(seed)}),
+          FeatureMap map(Projection::draw(
+                             m, d, {method.projection, NormMode::chi, static_cast<uint64_t>(seed)}),
                          method.kernel);
           map.scale = scale;
           if (method.fitted) {

@@ -670,9 +670,8 @@ void add_bench_command(CLI::App& app) {
                   "Hedgehog maps, decay vs FAVOR+) and vq (Transformer-VQ vs FAVOR+ and exact, "
                   "forward and backward); maps and vq are not in the default run")
       ->capture_default_str()
-      ->check(
-          CLI::IsMember(
-              {"sweep", "long", "scaling", "decode", "backward", "estimators", "maps", "vq"}));
+      ->check(CLI::IsMember(
+          {"sweep", "long", "scaling", "decode", "backward", "estimators", "maps", "vq"}));
   cmd->add_option("--vq-lengths", a->vq_lengths,
                   "N of the vq section (N = 4096, seed 002's setting, is always added)")
       ->capture_default_str();

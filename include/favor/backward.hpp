@@ -38,8 +38,7 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
 /// with_parameter_grads, the gradients of the map's parameters (dw, dbias, dlambda) and of the
 /// decay (ddecay). Same rules as above (options.kernel, .scale, .fit at their defaults).
 AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
-                                        const FeatureMap& map,
-                                        const AttentionOptions& options = {},
+                                        const FeatureMap& map, const AttentionOptions& options = {},
                                         bool with_parameter_grads = false,
                                         const AttentionContext* context = nullptr);
 

@@ -119,8 +119,8 @@ std::vector<double> decay_rates(const std::vector<double>& decay, int64_t heads,
     throw Error(name + ": decay gamma^(i - j) is defined for causal attention only (set causal)");
   }
   if (decay.size() != 1 && static_cast<int64_t>(decay.size()) != heads) {
-    throw Error(name + ": has " + std::to_string(decay.size()) + " values; give 1 or one per head (" +
-                std::to_string(heads) + ")");
+    throw Error(name + ": has " + std::to_string(decay.size()) +
+                " values; give 1 or one per head (" + std::to_string(heads) + ")");
   }
   std::vector<double> rates(decay.size());
   for (size_t i = 0; i < decay.size(); ++i) {
@@ -149,7 +149,7 @@ ResolvedMap resolve_map(const FeatureMap& map, const AttentionShape& s, const Te
 }
 
 ResolvedMap resolve_fixed_map(const FeatureMap& map, int64_t batch, int64_t heads,
-                                const std::vector<double>& decay) {
+                              const std::vector<double>& decay) {
   ResolvedMap r = resolve_common(map, map.d(), heads, batch * heads, decay, true);
   if (data_adapted(map.kernel)) {
     if (!map.fit) {

@@ -57,7 +57,8 @@ Options without_map(const Options& options) {
 /// Refuses options.kernel, .scale or .fit away from their defaults next to a FeatureMap.
 template <class Options>
 void check_map_options(const Options& options, const char* function) {
-  if (options.kernel != Kernel::positive || options.scale || options.fit) map_options_error(function);
+  if (options.kernel != Kernel::positive || options.scale || options.fit)
+    map_options_error(function);
 }
 /// Checks `decay` (1 or `heads` values in (0, 1]; causal only); returns -log gamma per value
 /// (empty without decay).
@@ -70,6 +71,6 @@ ResolvedMap resolve_map(const FeatureMap& map, const AttentionShape& s, const Te
                         const TensorView& k, const AttentionOptions& options);
 /// The same without data to fit (decoder, features()): FAVOR++ / FAVOR# need map.fit.
 ResolvedMap resolve_fixed_map(const FeatureMap& map, int64_t batch, int64_t heads,
-                                const std::vector<double>& decay);
+                              const std::vector<double>& decay);
 
 }  // namespace favor::detail

@@ -50,8 +50,7 @@ void ParameterGrads::finish(const FeatureMap& map, AttentionGrads& g) const {
   const int64_t m = resolved_.m, d = resolved_.d;
   if (const int64_t sets = resolved_.adapted.heads) {  // FAVOR++ / FAVOR#: W (and decay)
     const KernelFit& fit = map.fit ? *map.fit : resolved_.adapted.fitted;
-    g.dw = projection_grad(fit, map.projection,
-                           reduce_sets(dw_, batch_heads_, sets, m * d).data(),
+    g.dw = projection_grad(fit, map.projection, reduce_sets(dw_, batch_heads_, sets, m * d).data(),
                            reduce_sets(dbias_, batch_heads_, sets, m).data());
   } else {
     // Learned weights: one gradient per parameter set; a shared projection: one sum.

@@ -20,9 +20,9 @@ struct AttentionParams {
   float* out;
   Shape4 out_strides;
   int64_t batch, heads, nq, nk, d, dv;
-  FeatureParams map;    // the feature map (cpu/feature_params.hpp)
+  FeatureParams map;           // the feature map (cpu/feature_params.hpp)
   int64_t first_position = 0;  // position of key 0 (decay): the decoder's tokens so far
-  const uint8_t* mask;  // [B, Nk], nonzero = key takes part; null = no mask
+  const uint8_t* mask;         // [B, Nk], nonzero = key takes part; null = no mask
   int64_t mask_stride_b, mask_stride_n;
   int threads;
   float* ctx_states = nullptr;   // bidirectional: save [S | s] per head here (B*H x F x (dv + 1))

@@ -76,9 +76,10 @@ int64_t attend_queries(const AttentionParams& p, int64_t b, int64_t h, int64_t b
   int64_t zero_rows = 0;
   for (int64_t i0 = begin; i0 < end; i0 += kRowTile) {
     const int64_t rows = std::min(kRowTile, end - i0);
-    gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.map.sqrt_scale,
-                ws.tile.x.data(), nullptr);
-    project_rows(ws.tile.x.data(), rows, p.d, p.map.head_w(bh), m, ws.tile.a.data(), p.map.head_bias(bh));
+    gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d,
+                p.map.sqrt_scale, ws.tile.x.data(), nullptr);
+    project_rows(ws.tile.x.data(), rows, p.d, p.map.head_w(bh), m, ws.tile.a.data(),
+                 p.map.head_bias(bh));
     for (int64_t r = 0; r < rows; ++r) {
       const float* a = ws.tile.a.data() + r * m;
       const float c = query_shift(p.map.kernel, a, m, ws.log_s.data());

@@ -36,9 +36,7 @@ struct FeatureParams {
 
   int64_t features() const { return feature_count(kernel, m); }
   const float* head_w(int64_t bh) const { return w + (bh % w_sets) * m * d; }
-  const float* head_bias(int64_t bh) const {
-    return bias ? bias + (bh % bias_sets) * m : nullptr;
-  }
+  const float* head_bias(int64_t bh) const { return bias ? bias + (bh % bias_sets) * m : nullptr; }
   const float* head_key_logw(int64_t bh) const {
     return key_logw ? key_logw + (bh % lambda_sets) * m : nullptr;
   }

@@ -37,8 +37,7 @@ double key_log_max(const FeatureParams& map, int64_t bh, const float* a_row, dou
 /// Key features of head bh, F of them, l = log lambda^2 (0 without feature weights):
 /// positive exp(a + l + off); hyperbolic and hedgehog [exp(a + l + off), exp(-a + l + off)];
 /// trig exp(off) lambda^2 [sin a, cos a]. off = g - M.
-void key_features(const FeatureParams& map, int64_t bh, const float* a_row, double off,
-                  float* phi);
+void key_features(const FeatureParams& map, int64_t bh, const float* a_row, double off, float* phi);
 /// Query shift c = max_f (L_f + log_s_f) (positive family); 0 for trig.
 float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log_s);
 /// Query features: exp(L - c) (positive family) where log_s > -inf and 0 where the key
