@@ -23,18 +23,6 @@ import torch
 import favor
 
 
-def structured(b, h, n, d, seed, clusters=8, noise=0.5, spread=1.5):
-    """q, k, v [B, H, N, D] (float32): queries and keys around shared cluster centres."""
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((h, clusters, d)) * spread
-    z = rng.integers(0, clusters, (b, h, n))
-    base = centres[np.arange(h)[None, :, None], z]
-    q = base + noise * rng.standard_normal((b, h, n, d))
-    k = base + noise * rng.standard_normal((b, h, n, d))
-    v = rng.standard_normal((b, h, n, d))
-    return tuple(x.astype(np.float32) for x in (q, k, v))
-
-
 def error(y, exact):
     return float(np.linalg.norm(y - exact) / np.linalg.norm(exact))
 
@@ -54,7 +42,7 @@ def main(argv=None):
     print(f"seed {args.seed}; train {b} sequences, held out {held} (same clusters, other "
           f"tokens) x {h} heads x {n} tokens, D = {d}; m = {args.features}; torch threads="
           f"{torch.get_num_threads()}")
-    q, k, v = structured(b + held, h, n, d, args.seed)
+    q, k, v = favor.fit.clustered_qkv(b + held, h, n, d, args.seed, clusters=8)
     (q, hq), (k, hk), (v, hv) = ((x[:b], x[b:]) for x in (q, k, v))
     exact = favor.exact_attention(hq, hk, hv)
     m = args.features

@@ -1,6 +1,7 @@
 #pragma once
-// Feature maps with learned parameters for the tests, and the forward check against the
-// double reference shared by test_feature_map.cpp and test_decay.cpp.
+// Feature maps with learned parameters for the tests (test_feature_map.cpp, test_decay.cpp,
+// test_map_gradients.cpp), the forward check against the double reference and the decoder
+// drivers shared by test_feature_map.cpp and test_decay.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,13 +26,14 @@ inline std::string spec_name(const MapSpec& s) {
 }
 
 /// A map of w with the parameters of `spec` drawn near the fixed map: each head's W_h = W +
-/// 0.3 N(0, 1), b ~ 0.5 N(0, 1), lambda = +-U(0.5, 1.5) (both signs: only lambda^2 counts).
-inline FeatureMap random_map(Kernel kernel, const Projection& w, const MapSpec& spec,
-                             uint64_t seed) {
+/// 0.3 N(0, 1), b ~ 0.5 N(0, 1), lambda = +-U(0.5, 1.5) (both signs: only lambda^2 counts,
+/// and dL/dlambda is odd in lambda). `seed` and `stream` pick the draws.
+inline FeatureMap random_map(Kernel kernel, const Projection& w, const MapSpec& spec, uint64_t seed,
+                             uint64_t stream = 777) {
   FeatureMap map(w, kernel);
   if (!spec.weights && !spec.bias && !spec.lambda) return map;
   map.learnable(spec.heads, spec.weights, spec.bias, spec.lambda);
-  detail::Rng rng(seed, 777);
+  detail::Rng rng(seed, stream);
   for (float& x : map.weights) x += static_cast<float>(0.3 * rng.normal());
   for (float& x : map.bias) x = static_cast<float>(0.5 * rng.normal());
   for (float& x : map.lambda) {
@@ -55,13 +57,6 @@ inline Tensor expect_near_reference(const Tensor& q, const Tensor& k, const Tens
   const double naive_err = rel_error(naive32, ref.values);
   EXPECT_LE(err, 2.0 * naive_err + 1e-6) << label << ": naive float error " << naive_err;
   return fast;
-}
-
-/// Tokens [i, i + count) of a [B, H, N, X] tensor as a view.
-inline TensorView tokens(const Tensor& t, int64_t i, int64_t count = 1) {
-  return TensorView{&t.values()[0] + i * t.shape()[3],
-                    {t.shape()[0], t.shape()[1], count, t.shape()[3]},
-                    contiguous_strides(t.shape())};
 }
 
 /// Runs a decoder over all N tokens of k, v, appending them in groups of the sizes in

@@ -7,18 +7,19 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <functional>
 #include <iostream>
 #include <optional>
 #include <string>
 
 #include "core/rng.hpp"
+#include "gradient_check.hpp"
 #include "reference/naive.hpp"
 #include "reference/naive_grad.hpp"
 #include "test_helpers.hpp"
 
 namespace favor {
 namespace {
+using testing::fd_error_float;
 using testing::random_tensor;
 using testing::rel_error;
 namespace naive = reference::naive;
@@ -52,7 +53,7 @@ double fd_error(naive::Head<double> h, std::vector<double> naive::Head<double>::
                 const std::vector<double>& analytic, const std::vector<double>& dy, Kernel kernel,
                 double scale, bool causal) {
   const double step = 1e-5;
-  double diff = 0, norm = 0;
+  std::vector<double> fd((h.*field).size());
   for (size_t i = 0; i < (h.*field).size(); ++i) {
     const double saved = (h.*field)[i];
     (h.*field)[i] = saved + step;
@@ -60,11 +61,9 @@ double fd_error(naive::Head<double> h, std::vector<double> naive::Head<double>::
     (h.*field)[i] = saved - step;
     const double down = loss(h, dy, kernel, scale, causal);
     (h.*field)[i] = saved;
-    const double fd = (up - down) / (2 * step);
-    diff += (fd - analytic[i]) * (fd - analytic[i]);
-    norm += analytic[i] * analytic[i];
+    fd[i] = (up - down) / (2 * step);
   }
-  return std::sqrt(diff / norm);
+  return testing::gradient_error(fd, analytic);
 }
 
 struct FdCase {
@@ -145,26 +144,6 @@ std::optional<KernelFit> test_fit(Kernel kernel, FitKind f, int64_t B, int64_t H
   return fit;
 }
 
-// || fd - analytic || / || analytic || over the float array x, central differences of
-// loss(): the steps actually taken (x +- 1e-5 rounded to float) divide.
-double fd_error_float(std::vector<float>& x, const std::vector<double>& analytic,
-                      const std::function<double()>& loss) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const float saved = x[i];
-    const float up_x = static_cast<float>(saved + 1e-5), down_x = static_cast<float>(saved - 1e-5);
-    x[i] = up_x;
-    const double up = loss();
-    x[i] = down_x;
-    const double down = loss();
-    x[i] = saved;
-    const double fd = (up - down) / (double(up_x) - double(down_x));
-    diff += (fd - analytic[i]) * (fd - analytic[i]);
-    norm += analytic[i] * analytic[i];
-  }
-  return std::sqrt(diff / norm);
-}
-
 struct AdaptedFdCase {
   Kernel kernel;
   bool causal, masked;
@@ -189,10 +168,8 @@ TEST_P(AdaptedGradientVsFiniteDifferences, RelativeErrorBelow1e6) {
   o.fit = test_fit(c.kernel, c.fit, B, H, D, o.scale);
   if (c.masked) o.key_mask = KeyMaskView::contiguous(mask.data(), B, nk);
   const auto loss = [&] {
-    const auto y = reference::favor_attention(q, k, v, Projection::from_matrix(m, D, w), o);
-    double l = 0;
-    for (size_t i = 0; i < y.values.size(); ++i) l += double(dy.values()[i]) * y.values[i];
-    return l;
+    return testing::output_loss(
+        dy, reference::favor_attention(q, k, v, Projection::from_matrix(m, D, w), o).values);
   };
   const auto g =
       reference::favor_attention_backward(q, k, v, dy, Projection::from_matrix(m, D, w), o);
@@ -277,44 +254,26 @@ class BackwardVsReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(BackwardVsReference, WithinTwiceNaiveFloatError) {
   const Case c = GetParam();
-  const Tensor q = random_tensor({c.B, c.H, c.Nq, c.D}, 1, 1.0),
-               k = random_tensor({c.B, c.H, c.Nk, c.D}, 2, 1.0),
-               v = random_tensor({c.B, c.H, c.Nk, c.Dv}, 3),
-               dy = random_tensor({c.B, c.H, c.Nq, c.Dv}, 4);
+  const testing::BackwardInputs in(c.B, c.H, c.Nq, c.Nk, c.D, c.Dv, c.masked);
+  const Tensor &q = in.q, &k = in.k, &v = in.v, &dy = in.dy;
   const Projection w = Projection::draw(c.m, c.D, {ProjectionKind::orthogonal, NormMode::chi, 7});
-  std::vector<uint8_t> mask(static_cast<size_t>(c.B * c.Nk), 1);
   AttentionOptions o;
   o.kernel = c.kernel;
   o.causal = c.causal;
   o.fit = test_fit(c.kernel, c.fit, c.B, c.H, c.D, std::nullopt);
-  if (c.masked) {
-    mask = testing::periodic_mask(mask.size(), 3, 1);
-    o.key_mask = KeyMaskView::contiguous(mask.data(), c.B, c.Nk);
-  }
-  testing::StridedCopy qs(q), ks(k), vs(v), dys(dy);
-  const AttentionGrads fast =
-      c.strided ? favor_attention_backward(qs.view, ks.view, vs.view, dys.view, w, o, true)
-                : favor_attention_backward(q, k, v, dy, w, o, true);
+  o.key_mask = in.key_mask();
+  const AttentionGrads fast = in.fast_backward(w, o, c.strided);
   const auto ref = reference::favor_attention_backward(q, k, v, dy, w, o);
   const double scale = 1.0 / std::sqrt(double(c.D));
   const FlatGrads n32 =
-      naive_float_grads(q, k, v, dy, w, mask, naive::attention_fit(q, k, o, scale), c);
+      naive_float_grads(q, k, v, dy, w, in.mask, naive::attention_fit(q, k, o, scale), c);
   const auto check = [&](const std::vector<float>& got, const std::vector<float>& naive,
                          const std::vector<double>& exact, const char* what) {
-    double exact_norm = 0, got_max = 0;
-    for (double e : exact) exact_norm = std::max(exact_norm, std::abs(e));
-    for (float g : got) got_max = std::max(got_max, double(std::abs(g)));
-    if (exact_norm < 1e-10) {  // zero up to double rounding
-      // One key: y = v_0 whatever q and k, so dq, dk, dW are exactly 0; the fast result is
-      // a cancellation of O(|v| |dy|) terms: rounding ~F 2^-24 ~ 1e-6.
-      EXPECT_LE(got_max, 1e-5) << what << " of " << name_of(c);
-      return;
-    }
-    const double naive_err = rel_error(naive, exact), err = rel_error(got, exact);
-    EXPECT_LE(err, 2 * naive_err + 1e-6) << what << " of " << name_of(c) << ", naive " << naive_err;
-    if (data_adapted(c.kernel) && std::string(what) == "dW") {
-      std::cout << "[ dW fast vs reference ] relative error " << err << ", naive float32 "
-                << naive_err << "\n";
+    const testing::GradientComparison r = testing::expect_within_twice_naive(
+        got, naive, exact, std::string(what) + " of " + name_of(c));
+    if (!r.zero && data_adapted(c.kernel) && std::string(what) == "dW") {
+      std::cout << "[ dW fast vs reference ] relative error " << r.error << ", naive float32 "
+                << r.naive_error << "\n";
     }
   };
   check(fast.dq.values(), n32.dq, ref.dq.values, "dq");

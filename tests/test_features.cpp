@@ -143,19 +143,8 @@ TEST(Features, ExactMapMatchesReference) {
     const Tensor fast = features(x, w, {kernel, std::nullopt});
     const auto ref = reference::features(x, w, {kernel, std::nullopt});
     ASSERT_EQ(fast.shape(), ref.shape);
-    const int64_t F = ref.shape[3];
-    double worst = 0;
-    for (size_t row = 0; row < ref.values.size() / F; ++row) {
-      double amplitude = 0;
-      for (int64_t f = 0; f < F; ++f)
-        amplitude = std::max(amplitude, std::abs(ref.values[row * F + f]));
-      for (int64_t f = 0; f < F; ++f) {
-        const double e = ref.values[row * F + f];
-        const double denom = kernel == Kernel::trig ? amplitude : std::abs(e);
-        worst = std::max(worst, std::abs(fast.values()[row * F + f] - e) / denom);
-      }
-    }
-    EXPECT_LE(worst, 4e-6) << to_string(kernel);
+    EXPECT_LE(testing::worst_feature_error(fast, ref, kernel == Kernel::trig), 4e-6)
+        << to_string(kernel);
   }
 }
 

@@ -2,6 +2,7 @@
 // Shared test helpers: reproducible inputs and comparisons against the reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <stdexcept>
@@ -62,6 +63,33 @@ inline double max_rel_diff(const Tensor& a, const Tensor& b, double floor = 1e-3
     worst = std::max(worst, e / std::max(std::abs(double(b.values()[i])), floor));
   }
   return worst;
+}
+
+/// Worst error of features `fast` against the double reference features `exact` (shape
+/// [..., F]): per entry relative to the entry itself, or, with `per_row_amplitude`, to the
+/// row's largest entry (trig features: sin and cos cross zero).
+inline double worst_feature_error(const Tensor& fast, const reference::DTensor& exact,
+                                  bool per_row_amplitude) {
+  const int64_t F = exact.shape[3];
+  double worst = 0;
+  for (size_t row = 0; row < exact.values.size() / F; ++row) {
+    double amplitude = 0;
+    for (int64_t f = 0; f < F; ++f)
+      amplitude = std::max(amplitude, std::abs(exact.values[row * F + f]));
+    for (int64_t f = 0; f < F; ++f) {
+      const double e = exact.values[row * F + f];
+      const double denom = per_row_amplitude ? amplitude : std::abs(e);
+      worst = std::max(worst, std::abs(fast.values()[row * F + f] - e) / denom);
+    }
+  }
+  return worst;
+}
+
+/// Tokens [i, i + count) of a C-contiguous [B, H, N, X] tensor, as a strided view.
+inline TensorView tokens(const Tensor& t, int64_t i, int64_t count = 1) {
+  return TensorView{t.values().data() + i * t.shape()[3],
+                    {t.shape()[0], t.shape()[1], count, t.shape()[3]},
+                    contiguous_strides(t.shape())};
 }
 
 /// A transposed-layout copy: same logical tensor stored as [B, N, H, D], viewed as

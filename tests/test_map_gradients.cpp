@@ -12,13 +12,15 @@
 #include <iostream>
 #include <string>
 
-#include "core/rng.hpp"
+#include "gradient_check.hpp"
+#include "map_fixture.hpp"
 #include "reference/naive.hpp"
 #include "reference/naive_grad.hpp"
 #include "test_helpers.hpp"
 
 namespace favor {
 namespace {
+using testing::fd_error_float;
 using testing::random_tensor;
 namespace naive = reference::naive;
 
@@ -38,50 +40,21 @@ std::string spec_name(const Spec& s) {
   return out;
 }
 
-// The map of `spec`: each set's W_h = W + 0.3 N(0, 1), b ~ 0.5 N(0, 1), lambda = +-U(0.5, 1.5)
-// (both signs: only lambda^2 enters attention, dL/dlambda is odd in lambda).
+// The map of `spec` (testing::random_map; sets = 0: the fixed map).
 FeatureMap make_map(Kernel kernel, const Projection& w, const Spec& spec, uint64_t seed) {
-  FeatureMap map(w, kernel);
-  if (spec.sets == 0) return map;
-  map.learnable(spec.sets, spec.weights, spec.bias, spec.lambda);
-  detail::Rng rng(seed, 4242);
-  for (float& x : map.weights) x += static_cast<float>(0.3 * rng.normal());
-  for (float& x : map.bias) x = static_cast<float>(0.5 * rng.normal());
-  for (float& x : map.lambda) {
-    const double sign = rng.uniform_open() < 0.5 ? -1.0 : 1.0;
-    x = static_cast<float>(sign * (0.5 + rng.uniform_open()));
-  }
-  return map;
+  return testing::random_map(kernel, w, {spec.sets, spec.weights, spec.bias, spec.lambda}, seed,
+                             4242);
 }
 
 // ---- (1) the reference against finite differences ----
 
-// || fd - analytic || / || analytic || over the float array x, central differences of loss():
-// the steps actually taken (x +- 1e-5 rounded to float) divide.
-double fd_error_float(std::vector<float>& x, const std::vector<double>& analytic,
-                      const std::function<double()>& loss) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const float saved = x[i];
-    const float up_x = static_cast<float>(saved + 1e-5), down_x = static_cast<float>(saved - 1e-5);
-    x[i] = up_x;
-    const double up = loss();
-    x[i] = down_x;
-    const double down = loss();
-    x[i] = saved;
-    const double fd = (up - down) / (double(up_x) - double(down_x));
-    diff += (fd - analytic[i]) * (fd - analytic[i]);
-    norm += analytic[i] * analytic[i];
-  }
-  return std::sqrt(diff / norm);
-}
-
-// The same for the decay values (double). gamma lies in (0, 1]: at gamma = 1 the difference is
+// || fd - analytic || / || analytic || over the decay values (double), as fd_error_float
+// (gradient_check.hpp) over float arrays. gamma lies in (0, 1]: at gamma = 1 the difference is
 // one-sided, (3 L(g) - 4 L(g - h) + L(g - 2h)) / 2h, also second order.
 double fd_error_decay(std::vector<double>& gamma, const std::vector<double>& analytic,
                       const std::function<double()>& loss) {
   const double step = 1e-5;
-  double diff = 0, norm = 0;
+  std::vector<double> fd(gamma.size());
   for (size_t i = 0; i < gamma.size(); ++i) {
     const double saved = gamma[i];
     const auto at = [&](double g) {
@@ -90,14 +63,11 @@ double fd_error_decay(std::vector<double>& gamma, const std::vector<double>& ana
       gamma[i] = saved;
       return l;
     };
-    const double fd =
-        saved + step <= 1.0
-            ? (at(saved + step) - at(saved - step)) / (2 * step)
-            : (3 * at(saved) - 4 * at(saved - step) + at(saved - 2 * step)) / (2 * step);
-    diff += (fd - analytic[i]) * (fd - analytic[i]);
-    norm += analytic[i] * analytic[i];
+    fd[i] = saved + step <= 1.0
+                ? (at(saved + step) - at(saved - step)) / (2 * step)
+                : (3 * at(saved) - 4 * at(saved - step) + at(saved - 2 * step)) / (2 * step);
   }
-  return std::sqrt(diff / norm);
+  return testing::gradient_error(fd, analytic);
 }
 
 struct FdCase {
@@ -130,10 +100,7 @@ TEST_P(MapGradientVsFiniteDifferences, RelativeErrorBelow1e6) {
   o.decay = c.spec.decay;
   if (c.masked) o.key_mask = KeyMaskView::contiguous(mask.data(), B, nk);
   const auto loss = [&] {
-    const auto y = reference::favor_attention(q, k, v, map, o);
-    double l = 0;
-    for (size_t i = 0; i < y.values.size(); ++i) l += double(dy.values()[i]) * y.values[i];
-    return l;
+    return testing::output_loss(dy, reference::favor_attention(q, k, v, map, o).values);
   };
   const auto g = reference::favor_attention_backward(q, k, v, dy, map, o);
   ASSERT_EQ(g.dw.size(), map.weights.empty() ? static_cast<size_t>(m * D) : map.weights.size());
@@ -218,59 +185,32 @@ std::string name_of(const Case& c) {
          "_" + spec_name(c.spec);
 }
 
-// Relative Frobenius error of float or double values against the reference (ddecay is double).
-template <class V>
-double error_of(const V& approx, const std::vector<double>& exact) {
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < exact.size(); ++i) {
-    diff += (double(approx[i]) - exact[i]) * (double(approx[i]) - exact[i]);
-    norm += exact[i] * exact[i];
-  }
-  return std::sqrt(diff / norm);
-}
-
 class MapBackwardVsReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MapBackwardVsReference, WithinTwiceNaiveFloatError) {
   const Case c = GetParam();
-  const Tensor q = random_tensor({c.B, c.H, c.Nq, c.D}, 1, 1.0),
-               k = random_tensor({c.B, c.H, c.Nk, c.D}, 2, 1.0),
-               v = random_tensor({c.B, c.H, c.Nk, c.Dv}, 3),
-               dy = random_tensor({c.B, c.H, c.Nq, c.Dv}, 4);
+  const testing::BackwardInputs in(c.B, c.H, c.Nq, c.Nk, c.D, c.Dv, c.masked);
+  const Tensor &q = in.q, &k = in.k, &v = in.v, &dy = in.dy;
   FeatureMap map =
       make_map(c.kernel, Projection::draw(c.m, c.D, {ProjectionKind::orthogonal, NormMode::chi, 7}),
                c.spec, 8);
   if (data_adapted(c.kernel)) map.fit = KernelFit::constant(0.08, c.D);
-  std::vector<uint8_t> mask(static_cast<size_t>(c.B * c.Nk), 1);
   AttentionOptions o;
   o.causal = c.causal;
   o.decay = c.spec.decay;
-  if (c.masked) {
-    mask = testing::periodic_mask(mask.size(), 3, 1);
-    o.key_mask = KeyMaskView::contiguous(mask.data(), c.B, c.Nk);
-  }
-  testing::StridedCopy qs(q), ks(k), vs(v), dys(dy);
-  const AttentionGrads fast =
-      c.strided ? favor_attention_backward(qs.view, ks.view, vs.view, dys.view, map, o, true)
-                : favor_attention_backward(q, k, v, dy, map, o, true);
+  o.key_mask = in.key_mask();
+  const AttentionGrads fast = in.fast_backward(map, o, c.strided);
   const auto ref = reference::favor_attention_backward(q, k, v, dy, map, o);
   const double scale = 1.0 / std::sqrt(double(c.D));
   const auto n32 = naive::map_backward<float>(q, k, v, dy, map, o, scale, map.fit);
   const auto check = [&](const auto& got, const std::vector<float>& naive32,
                          const std::vector<double>& exact, const char* what) {
     ASSERT_EQ(got.size(), exact.size()) << what << " of " << name_of(c);
-    double exact_max = 0, got_max = 0;
-    for (double e : exact) exact_max = std::max(exact_max, std::abs(e));
-    for (auto g : got) got_max = std::max(got_max, double(std::abs(g)));
-    if (exact_max < 1e-10) {  // zero up to double rounding (one key: y = v_0 whatever the map)
-      EXPECT_LE(got_max, 1e-5) << what << " of " << name_of(c);
-      return;
-    }
-    const double naive_err = error_of(naive32, exact), err = error_of(got, exact);
-    EXPECT_LE(err, 2 * naive_err + 1e-6) << what << " of " << name_of(c) << ", naive " << naive_err;
-    if (std::string(what) == "ddecay") {
-      std::cout << "[ ddecay fast vs reference ] " << name_of(c) << ": relative error " << err
-                << ", naive float32 " << naive_err << "\n";
+    const testing::GradientComparison r = testing::expect_within_twice_naive(
+        got, naive32, exact, std::string(what) + " of " + name_of(c));
+    if (!r.zero && std::string(what) == "ddecay") {
+      std::cout << "[ ddecay fast vs reference ] " << name_of(c) << ": relative error " << r.error
+                << ", naive float32 " << r.naive_error << "\n";
     }
   };
   check(fast.dq.values(), n32.dq, ref.dq.values, "dq");

@@ -6,12 +6,7 @@
 namespace favor {
 namespace {
 using testing::random_tensor;
-
-TensorView token(const Tensor& t, int64_t i, int64_t count = 1) {
-  return TensorView{&t.values()[0] + i * t.shape()[3],
-                    {t.shape()[0], t.shape()[1], count, t.shape()[3]},
-                    contiguous_strides(t.shape())};
-}
+using testing::tokens;
 
 class DecoderVsCausal : public ::testing::TestWithParam<Kernel> {};
 
@@ -29,8 +24,8 @@ TEST_P(DecoderVsCausal, TokenByTokenEqualsCausalBatch) {
   Decoder dec(B, H, Dv, w, {kernel, std::nullopt});
   Tensor streamed({B, H, N, Dv});
   for (int64_t i = 0; i < N; ++i) {
-    dec.append(token(k, i), token(v, i));
-    const Tensor y = dec.query(token(q, i));
+    dec.append(tokens(k, i), tokens(v, i));
+    const Tensor y = dec.query(tokens(q, i));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t x = 0; x < Dv; ++x) streamed.at(b, h, i, x) = y.at(b, h, 0, x);
@@ -53,8 +48,8 @@ TEST(Decoder, PrefillThenQueryEqualsLastCausalRow) {
   o.causal = true;
   const Tensor batch = favor_attention(q, k, v, w, o);
   Decoder dec(1, 2, 4, w);
-  dec.append(token(k, 0, 70), token(v, 0, 70));
-  const Tensor y = dec.query(token(q, 69));
+  dec.append(tokens(k, 0, 70), tokens(v, 0, 70));
+  const Tensor y = dec.query(tokens(q, 69));
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t x = 0; x < 4; ++x) EXPECT_NEAR(y.at(0, h, 0, x), batch.at(0, h, 69, x), 1e-5);
 }
@@ -90,9 +85,9 @@ TEST(Decoder, StridedKeysEqualContiguousAtLargeNorms) {
   const Projection w = Projection::draw(32, 16);
   Decoder a(1, 2, 4, w), b(1, 2, 4, w);
   for (int64_t t = 0; t < 6; ++t) {
-    a.append(token(k, t), token(v, t));
+    a.append(tokens(k, t), tokens(v, t));
     const TensorView kt{ks.view.data + t * ks.view.strides[2], {1, 2, 1, 16}, ks.view.strides};
-    b.append(kt, token(v, t));
+    b.append(kt, tokens(v, t));
   }
   EXPECT_EQ(a.query(q).values(), b.query(q).values());
 }

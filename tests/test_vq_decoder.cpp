@@ -15,15 +15,9 @@ namespace favor {
 namespace {
 using testing::expect_error;
 using testing::random_tensor;
+using testing::tokens;
 
 constexpr double kUnit = 0x1p-24;  // float unit roundoff
-
-// Tokens [i, i + count) of a C-contiguous [B, H, N, X] tensor, as a strided view.
-TensorView tokens(const Tensor& t, int64_t i, int64_t count = 1) {
-  return TensorView{t.values().data() + i * t.shape()[3],
-                    {t.shape()[0], t.shape()[1], count, t.shape()[3]},
-                    contiguous_strides(t.shape())};
-}
 
 // The double reference (reference::vq_attention): the materialised VQ attention over the
 // quantised keys (hard) or the GMM form (soft). [B, H, N, Dv].

@@ -46,6 +46,21 @@ void put32(std::string& out, uint32_t v) {
   put16(out, static_cast<uint16_t>(v >> 16));
 }
 
+// The fields a member's local header and its central directory entry share (version needed
+// to extract through extra field length), for a stored member of `size` bytes.
+void put_member_fields(std::string& out, uint32_t crc, uint32_t size, size_t name_length) {
+  put16(out, kVersion);
+  put16(out, 0);  // flags
+  put16(out, kStored);
+  put16(out, 0);  // time
+  put16(out, kDosDate);
+  put32(out, crc);
+  put32(out, size);  // compressed
+  put32(out, size);  // uncompressed
+  put16(out, static_cast<uint16_t>(name_length));
+  put16(out, 0);  // extra
+}
+
 // Bounds-checked little-endian reads of the archive, failing with the file's name.
 class Reader {
  public:
@@ -207,31 +222,13 @@ std::string encode_npz(const std::vector<NpzMember>& members) {
     const auto size = static_cast<uint32_t>(m.bytes.size());
     // Local header.
     put32(out, kLocalSig);
-    put16(out, kVersion);
-    put16(out, 0);  // flags
-    put16(out, kStored);
-    put16(out, 0);  // time
-    put16(out, kDosDate);
-    put32(out, crc);
-    put32(out, size);
-    put32(out, size);
-    put16(out, static_cast<uint16_t>(name.size()));
-    put16(out, 0);  // extra
+    put_member_fields(out, crc, size, name.size());
     out += name;
     out += m.bytes;
     // Central directory entry.
     put32(directory, kCentralSig);
     put16(directory, kMadeBy);
-    put16(directory, kVersion);
-    put16(directory, 0);
-    put16(directory, kStored);
-    put16(directory, 0);
-    put16(directory, kDosDate);
-    put32(directory, crc);
-    put32(directory, size);
-    put32(directory, size);
-    put16(directory, static_cast<uint16_t>(name.size()));
-    put16(directory, 0);  // extra
+    put_member_fields(directory, crc, size, name.size());
     put16(directory, 0);  // comment
     put16(directory, 0);  // disk
     put16(directory, 0);  // internal attributes

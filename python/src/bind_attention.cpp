@@ -4,28 +4,14 @@
 #include <cstring>
 
 #include "arrays.hpp"
+#include "attention_call.hpp"
 #include "bindings.hpp"
 #include "options.hpp"
 
 namespace favor::python {
 namespace {
 
-/// The inputs and options shared by the attention calls, checked and converted.
-struct Call {
-  Input q, k, v;
-  std::optional<Mask> mask;
-  std::optional<KeyMaskView> mask_view() const { return python::mask_view(mask); }
-};
-
-Call inputs(const py::handle& q, const py::handle& k, const py::handle& v,
-            const py::handle& key_mask) {
-  Call c{as_input(q, "q"), as_input(k, "k"), as_input(v, "v"), std::nullopt};
-  check_same_rank({&c.q, &c.k, &c.v}, "q, k, v");
-  c.mask = as_mask(key_mask, c.k.rank, c.k.view.shape[0], c.k.view.shape[2], "key_mask");
-  return c;
-}
-
-ExactOptions exact_options(bool causal, std::optional<double> scale, const Call& c,
+ExactOptions exact_options(bool causal, std::optional<double> scale, const AttentionInputs& c,
                            const std::string& accumulate) {
   if (accumulate != "f32" && accumulate != "f64") {
     throw Error("accumulate: '" + accumulate + "' must be f32 or f64");
@@ -71,22 +57,11 @@ void bind_attention(py::module_& m) {
       [](const py::handle& q, const py::handle& k, const py::handle& v, const Projection& w,
          const std::string& kernel, bool causal, std::optional<double> scale,
          const py::handle& key_mask, const std::optional<KernelFit>& fit, bool save_context) {
-        const Call c = inputs(q, k, v, key_mask);
+        const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         const AttentionOptions o = attention_options(kernel, causal, scale, c.mask_view(), fit);
-        const Shape4 shape{c.q.view.shape[0], c.q.view.shape[1], c.q.view.shape[2],
-                           c.v.view.shape[3]};
-        py::array_t<float> y = new_output(shape, c.q.rank);
-        const MutableTensorView out = output_view(y, shape);
-        auto context = std::make_unique<AttentionContext>();
-        AttentionStats stats;
-        {
-          py::gil_scoped_release release;
-          stats = favor_attention(c.q.view, c.k.view, c.v.view, w, out, o,
-                                  save_context ? context.get() : nullptr);
-        }
-        py::object ctx = py::none();
-        if (save_context && context->valid()) ctx = py::cast(std::move(context));
-        return py::make_tuple(y, stats.zero_rows, ctx);
+        return run_attention(c, save_context, [&](MutableTensorView out, AttentionContext* ctx) {
+          return favor_attention(c.q.view, c.k.view, c.v.view, w, out, o, ctx);
+        });
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("projection"),
       py::arg("kernel") = "positive", py::arg("causal") = false, py::arg("scale") = py::none(),
@@ -99,9 +74,8 @@ void bind_attention(py::module_& m) {
          const Projection& w, const std::string& kernel, bool causal, std::optional<double> scale,
          const py::handle& key_mask, const std::optional<KernelFit>& fit, bool projection_grad,
          const AttentionContext* context) {
-        const Call c = inputs(q, k, v, key_mask);
-        const Input g = as_input(dy, "dy");
-        check_same_rank({&c.q, &g}, "q, dy");
+        const AttentionInputs c = attention_inputs(q, k, v, key_mask);
+        const Input g = c.gradient(dy);
         const AttentionOptions o = attention_options(kernel, causal, scale, c.mask_view(), fit);
         AttentionGrads grads;
         {
@@ -120,10 +94,9 @@ void bind_attention(py::module_& m) {
       "exact_attention",
       [](const py::handle& q, const py::handle& k, const py::handle& v, bool causal,
          std::optional<double> scale, const py::handle& key_mask, const std::string& accumulate) {
-        const Call c = inputs(q, k, v, key_mask);
+        const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         const ExactOptions o = exact_options(causal, scale, c, accumulate);
-        const Shape4 shape{c.q.view.shape[0], c.q.view.shape[1], c.q.view.shape[2],
-                           c.v.view.shape[3]};
+        const Shape4 shape = c.output_shape();
         py::array_t<float> y = new_output(shape, c.q.rank);
         const MutableTensorView out = output_view(y, shape);
         {
@@ -140,9 +113,8 @@ void bind_attention(py::module_& m) {
       "exact_attention_backward",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
          bool causal, std::optional<double> scale, const py::handle& key_mask) {
-        const Call c = inputs(q, k, v, key_mask);
-        const Input g = as_input(dy, "dy");
-        check_same_rank({&c.q, &g}, "q, dy");
+        const AttentionInputs c = attention_inputs(q, k, v, key_mask);
+        const Input g = c.gradient(dy);
         const ExactOptions o = exact_options(causal, scale, c, "f32");
         AttentionGrads grads;
         {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "arrays.hpp"
+#include "attention_call.hpp"
 #include "bindings.hpp"
 #include "options.hpp"
 
@@ -73,23 +74,10 @@ auto renaming_map(F&& f) {
   }
 }
 
-struct Call {
-  Input q, k, v;
-  std::optional<Mask> mask;
-};
-
-Call inputs(const py::handle& q, const py::handle& k, const py::handle& v,
-            const py::handle& key_mask) {
-  Call c{as_input(q, "q"), as_input(k, "k"), as_input(v, "v"), std::nullopt};
-  check_same_rank({&c.q, &c.k, &c.v}, "q, k, v");
-  c.mask = as_mask(key_mask, c.k.rank, c.k.view.shape[0], c.k.view.shape[2], "key_mask");
-  return c;
-}
-
-AttentionOptions map_options(bool causal, const Call& c, std::vector<double> decay) {
+AttentionOptions map_options(bool causal, const AttentionInputs& c, std::vector<double> decay) {
   AttentionOptions o;
   o.causal = causal;
-  o.key_mask = mask_view(c.mask);
+  o.key_mask = c.mask_view();
   o.decay = std::move(decay);
   return o;
 }
@@ -131,24 +119,12 @@ void bind_feature_map(py::module_& m) {
       "attention_map",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const FeatureMap& map,
          bool causal, const py::handle& key_mask, std::vector<double> decay, bool save_context) {
-        const Call c = inputs(q, k, v, key_mask);
+        const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         const AttentionOptions o = map_options(causal, c, std::move(decay));
-        const Shape4 shape{c.q.view.shape[0], c.q.view.shape[1], c.q.view.shape[2],
-                           c.v.view.shape[3]};
-        py::array_t<float> y = new_output(shape, c.q.rank);
-        const MutableTensorView out = output_view(y, shape);
-        auto context = std::make_unique<AttentionContext>();
-        AttentionStats stats;
-        {
-          py::gil_scoped_release release;
-          stats = renaming_map([&] {
-            return favor_attention(c.q.view, c.k.view, c.v.view, map, out, o,
-                                   save_context ? context.get() : nullptr);
-          });
-        }
-        py::object ctx = py::none();
-        if (save_context && context->valid()) ctx = py::cast(std::move(context));
-        return py::make_tuple(y, stats.zero_rows, ctx);
+        return run_attention(c, save_context, [&](MutableTensorView out, AttentionContext* ctx) {
+          return renaming_map(
+              [&] { return favor_attention(c.q.view, c.k.view, c.v.view, map, out, o, ctx); });
+        });
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("feature_map"), py::arg("causal") = false,
       py::arg("key_mask") = py::none(), py::arg("decay") = std::vector<double>{},
@@ -159,9 +135,8 @@ void bind_feature_map(py::module_& m) {
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
          const FeatureMap& map, bool causal, const py::handle& key_mask, std::vector<double> decay,
          bool parameter_grads, const AttentionContext* context) {
-        const Call c = inputs(q, k, v, key_mask);
-        const Input g = as_input(dy, "dy");
-        check_same_rank({&c.q, &g}, "q, dy");
+        const AttentionInputs c = attention_inputs(q, k, v, key_mask);
+        const Input g = c.gradient(dy);
         const AttentionOptions o = map_options(causal, c, std::move(decay));
         AttentionGrads grads;
         {

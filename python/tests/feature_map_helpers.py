@@ -68,17 +68,3 @@ def assert_twice_naive(got, ref, naive, what=""):
         f"{what}: error {err:.3g} against float64 exceeds 2 x the naive float32 error "
         f"{naive_err:.3g} + {SLACK}")
     return err
-
-
-def structured(b, h, n, d, seed, clusters=4, noise=0.5, spread=1.5):
-    """Synthetic attention data with structure (queries and keys drawn around shared
-    cluster centres per head: sharp, data-dependent attention that random features
-    estimate poorly and a fitted map can learn); float32 numpy q, k, v [B, H, N, D]."""
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((h, clusters, d)) * spread
-    z = rng.integers(0, clusters, (b, h, n))
-    base = centres[np.arange(h)[None, :, None], z]
-    q = base + noise * rng.standard_normal((b, h, n, d))
-    k = base + noise * rng.standard_normal((b, h, n, d))
-    v = rng.standard_normal((b, h, n, d))
-    return tuple(x.astype(np.float32) for x in (q, k, v))

@@ -13,8 +13,9 @@ from torch import nn
 
 import favor
 import favor.torch as ft
+from favor.fit import clustered_qkv
 from favor.torch import plain
-from feature_map_helpers import assert_twice_naive, learned_map, qkv, structured, tensors
+from feature_map_helpers import assert_twice_naive, learned_map, qkv, tensors
 
 B, H, N, D, DV, M = 2, 3, 11, 6, 5, 8
 
@@ -246,7 +247,7 @@ def test_fit_features_lowers_the_heldout_error(objective):
     """On structured data (keys and queries around shared cluster centres per head) the
     fitted hedgehog map's held-out error falls well below the start's, and on average
     over the steps (the last third below the first third)."""
-    q, k, v = structured(6, 2, 64, 8, seed=0)
+    q, k, v = clustered_qkv(6, 2, 64, 8, seed=0)
     fm, hist = favor.fit_features(q, k, v, kernel="hedgehog", features=16, steps=60, lr=0.02,
                                   objective=objective, holdout=1 / 3, seed=0, kl_block=24)
     assert [h["step"] for h in hist] == list(range(61))
@@ -305,8 +306,8 @@ def test_blockwise_kl_objective_equals_the_materialised_kl(kernel, causal):
 
 
 def test_fit_features_causal_with_heldout_and_verbose(capsys):
-    q, k, v = structured(2, 1, 48, 8, seed=1)
-    hq, hk, hv = structured(1, 1, 48, 8, seed=2)
+    q, k, v = clustered_qkv(2, 1, 48, 8, seed=1)
+    hq, hk, hv = clustered_qkv(1, 1, 48, 8, seed=2)
     fm, hist = favor.fit_features(q[0, 0], k[0, 0], v[0, 0], kernel="positive", features=8,
                                   steps=10, lr=0.02, causal=True, heldout=(hq, hk, hv),
                                   learn=("weights", "bias"), seed=3, verbose=True, eval_every=5)
@@ -333,7 +334,7 @@ def test_fit_features_causal_with_heldout_and_verbose(capsys):
     (dict(start="map.npz"), "start"),
 ])
 def test_fit_features_bad_arguments_raise_value_errors(kw, match):
-    q, k, v = structured(2, 1, 16, 4, seed=4)
+    q, k, v = clustered_qkv(2, 1, 16, 4, seed=4)
     with pytest.raises(ValueError, match=match):
         favor.fit_features(q, k, v, **{"steps": 1, **kw})
 
