@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cpu/feature_params.hpp"
+#include "cpu/tiles.hpp"
 #include "favor/features.hpp"
 #include "favor/tensor.hpp"
 
@@ -22,6 +23,7 @@ struct AttentionParams {
   int64_t batch, heads, nq, nk, d, dv;
   FeatureParams map;           // the feature map (cpu/feature_params.hpp)
   int64_t first_position = 0;  // position of key 0 (decay): the decoder's tokens so far
+  int64_t chunk = kChunk;  // causal forward: chunk length C, 1 .. kChunk (the tests vary it)
   const uint8_t* mask;         // [B, Nk], nonzero = key takes part; null = no mask
   int64_t mask_stride_b, mask_stride_n;
   int threads;

@@ -1,4 +1,4 @@
-// Causal FAVOR attention in chunks of C = kChunk tokens, per (batch, head):
+// Causal FAVOR attention in chunks of C = kChunk tokens (p.chunk), per (batch, head):
 //   [Y_c | den_c] = [phi(Q_c) | tril(phi(Q_c) phi(K_c)^T)] [S_{<c} | s_{<c} ; V_c | 1]
 //   [S | s]_{<c+1} = [S | s]_{<c} + phi(K_c)^T [V_c | 1]
 // The chunk's augmented values sit right below the state in one buffer, so the inter- and
@@ -55,8 +55,8 @@ int64_t sweep(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int
   state.max = max;
   float* vx = ws.sv.data() + F * (dv + 1);  // the chunk's [V_c | 1], right below the state
   int64_t zero_rows = 0;
-  for (int64_t c0 = begin; c0 < end; c0 += kChunk) {
-    const int64_t rows = std::min(kChunk, end - c0);
+  for (int64_t c0 = begin; c0 < end; c0 += p.chunk) {
+    const int64_t rows = std::min(p.chunk, end - c0);
     load_chunk(p, b, h, c0, rows, vx, ws);
     const bool moved = chunk_key_features(p, rows, state.max, ws);
     state.copy_normaliser(ws.s.data());
