@@ -289,6 +289,28 @@ std::vector<Case> cases() {
                    false,
                    {0, false, false, false, {0.95, 0.8}}});
   }
+  // Strong decay over long sequences, per head: ddecay is a sum over pairs of (i - j) A_ij dA_ij
+  // that cancels only within each query's row. (A position-weighted sum of the keys' dL/dg_j,
+  // which cancels across the whole head, failed all of these: its error grows like
+  // N (1 - gamma) 2^-24.)
+  for (Kernel kernel : {Kernel::positive, Kernel::trig, Kernel::hyperbolic, Kernel::hedgehog}) {
+    out.push_back({1,
+                   2,
+                   2000,
+                   2000,
+                   8,
+                   4,
+                   16,
+                   kernel,
+                   true,
+                   false,
+                   false,
+                   {2, true, true, true, {0.5, 0.6}}});
+  }
+  const Spec gamma09{2, true, true, true, {0.9, 0.9}};
+  out.push_back({1, 2, 200, 200, 16, 8, 64, Kernel::positive, true, false, false, gamma09});
+  out.push_back({1, 2, 200, 200, 16, 8, 16, Kernel::trig, true, false, false, gamma09});
+  out.push_back({1, 2, 200, 200, 8, 8, 16, Kernel::hedgehog, true, false, false, gamma09});
   // FAVOR++ / FAVOR# with decay: dW through the fit and ddecay.
   for (Kernel kernel : {Kernel::favorpp, Kernel::favorsharp}) {
     out.push_back(

@@ -77,8 +77,8 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     project_rows(t.x.data(), rows, d, p.map.head_w(bh), m, t.a.data(), p.map.head_bias(bh));
     for (int64_t r = 0; r < rows; ++r) {
       const float* a = t.a.data() + r * m;
-      query_features(p.map.kernel, a, m, query_shift(p.map.kernel, a, m, ws.log_s.data()), ws.log_s.data(),
-                     t.phi.data() + r * F);
+      query_features(p.map.kernel, a, m, query_shift(p.map.kernel, a, m, ws.log_s.data()),
+                     ws.log_s.data(), t.phi.data() + r * F);
     }
     gemm(false, false, rows, ld, F, 1.0f, t.phi.data(), F, ws.Sx.data(), ld, 0.0f, ws.yx.data(),
          ld);
@@ -91,11 +91,9 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
                      ws.pa.data(), bp.dq + (bh * p.nq + i0) * d, dw, db);
   }
 
-  // Keys: dk and dv (masked keys keep their zero gradients), and the gradients of their log
-  // weights (feature weights; positions as in the key pass).
-  const KeyRows keys{t.index.data(), p.first_position,
-                     static_cast<double>(p.first_position) + 0.5 * static_cast<double>(p.nk - 1),
-                     bp.dlogw ? bp.dlogw + bh * m : nullptr, bp.drate ? bp.drate + bh : nullptr};
+  // Keys: dk and dv (masked keys keep their zero gradients), and the gradients of their
+  // feature weights.
+  const KeyRows keys{bp.dlogw ? bp.dlogw + bh * m : nullptr};
   for (int64_t next = 0; next < p.nk;) {
     const int64_t rows = gather_key_tile(p, b, h, &next, p.nk, t);
     if (rows == 0) break;
@@ -106,8 +104,8 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     gemm(false, true, rows, F, ld, 1.0f, t.vx.data(), ld, ws.R.data(), ld, 0.0f, ws.dphi.data(), F);
     gemm(false, false, rows, dv, F, 1.0f, t.phi.data(), F, ws.R.data(), ld, 0.0f, ws.dvx.data(),
          dv);
-    feature_backward(p.map, bh, &keys, rows, t.x.data(), t.phi.data(), ws.dphi.data(),
-                     ws.pa.data(), ws.dx.data(), dw, db);
+    feature_backward(p.map, bh, &keys, rows, t.x.data(), t.phi.data(), ws.dphi.data(), ws.pa.data(),
+                     ws.dx.data(), dw, db);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t j = t.index[r];
       std::copy(ws.dx.data() + r * d, ws.dx.data() + (r + 1) * d, bp.dk + (bh * p.nk + j) * d);
@@ -122,8 +120,8 @@ void favor_backward_bidirectional(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   backward_over_heads<Workspace>(
       p.batch * p.heads, p.threads, bp.dw, bp.dbias,
-      [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d, p.map.m,
-      p.map.features(), p.dv, bp.summed_dw(), bp.summed_dbias());
+      [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d,
+      p.map.m, p.map.features(), p.dv, bp.summed_dw(), bp.summed_dbias());
 }
 
 }  // namespace favor::cpu

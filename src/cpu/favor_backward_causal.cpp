@@ -9,6 +9,14 @@
 //      running max), dphi(K_c) = [V_c | 1] R^T + D^T phi(Q_c), dV_c = phi(K_c) R[:, :Dv] +
 //      G^T gx[:, :Dv] -> dk, dv; then R takes in the chunk's queries.
 // As in the forward pass all scale factors are exp(M_j - M_i) <= 1 for j <= i.
+//
+// The decay's gradient (rate = -log gamma) comes from sweep A in pair form,
+//   dL/drate = -sum_i gx_i . sum_{j <= i} (i - j) A_ij [v_j | 1],
+// with a second, distance-weighted state Dx = sum_{j < c} (c - j) phi(k_j) [v_j | 1]^T
+// (origin c: the chunk's first position; same max as [S | s]), so that for query i of chunk c
+// the earlier keys give phi(q_i) [(i - c) [S | s] + Dx] and the chunk's own keys
+// sum_j (i - j) G_ij [v_j | 1]. Each row's terms combine into dy_i . sum_j (i - j) A_ij
+// (v_j - y_i) / den_i: nothing cancels across rows (docs/gradients.md).
 #include <omp.h>
 
 #include <algorithm>
@@ -30,9 +38,11 @@ struct Workspace {
   std::vector<float> phiq, gscaled, dmat, dphi, pa, dx, dvv, R, dw, db;
   std::vector<float> gstore, chunk_s;  // per head: N x (dv + 1); chunks x F
   std::vector<double> chunk_max;       // per head: chunks
+  std::vector<float> dist, dist_rows;  // decay only: Dx (F x (dv + 1)); C x (dv + 1) scratch
   // Sized for a whole head of n tokens here, before the parallel region (allocation failures
   // then throw to the caller).
-  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, bool summed_dw, bool summed_db, int64_t n)
+  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, bool summed_dw, bool summed_db, int64_t n,
+            bool decay)
       : chunk(d, m, F, dv),
         phiq(kChunk * F),
         gscaled(kChunk * (dv + 1)),
@@ -46,7 +56,9 @@ struct Workspace {
         db(summed_db ? m : 0),
         gstore(n * (dv + 1)),
         chunk_s((n + kChunk - 1) / kChunk * F),
-        chunk_max((n + kChunk - 1) / kChunk) {}
+        chunk_max((n + kChunk - 1) / kChunk),
+        dist(decay ? F * (dv + 1) : 0),
+        dist_rows(decay ? kChunk * (dv + 1) : 0) {}
 };
 
 // D = tril(gx [V_c | 1]^T), D_ij at scale exp(M_j - M_i).
@@ -72,6 +84,59 @@ void scale_rows(const float* gx, int64_t rows, int64_t ldv, double from,
   }
 }
 
+// The chunk's share of dL/drate, -sum_i gx_i . T_i over its queries (rows r = i - c):
+//   T_i = r phi(q_i) [S | s] + phi(q_i) Dx + sum_{j <= i} (r - r_j) G_ij [v_j | 1],
+// phi(q_i) as chunk_output scaled it (state read at exp(M_{<c} - M_i)), G at exp(M_j - M_i).
+// Uses w.dmat as scratch (chunk_d_matrix overwrites it).
+double chunk_rate_grad(int64_t rows, const HeadState& state, const float* gx, const float* vx,
+                       Workspace& w) {
+  const ChunkWorkspace& ws = w.chunk;
+  const int64_t F = ws.F, ldv = ws.dv + 1, ldq = ws.ldq();
+  float* t = w.dist_rows.data();
+  gemm(false, false, rows, ldv, F, 1.0f, ws.qg.data(), ldq, state.Sx, ldv, 0.0f, t, ldv);
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t x = 0; x < ldv; ++x) t[i * ldv + x] *= static_cast<float>(i);
+  }
+  gemm(false, false, rows, ldv, F, 1.0f, ws.qg.data(), ldq, w.dist.data(), ldv, 1.0f, t, ldv);
+  const float* G = ws.qg.data() + F;
+  for (int64_t i = 0; i < rows; ++i) {
+    float* wi = w.dmat.data() + i * kChunk;
+    for (int64_t j = 0; j < i; ++j) wi[j] = static_cast<float>(i - j) * G[i * ldq + j];
+    std::fill(wi + i, wi + rows, 0.0f);
+  }
+  gemm(false, false, rows, ldv, rows, 1.0f, w.dmat.data(), kChunk, vx, ldv, 1.0f, t, ldv);
+  double sum = 0.0;
+  for (int64_t i = 0; i < rows * ldv; ++i) sum += static_cast<double>(gx[i]) * t[i];
+  return -sum;
+}
+
+// chunk_state_update and, with `distance`, Dx's origin moved past the chunk (c -> c + rows):
+// Dx + rows [S | s] (both at the old max), rescaled as the state is (exp(old max - new max)),
+// plus the chunk's keys at distance rows - r (ws.phik, then at the chunk's last running max).
+void update_states(int64_t rows, bool moved, bool distance, HeadState& state, const float* vx,
+                   Workspace& w) {
+  ChunkWorkspace& ws = w.chunk;
+  if (!distance) {
+    chunk_state_update(rows, moved, state, vx, ws);
+    return;
+  }
+  const int64_t F = ws.F, ldv = ws.dv + 1;
+  const auto shift = static_cast<float>(rows);
+  for (size_t k = 0; k < w.dist.size(); ++k) w.dist[k] += shift * state.Sx[k];
+  const double old_max = state.max;
+  chunk_state_update(rows, moved, state, vx, ws);
+  const float f = rescale(old_max, state.max);
+  if (f != 1.0f) {
+    for (float& x : w.dist) x *= f;
+  }
+  float* wv = w.dist_rows.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto weight = static_cast<float>(rows - r);
+    for (int64_t x = 0; x < ldv; ++x) wv[r * ldv + x] = weight * vx[r * ldv + x];
+  }
+  gemm(true, false, F, ldv, rows, 1.0f, ws.phik.data(), F, wv, ldv, 1.0f, w.dist.data(), ldv);
+}
+
 void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
   const AttentionParams& p = bp.fwd;
   ChunkWorkspace& ws = w.chunk;
@@ -81,10 +146,13 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
   float* db = bp.head_dbias(bh, w.db.empty() ? nullptr : w.db.data());
   const float* dyh = bp.dy + b * bp.dy_strides[0] + h * bp.dy_strides[1];
   float* vx = ws.sv.data() + F * ldv;
+  double* drate = bp.drate ? bp.drate + bh : nullptr;
 
-  // A. Forward sweep: outputs, gx, dq.
+  // A. Forward sweep: outputs, gx, dq (and drate).
   HeadState state = ws.state();
   state.clear();
+  std::fill(w.dist.begin(), w.dist.end(), 0.0f);
+  double rate_sum = 0.0;
   for (int64_t ci = 0; ci < chunks; ++ci) {
     const int64_t c0 = ci * kChunk, rows = std::min(kChunk, n - c0);
     load_chunk(p, b, h, c0, rows, vx, ws);
@@ -99,16 +167,18 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
     float* gx = w.gstore.data() + c0 * ldv;
     upstream_rows(ws.yx.data(), dyh + c0 * bp.dy_strides[2], bp.dy_strides[2], bp.dy_strides[3],
                   rows, dv, gx);
+    if (drate) rate_sum += chunk_rate_grad(rows, state, gx, vx, w);
     scale_rows(gx, rows, ldv, state.max, ws.run_max, w.gscaled.data());
     gemm(false, true, rows, F, ldv, 1.0f, w.gscaled.data(), ldv, state.Sx, ldv, 0.0f, w.dphi.data(),
          F);
     chunk_d_matrix(rows, moved, gx, vx, ldv, w);
     gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
          w.dphi.data(), F);
-    feature_backward(p.map, bh, nullptr, rows, ws.x.data() + rows * d, w.phiq.data(),
-                     w.dphi.data(), w.pa.data(), bp.dq + (bh * n + c0) * d, dw, db);
-    chunk_state_update(rows, moved, state, vx, ws);
+    feature_backward(p.map, bh, nullptr, rows, ws.x.data() + rows * d, w.phiq.data(), w.dphi.data(),
+                     w.pa.data(), bp.dq + (bh * n + c0) * d, dw, db);
+    update_states(rows, moved, drate && ci + 1 < chunks, state, vx, w);
   }
+  if (drate) *drate += rate_sum;
 
   // B. Reverse sweep: dk, dv, with R = later queries' phi(q) gx^T.
   std::fill(w.R.begin(), w.R.end(), 0.0f);
@@ -137,9 +207,7 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
     gemm(true, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.qg.data(), ldq, 1.0f,
          w.dphi.data(), F);
     gemm(true, false, rows, dv, rows, 1.0f, ws.qg.data() + F, ldq, gx, ldv, 1.0f, w.dvv.data(), dv);
-    // Key j of the chunk sits at position c0 + j (as in chunk_key_features).
-    const KeyRows keys{nullptr, c0, 0.5 * static_cast<double>(n - 1),
-                       bp.dlogw ? bp.dlogw + bh * m : nullptr, bp.drate ? bp.drate + bh : nullptr};
+    const KeyRows keys{bp.dlogw ? bp.dlogw + bh * m : nullptr};
     feature_backward(p.map, bh, &keys, rows, ws.x.data(), ws.phik.data(), w.dphi.data(),
                      w.pa.data(), bp.dk + (bh * n + c0) * d, dw, db);
     std::copy_n(w.dvv.data(), rows * dv, bp.dv + (bh * n + c0) * dv);
@@ -159,8 +227,9 @@ void favor_backward_causal(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   backward_over_heads<Workspace>(
       p.batch * p.heads, p.threads, bp.dw, bp.dbias,
-      [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d, p.map.m,
-      p.map.features(), p.dv, bp.summed_dw(), bp.summed_dbias(), p.nq);
+      [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d,
+      p.map.m, p.map.features(), p.dv, bp.summed_dw(), bp.summed_dbias(), p.nq,
+      bp.drate != nullptr);
 }
 
 }  // namespace favor::cpu

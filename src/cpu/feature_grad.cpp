@@ -13,18 +13,6 @@ namespace {
 void key_log_weight_grads(const FeatureParams& map, const KeyRows& key, int64_t rows,
                           const float* phi, const float* dphi) {
   const int64_t m = map.m, F = map.features();
-  if (key.drate) {
-    // The sum cancels (sum_r t_r = 0): double products and sums.
-    double sum = 0.0;
-    for (int64_t r = 0; r < rows; ++r) {
-      double t = 0.0;
-      for (int64_t f = 0; f < F; ++f)
-        t += static_cast<double>(dphi[r * F + f]) * static_cast<double>(phi[r * F + f]);
-      const int64_t position = key.first + (key.index ? key.index[r] : r);
-      sum += (static_cast<double>(position) - key.origin) * t;
-    }
-    *key.drate += sum;
-  }
   if (key.dlogw) {
     // Row f makes features f and (two-sided and trig kernels) m + f, each times lambda_f^2.
     const bool paired = F == 2 * m;

@@ -7,7 +7,7 @@
 //   trig                  d/da_f = dphi_sin,f phi_cos,f - dphi_cos,f phi_sin,f
 // with a = W x + b; keys also carry their norm factor exp(-+|x|^2/2) (none for hedgehog),
 // whose gradient is -+x sum_f dphi_f phi_f (queries' factor cancels in the output and is not
-// formed), and their log weights (feature weights, decay: KeyRows).
+// formed), and their feature weights' log weights (KeyRows).
 #include <cstdint>
 
 #include "cpu/feature_params.hpp"
@@ -15,21 +15,15 @@
 
 namespace favor::cpu {
 
-/// What key rows add beyond dx: their positions (decay) and the gradients of the key-only log
-/// weights. A key's features carry exp(g_r + l_f) (g_r = key_log_weight, with + position *
-/// rate under decay; l_f = log lambda_f^2), so with t_r = sum_f dphi_rf phi_rf = dL/dg_r:
-///   drate += sum_r (position_r - origin) t_r            (in double)
+/// What key rows add beyond dx: the gradient of the feature weights' key-only log weights.
+/// A key's features carry exp(l_f) (l_f = log lambda_f^2), so
 ///   dlogw[f] += sum_r sum over the features of row f of dphi phi
-/// (the products are the unstabilised ones: the shifts cancel). Scaling every key of a head
-/// leaves y unchanged, so sum_r t_r = 0 over the head's keys and any origin gives the same
-/// drate; the middle of the positions halves the largest weight on the rounding errors of t_r,
-/// which the sum does not cancel (its relative error grows like N (1 - gamma) 2^-24).
+/// (the products are the unstabilised ones: the shifts cancel). The decay's key log weight
+/// (+ position * rate) is not differentiated here: sum_r position_r dL/dg_r cancels badly
+/// (sum_r dL/dg_r = 0), so the causal backward forms dL/drate in pair form from the attention
+/// weights instead (favor_backward_causal.cpp).
 struct KeyRows {
-  const int64_t* index = nullptr;  // row r sits at position first + index[r] (null: first + r)
-  int64_t first = 0;
-  double origin = 0.0;
-  float* dlogw = nullptr;   // m, or null
-  double* drate = nullptr;  // one value, or null
+  float* dlogw = nullptr;  // m, or null
 };
 
 /// Head bh of `map`: dx (rows x d) = sqrt_scale * (Pa W + norm term) for scaled input rows x
