@@ -12,7 +12,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import _core
-from .feature_map import FeatureMap, _sets
+from .feature_map import FeatureMap, _check_set_count, _check_values, _sets
 
 DEFAULT_FEATURES = 256
 KERNEL_NAMES = ("positive", "trig", "hyperbolic", "favorpp", "favorsharp", "hedgehog", "favor++",
@@ -104,7 +104,8 @@ def _decay(decay):
 
 
 def _lambda(feature_weights):
-    """feature_weights (an array [m] / [heads, m] or a .npy path) as float32 [heads, m]."""
+    """feature_weights (an array [m] / [heads, m] or a .npy path) as float32 [heads, m], its
+    values finite and nonzero (errors name feature_weights)."""
     if isinstance(feature_weights, (str, os.PathLike)):
         try:
             feature_weights = np.load(os.fspath(feature_weights), allow_pickle=False)
@@ -114,25 +115,41 @@ def _lambda(feature_weights):
         if not isinstance(feature_weights, np.ndarray):
             raise _core.Error("feature_weights: a .npz file is a whole map; pass it as "
                               "feature_map=")
-    return _sets(feature_weights, "feature_weights", 1, None)
+    lam = _sets(feature_weights, "feature_weights", 1, None)
+    _check_values(lam, "feature_weights", nonzero=True)
+    return lam
 
 
 _DRAW_DEFAULTS = (("kernel", "positive"), ("features", None), ("projection", "orthogonal"),
                   ("norms", "chi"), ("seed", 0), ("scale", None), ("fit", None))
 
 
-def _core_map(d, feature_map, feature_weights, decay, draw, force=False):
+def _check_map_defaults(draw):
+    """With a feature_map, the drawing options (dict name -> value: kernel, features,
+    projection, norms, seed, scale, fit) must keep their defaults: the map carries them. An
+    explicit default value cannot be told from the default and passes."""
+    for name, default in _DRAW_DEFAULTS:
+        value = draw[name]
+        if value is not default and not (isinstance(value, (str, int)) and value == default):
+            raise _core.Error(f"{name}: the feature_map carries the kernel, projection, scale "
+                              "and fit; leave " + ", ".join(n for n, _ in _DRAW_DEFAULTS)
+                              + " at their defaults")
+
+
+def _batch_heads(x):
+    """(B, H) of a 4-D [B, H, N, D] input; (1, 1) for 2-D [N, D]."""
+    return (int(x.shape[0]), int(x.shape[1])) if len(x.shape) == 4 else (1, 1)
+
+
+def _core_map(d, feature_map, feature_weights, decay, draw, force=False, inputs=None):
     """The favor._core.FeatureMap of a call, or None for the Projection path: feature_map
     itself (a FeatureMap or a path to a saved one; the drawing options `draw` must then keep
     their defaults), or the drawn projection with the kernel, scale, fit and feature_weights
-    of the call (when feature_weights or decay is given, or `force`)."""
+    of the call (when feature_weights or decay is given, or `force`). inputs: (B, H) of the
+    call, which the feature_weights' sets are checked against (errors name feature_weights,
+    not the map made from them)."""
     if feature_map is not None:
-        for name, default in _DRAW_DEFAULTS:
-            value = draw[name]
-            if value is not default and not (isinstance(value, (str, int)) and value == default):
-                raise _core.Error(f"{name}: the feature_map carries the kernel, projection, scale "
-                                  "and fit; leave " + ", ".join(n for n, _ in _DRAW_DEFAULTS)
-                                  + " at their defaults")
+        _check_map_defaults(draw)
         if feature_weights is not None:
             raise _core.Error("feature_weights: the feature_map carries its own lambda; give one "
                               "or the other")
@@ -153,6 +170,12 @@ def _core_map(d, feature_map, feature_weights, decay, draw, force=False):
         features = lam.shape[-1]
     w = make_projection(d, draw["projection"], features=features, norms=draw["norms"],
                         seed=draw["seed"])
+    if lam is not None:
+        if lam.shape[1] != w.m:
+            raise _core.Error(f"feature_weights: has {lam.shape[1]} weights per set; the "
+                              f"projection has m = {w.m} rows (one weight per row)")
+        if inputs is not None and all(_integer(x) is not None and x >= 1 for x in inputs):
+            _check_set_count(lam.shape[0], "feature_weights", *inputs)
     kernel = draw["kernel"]
     return _core.FeatureMap(w, kernel=kernel, scale=draw["scale"], fit=_fit(draw["fit"], kernel, d),
                             heads=1 if lam is None else lam.shape[0], lambda_=lam)
@@ -218,7 +241,7 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
     d = _head_dim(q, "q")
     draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
                 seed=seed, scale=scale, fit=fit)
-    fm = _core_map(d, feature_map, feature_weights, decay, draw)
+    fm = _core_map(d, feature_map, feature_weights, decay, draw, inputs=_batch_heads(q))
     if fm is not None:
         y, zero_rows, context = _core.attention_map(q, k, v, fm, causal=causal, key_mask=key_mask,
                                                     decay=_decay(decay), save_context=full_output)
@@ -254,7 +277,8 @@ def attention_backward(q, k, v, dy, *, causal=False, kernel="positive", features
     d = _head_dim(q, "q")
     draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
                 seed=seed, scale=scale, fit=fit)
-    fm = _core_map(d, feature_map, feature_weights, decay, draw, force=parameter_grads)
+    fm = _core_map(d, feature_map, feature_weights, decay, draw, force=parameter_grads,
+                   inputs=_batch_heads(q))
     if fm is not None:
         g = _core.attention_map_backward(q, k, v, dy, fm, causal=causal, key_mask=key_mask,
                                          decay=_decay(decay),
@@ -287,7 +311,7 @@ def features(x, *, kernel="positive", features=None, projection="orthogonal", no
     d = _head_dim(x, "x")
     draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
                 seed=seed, scale=scale, fit=fit)
-    fm = _core_map(d, feature_map, feature_weights, None, draw)
+    fm = _core_map(d, feature_map, feature_weights, None, draw, inputs=_batch_heads(x))
     if fm is not None:
         return _core.features_map(x, fm)
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
@@ -357,7 +381,7 @@ class Decoder(_Streaming):
         if feature_weights is not None or decay is not None:
             fm = _core_map(projection.d, None, feature_weights, decay,
                            dict(_DRAW_DEFAULTS, kernel=kernel, scale=scale, fit=fit,
-                                projection=projection))
+                                projection=projection), inputs=(batch, heads))
             self._d = _core.Decoder(batch, heads, dv, feature_map=fm, decay=_decay(decay))
             return
         self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,

@@ -23,7 +23,6 @@ from . import _core
 
 KERNELS = ("positive", "trig", "hyperbolic", "hedgehog", "favorpp", "favorsharp")
 _ALIASES = {"favor++": "favorpp", "favor#": "favorsharp"}
-_MEMBERS = ("kernel", "scale", "projection", "heads", "weights", "bias", "lambda")
 
 
 def _kernel_name(kernel):
@@ -55,6 +54,27 @@ def _sets(x, name, per_set_rank, heads):
     if heads is not None and a.shape[0] != heads:
         raise _core.Error(f"{name}: has {a.shape[0]} sets along axis 0 but heads = {heads}")
     return a
+
+
+def _check_values(a, name, nonzero=False):
+    """The C++ check of a parameter's values (finite; nonzero for feature weights), naming
+    the caller's argument: `name[i] = x` with i the flat index, as the C++ message."""
+    a = np.asarray(a)
+    bad = ~np.isfinite(a)
+    if nonzero:
+        bad |= a == 0
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        what = "feature weights must be finite and nonzero" if nonzero else "not finite"
+        raise _core.Error(f"{name}[{i}] = {a.reshape(-1)[i]:g}: {what}")
+
+
+def _check_set_count(sets, name, batch, heads):
+    """A parameter with `sets` sets along axis 0 against inputs with `batch` sequences of
+    `heads` heads: 1, H or B*H (head (b, h) uses set (b H + h) % sets)."""
+    if sets not in (1, heads, batch * heads):
+        raise _core.Error(f"{name}: has {sets} parameter sets along axis 0; the inputs need 1, "
+                          f"H = {heads} or B*H = {batch * heads}")
 
 
 class FeatureMap:
@@ -203,7 +223,8 @@ class FeatureMap:
         """Reads a map written by save() or by the C++ library / CLI (.npz, stored or
         deflated). A bare .npy of float [m] or [heads, m] is the feature weights lambda
         alone: give the projection (a favor.Projection or an [m, d] array), kernel and scale
-        it goes with. Malformed files raise favor.Error naming the member."""
+        it goes with. Malformed files raise favor.Error naming the member. Members other
+        than the format's are ignored, as the C++ reader (the CLI) ignores them."""
         path = os.fspath(path)
         try:
             data = np.load(path, allow_pickle=False)
@@ -219,10 +240,6 @@ class FeatureMap:
             if projection is not None or kernel != "positive" or scale is not None:
                 raise _core.Error(f"projection: '{path}' is a whole map (.npz); projection, "
                                   "kernel and scale come from the file")
-            unknown = sorted(set(data.files) - set(_MEMBERS))
-            if unknown:
-                raise _core.Error(f"path: '{path}' has members {unknown} that are not part of "
-                                  "the map format (" + ", ".join(_MEMBERS) + ")")
             for name in ("kernel", "scale", "projection", "heads"):
                 if name not in data.files:
                     raise _core.Error(f"{name}: member missing from '{path}'")

@@ -15,7 +15,9 @@ training sequences. Objectives:
   formed; phi(K) is formed once and its gradient accumulated over the blocks.
 
 Every step records the training loss and the held-out relative error |y - y_exact|_F /
-|y_exact|_F of favor attention with the current map.
+|y_exact|_F of favor attention with the current map. As the C++ fit (favor::fit_features):
+after every step each |lambda_f| is raised to at least lambda_floor (sign kept), and the
+fitted map keeps the start's parameter sets (1 or H; H without a start or learned parameters).
 """
 import math
 import time
@@ -74,7 +76,7 @@ def _split(q, k, v, heldout, holdout):
             (q[:, :, -hq:], k[:, :, -hk:], v[:, :, -hk:]))
 
 
-def _check(kernel, features, steps, lr, objective, learn, kl_block):
+def _check(kernel, features, steps, lr, objective, learn, kl_block, lambda_floor):
     if kernel not in FITTABLE:
         raise _core.Error(f"kernel: '{kernel}' cannot be fitted; use one of " + ", ".join(FITTABLE)
                           + " (favorpp / favorsharp take their parameters from a KernelFit)")
@@ -95,6 +97,9 @@ def _check(kernel, features, steps, lr, objective, learn, kl_block):
             raise _core.Error(f"{name}: {value!r} must be an integer >= {low}")
     if not isinstance(lr, (int, float)) or not lr > 0:
         raise _core.Error(f"lr: {lr!r} must be > 0")
+    if (isinstance(lambda_floor, bool) or not isinstance(lambda_floor, (int, float))
+            or not (math.isfinite(lambda_floor) and lambda_floor > 0)):
+        raise _core.Error(f"lambda_floor: {lambda_floor!r} must be finite and > 0")
     return learn
 
 
@@ -115,12 +120,16 @@ def _start_map(start, kernel, features, d, heads, seed, projection, norms, scale
 
 
 class _Parameters:
-    """The map being fitted: base projection, kernel, scale and per-head tensors W, b,
-    lambda (each learned, a constant, or None)."""
+    """The map being fitted: base projection, kernel, scale and tensors W, b, lambda with one
+    set per head, or the start's single shared set (each learned, a constant, or None)."""
 
     def __init__(self, start, heads, learn):
         import torch
 
+        # As the C++ FeatureMap::learnable in favor::fit_features: a start with learned
+        # parameters keeps its 1 or H sets (the ones it lacks are made with as many), one
+        # without gets a set per head.
+        heads = start.heads if start.learned else heads
         self.start, self.heads = start, heads
         self.kernel, self.scale = start.kernel, start.resolved_scale
         self.projection = _core.Projection.from_matrix(start.projection)
@@ -130,9 +139,8 @@ class _Parameters:
                 if default is None:
                     return None
                 a = default
-            a = np.asarray(a, dtype=np.float32)
-            a = np.repeat(a, heads, axis=0) if a.shape[0] == 1 else a
-            return torch.from_numpy(np.ascontiguousarray(a))
+            a = np.array(a, dtype=np.float32, order="C")  # a copy: the start stays as given
+            return torch.from_numpy(np.repeat(a, heads, axis=0) if a.shape[0] == 1 else a)
 
         m = start.m
         self.w = per_head(start.weights, start.projection[None] if "weights" in learn else None)
@@ -144,6 +152,15 @@ class _Parameters:
             if name in learn:
                 t.requires_grad_(True)
                 self.learned.append(t)
+
+    def floor_lambda(self, floor):
+        """|lambda| raised to at least `floor` (in float32), its sign kept (C++ copysign)."""
+        import torch
+
+        with torch.no_grad():
+            f = torch.full_like(self.lam, floor)
+            self.lam.copy_(torch.where(self.lam.abs() < f, torch.copysign(f, self.lam),
+                                       self.lam))
 
     def attention(self, q, k, v, causal):
         from .torch.function import attention
@@ -225,19 +242,25 @@ def _kl_step(params, q, k, causal, block):
 def fit_features(q, k, v, *, kernel="hedgehog", features=64, steps=200, lr=1e-2,
                  objective="output", heldout=None, holdout=0.25, causal=False, learn=LEARNABLE,
                  seed=0, kl_block=256, verbose=False, projection="orthogonal", norms="chi",
-                 scale=None, start=None, eval_every=1):
+                 scale=None, start=None, eval_every=1, lambda_floor=1e-3):
     """Fits a feature map to q, k, v ([N, D] or [B, H, N, D], numpy or torch; v [..., Dv])
     by distillation against exact softmax attention; returns (favor.FeatureMap, history).
 
     kernel: hedgehog (default), positive, hyperbolic or trig; features: m, the projection
     rows (drawn: kind `projection`, `norms`, `seed`, as the CLI's --projection/--norms/
     --seed); start: a favor.FeatureMap to start from instead (heads 1 or H). learn: which
-    parameters to train, per head: "weights" (W [H, m, D], from the projection), "bias"
-    (b [H, m], from 0), "lambda" (the feature weights [H, m], from 1). objective: "output"
+    parameters to train: "weights" (W [H, m, D], from the projection), "bias" (b [H, m],
+    from 0), "lambda" (the feature weights [H, m], from 1), one set per head; a start with
+    learned parameters keeps its sets instead (heads = 1: one set shared by every head, the
+    parameters it lacks made shared too), as the C++ fit. objective: "output"
     (attention-output MSE) or "kl" (row-wise KL of the attention weights, blockwise in
     kl_block query rows). heldout=(q, k, v) held-out sequences, else the last `holdout`
     fraction of the batch (B >= 2) or of the tokens (B = 1) is held out. causal: fit causal
-    attention. Adam with step size lr for `steps` steps.
+    attention. Adam with step size lr for `steps` steps. lambda_floor: feature weights must
+    stay nonzero, so after every step each |lambda_f| is raised to at least this, its sign
+    kept (the C++ FitOptions::lambda_floor; only ratios of lambda^2 matter, and a weight at
+    1e-3 leaves its feature 1e-6 of the weight of one at 1: practically off, still
+    invertible).
 
     history: one dict per evaluated step (step 0 = the starting map; every eval_every steps
     and the last): step, loss (the training loss at that step's map), heldout_error
@@ -250,7 +273,7 @@ def fit_features(q, k, v, *, kernel="hedgehog", features=64, steps=200, lr=1e-2,
     from . import api
 
     learn = _check(kernel if start is None else getattr(start, "kernel", kernel), features,
-                   steps, lr, objective, learn, kl_block)
+                   steps, lr, objective, learn, kl_block, lambda_floor)
     if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 0:
         raise _core.Error(f"eval_every: {eval_every!r} must be an integer >= 0")
     q, k, v = _as4(q, "q"), _as4(k, "k"), _as4(v, "v")
@@ -269,6 +292,7 @@ def fit_features(q, k, v, *, kernel="hedgehog", features=64, steps=200, lr=1e-2,
         print(f"favor.fit_features: kernel={params.kernel} m={fm.m} D={d} heads={heads} "
               f"objective={objective} learn={','.join(learn)} steps={steps} lr={lr} "
               f"causal={causal} projection={projection if start is None else 'start'} "
+              f"sets={params.heads} lambda_floor={lambda_floor:g} "
               f"norms={norms} seed={seed} scale={params.scale:.6g}; train {list(tq.shape)}, "
               f"held out {list(hq.shape)}", flush=True)
     optimiser = torch.optim.Adam(params.learned, lr=lr)
@@ -298,6 +322,8 @@ def fit_features(q, k, v, *, kernel="hedgehog", features=64, steps=200, lr=1e-2,
                       f"{record['seconds']:.2f}s", flush=True)
         if not last:
             optimiser.step()
+            if "lambda" in learn:
+                params.floor_lambda(lambda_floor)
     return params.feature_map(), history
 
 

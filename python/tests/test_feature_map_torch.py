@@ -6,6 +6,8 @@ convert), their decoder and state_dict, favor.fit_features, and the errors.
 Tolerance: feature_map_helpers (2x the naive float32 error + 1e-6). Seeds are fixed.
 Run: cd python/tests && PYTHONPATH=<build>/python python3 -m pytest -q test_feature_map_torch.py
 """
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -239,6 +241,70 @@ def test_convert_with_a_fitted_map_as_init():
     assert out.shape == (2, 5, 16)
 
 
+def _mha_with_decay(decay, **kw):
+    """A favor MultiheadAttention (positive, m = M) with torch's initial weights for seed 0."""
+    torch.manual_seed(0)
+    return ft.MultiheadAttention(16, 2, batch_first=True, features=M, decay=decay, **kw)
+
+
+def test_multihead_attention_decay_applies_to_causal_calls_only():
+    """decay is gamma^(i - j) on causal attention: a call without a causal mask (self or
+    cross-attention) runs plain FAVOR, bit for bit the module without decay; a causal call is
+    favor.torch.attention with the decay."""
+    with_decay, without = _mha_with_decay(0.9), _mha_with_decay(None)
+    without.load_state_dict(with_decay.state_dict())
+    g = torch.Generator().manual_seed(20)
+    x, memory = torch.randn(2, 7, 16, generator=g), torch.randn(2, 5, 16, generator=g)
+    for key in (x, memory):
+        got, _ = with_decay(x, key, key, need_weights=False)
+        want, _ = without(x, key, key, need_weights=False)
+        assert torch.equal(got, want)
+    mask = nn.Transformer.generate_square_subsequent_mask(7)
+    got, _ = with_decay(x, x, x, need_weights=False, attn_mask=mask)
+    q, k, v = (t.view(2, 7, 2, 8).transpose(1, 2) for t in with_decay._in_projection(x, x, x))
+    core = ft.attention(q, k, v, causal=True, features=M, projection=with_decay.projection,
+                        decay=0.9)
+    assert torch.equal(got, with_decay.out_proj(core.transpose(1, 2).reshape(2, 7, 16)))
+    plain_causal, _ = without(x, x, x, need_weights=False, attn_mask=mask)
+    assert not torch.equal(got, plain_causal)
+    # a learned decay trains through the causal calls only
+    learned = _mha_with_decay([0.9, 0.8], learn_decay=True)
+    learned(x, memory, memory, need_weights=False)[0].sum().backward()
+    assert learned.decay_logit.grad is None
+    learned(x, x, x, need_weights=False, is_causal=True, attn_mask=mask)[0].sum().backward()
+    assert learned.decay_logit.grad.abs().sum() > 0
+
+
+def test_convert_with_decay_runs_a_decoder_layer():
+    """convert(decay=...) on a decoder layer: the causal self-attention decays, the
+    cross-attention (non-causal) runs without decay; the first forward used to raise."""
+    torch.manual_seed(0)
+    layer = nn.TransformerDecoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    plain_layer = copy.deepcopy(layer)
+    ft.convert(layer, features=M, decay=0.95)
+    ft.convert(plain_layer, features=M)
+    g = torch.Generator().manual_seed(21)
+    tgt, memory = torch.randn(2, 7, 16, generator=g), torch.randn(2, 5, 16, generator=g)
+    mask = nn.Transformer.generate_square_subsequent_mask(7)
+    y = layer(tgt, memory, tgt_mask=mask)
+    assert y.shape == (2, 7, 16) and bool(torch.isfinite(y).all())
+    assert not torch.equal(y, plain_layer(tgt, memory, tgt_mask=mask))
+    # the cross-attention module alone: no decay on its (non-causal) call
+    x = torch.randn(2, 7, 16, generator=g)
+    got, _ = layer.multihead_attn(x, memory, memory, need_weights=False)
+    want, _ = plain_layer.multihead_attn(x, memory, memory, need_weights=False)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kw", [dict(decay=0.9), dict(decay=[0.9, 0.8], learn_decay=True)])
+def test_favor_attention_refuses_decay_without_causal(kw):
+    """FavorAttention's causal flag is fixed: a decay on a non-causal module would raise at
+    every forward, so it is refused at construction, naming decay."""
+    with pytest.raises(ValueError, match="^decay: .*causal"):
+        ft.FavorAttention(16, 2, features=M, **kw)
+    ft.FavorAttention(16, 2, features=M, causal=True, **kw)  # causal: fine
+
+
 # -- fit_features -------------------------------------------------------------------------
 
 
@@ -332,11 +398,102 @@ def test_fit_features_causal_with_heldout_and_verbose(capsys):
     (dict(kl_block=0), "kl_block"),
     (dict(heldout=(1, 2)), "heldout"),
     (dict(start="map.npz"), "start"),
+    (dict(lambda_floor=0.0), "lambda_floor"),
+    (dict(lambda_floor=float("nan")), "lambda_floor"),
 ])
 def test_fit_features_bad_arguments_raise_value_errors(kw, match):
     q, k, v = clustered_qkv(2, 1, 16, 4, seed=4)
     with pytest.raises(ValueError, match=match):
         favor.fit_features(q, k, v, **{"steps": 1, **kw})
+
+
+def test_fit_features_keeps_the_start_maps_parameter_sets():
+    """As the C++ fit: a start with shared parameter sets (heads = 1) stays shared (the
+    parameters it lacks are made shared too), one with H sets keeps them, and a start
+    without learned parameters gets one set per head."""
+    q, k, v = clustered_qkv(3, 2, 16, 4, seed=22)
+    shared = favor.FeatureMap.hedgehog(M, 4, heads=1, seed=1)
+    for objective in ("output", "kl"):
+        fm, _ = favor.fit_features(q, k, v, start=shared, steps=2, holdout=1 / 3,
+                                   objective=objective)
+        assert fm.heads == 1 and fm.weights.shape == (1, M, 4), objective
+        assert fm.bias.shape == (1, M) and fm.lambda_.shape == (1, M), objective
+        assert not np.array_equal(fm.weights, shared.weights), objective  # it was fitted
+    per_head = favor.FeatureMap.hedgehog(M, 4, heads=2, seed=1)
+    fm, _ = favor.fit_features(q, k, v, start=per_head, steps=2, holdout=1 / 3)
+    assert fm.heads == 2 and fm.weights.shape == (2, M, 4)
+    # the start is not changed by the fit (its arrays are copied)
+    assert np.array_equal(per_head.weights, np.repeat(per_head.projection[None], 2, axis=0))
+    assert not per_head.bias.any() and not np.array_equal(fm.bias, per_head.bias)
+    bare = favor.FeatureMap(shared.projection, kernel="hedgehog")
+    fm, _ = favor.fit_features(q, k, v, start=bare, steps=2, holdout=1 / 3)
+    assert fm.heads == 2 and fm.weights.shape == (2, M, 4)
+
+
+def test_fit_features_keeps_lambda_above_the_floor():
+    """After every step |lambda| is raised to at least lambda_floor, its sign kept (the C++
+    FitOptions::lambda_floor): with lr = 1e-6 one step moves lambda by at most 1e-6, so the
+    weights below the floor land on it and the others stay where they were."""
+    q, k, v = clustered_qkv(3, 2, 16, 4, seed=23)
+    start = favor.FeatureMap.positive(M, 4, heads=2, seed=1)
+    start.lambda_[0, :3] = [1e-5, -1e-5, -0.5]
+    start.lambda_[1, 0] = 2e-4
+    for floor in (None, 0.6):
+        kw = {} if floor is None else dict(lambda_floor=floor)
+        fm, _ = favor.fit_features(q, k, v, kernel="positive", start=start, learn="lambda",
+                                   steps=1, lr=1e-6, holdout=1 / 3, **kw)
+        f = np.float32(1e-3 if floor is None else floor)
+        low = np.abs(start.lambda_) < f
+        assert np.array_equal(fm.lambda_[low], np.copysign(f, start.lambda_[low]))
+        assert np.abs(fm.lambda_[~low] - start.lambda_[~low]).max() <= 2e-6
+        assert low.sum() == (3 if floor is None else 4)
+    fm, _ = favor.fit_features(q, k, v, kernel="positive", start=start, learn="lambda",
+                               steps=0, holdout=1 / 3)
+    assert np.array_equal(fm.lambda_, start.lambda_)  # applied after a step only
+
+
+@pytest.mark.parametrize("name, value", [
+    ("kernel", "trig"), ("scale", 0.5), ("features", M), ("projection", "iid"),
+    ("projection", favor.Projection.draw(M, D, seed=1)), ("projection", torch.ones(M, D)),
+    ("fit", -0.1), ("norms", "fixed"), ("seed", 3)])
+def test_attention_with_a_feature_map_refuses_the_options_it_carries(name, value):
+    """As favor.attention: the map carries the kernel, projection, scale and fit, so the
+    drawing options must keep their defaults (they were ignored)."""
+    q, k, v = (t.float() for t in qkv(seed=24))
+    fm = learned_map("hedgehog", M, D, H, seed=25)
+    ft.attention(q, k, v, feature_map=fm, kernel="positive", norms="chi", seed=0)  # defaults
+    with pytest.raises(ValueError, match=f"^{name}: the feature_map carries"):
+        ft.attention(q, k, v, feature_map=fm, **{name: value})
+
+
+def test_parameter_errors_name_the_callers_argument():
+    """The map favor.torch.attention builds from weights, bias and feature_weights is checked
+    against the inputs (B = 2, H = 3) naming the argument the caller gave, not the
+    internal feature_map."""
+    q, k, v = (t.float() for t in qkv(seed=26))
+    lam = torch.ones(1, M)
+    lam[0, 5] = 0
+    cases = [
+        (dict(feature_weights=torch.ones(4, M)), "^feature_weights: has 4 parameter sets"),
+        (dict(feature_weights=torch.full((1, M), float("nan"))),
+         r"^feature_weights\[0\] = nan: feature weights must be finite and nonzero"),
+        (dict(feature_weights=lam), r"^feature_weights\[5\] = 0: feature weights"),
+        (dict(feature_weights=torch.ones(1, M + 1)), "^feature_weights: .*m = 8"),
+        (dict(feature_weights=torch.ones(2, 2, M)), "^feature_weights: shape"),
+        (dict(bias=torch.ones(2, M)), "^bias: has 2 parameter sets"),
+        (dict(bias=torch.full((H, M), float("inf"))), r"^bias\[0\] = inf: not finite"),
+        (dict(weights=torch.ones(H, M, D), bias=torch.zeros(1, M)),
+         "^bias: has 1 parameter sets .*weights has 3"),
+        (dict(weights=torch.full((1, M, D), float("nan"))), r"^weights\[0\] = nan"),
+    ]
+    for kw, match in cases:
+        kw.setdefault("features", None if "weights" in kw else M)
+        with pytest.raises(ValueError, match=match):
+            ft.attention(q, k, v, **kw)
+    # lambda [m] is one set, as in favor.attention
+    lam = 1 + 0.1 * torch.randn(M, generator=torch.Generator().manual_seed(27))
+    assert torch.equal(ft.attention(q, k, v, features=M, feature_weights=lam),
+                       ft.attention(q, k, v, features=M, feature_weights=lam[None]))
 
 
 def test_module_and_function_errors():
@@ -361,8 +518,9 @@ def test_module_and_function_errors():
          "feature_init: the map is 8 x 6"),
         (lambda: _module(causal=False)(torch.randn(1, 4, 16)), "decay"),
         (lambda: ft.attention(q, k, v, weights=torch.ones(H, M, D + 1)), "weights"),
-        (lambda: ft.attention(q, k, v, bias=torch.ones(2, M), features=M), "heads"),
-        (lambda: ft.attention(q, k, v, feature_weights=torch.zeros(1, M), features=M), "lambda"),
+        (lambda: ft.attention(q, k, v, bias=torch.ones(2, M), features=M), "bias"),
+        (lambda: ft.attention(q, k, v, feature_weights=torch.zeros(1, M), features=M),
+         r"feature_weights\[0\] = 0"),
         (lambda: ft.attention(q, k, v, feature_map=learned_map("hedgehog", M, D, 1, seed=2),
                               bias=torch.zeros(1, M)), "feature_map"),
         (lambda: ft.attention(q, k, v, method="exact", decay=0.9, causal=True), "method"),

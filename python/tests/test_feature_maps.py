@@ -311,7 +311,6 @@ def test_a_bare_npy_is_lambda_alone(tmp_path):
     (lambda z: z.update(scale=np.array([0.5])), "scale: must be a 0-d float"),
     (lambda z: z.update(heads=np.array(1.0)), "heads: must be a 0-d integer"),
     (lambda z: z.update(heads=np.array(2, "<i8")), "heads"),
-    (lambda z: z.update(lambdas=np.ones((1, M), "<f4")), "lambdas"),
     (lambda z: z.update(bias=np.zeros((1, M + 1), "<f4")), "bias"),
     (lambda z: z.update(projection=np.zeros((M, D), "<i4")), "projection: dtype"),
     (lambda z: z.update(**{"lambda": np.zeros((1, M), "<f4")}), "feature_map.lambda"),
@@ -323,6 +322,25 @@ def test_malformed_map_files_raise_value_errors_naming_the_member(tmp_path, chan
     change(z)
     np.savez(tmp_path / "bad.npz", **z)
     with pytest.raises(ValueError, match=match):
+        favor.FeatureMap.load(tmp_path / "bad.npz")
+
+
+def test_load_ignores_unknown_members(tmp_path):
+    """As the C++ reader (the CLI's --feature-map): members other than the format's are
+    ignored; the format's members are checked as ever."""
+    fm = learned_map("hedgehog", M, D, H, seed=31)
+    path = fm.save(tmp_path / "map.npz")
+    with np.load(path) as z:
+        members = dict(z)
+    np.savez(tmp_path / "extra.npz", notes=np.array("fitted on wikitext", "<U32"),
+             lambdas=np.ones((1, M), "<f4"), version=np.array(3), **members)
+    back = favor.FeatureMap.load(tmp_path / "extra.npz")
+    for name in ("projection", "weights", "bias", "lambda_"):
+        assert np.array_equal(getattr(back, name), getattr(fm, name)), name
+    assert back.kernel == "hedgehog" and back.heads == H and back.scale == fm.resolved_scale
+    members["heads"] = np.array(2, "<i8")
+    np.savez(tmp_path / "bad.npz", notes=np.array("x"), **members)
+    with pytest.raises(ValueError, match="heads"):
         favor.FeatureMap.load(tmp_path / "bad.npz")
 
 
@@ -352,7 +370,8 @@ def test_bad_maps_and_decays_raise_value_errors_naming_the_argument(tmp_path):
         (lambda: favor.attention(q, k, v, feature_map=learned_map("positive", M, D, 2, seed=1)),
          "feature_map.heads = 2"),
         (lambda: favor.attention(q[..., :4], k[..., :4], v, feature_map=fm), "feature_map"),
-        (lambda: favor.attention(q, k, v, feature_weights=np.zeros(M)), "feature_map.lambda"),
+        (lambda: favor.attention(q, k, v, feature_weights=np.zeros(M)),
+         r"feature_weights\[0\] = 0"),
         (lambda: favor.FeatureMap(w, lambda_=np.zeros(M)), r"feature_map.lambda\[0\]"),
         (lambda: favor.FeatureMap(w, bias=np.full(M, np.nan)), "feature_map.bias"),
         (lambda: favor.FeatureMap(w, weights=np.ones((2, M, D)), heads=3), "weights"),
@@ -367,6 +386,36 @@ def test_bad_maps_and_decays_raise_value_errors_naming_the_argument(tmp_path):
         (lambda: favor.Decoder(B, H, DV, w, feature_map=fm), "projection: the feature_map"),
         (lambda: favor.Decoder(B, H, DV, feature_map=fm, decay=[0.5, 0.5]), "decay"),
         (lambda: favor.Decoder(B, 2, DV, feature_map=fm), "feature_map.heads"),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_feature_weights_errors_name_feature_weights():
+    """feature_weights becomes the lambda of the call's map: its errors name feature_weights
+    (not the internal feature_map), checked against the inputs' B = 2, H = 3."""
+    q, k, v = (_np(t) for t in qkv(seed=32))
+    w = favor.Projection.draw(M, D)
+    dy = np.ones((B, H, N, DV), np.float32)
+    nan = np.full(M, np.nan, np.float32)
+    cases = [
+        (lambda: favor.attention(q, k, v, features=M, feature_weights=np.ones((4, M))),
+         "^feature_weights: has 4 parameter sets"),
+        (lambda: favor.attention(q, k, v, features=M, feature_weights=nan),
+         r"^feature_weights\[0\] = nan: feature weights must be finite and nonzero"),
+        (lambda: favor.attention(q, k, v, features=M, feature_weights=np.ones(M + 1)),
+         "^feature_weights: .*m = 8"),
+        (lambda: favor.attention_backward(q, k, v, dy, features=M,
+                                          feature_weights=np.ones((2, M))),
+         "^feature_weights: has 2 parameter sets"),
+        (lambda: favor.features(q, features=M, feature_weights=np.ones((4, M))),
+         "^feature_weights: has 4 parameter sets"),
+        (lambda: favor.features(q[0, 0], features=M, feature_weights=np.ones((3, M))),
+         "^feature_weights: has 3 parameter sets"),
+        (lambda: favor.Decoder(B, H, DV, w, feature_weights=np.ones((2, M))),
+         "^feature_weights: has 2 parameter sets"),
+        (lambda: favor.Decoder(B, H, DV, w, feature_weights=nan), r"^feature_weights\[0\]"),
     ]
     for call, match in cases:
         with pytest.raises(ValueError, match=match):

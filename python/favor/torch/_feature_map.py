@@ -9,7 +9,9 @@ Parameters (per head h of H, m = features, head_dim = D):
 - decay_logit [H or 1] (learn_decay=True): the decay gamma = sigmoid(decay_logit), kept in
   (0, 1) by the parameterisation whatever the optimiser does; initialised from `decay` (a
   gamma of exactly 1 starts at 1 - 1e-6, the largest the logit reaches in float32). A decay
-  that is not learned is the plain list `decay` (configuration, not state).
+  that is not learned is the plain list `decay` (configuration, not state). The decay
+  weighs causal calls only (favor.torch.attention refuses it on a non-causal one):
+  _map_arguments leaves it out of the others.
 All train end to end through favor's backward (favor.torch.attention with weights, bias,
 feature_weights and a decay tensor).
 """
@@ -104,10 +106,12 @@ class FeatureMapMixin:
         return (self.map_weight is not None or self.map_lambda is not None
                 or self.decay_logit is not None or self.decay is not None)
 
-    def _map_arguments(self):
-        """The keywords of favor.torch.attention for this module's map and decay."""
+    def _map_arguments(self, causal):
+        """The keywords of favor.torch.attention for this module's map and, on a causal call,
+        its decay: gamma^(i - j) weighs causal attention only, so a non-causal call (a
+        MultiheadAttention's cross-attention or unmasked self-attention) runs without it."""
         return dict(weights=self.map_weight, bias=self.map_bias,
-                    feature_weights=self.map_lambda, decay=self.gamma)
+                    feature_weights=self.map_lambda, decay=self.gamma if causal else None)
 
     @torch.no_grad()
     def feature_map(self):

@@ -20,6 +20,9 @@ def convert(model, *, init=None, **options):
     'projection' (W = the drawn projection, b = 0, lambda = 1) or a favor.FeatureMap (e.g.
     from favor.fit_features; heads 1 or num_heads), whose kernel, features and scale become
     the defaults. The map's parameters are trainable (model.parameters() holds them).
+    decay (and learn_decay) applies to the causal calls of the converted modules (e.g. a
+    decoder's self-attention with its causal tgt_mask); their non-causal calls (an
+    encoder's unmasked self-attention, cross-attention) run without decay.
     method='vq' puts in favor.torch.VQMultiheadAttention instead, with its keywords (codes,
     tau, decay, dead_after, beta, learn_codebook, scale, block, seed): each codebook is
     initialised by k-means on the keys of the first forward call (run one batch before

@@ -6,8 +6,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _core
-from ..api import _decay, _fit, make_projection
-from ..feature_map import FeatureMap
+from ..api import _batch_heads, _check_map_defaults, _decay, _fit, make_projection
+from ..feature_map import FeatureMap, _check_set_count, _check_values
 from . import _tensors as T
 
 
@@ -161,14 +161,45 @@ def _parameter(x, name):
     return T.as_float32(x, name)
 
 
-def _map_inputs(d, projection, features, norms, seed, kernel, scale, fit, feature_map, weights,
-                bias, feature_weights):
+def _check_parameters(inputs, d, m, params):
+    """The per-head parameter tensors ((name, tensor) for weights [sets, m, D], bias and
+    feature_weights [sets, m]) against the inputs (B, H), their D and the projection's m,
+    errors naming the caller's argument (the C++ checks of the map made from them would name
+    feature_map): 1, H or B*H sets, the same count for all, m rows per set, finite values
+    (nonzero feature weights)."""
+    first = None
+    for name, t in params:
+        if t is None:
+            continue
+        layout = "[sets, m, D]" if name == "weights" else "[sets, m]"
+        if t.dim() != (3 if name == "weights" else 2):
+            raise _core.Error(f"{name}: shape {list(t.shape)} must be {layout}")
+        sets = t.shape[0]
+        _check_set_count(sets, name, *inputs)
+        if first is not None and sets != first[1]:
+            raise _core.Error(f"{name}: has {sets} parameter sets along axis 0 but {first[0]} "
+                              f"has {first[1]}; every parameter has the same sets")
+        first = first or (name, sets)
+        if t.shape[1] != m:
+            raise _core.Error(f"{name}: shape {list(t.shape)} has {t.shape[1]} rows per set; "
+                              f"the projection has m = {m}")
+        if name == "weights" and t.shape[2] != d:
+            raise _core.Error(f"{name}: shape {list(t.shape)} has D = {t.shape[2]}; the inputs "
+                              f"have D = {d}")
+        _check_values(T.view(t), name, nonzero=name == "feature_weights")
+
+
+def _map_inputs(inputs, d, projection, features, norms, seed, kernel, scale, fit, feature_map,
+                weights, bias, feature_weights):
     """(spec fields, w, b, lam) for _MapFunction: from a favor.FeatureMap (its arrays as
-    constants) or from the projection and the given parameter tensors."""
+    constants; the drawing options must keep their defaults, as in favor.attention) or from
+    the projection and the given parameter tensors (checked against the inputs (B, H))."""
     if feature_map is not None:
         if not isinstance(feature_map, FeatureMap):
             raise _core.Error(f"feature_map: must be a favor.FeatureMap, not "
                               f"{type(feature_map).__name__}")
+        _check_map_defaults(dict(kernel=kernel, features=features, projection=projection,
+                                 norms=norms, seed=seed, scale=scale, fit=fit))
         if any(t is not None for t in (weights, bias, feature_weights)):
             raise _core.Error("feature_map: carries its own weights, bias and lambda; give the "
                               "map or the tensors, not both")
@@ -179,6 +210,9 @@ def _map_inputs(d, projection, features, norms, seed, kernel, scale, fit, featur
         return ((base, feature_map.kernel, feature_map.scale, feature_map.fit),
                 *(_parameter(a, n) for a, n in zip(arrays, ("weights", "bias", "lambda"))))
     wt = _parameter(weights, "weights")
+    if wt is not None and wt.dim() not in (2, 3):
+        raise _core.Error(f"weights: shape {list(wt.shape)} must be [sets, m, D] (per-head "
+                          "projections) or [m, D] (the shared projection)")
     if wt is not None and features is None and isinstance(projection, str) and wt.dim() == 3:
         features = wt.shape[1]
     proj, w = resolve_projection(projection, d, features, norms, seed)
@@ -193,8 +227,12 @@ def _map_inputs(d, projection, features, norms, seed, kernel, scale, fit, featur
         T.projection_matrix(w, d)  # the shape check
     if proj is None:
         proj = T.projection_matrix(w if w.dim() == 2 else w[0], d)
-    return ((proj, kernel, scale, _fit(fit, kernel, d)), w, _parameter(bias, "bias"),
-            _parameter(feature_weights, "feature_weights"))
+    b, lam = _parameter(bias, "bias"), _parameter(feature_weights, "feature_weights")
+    if lam is not None and lam.dim() == 1:
+        lam = lam[None]  # [m]: one set, as in favor.attention
+    _check_parameters(inputs, d, proj.m, (("weights", w if w is not None and w.dim() == 3
+                                           else None), ("bias", b), ("feature_weights", lam)))
+    return (proj, kernel, scale, _fit(fit, kernel, d)), w, b, lam
 
 
 def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogonal",
@@ -214,10 +252,12 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
 
     Learned feature maps (favor.FeatureMap; each tensor receives a gradient when it requires
     one, through favor's backward): weights [sets, m, D] per-head projections (the
-    projection then only sets m), bias [sets, m], feature_weights (lambda) [sets, m], with
-    sets 1, H or B*H; decay: gamma in (0, 1] (a float, a list, or a tensor [1] / [H], which
-    is learned; causal only). feature_map: a favor.FeatureMap whose arrays are constants
-    (it carries the kernel, projection, scale and fit).
+    projection then only sets m), bias [sets, m], feature_weights (lambda) [sets, m] (or
+    [m]: one set), with sets 1, H or B*H; errors in these name the argument. decay: gamma in
+    (0, 1] (a float, a list, or a tensor [1] / [H], which is learned; causal only).
+    feature_map: a favor.FeatureMap whose arrays are constants (it carries the kernel,
+    projection, scale and fit, so kernel, features, projection, norms, seed, scale and fit
+    must keep their defaults, as in favor.attention).
     """
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         T.check_tensor(t, name)
@@ -234,8 +274,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     elif method == "favor" and any(x is not None for x in map_args):
         d = q.shape[-1]
         (proj, kern, sc, ft), w, b, lam = _map_inputs(
-            d, projection, features, norms, seed, kernel, scale, fit, feature_map, weights, bias,
-            feature_weights)
+            _batch_heads(q), d, projection, features, norms, seed, kernel, scale, fit,
+            feature_map, weights, bias, feature_weights)
         gamma = None
         if isinstance(decay, torch.Tensor):
             T.check_tensor(decay, "decay")

@@ -36,7 +36,9 @@ class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
     has no FAVOR equivalent: it is kept as an attribute and not applied (a warning says so).
     learn_features, feature_weights, decay, learn_decay, feature_init: the learned feature
     map and decay, as in favor.torch.FavorAttention (Parameters map_weight, map_bias,
-    map_lambda, decay_logit; decay applies to causal calls only).
+    map_lambda, decay_logit). decay applies to causal calls only (causal=True, or a call
+    with the causal attn_mask or is_causal): the others (cross-attention, unmasked
+    self-attention) run without it, and a learned decay trains through the causal calls.
     """
 
     __constants__ = ["batch_first"]
@@ -192,11 +194,11 @@ class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
 
     def attend(self, q, k, v, key_padding_mask=None, causal=None):
         """The attention core on [B, H, N, head_dim] tensors (no in/out projections)."""
-        extra = self._map_arguments() if self._uses_map() else {}
-        return attention(q, k, v, causal=self.causal if causal is None else causal,
-                         kernel=self.kernel, projection=self.projection, scale=self.scale,
-                         key_padding_mask=key_padding_mask, fit=self.fit, method=self.method,
-                         **extra)
+        causal = self.causal if causal is None else causal
+        extra = self._map_arguments(causal) if self._uses_map() else {}
+        return attention(q, k, v, causal=causal, kernel=self.kernel, projection=self.projection,
+                         scale=self.scale, key_padding_mask=key_padding_mask, fit=self.fit,
+                         method=self.method, **extra)
 
     def extra_repr(self):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "

@@ -29,9 +29,9 @@ class FavorAttention(FeatureMapMixin, ProjectionMixin, MultiHeadModule):
     its own projection W [H, m, head_dim] and bias b [H, m] (Parameters map_weight, map_bias,
     from the drawn projection and 0, or from the favor.FeatureMap feature_init), e.g. with
     kernel='hedgehog'; feature_weights=True adds lambda [H, m] (map_lambda, from 1); decay
-    (causal): gamma in (0, 1], one or one per head, learned with learn_decay=True as
-    gamma = sigmoid(decay_logit). feature_map() returns the current map as a favor.FeatureMap;
-    decoder() carries the map and the decay.
+    (causal=True only; refused on a non-causal module): gamma in (0, 1], one or one per
+    head, learned with learn_decay=True as gamma = sigmoid(decay_logit). feature_map()
+    returns the current map as a favor.FeatureMap; decoder() carries the map and the decay.
     """
 
     def __init__(self, embed_dim, num_heads, *, causal=False, kernel="positive", features=256,
@@ -43,6 +43,10 @@ class FavorAttention(FeatureMapMixin, ProjectionMixin, MultiHeadModule):
         super().__init__()
         check_method(method, learn_features, feature_weights, decay)
         self._init_heads(embed_dim, num_heads, causal, bias, kdim, vdim, device, dtype)
+        if decay is not None and not causal:
+            raise _core.Error("decay: gamma^(i - j) weighs causal attention only and this "
+                              "module has causal=False, so every forward would refuse it; set "
+                              "causal=True or leave decay (and learn_decay) unset")
         self.kernel, self.method, self.scale = kernel, method, scale
         self.fit = _fit(fit, kernel, self.head_dim)
         self._init_projection(features, self.head_dim, projection, norms, seed,
@@ -52,11 +56,11 @@ class FavorAttention(FeatureMapMixin, ProjectionMixin, MultiHeadModule):
 
     def attend(self, q, k, v, key_padding_mask=None, causal=None):
         """The attention core on [B, H, N, head_dim] tensors (no in/out projections)."""
-        extra = self._map_arguments() if self._uses_map() else {}
-        return attention(q, k, v, causal=self.causal if causal is None else causal,
-                         kernel=self.kernel, projection=self.projection, scale=self.scale,
-                         key_padding_mask=key_padding_mask, fit=self.fit, method=self.method,
-                         **extra)
+        causal = self.causal if causal is None else causal
+        extra = self._map_arguments(causal) if self._uses_map() else {}
+        return attention(q, k, v, causal=causal, kernel=self.kernel, projection=self.projection,
+                         scale=self.scale, key_padding_mask=key_padding_mask, fit=self.fit,
+                         method=self.method, **extra)
 
     def _prepare(self, k, key_padding_mask):
         self._maybe_redraw()
