@@ -2,7 +2,7 @@
 (written atomically; resumable bit for bit) and a Trainer that steps the model.
 
     model = CharTransformer(**MODEL_PRESETS["shakespeare"], vocab=data.vocab)
-    t = Trainer(model, data, TrainConfig(steps=3000), seed=0)
+    t = Trainer(model, data, TrainConfig(), seed=0)
     while t.step < t.config.steps:
         loss = t.train_step()
     t.save("run.pt")                      # Trainer.resume("run.pt", data) continues it
@@ -55,7 +55,7 @@ def attention_preset(name):
 
 @dataclasses.dataclass
 class TrainConfig:
-    steps: int = 3000
+    steps: int = 2500
     batch: int = 32
     lr: float = 3e-3
     warmup: int = 100

@@ -1,0 +1,108 @@
+"""Train a character-level transformer on tinyshakespeare with favor's attention layers.
+
+    PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/train.py --out runs/exact.pt
+    ... --resume --out runs/exact.pt                       # continue an interrupted run
+    ... --attention favor-orth-256 --init runs/exact.pt --steps 150 --out runs/ft.pt
+                                                           # convert the baseline, fine-tune
+    ... --attention '{"method": "favor", "kernel": "hedgehog", "features": 64,
+                      "learn_features": true}' ...
+
+The model is favor.models.CharTransformer (preset --model, default 'shakespeare'); the loop,
+schedule and checkpoints are favor.models.training. A progress line goes to stderr; each
+--eval-every steps the validation bits per character go to stdout, and a checkpoint (model
+config, weights, optimizer, step, RNG states) is written atomically to --out.
+"""
+import argparse
+import sys
+import time
+
+import torch
+
+from common import DATA, setup
+from favor.models import CharData, bits_per_char, convert_attention
+from favor.models.char_transformer import CharTransformer
+from favor.models.training import (MODEL_PRESETS, TrainConfig, Trainer, attention_preset,
+                                   load_model)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    p.add_argument("--out", required=True, help="checkpoint path (written every --eval-every)")
+    p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    p.add_argument("--init", help="start from this checkpoint's weights (converted to "
+                   "--attention when given); a new optimizer and step 0")
+    p.add_argument("--attention", default=None,
+                   help="exact (default), favor-orth-M, favor-iid-M, trig-orth-M, hedgehog-M, "
+                        "vq-C or a JSON spec of FavorAttention keywords")
+    p.add_argument("--model", default="shakespeare", choices=sorted(MODEL_PRESETS))
+    d = TrainConfig()
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch", type=int, default=d.batch)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--min-lr", type=float, default=None, help="default lr / 10")
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--eval-windows", type=int, default=d.eval_windows)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--data", default=DATA)
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop (with a checkpoint) after this much wall time")
+    a = p.parse_args(argv)
+    setup(a.threads)
+    data = CharData.from_file(a.data)
+
+    if a.resume:
+        t = Trainer.resume(a.out, data)
+        print(f"resumed {a.out} at step {t.step}/{t.config.steps} (seed {t.seed})", flush=True)
+    else:
+        torch.manual_seed(a.seed)
+        config = TrainConfig(steps=a.steps, batch=a.batch, lr=a.lr, warmup=a.warmup,
+                             min_lr=a.lr / 10 if a.min_lr is None else a.min_lr,
+                             eval_every=a.eval_every, eval_windows=a.eval_windows,
+                             checkpoint_every=a.eval_every)
+        spec = attention_preset(a.attention) if a.attention else None
+        if a.init:
+            model, _ = load_model(a.init)
+            calib, _ = data.batch("train", 32, model.context,
+                                  torch.Generator().manual_seed(a.seed + 2))
+            if spec is not None:
+                model = convert_attention(model, calibration=calib, **spec)
+        else:
+            model = CharTransformer(vocab=data.vocab, attention=spec, **MODEL_PRESETS[a.model])
+        t = Trainer(model, data, config, seed=a.seed, extra=dict(init=a.init))
+        print(f"seed {a.seed} (model init torch.manual_seed({a.seed}), data generator "
+              f"{a.seed + 1}); torch threads {torch.get_num_threads()}", flush=True)
+    m, c = t.model, t.config
+    print(f"model {m.config}; {m.num_parameters()} parameters", flush=True)
+    print(f"train {c}", flush=True)
+    if t.step == 0:
+        print(f"step 0 val_bpc {bits_per_char(m, data, 'val', count=c.eval_windows):.4f}",
+              flush=True)
+
+    start, first = time.time(), t.step
+    loss_avg = None
+    while t.step < c.steps:
+        loss = t.train_step()
+        loss_avg = loss if loss_avg is None else 0.95 * loss_avg + 0.05 * loss
+        el = time.time() - start
+        per = el / (t.step - first)
+        sys.stderr.write(f"\rstep {t.step}/{c.steps} loss {loss_avg:.3f} "
+                         f"({loss_avg / 0.6931:.3f} bpc) {per:.2f} s/step "
+                         f"eta {per * (c.steps - t.step) / 60:.1f} min ")
+        sys.stderr.flush()
+        out_of_time = a.max_minutes is not None and el > 60 * a.max_minutes
+        if t.step % c.eval_every == 0 or t.step == c.steps or out_of_time:
+            bpc = bits_per_char(m, data, "val", count=c.eval_windows)
+            sys.stderr.write("\n")
+            print(f"step {t.step} train_loss {loss_avg:.4f} val_bpc {bpc:.4f} "
+                  f"elapsed {el:.0f} s ({per:.3f} s/step)", flush=True)
+            t.save(a.out)
+        if out_of_time:
+            print(f"stopped after {a.max_minutes} min at step {t.step}; --resume continues",
+                  flush=True)
+            break
+
+
+if __name__ == "__main__":
+    main()
