@@ -131,7 +131,7 @@ def test_streamed_generation_equals_the_forward(trained, data, name, temperature
 
 
 @pytest.mark.parametrize("name", ["exact", "favor"])
-def test_generation_is_deterministic_and_passes_the_context(trained, data, name):
+def test_generation_is_deterministic_and_streams_past_the_context(trained, data, name):
     model, _ = trained
     if name != "exact":
         model = convert_attention(model, **CONVERSIONS[name])
@@ -140,6 +140,20 @@ def test_generation_is_deterministic_and_passes_the_context(trained, data, name)
     b = model.generate(prompt, 80, temperature=1.0, top_k=10, seed=7)
     c = model.generate(prompt, 80, temperature=1.0, top_k=10, seed=8)
     assert torch.equal(a, b) and not torch.equal(a, c) and a.shape == (86,)
+    # sinusoidal positions: generation streams on past the training context (32) with one
+    # state, and every streamed logit is the full forward's over the whole sequence
+    ids, logits = model.generate(prompt, 60, temperature=0, return_logits=True)
+    full = model(ids[:-1][None])[0, 5:]      # logits[i] predicts ids[6 + i]
+    assert torch.allclose(logits, full, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["exact", "favor"])
+def test_learned_positions_reencode_at_the_context(data, name):
+    torch.manual_seed(1)
+    model = CharTransformer(vocab=data.vocab, positions="learned", **TINY).eval()
+    if name != "exact":
+        model = convert_attention(model, **CONVERSIONS[name])
+    prompt = data.encode("ROMEO:")
     # past the context (32) the last 16 tokens are re-encoded: the logits of the step
     # after a re-encoding are the forward's over that window
     ids, logits = model.generate(prompt, 40, temperature=0, return_logits=True)
@@ -148,6 +162,8 @@ def test_generation_is_deterministic_and_passes_the_context(trained, data, name)
     # with ids[0..32] generated the window is full: ids[17..32] are re-encoded
     assert torch.allclose(logits[27], model(ids[17:33][None])[0, -1], rtol=0, atol=1e-4)
     assert torch.allclose(logits[28], model(ids[17:34][None])[0, -1], rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="context"):
+        model(ids[:40][None])
 
 
 def test_attention_presets():

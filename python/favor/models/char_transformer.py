@@ -18,9 +18,11 @@ favor.torch.FavorAttention (causal is always True), e.g.
 Layer i uses seed spec.get("seed", 0) + 1000 i, so the layers draw independent features.
 Generation streams tokens through favor's decoders (FavorAttention/VQAttention.decoder and
 step: a fixed-size state per layer) and, for method="exact", through a key-value cache
-written here in plain torch. Learned position embeddings cover `context` positions: when
-generation reaches it, the last context // 2 tokens are kept and re-encoded (both paths), so
-every logit is the full forward's over the current window.
+written here in plain torch. Positions are sinusoidal by default (positions="sinusoidal"), so a
+model trained on `context` tokens can run at any position: generation streams on without
+limit (favor's per-token cost stays constant; the exact KV cache grows). With learned
+position embeddings (positions="learned") generation re-encodes the last context // 2 tokens
+when it reaches `context` (both paths), so every logit is the full forward's over the window.
 """
 import copy
 import json
@@ -83,27 +85,43 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
+def sinusoids(start, n, d):
+    """The sinusoidal position encodings of positions start .. start + n - 1: [n, d]
+    (sin on even, cos on odd dimensions, wavelengths 2 pi .. 10000 2 pi)."""
+    pos = torch.arange(start, start + n, dtype=torch.float64)[:, None]
+    freq = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2, dtype=torch.float64) / d)
+    out = torch.zeros(n, d, dtype=torch.float64)
+    out[:, 0::2] = torch.sin(pos * freq)
+    out[:, 1::2] = torch.cos(pos * freq)[:, : d // 2]
+    return out.float()
+
+
 class CharTransformer(nn.Module):
-    """Token + learned position embeddings, `layers` pre-LN blocks with causal self-attention
+    """Token embeddings + sinusoidal (or learned) positions, `layers` pre-LN blocks with causal self-attention
     (built from `attention`, a spec dict or JSON string), a final LayerNorm and an output
     head (tied to the token embedding with tie=True).
 
     CharTransformer(vocab, d_model, heads, layers, context, attention=None, dropout=0.0,
-                    tie=True)
-    forward(ids [B, N]) -> logits [B, N, vocab] (N <= context). aux_loss(): the VQ
+                    tie=True, positions="sinusoidal")
+    forward(ids [B, N]) -> logits [B, N, vocab] (any N with sinusoidal positions; N <= context
+    with learned ones; training uses windows of `context`). aux_loss(): the VQ
     commitment losses of the latest forward (0 for other methods). `config` holds the
     constructor's arguments (JSON-able): CharTransformer(**config) rebuilds the model.
     """
 
     def __init__(self, vocab, d_model, heads, layers, context, attention=None, dropout=0.0,
-                 tie=True):
+                 tie=True, positions="sinusoidal"):
         super().__init__()
         spec = attention_spec(attention)
+        if positions not in ("sinusoidal", "learned"):
+            raise _core.Error(f"positions: '{positions}' must be sinusoidal or learned")
         self.config = dict(vocab=vocab, d_model=d_model, heads=heads, layers=layers,
-                           context=context, attention=spec, dropout=dropout, tie=tie)
+                           context=context, attention=spec, dropout=dropout, tie=tie,
+                           positions=positions)
         self.context = context
+        self.positions = positions
         self.tok = nn.Embedding(vocab, d_model)
-        self.pos = nn.Embedding(context, d_model)
+        self.pos = nn.Embedding(context, d_model) if positions == "learned" else None
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(Block(d_model, heads, spec, i, dropout)
                                     for i in range(layers))
@@ -135,6 +153,8 @@ class CharTransformer(nn.Module):
 
     def _embed(self, ids, start=0):
         n = ids.shape[1]
+        if self.pos is None:
+            return self.drop(self.tok(ids) + sinusoids(start, n, self.config["d_model"]))
         if start + n > self.context:
             raise _core.Error(f"ids: positions {start}..{start + n - 1} go past the context "
                               f"({self.context} learned positions)")
@@ -214,7 +234,8 @@ class CharTransformer(nn.Module):
         self.eval()
         g = torch.Generator().manual_seed(int(seed))
         keep = max(1, self.context // 2)
-        window = ids[:, -self.context:]
+        learned = self.pos is not None
+        window = ids[:, -self.context:] if learned else ids
         state = self._start(ids.shape[0])
         logits = self._step(window, state, 0)[:, -1]
         position = window.shape[1]
@@ -225,7 +246,7 @@ class CharTransformer(nn.Module):
             out.append(nxt)
             if i == n - 1:
                 break
-            if position == self.context:      # re-encode the last context // 2 tokens
+            if learned and position == self.context:  # re-encode the last context // 2
                 window = torch.cat(out, dim=1)[:, -keep:]
                 state = self._start(ids.shape[0])
                 logits = self._step(window, state, 0)[:, -1]
