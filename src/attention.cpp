@@ -49,7 +49,7 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
       context->maxima.resize(static_cast<size_t>(s.batch * s.heads));
       p.ctx_states = context->states.data();
       p.ctx_maxima = context->maxima.data();
-      context->fingerprint = detail::context_fingerprint(k, v, options) ^ resolved.fingerprint;
+      context->fingerprint = detail::context_fingerprint(k, v, options) ^ resolved.fingerprint();
     }
   }
   AttentionStats stats;

@@ -70,7 +70,7 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
     if (context->states.size() != static_cast<size_t>(s.batch * s.heads * F * (s.dv + 1)) ||
         context->maxima.size() != static_cast<size_t>(s.batch * s.heads) ||
         context->fingerprint !=
-            (detail::context_fingerprint(k, v, options) ^ resolved.fingerprint)) {
+            (detail::context_fingerprint(k, v, options) ^ resolved.fingerprint())) {
       throw Error(
           "context: it was saved for other k, v, W, mask or options than this backward call's");
     }

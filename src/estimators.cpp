@@ -5,7 +5,6 @@
 #include <Eigen/Eigenvalues>
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <sstream>
 
 #include "core/adapted.hpp"
@@ -341,20 +340,6 @@ AdaptedProjection attention_projection(const TensorView& q, const TensorView& k,
   AdaptedProjection out = adapt_projection(fit, w);
   out.fitted = std::move(fit);
   return out;
-}
-
-uint64_t fingerprint(const AdaptedProjection& adapted) {
-  uint64_t h = 0;
-  auto mix = [&h](const std::vector<float>& values) {
-    for (float x : values) {
-      uint32_t bits;
-      std::memcpy(&bits, &x, sizeof bits);
-      h = (h ^ bits) * 0x100000001b3ULL + 0x9e3779b97f4a7c15ULL;
-    }
-  };
-  mix(adapted.w);
-  mix(adapted.bias);
-  return h;
 }
 
 }  // namespace detail

@@ -42,7 +42,5 @@ std::vector<float> projection_grad(const KernelFit& fit, const Projection& w, co
 AdaptedProjection attention_projection(const TensorView& q, const TensorView& k,
                                        const AttentionOptions& options, double scale,
                                        const Projection& w);
-/// A 64-bit hash of the per-head projections and biases (0 when empty).
-uint64_t fingerprint(const AdaptedProjection& adapted);
 
 }  // namespace favor::detail

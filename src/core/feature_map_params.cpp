@@ -60,21 +60,21 @@ ResolvedMap resolve_common(const FeatureMap& map, int64_t d, int64_t head_count,
   return r;
 }
 
-void finish(ResolvedMap& r) {
-  uint64_t h = 1469598103934665603ull;
-  const int k = static_cast<int>(r.kernel);
-  h = mix(h, &k, sizeof k);
-  h = mix(h, &r.scale, sizeof r.scale);
-  h = mix(h, r.w);
-  h = mix(h, r.bias);
-  h = mix(h, r.key_logw);
-  h = mix(h, r.decay_rate);
-  h = mix(h, r.adapted.w);
-  h = mix(h, r.adapted.bias);
-  r.fingerprint = h;
-}
-
 }  // namespace
+
+uint64_t ResolvedMap::fingerprint() const {
+  uint64_t h = 1469598103934665603ull;
+  const int k = static_cast<int>(kernel);
+  h = mix(h, &k, sizeof k);
+  h = mix(h, &scale, sizeof scale);
+  h = mix(h, w);
+  h = mix(h, bias);
+  h = mix(h, key_logw);
+  h = mix(h, decay_rate);
+  h = mix(h, adapted.w);
+  h = mix(h, adapted.bias);
+  return h;
+}
 
 cpu::FeatureParams ResolvedMap::params() const {
   cpu::FeatureParams p;
@@ -144,7 +144,6 @@ ResolvedMap resolve_map(const FeatureMap& map, const AttentionShape& s, const Te
   fit_options.key_mask = options.key_mask;
   fit_options.fit = map.fit;
   r.adapted = attention_projection(q, k, fit_options, r.scale, map.projection);
-  finish(r);
   return r;
 }
 
@@ -159,7 +158,6 @@ ResolvedMap resolve_fixed_map(const FeatureMap& map, int64_t batch, int64_t head
     check_fit(*map.fit, map.d(), batch * heads, "fit");
     r.adapted = adapt_projection(*map.fit, map.projection);
   }
-  finish(r);
   return r;
 }
 

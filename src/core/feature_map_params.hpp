@@ -29,9 +29,11 @@ struct ResolvedMap {
   int64_t lambda_sets = 1;
   std::vector<double> decay_rate;  // [decay_sets]: -log gamma, or empty (no decay)
   int64_t decay_sets = 1;
-  uint64_t fingerprint = 0;  // of every parameter above (for saved contexts)
 
   cpu::FeatureParams params() const;
+  /// A hash of every parameter above, for saved contexts (computed on demand: it reads all
+  /// the parameters, so calls without a context do not pay for it).
+  uint64_t fingerprint() const;
 };
 
 [[noreturn]] void map_options_error(const char* function);

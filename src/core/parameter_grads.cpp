@@ -28,11 +28,8 @@ ParameterGrads::ParameterGrads(const ResolvedMap& resolved, const FeatureMap& ma
   // by finish(): the result does not depend on which thread ran which head (a shared sum of
   // per-thread partials would), so a rerun gives the same bits. Memory B*H (m d + m) floats.
   dw_.assign(static_cast<size_t>(bhs * m * d), 0.0f);
-  bp.dw_head_stride = m * d;
-  if (resolved.adapted.heads || !map.bias.empty()) {
+  if (resolved.adapted.heads || !map.bias.empty())
     dbias_.assign(static_cast<size_t>(bhs * m), 0.0f);
-    bp.dbias_head_stride = m;
-  }
   bp.dw = dw_.data();
   bp.dbias = dbias_.empty() ? nullptr : dbias_.data();
   if (!map.lambda.empty()) {

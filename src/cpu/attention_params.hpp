@@ -23,7 +23,7 @@ struct AttentionParams {
   int64_t batch, heads, nq, nk, d, dv;
   FeatureParams map;           // the feature map (cpu/feature_params.hpp)
   int64_t first_position = 0;  // position of key 0 (decay): the decoder's tokens so far
-  int64_t chunk = kChunk;  // causal forward: chunk length C, 1 .. kChunk (the tests vary it)
+  int64_t chunk = kChunk;      // causal forward: chunk length C, 1 .. kChunk (the tests vary it)
   const uint8_t* mask;         // [B, Nk], nonzero = key takes part; null = no mask
   int64_t mask_stride_b, mask_stride_n;
   int threads;
@@ -40,13 +40,12 @@ struct BackwardParams {
   float* dq;
   float* dk;
   float* dv;
-  // dL/dW (m x d), accumulated; null when not requested. FAVOR++ / FAVOR#: dL/dW_h of the
-  // per-head projection (fwd.w) and dL/db_h of the log bias (fwd.bias), one per (batch, head)
-  // (strides m d and m) or one sum over heads (strides 0).
-  float* dw;
-  int64_t dw_head_stride = 0;
+  // dL/dW_h of head bh's projection (map.head_w(bh)) and dL/db_h of its bias, one slice per
+  // (batch, head): [B*H][m][d] and [B*H][m], accumulated; null when not requested. The facade
+  // sums the slices into the parameter sets in head order (core/parameter_grads.hpp), so the
+  // result does not depend on which thread ran which head.
+  float* dw = nullptr;
   float* dbias = nullptr;
-  int64_t dbias_head_stride = 0;
   // dL/d(log lambda^2) of the feature weights and dL/d(rate) of the decay (rate = -log gamma),
   // one slice per (batch, head): [B*H][m] and [B*H]; null when not requested. The facade
   // sums them into the map's parameter sets.
@@ -55,17 +54,9 @@ struct BackwardParams {
   const float* ctx_states = nullptr;  // bidirectional: the forward's saved [S | s] per head
   const double* ctx_maxima = nullptr;
 
-  /// Whether dW (dbias) is one sum over heads, which the threads accumulate in partials.
-  bool summed_dw() const { return dw && dw_head_stride == 0; }
-  bool summed_dbias() const { return dbias && dbias_head_stride == 0; }
-  /// Where head bh accumulates dW (dbias): its own slice of an output with one per head, else
-  /// `partial`, the running thread's share of the sum (null when not requested).
-  float* head_dw(int64_t bh, float* partial) const {
-    return dw_head_stride ? dw + bh * dw_head_stride : partial;
-  }
-  float* head_dbias(int64_t bh, float* partial) const {
-    return dbias_head_stride ? dbias + bh * dbias_head_stride : partial;
-  }
+  /// Head bh's slices of dW and dbias (null when not requested).
+  float* head_dw(int64_t bh) const { return dw ? dw + bh * fwd.map.m * fwd.map.d : nullptr; }
+  float* head_dbias(int64_t bh) const { return dbias ? dbias + bh * fwd.map.m : nullptr; }
 };
 
 /// Bidirectional FAVOR attention; returns the number of rows written as zeros.

@@ -28,8 +28,8 @@ namespace {
 
 struct Workspace {
   KeyTile tile;
-  std::vector<float> yx, gx, dphi, pa, dx, dvx, Sx, R, s, log_s, dw, db;
-  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, bool summed_dw, bool summed_db)
+  std::vector<float> yx, gx, dphi, pa, dx, dvx, Sx, R, s, log_s;
+  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv)
       : tile(d, m, F, dv),
         yx(kRowTile * (dv + 1)),
         gx(kRowTile * (dv + 1)),
@@ -40,9 +40,7 @@ struct Workspace {
         Sx(F * (dv + 1)),
         R(F * (dv + 1)),
         s(F),
-        log_s(F),
-        dw(summed_dw ? m * d : 0),
-        db(summed_db ? m : 0) {}
+        log_s(F) {}
 };
 
 void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
@@ -62,8 +60,8 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     state.copy_normaliser(ws.s.data());
     log_or_neg_inf(ws.s.data(), ws.log_s.data(), F);
   }
-  float* dw = bp.head_dw(bh, ws.dw.empty() ? nullptr : ws.dw.data());
-  float* db = bp.head_dbias(bh, ws.db.empty() ? nullptr : ws.db.data());
+  float* dw = bp.head_dw(bh);
+  float* db = bp.head_dbias(bh);
 
   // Queries: dq, and R = phi(Q)^T gx.
   std::fill(ws.R.begin(), ws.R.end(), 0.0f);
@@ -119,9 +117,9 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
 void favor_backward_bidirectional(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   backward_over_heads<Workspace>(
-      p.batch * p.heads, p.threads, bp.dw, bp.dbias,
+      p.batch * p.heads, p.threads,
       [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d,
-      p.map.m, p.map.features(), p.dv, bp.summed_dw(), bp.summed_dbias());
+      p.map.m, p.map.features(), p.dv);
 }
 
 }  // namespace favor::cpu

@@ -35,14 +35,13 @@ namespace {
 
 struct Workspace {
   ChunkWorkspace chunk;
-  std::vector<float> phiq, gscaled, dmat, dphi, pa, dx, dvv, R, dw, db;
+  std::vector<float> phiq, gscaled, dmat, dphi, pa, dx, dvv, R;
   std::vector<float> gstore, chunk_s;  // per head: N x (dv + 1); chunks x F
   std::vector<double> chunk_max;       // per head: chunks
   std::vector<float> dist, dist_rows;  // decay only: Dx (F x (dv + 1)); C x (dv + 1) scratch
   // Sized for a whole head of n tokens here, before the parallel region (allocation failures
   // then throw to the caller).
-  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, bool summed_dw, bool summed_db, int64_t n,
-            bool decay)
+  Workspace(int64_t d, int64_t m, int64_t F, int64_t dv, int64_t n, bool decay)
       : chunk(d, m, F, dv),
         phiq(kChunk * F),
         gscaled(kChunk * (dv + 1)),
@@ -52,8 +51,6 @@ struct Workspace {
         dx(kChunk * d),
         dvv(kChunk * dv),
         R(F * (dv + 1)),
-        dw(summed_dw ? m * d : 0),
-        db(summed_db ? m : 0),
         gstore(n * (dv + 1)),
         chunk_s((n + kChunk - 1) / kChunk * F),
         chunk_max((n + kChunk - 1) / kChunk),
@@ -142,8 +139,8 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
   ChunkWorkspace& ws = w.chunk;
   const int64_t F = ws.F, d = p.d, m = p.map.m, dv = p.dv, ldv = dv + 1, ldq = ws.ldq(), n = p.nq;
   const int64_t chunks = (n + kChunk - 1) / kChunk, bh = b * p.heads + h;
-  float* dw = bp.head_dw(bh, w.dw.empty() ? nullptr : w.dw.data());
-  float* db = bp.head_dbias(bh, w.db.empty() ? nullptr : w.db.data());
+  float* dw = bp.head_dw(bh);
+  float* db = bp.head_dbias(bh);
   const float* dyh = bp.dy + b * bp.dy_strides[0] + h * bp.dy_strides[1];
   float* vx = ws.sv.data() + F * ldv;
   double* drate = bp.drate ? bp.drate + bh : nullptr;
@@ -226,10 +223,9 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
 void favor_backward_causal(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   backward_over_heads<Workspace>(
-      p.batch * p.heads, p.threads, bp.dw, bp.dbias,
+      p.batch * p.heads, p.threads,
       [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d,
-      p.map.m, p.map.features(), p.dv, bp.summed_dw(), bp.summed_dbias(), p.nq,
-      bp.drate != nullptr);
+      p.map.m, p.map.features(), p.dv, p.nq, bp.drate != nullptr);
 }
 
 }  // namespace favor::cpu

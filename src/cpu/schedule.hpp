@@ -57,22 +57,15 @@ int64_t for_each_head(const Schedule& plan, std::vector<Workspace>& spaces, Fn f
 }
 
 /// The backward kernels' driver: heads over threads (a head is not split in the backward
-/// pass), run_head(bh, workspace) per head, and the per-thread partials of dW and dbias (`dw`
-/// and `db` members of each workspace, empty unless they are sums over heads) summed into
-/// `dw` and `dbias`.
+/// pass), run_head(bh, workspace) per head. Each head writes its own gradient slices.
 template <class Workspace, class RunHead, class... Args>
-void backward_over_heads(int64_t heads, int threads, float* dw, float* dbias, RunHead run_head,
-                         const Args&... args) {
+void backward_over_heads(int64_t heads, int threads, RunHead run_head, const Args&... args) {
   const Schedule plan = heads_only(heads, threads);
   std::vector<Workspace> spaces = make_workspaces<Workspace>(plan.team, args...);
   for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
     run_head(bh, ws);
     return int64_t{0};
   });
-  for (const Workspace& ws : spaces) {
-    for (size_t i = 0; dw && i < ws.dw.size(); ++i) dw[i] += ws.dw[i];
-    for (size_t i = 0; dbias && i < ws.db.size(); ++i) dbias[i] += ws.db[i];
-  }
 }
 
 /// Threads for a decoder's loop over `heads` heads of `work` flops each: one thread below
