@@ -71,14 +71,20 @@ def _integer(x):
         return None
 
 
-def _fit(fit, kernel, d):
-    """A KernelFit, or a float A (FAVOR++ with one A for every head: the CLI's --fit-a)."""
+def _fit(fit, kernel, d, inputs=None):
+    """A KernelFit, or a float A (FAVOR++ with one A for every head: the CLI's --fit-a).
+    inputs=(B, H) of the call: a fit with one entry per head (H of them, e.g. fitted on
+    calibration data of shape [1, H, N, D]) is repeated over the batch to B*H entries."""
     if fit is None:
         return None
     if kernel in ("positive", "trig", "hyperbolic"):
         raise _core.Error(f"fit: only the favorpp and favorsharp kernels take a fit "
                           f"(kernel is '{kernel}')")
     if isinstance(fit, _core.KernelFit):
+        if inputs is not None and inputs[0] > 1 and fit.heads == inputs[1] > 1:
+            b = inputs[0]
+            return _core.KernelFit(np.tile(np.asarray(fit.a), (b, 1)),
+                                   np.tile(np.asarray(fit.basis), (b, 1, 1)))
         return fit
     if isinstance(fit, (int, float)):
         if kernel not in ("favorpp", "favor++"):
@@ -177,7 +183,9 @@ def _core_map(d, feature_map, feature_weights, decay, draw, force=False, inputs=
         if inputs is not None and all(_integer(x) is not None and x >= 1 for x in inputs):
             _check_set_count(lam.shape[0], "feature_weights", *inputs)
     kernel = draw["kernel"]
-    return _core.FeatureMap(w, kernel=kernel, scale=draw["scale"], fit=_fit(draw["fit"], kernel, d),
+    ok = inputs is not None and all(_integer(x) is not None for x in inputs)
+    fit = _fit(draw["fit"], kernel, d, tuple(inputs) if ok else None)
+    return _core.FeatureMap(w, kernel=kernel, scale=draw["scale"], fit=fit,
                             heads=1 if lam is None else lam.shape[0], lambda_=lam)
 
 
@@ -249,7 +257,8 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
     y, zero_rows, context = _core.attention(q, k, v, w, kernel=kernel, causal=causal,
                                             scale=scale, key_mask=key_mask,
-                                            fit=_fit(fit, kernel, d), save_context=full_output)
+                                            fit=_fit(fit, kernel, d, _batch_heads(q)),
+                                            save_context=full_output)
     return AttentionOutput(y, context, zero_rows) if full_output else y
 
 
@@ -290,7 +299,7 @@ def attention_backward(q, k, v, dy, *, causal=False, kernel="positive", features
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
     return Grads(*_core.attention_backward(q, k, v, dy, w, kernel=kernel, causal=causal,
                                            scale=scale, key_mask=key_mask,
-                                           fit=_fit(fit, kernel, d),
+                                           fit=_fit(fit, kernel, d, _batch_heads(q)),
                                            projection_grad=projection_grad, context=context))
 
 
@@ -385,7 +394,7 @@ class Decoder(_Streaming):
             self._d = _core.Decoder(batch, heads, dv, feature_map=fm, decay=_decay(decay))
             return
         self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
-                                fit=_fit(fit, kernel, projection.d))
+                                fit=_fit(fit, kernel, projection.d, (batch, heads)))
 
     projection = property(lambda self: self._d.projection)
     state_bytes = property(lambda self: self._d.state_bytes,

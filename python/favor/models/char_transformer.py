@@ -191,18 +191,32 @@ class CharTransformer(nn.Module):
 
     def _exact_step(self, attn, x, cache):
         """Causal softmax attention of new tokens x [B, T, E] (a prompt when the cache is
-        empty, else T = 1) against the cache of earlier keys and values: plain torch."""
+        empty, else T = 1) against the cache of earlier keys and values: plain torch. The
+        cache (keys, values, length) preallocates its buffers and doubles them when full, so
+        appending a token costs O(1) amortised and a step reads the keys once."""
         q, k, v = attn._heads(attn.q_proj(x)), attn._heads(attn.k_proj(x)), attn._heads(attn.v_proj(x))
-        if cache is not None:
-            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        t = q.shape[2]
+        if cache is None:
+            cap = max(64, 2 * t)
+            kb = k.new_empty(k.shape[:2] + (cap, k.shape[3]))
+            vb = v.new_empty(v.shape[:2] + (cap, v.shape[3]))
+            n0 = 0
+        else:
+            kb, vb, n0 = cache
+            if n0 + t > kb.shape[2]:
+                cap = 2 * (n0 + t)
+                kb = torch.cat([kb[:, :, :n0], kb.new_empty(kb.shape[:2] + (cap - n0, kb.shape[3]))], 2)
+                vb = torch.cat([vb[:, :, :n0], vb.new_empty(vb.shape[:2] + (cap - n0, vb.shape[3]))], 2)
+        kb[:, :, n0:n0 + t] = k
+        vb[:, :, n0:n0 + t] = v
+        n = n0 + t
         scale = attn.scale if attn.scale is not None else attn.head_dim ** -0.5
-        s = torch.matmul(q, k.transpose(-1, -2)) * scale        # [B, H, T, t]
-        t, n = q.shape[2], k.shape[2]
+        s = torch.matmul(q, kb[:, :, :n].transpose(-1, -2)) * scale        # [B, H, T, n]
         if t > 1:
             future = torch.ones(t, n, dtype=torch.bool).triu(n - t + 1)
             s = s.masked_fill(future, float("-inf"))
-        y = torch.matmul(torch.softmax(s, dim=-1), v)
-        return attn.out_proj(attn._merge(y)), (k, v)
+        y = torch.matmul(torch.softmax(s, dim=-1), vb[:, :, :n])
+        return attn.out_proj(attn._merge(y)), (kb, vb, n)
 
     @torch.no_grad()
     def _step(self, ids, state, position):
@@ -276,20 +290,26 @@ class CharTransformer(nn.Module):
         return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 
-def convert_attention(model, calibration=None, **spec):
+def convert_attention(model, calibration=None, layer_kwargs=None, **spec):
     """A copy of `model` with every attention layer replaced by one built from `spec`
     (FavorAttention keywords, or method='vq' with VQAttention's), keeping the trained
     q/k/v/out projections and everything else; the copy's config records the new spec and
     it keeps the model's train/eval mode. VQ codebooks are initialised by k-means on the
     keys of `calibration` (ids [B, N] from the training split) when given, else by the
-    copy's first forward."""
+    copy's first forward. layer_kwargs: one dict per layer of further keywords for that
+    layer only (a fitted `fit` or `feature_init`; favor.models.conversion), which the
+    config does not record."""
     spec = attention_spec(spec)
+    if layer_kwargs is not None and len(layer_kwargs) != len(model.blocks):
+        raise _core.Error(f"layer_kwargs: has {len(layer_kwargs)} entries; the model has "
+                          f"{len(model.blocks)} layers")
     new = copy.deepcopy(model)
     new.config = dict(model.config, attention=dict(spec))
     d_model, heads = model.config["d_model"], model.config["heads"]
     for i, block in enumerate(new.blocks):
         old = block.attn
-        attn = make_attention(d_model, heads, spec, i)
+        extra = dict(spec, **layer_kwargs[i]) if layer_kwargs is not None else spec
+        attn = make_attention(d_model, heads, extra, i)
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
             getattr(attn, name).load_state_dict(getattr(old, name).state_dict())
         attn.train(old.training)

@@ -53,6 +53,6 @@ class Decoder(_Streaming):
                                   fit=fit, feature_map=feature_map, decay=decay)._d
             return
         self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
-                                fit=_fit(fit, kernel, projection.d))
+                                fit=_fit(fit, kernel, projection.d, (batch, heads)))
 
     projection = property(lambda self: self._d.projection)

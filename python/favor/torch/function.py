@@ -286,7 +286,7 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     elif method == "favor":
         d = q.shape[-1]
         proj, w = resolve_projection(projection, d, features, norms, seed)
-        spec = _Spec(proj, kernel, causal, scale, keep, _fit(fit, kernel, d))
+        spec = _Spec(proj, kernel, causal, scale, keep, _fit(fit, kernel, d, _batch_heads(q)))
         y = _FavorFunction.apply(q32, k32, v32, w, spec)
     else:
         raise _core.Error(f"method: '{method}' is not a method; use favor or exact")
