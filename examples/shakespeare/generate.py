@@ -12,7 +12,8 @@ import torch
 
 from common import DATA, setup
 from favor.models import CharData
-from favor.models.training import attention_preset, load_model
+from favor.models.conversion import calibration_windows
+from favor.models.training import load_model
 
 
 def main(argv=None):
@@ -23,20 +24,18 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--attention", help="convert first: a preset or JSON spec (train.py)")
+    p.add_argument("--attention", help="convert first: a method (train.py --init --attention)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--data", default=DATA, help="only for VQ calibration after --attention")
+    p.add_argument("--data", default=DATA, help="the calibration text of --attention")
     a = p.parse_args(argv)
     setup(a.threads)
     ck = torch.load(a.checkpoint, map_location="cpu")
     chars = ck.get("chars")
-    spec = attention_preset(a.attention) if a.attention else None
     calib = None
-    if spec is not None and spec["method"] == "vq":
+    if a.attention:
         data = CharData.from_file(a.data, chars=chars)
-        calib, _ = data.batch("train", 32, ck["config"]["context"],
-                              torch.Generator().manual_seed(a.seed + 2))
-    model, _ = load_model(a.checkpoint, attention=spec, calibration=calib)
+        calib = calibration_windows(data, ck["config"]["context"], a.seed)
+    model, _ = load_model(a.checkpoint, attention=a.attention, calibration=calib, seed=a.seed)
     vocab = CharData(chars, chars=chars) if chars else None
     prompt = vocab.encode(a.prompt)
     t0 = time.time()

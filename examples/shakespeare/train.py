@@ -2,7 +2,7 @@
 
     PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/train.py --out runs/exact.pt
     ... --resume --out runs/exact.pt                       # continue an interrupted run
-    ... --attention favor-orth-256 --init runs/exact.pt --steps 150 --out runs/ft.pt
+    ... --attention favorsharp-256 --init runs/exact.pt --steps 360 --out runs/ft.pt
                                                            # convert the baseline, fine-tune
     ... --attention '{"method": "favor", "kernel": "hedgehog", "features": 64,
                       "learn_features": true}' ...
@@ -19,7 +19,8 @@ import time
 import torch
 
 from common import DATA, setup
-from favor.models import CharData, bits_per_char, convert_attention
+from favor.models import CharData, bits_per_char
+from favor.models.conversion import calibration_windows, convert_method
 from favor.models.char_transformer import CharTransformer
 from favor.models.training import (MODEL_PRESETS, TrainConfig, Trainer, attention_preset,
                                    load_model)
@@ -29,11 +30,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     p.add_argument("--out", required=True, help="checkpoint path (written every --eval-every)")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    p.add_argument("--init", help="start from this checkpoint's weights (converted to "
-                   "--attention when given); a new optimizer and step 0")
+    p.add_argument("--init", help="start from this checkpoint's weights, converted to "
+                   "--attention when given (favor.models.conversion: FAVOR++/# and the learned "
+                   "maps are fitted to 16 training windows first); a new optimizer, step 0")
     p.add_argument("--attention", default=None,
                    help="exact (default), favor-orth-M, favor-iid-M, trig-orth-M, hedgehog-M, "
-                        "vq-C or a JSON spec of FavorAttention keywords")
+                        "vq-C or a JSON spec of FavorAttention keywords; with --init also "
+                        "favorpp-M, favorsharp-M, positive-fit-M, wpff-M (fitted; hedgehog-M "
+                        "is then fitted too)")
     p.add_argument("--model", default="shakespeare", choices=sorted(MODEL_PRESETS))
     d = TrainConfig()
     p.add_argument("--steps", type=int, default=d.steps)
@@ -61,16 +65,18 @@ def main(argv=None):
                              min_lr=a.lr / 10 if a.min_lr is None else a.min_lr,
                              eval_every=a.eval_every, eval_windows=a.eval_windows,
                              checkpoint_every=a.eval_every)
-        spec = attention_preset(a.attention) if a.attention else None
+        info = None
         if a.init:
             model, _ = load_model(a.init)
-            calib, _ = data.batch("train", 32, model.context,
-                                  torch.Generator().manual_seed(a.seed + 2))
-            if spec is not None:
-                model = convert_attention(model, calibration=calib, **spec)
+            if a.attention:
+                calib = calibration_windows(data, model.context, a.seed)
+                model, info = convert_method(model, a.attention, calib, seed=a.seed,
+                                             verbose=True)
         else:
+            spec = attention_preset(a.attention) if a.attention else None
             model = CharTransformer(vocab=data.vocab, attention=spec, **MODEL_PRESETS[a.model])
-        t = Trainer(model, data, config, seed=a.seed, extra=dict(init=a.init))
+        t = Trainer(model, data, config, seed=a.seed,
+                    extra=dict(init=a.init, attention=a.attention, conversion=info))
         print(f"seed {a.seed} (model init torch.manual_seed({a.seed}), data generator "
               f"{a.seed + 1}); torch threads {torch.get_num_threads()}", flush=True)
     m, c = t.model, t.config

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import favor  # noqa: E402
 from favor.models import CharData, CharTransformer, bits_per_char  # noqa: E402
 from favor.models.conversion import convert_method, layer_qkv, parse_method  # noqa: E402
-from favor.models.training import MODEL_PRESETS, TrainConfig, Trainer  # noqa: E402
+from favor.models.training import MODEL_PRESETS, TrainConfig, Trainer, load_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.join(ROOT, "examples", "shakespeare")
@@ -117,6 +117,32 @@ def test_learned_maps_beat_favor_plus_right_after_conversion(trained, data):
     fitted, _ = convert_method(model, "positive-fit-32", calib, fit_steps=100)
     gap = lambda m: abs(bits_per_char(m, data, "val", count=8) - exact)
     assert gap(fitted) < gap(plus)
+
+
+def test_checkpoints_keep_kernel_fits(trained, data, tmp_path):
+    """A FAVOR# fit from calibration text is not a parameter: the checkpoint keeps it, and
+    load_model / Trainer.resume put it back (without it the causal forward is refused)."""
+    model = trained.model.eval()
+    conv, _ = convert_method(model, "favorsharp-32", _calibration(data, model))
+    t = Trainer(conv, data, TrainConfig(steps=2, batch=4), seed=0)
+    t.train_step()
+    path = str(tmp_path / "sharp.pt")
+    t.save(path)
+    x = data.windows("val", model.context, 2)[0]
+    loaded, ck = load_model(path)
+    assert len(ck["fits"]) == len(model.blocks)
+    for a, b in zip(loaded.attentions(), conv.attentions()):
+        assert np.array_equal(np.asarray(a.fit.basis), np.asarray(b.fit.basis))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), conv.eval()(x))
+    resumed = Trainer.resume(path, data)
+    assert resumed.train_step() == t.train_step()
+    # a method name converts on load, fitted to the calibration windows given
+    trained.save(str(tmp_path / "base.pt"))
+    by_name, _ = load_model(str(tmp_path / "base.pt"), "favorsharp-32", _calibration(data, model))
+    fresh, _ = convert_method(model, "favorsharp-32", _calibration(data, model))
+    with torch.no_grad():
+        assert torch.equal(by_name(x), fresh.eval()(x))
 
 
 def test_conversion_errors(trained):

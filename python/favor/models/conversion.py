@@ -40,6 +40,12 @@ _LEARNED = {
 }
 
 
+def calibration_windows(data, context, seed=0, count=16):
+    """The calibration text of a conversion: `count` random training windows [count,
+    context] from a generator seeded seed + 2 (the scripts' and the study's choice)."""
+    return data.batch("train", count, context, torch.Generator().manual_seed(seed + 2))[0]
+
+
 @torch.no_grad()
 def layer_qkv(model, ids):
     """The queries, keys and values every attention layer of `model` computes on ids

@@ -12,6 +12,7 @@ import math
 import os
 import re
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -90,15 +91,43 @@ def save_checkpoint(path, state):
     os.replace(tmp, path)
 
 
-def load_model(path, attention=None, calibration=None):
+def kernel_fits(model):
+    """The FAVOR++/FAVOR# fit of every attention layer as (a, basis) numpy arrays (None for a
+    layer without one): what a checkpoint keeps besides the state_dict, since a KernelFit
+    made from calibration text is configuration, not a parameter."""
+    fits = []
+    for attn in model.attentions():
+        f = getattr(attn, "fit", None)
+        fits.append(None if f is None else (np.asarray(f.a).copy(), np.asarray(f.basis).copy()))
+    return fits if any(f is not None for f in fits) else None
+
+
+def apply_kernel_fits(model, fits):
+    """Puts kernel_fits(...) back into the attention layers of `model`."""
+    if fits is None:
+        return
+    if len(fits) != len(model.blocks):
+        raise _core.Error(f"fits: {len(fits)} entries for a model of {len(model.blocks)} layers")
+    for attn, f in zip(model.attentions(), fits):
+        if f is not None:
+            attn.fit = _core.KernelFit(f[0], f[1])
+
+
+def load_model(path, attention=None, calibration=None, seed=0):
     """(model, checkpoint dict) of a checkpoint (a Trainer's or a bare {config, model}),
-    in eval mode; `attention` (a spec) converts it (convert_attention, VQ codebooks by
-    k-means on `calibration` ids)."""
+    in eval mode, with its saved FAVOR++/# fits. `attention` converts it: a method name of
+    favor.models.conversion (fitted on `calibration` ids where the method needs it, with
+    `seed`) or a spec dict (convert_attention; VQ codebooks by k-means on `calibration`)."""
     ck = torch.load(path, map_location="cpu")
     model = CharTransformer(**ck["config"])
     model.load_state_dict(ck["model"])
+    apply_kernel_fits(model, ck.get("fits"))
     model.eval()
-    if attention is not None:
+    if isinstance(attention, str):
+        from .conversion import convert_method
+        model, _ = convert_method(model, attention, calibration, seed=seed)
+        model.eval()
+    elif attention is not None:
         model = convert_attention(model, calibration=calibration, **attention_spec(attention))
     return model, ck
 
@@ -141,7 +170,7 @@ class Trainer:
                     optimizer=self.optimizer.state_dict(), step=self.step, seed=self.seed,
                     train=dataclasses.asdict(self.config), chars=self.data.chars,
                     rng=dict(data=self.generator.get_state(), torch=torch.get_rng_state()),
-                    extra=self.extra)
+                    extra=self.extra, fits=kernel_fits(self.model))
 
     def save(self, path):
         save_checkpoint(path, self.state())
@@ -151,6 +180,7 @@ class Trainer:
         ck = torch.load(path, map_location="cpu")
         model = CharTransformer(**ck["config"])
         model.load_state_dict(ck["model"])
+        apply_kernel_fits(model, ck.get("fits"))
         t = cls(model, data, TrainConfig(**ck["train"]), seed=ck["seed"], extra=ck.get("extra"))
         t.optimizer.load_state_dict(ck["optimizer"])
         t.step = ck["step"]

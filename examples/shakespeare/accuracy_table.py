@@ -1,0 +1,112 @@
+"""Accuracy of every favor method on the model's real attention inputs, per layer: runs
+`favor accuracy` on each layer's dumped q, k, v (dump_qkv.py) and tabulates the relative
+error of the attention output against exact attention at equal state size F (features per
+query/key; VQ: codes).
+
+    PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/dump_qkv.py \
+        examples/shakespeare/checkpoints/exact.pt --out runs/qkv
+    PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/accuracy_table.py runs/qkv
+
+Writes QKV/accuracy_layer{L}.json (favor accuracy --json) and QKV/accuracy.md; prints the
+table and the command of every run. Rows: estimator / projection of the `favor` section
+(trig and hyperbolic at m = F/2), the fitted maps of the `maps` section (FAVOR# fitted, WPFF,
+positive-fit, hedgehog: distilled on the first half of each sequence, evaluated on the
+second; the favor rows on the whole sequence) and Transformer-VQ with C = F codes (hard and
+soft, codebook from the first half). Errors are means over --seeds projection seeds.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def find_favor(path):
+    for p in ([path] if path else []) + [os.path.join(ROOT, "build", "tools", "favor"),
+                                         shutil.which("favor")]:
+        if p and os.path.exists(p):
+            return p
+    sys.exit("accuracy_table: the favor CLI was not found; build it (make build) or give --favor")
+
+
+def run_layer(a, favor, layer):
+    out = os.path.join(a.qkv, f"accuracy_layer{layer}.json")
+    f = lambda n: os.path.join(a.qkv, f"layer{layer}_{n}.npy")
+    feats = sorted({x for F in a.features for x in (F, F // 2)})
+    cmd = [favor, "accuracy", "--q", f("q"), "--k", f("k"), "--v", f("v"),
+           "--sections", "favor,vq,maps", "--features", *map(str, feats),
+           "--projections", *a.projections, "--seeds", str(a.seeds),
+           "--maps-features", *map(str, a.features), "--maps-steps", str(a.maps_steps),
+           "--vq-codes", *map(str, a.features), "--out", out, "--json"]
+    print(" ".join(cmd), flush=True)
+    if not (a.reuse and os.path.exists(out)):
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(out) as fh:
+        return json.load(fh)
+
+
+def rows_at(res, F):
+    """(label, error, std) of every method at F features (or F codes)."""
+    rows = []
+    for r in res["records"]:
+        doubled = r["estimator"] in ("trig", "hyperbolic")
+        if r["m"] * (2 if doubled else 1) == F:
+            rows.append((f"{r['estimator']} / {r['projection']}", r["attention_rel_error"],
+                         r["attention_rel_error_std"]))
+    for r in res["maps_records"]:
+        if r["features"] == F and r["method"] in ("favor#", "wpff", "positive-fit", "hedgehog"):
+            rows.append((f"{r['method']} (fitted, 2nd half)", r["attention_rel_error"],
+                         r["attention_rel_error_std"]))
+    for r in res["vq_records"]:
+        if r["codes"] == F:
+            kind = "hard" if not r["soft"] else f"soft tau_rel {r['tau_rel']:g}"
+            rows.append((f"vq {kind} (2nd half)", r["attention_rel_error"],
+                         r["attention_rel_error_std"]))
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("qkv", help="the directory of dump_qkv.py")
+    p.add_argument("--favor", help="path of the favor CLI (default build/tools/favor)")
+    p.add_argument("--features", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--projections", nargs="+",
+                   default=["iid", "orthogonal", "qmc", "radial", "sorf", "dct"])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--maps-steps", type=int, default=200)
+    p.add_argument("--reuse", action="store_true", help="reuse existing JSON results")
+    a = p.parse_args(argv)
+    favor = find_favor(a.favor)
+    with open(os.path.join(a.qkv, "meta.json")) as fh:
+        meta = json.load(fh)
+    results = [run_layer(a, favor, i) for i in range(meta["layers"])]
+    lines = [f"Relative error of the attention output against exact attention on the model's "
+             f"real q, k, v ({meta['windows']} validation windows of {meta['length']} "
+             f"characters, shape {meta['shape']} per layer; bidirectional; mean over "
+             f"{a.seeds} seeds).", ""]
+    for F in a.features:
+        per_layer = [dict((label, (e, s)) for label, e, s in rows_at(r, F)) for r in results]
+        labels = list(dict.fromkeys(label for d in per_layer for label in d))
+        head = " | ".join(f"layer {i}" for i in range(len(results)))
+        lines += [f"**F = {F}** (features per query and key; VQ: codes)", "",
+                  f"| method | {head} | mean |", "|---" + "|---:" * (len(results) + 1) + "|"]
+        scored = []
+        for label in labels:
+            errs = [d.get(label, (float("nan"), 0))[0] for d in per_layer]
+            scored.append((sum(errs) / len(errs), label, errs))
+        for mean, label, errs in sorted(scored):
+            cells = " | ".join(f"{e:.3f}" for e in errs)
+            lines.append(f"| {label} | {cells} | {mean:.3f} |")
+        lines.append("")
+    text = "\n".join(lines)
+    with open(os.path.join(a.qkv, "accuracy.md"), "w") as fh:
+        fh.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
