@@ -175,6 +175,9 @@ def test_study_runs_end_to_end(trained, data, tmp_path):
         assert [s for s, _ in res["curve"]][0] == 0 and res["curve"][-1][0] == 4
         assert all(math.isfinite(b) for _, b in res["curve"])
         assert f"| {m} |" in table
+    tuned, ck = load_model(str(out / "finetune-favorsharp-32.pt"))   # with its fits
+    assert ck["step"] == 4 and ck["fits"] is not None
+    assert math.isfinite(bits_per_char(tuned, data, "val", count=2))
     sc = json.loads((out / "scratch-favor-orth-256.json").read_text())
     assert sc["steps"] == 4 and math.isfinite(sc["bpc"])
     assert (out / "finetune.png").stat().st_size > 0
