@@ -7,7 +7,8 @@ query/key; VQ: codes).
         examples/shakespeare/checkpoints/exact.pt --out runs/qkv
     PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/accuracy_table.py runs/qkv
 
-Writes QKV/accuracy_layer{L}.json (favor accuracy --json) and QKV/accuracy.md; prints the
+Writes QKV/accuracy_{MODE}_layer{L}.json (favor accuracy --json) and QKV/accuracy_{MODE}.md
+(MODE: causal with --causal, the model's attention, else bidirectional); prints the
 table and the command of every run. Rows: estimator / projection of the `favor` section
 (trig and hyperbolic at m = F/2), the fitted maps of the `maps` section (FAVOR# fitted, WPFF,
 positive-fit, hedgehog: distilled on the first half of each sequence, evaluated on the
@@ -34,7 +35,8 @@ def find_favor(path):
 
 
 def run_layer(a, favor, layer):
-    out = os.path.join(a.qkv, f"accuracy_layer{layer}.json")
+    mode = "causal" if a.causal else "bidirectional"
+    out = os.path.join(a.qkv, f"accuracy_{mode}_layer{layer}.json")
     f = lambda n: os.path.join(a.qkv, f"layer{layer}_{n}.npy")
     feats = sorted({x for F in a.features for x in (F, F // 2)})
     cmd = [favor, "accuracy", "--q", f("q"), "--k", f("k"), "--v", f("v"),
@@ -42,6 +44,8 @@ def run_layer(a, favor, layer):
            "--projections", *a.projections, "--seeds", str(a.seeds),
            "--maps-features", *map(str, a.features), "--maps-steps", str(a.maps_steps),
            "--vq-codes", *map(str, a.features), "--out", out, "--json"]
+    if a.causal:
+        cmd.append("--causal")
     print(" ".join(cmd), flush=True)
     if not (a.reuse and os.path.exists(out)):
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -75,7 +79,9 @@ def main(argv=None):
     p.add_argument("--favor", help="path of the favor CLI (default build/tools/favor)")
     p.add_argument("--features", type=int, nargs="+", default=[64, 256])
     p.add_argument("--projections", nargs="+",
-                   default=["iid", "orthogonal", "qmc", "radial", "sorf", "dct"])
+                   default=["iid", "orthogonal", "qmc", "radial", "sorf", "simplex", "dct"])
+    p.add_argument("--causal", action="store_true",
+                   help="causal attention (the model's), else bidirectional")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--maps-steps", type=int, default=200)
     p.add_argument("--reuse", action="store_true", help="reuse existing JSON results")
@@ -86,7 +92,8 @@ def main(argv=None):
     results = [run_layer(a, favor, i) for i in range(meta["layers"])]
     lines = [f"Relative error of the attention output against exact attention on the model's "
              f"real q, k, v ({meta['windows']} validation windows of {meta['length']} "
-             f"characters, shape {meta['shape']} per layer; bidirectional; mean over "
+             f"characters, shape {meta['shape']} per layer; "
+             f"{'causal' if a.causal else 'bidirectional'} attention; mean over "
              f"{a.seeds} seeds).", ""]
     for F in a.features:
         per_layer = [dict((label, (e, s)) for label, e, s in rows_at(r, F)) for r in results]
@@ -103,7 +110,8 @@ def main(argv=None):
             lines.append(f"| {label} | {cells} | {mean:.3f} |")
         lines.append("")
     text = "\n".join(lines)
-    with open(os.path.join(a.qkv, "accuracy.md"), "w") as fh:
+    mode = "causal" if a.causal else "bidirectional"
+    with open(os.path.join(a.qkv, f"accuracy_{mode}.md"), "w") as fh:
         fh.write(text)
     print(text)
 

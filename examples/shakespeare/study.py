@@ -71,7 +71,7 @@ def fine_tune(a, method, data):
     config = TrainConfig(steps=budget, batch=ck["train"]["batch"], lr=a.lr, warmup=20,
                          min_lr=a.lr / 10, eval_every=budget, checkpoint_every=budget)
     t = Trainer(model, data, config, seed=a.seed)
-    points = sorted({round(budget * x) for x in (1 / 12, 1 / 6, 1 / 2, 3 / 4, 1)} | {short})
+    points = sorted({round(budget * x) for x in (1 / 12, 1 / 2, 1)} | {short})
     t1 = time.time()
     while t.step < budget:
         t.train_step()

@@ -56,7 +56,7 @@ def test_accuracy_table_covers_every_method_per_layer(qkv):
         pytest.skip("FAVOR_CLI (the favor executable) is set by ctest")
     out = run("accuracy_table.py", str(qkv), "--favor", cli, "--features", "16",
               "--projections", "orthogonal", "--seeds", "1", "--maps-steps", "5")
-    table = (qkv / "accuracy.md").read_text()
+    table = (qkv / "accuracy_bidirectional.md").read_text()
     assert table in out and "| method | layer 0 | layer 1 | layer 2 | layer 3 | mean |" in table
     for row in ("positive / orthogonal", "trig / orthogonal", "favorsharp / orthogonal",
                 "hedgehog (fitted", "wpff (fitted", "vq hard"):
@@ -64,7 +64,7 @@ def test_accuracy_table_covers_every_method_per_layer(qkv):
         cells = [float(c) for c in line.strip("|").split("|")[1:]]
         assert len(cells) == 5 and all(c >= 0 for c in cells), line
     for layer in range(4):
-        assert (qkv / f"accuracy_layer{layer}.json").exists()
+        assert (qkv / f"accuracy_bidirectional_layer{layer}.json").exists()
 
 
 def test_decode_speed_runs_and_favor_state_stays_flat(tmp_path):
