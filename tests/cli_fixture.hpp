@@ -99,4 +99,13 @@ class CliTest : public ::testing::Test {
   Tensor q, k, v;
 };
 
+/// Positions [from, from + count) of a [B, H, N, X] tensor, as a view (the halves the
+/// accuracy command's vq and maps sections fit on and evaluate).
+inline TensorView positions(const Tensor& t, int64_t from, int64_t count) {
+  const TensorView all = t.view();
+  return TensorView{all.data + from * all.strides[2],
+                    {all.shape[0], all.shape[1], count, all.shape[3]},
+                    all.strides};
+}
+
 }  // namespace favor::testing

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -71,10 +72,11 @@ TEST_F(AccuracyCli, JsonSchemaAndSizes) {
       run_json("--n 24 --d 8 --dv 4 --features 4,16 --seeds 2 --qk-norm 1,1.5 --kernel-pairs 8");
   const json& meta = result["meta"];
   for (const char* key :
-       {"n", "nk", "batch", "heads", "d", "dv", "scale", "seeds", "threads", "version", "data_seed",
-        "kernel_pairs", "estimators", "projections", "features", "data"}) {
+       {"n", "nk", "batch", "heads", "d", "dv", "scale", "causal", "seeds", "threads", "version",
+        "data_seed", "kernel_pairs", "estimators", "projections", "features", "data"}) {
     EXPECT_TRUE(meta.contains(key)) << key;
   }
+  EXPECT_EQ(meta["causal"], false);
   EXPECT_EQ(meta["n"], 24);
   EXPECT_EQ(meta["d"], d);
   EXPECT_EQ(meta["dv"], 4);
@@ -179,6 +181,7 @@ TEST_F(AccuracyCli, OutFileEqualsJsonAndTableGoesToStdout) {
   EXPECT_NE(r.out.find("attn rel err"), std::string::npos) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 5 + 8) << r.out;  // header + rows
   EXPECT_EQ(r.out.find('{'), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("causal"), std::string::npos) << r.out;  // bidirectional by default
 }
 
 TEST_F(AccuracyCli, ProgressOnlyOnStderr) {
@@ -197,6 +200,7 @@ TEST_F(AccuracyCli, BadParametersExitTwoWithOneLineAndNoFile) {
   write("k.npy", random_tensor({1, 2, 10, 8}, 2, 1.0));
   write("k6.npy", random_tensor({1, 2, 10, 6}, 3, 1.0));
   write("v9.npy", random_tensor({1, 2, 9, 3}, 4));
+  write("k12.npy", random_tensor({1, 2, 12, 8}, 5, 1.0));
   std::ofstream(path("bad.npy")) << "not an array";
   const std::string fast = " --n 8 --d 4 --seeds 1 --projections iid ";
   expect_failure(fast + "--features 0", "--features");
@@ -222,6 +226,7 @@ TEST_F(AccuracyCli, BadParametersExitTwoWithOneLineAndNoFile) {
       files + "--q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v9.npy"), "--v");
   expect_failure(files + "--q " + path("bad.npy") + " --k " + path("k.npy"), "--q");
   expect_failure(files + "--q " + path("q.npy") + " --k " + path("missing.npy"), "--k");
+  expect_failure(files + "--causal --q " + path("q.npy") + " --k " + path("k12.npy"), "--causal");
 }
 
 TEST_F(AccuracyCli, FileInputsMatchTheLibrary) {
@@ -257,6 +262,122 @@ TEST_F(AccuracyCli, FileInputsMatchTheLibrary) {
       mean += relative_frobenius_error(favor_attention(q, k, v, w, o), exact) / 2.0;
     }
     EXPECT_NEAR(r["attention_rel_error"].get<double>(), mean, 1e-6 * mean) << r.dump();
+  }
+}
+
+// --causal: every record is the library's causal favor_attention against causal exact
+// attention with the same projection draws (FAVOR++ / FAVOR# given fit_kernel on the same q,
+// k), and the bidirectional run's records are the bidirectional errors of the same draws,
+// which differ: the flag reaches both the baseline and the estimate. Kernel MSEs are pairwise
+// and do not change.
+TEST_F(AccuracyCli, CausalFileInputsMatchTheLibrary) {
+  write_qkv();
+  const std::string args = qkv() +
+                           " --estimators positive,favorpp,favorsharp --projections iid,orthogonal "
+                           "--features 8 --seeds 2 --kernel-pairs 16 --scale 0.5";
+  const json causal = run_json(args + " --causal"), bidirectional = run_json(args);
+  EXPECT_EQ(causal["meta"]["causal"], true);
+  EXPECT_EQ(bidirectional["meta"]["causal"], false);
+  ASSERT_EQ(causal["records"].size(), 6u);
+  ASSERT_EQ(bidirectional["records"].size(), 6u);
+  std::vector<Tensor> exact;
+  for (bool c : {false, true}) {
+    ExactOptions eo;
+    eo.causal = c;
+    eo.scale = 0.5;
+    eo.accumulation = Accumulation::f64;
+    exact.push_back(exact_attention(q, k, v, eo));
+  }
+  for (size_t i = 0; i < 6; ++i) {
+    const json &rc = causal["records"][i], &rb = bidirectional["records"][i];
+    AttentionOptions o;
+    o.kernel = parse_kernel(rc["estimator"], "estimator");
+    o.scale = 0.5;
+    if (data_adapted(o.kernel)) o.fit = fit_kernel(o.kernel, q, k, 0.5);
+    double mean[2] = {0.0, 0.0};
+    for (bool c : {false, true}) {
+      o.causal = c;
+      for (uint64_t seed = 0; seed < 2; ++seed) {
+        const Projection w = Projection::draw(
+            8, 8, {parse_projection_kind(rc["projection"], "projection"), NormMode::chi, seed});
+        mean[c] += relative_frobenius_error(favor_attention(q, k, v, w, o), exact[c]) / 2.0;
+      }
+    }
+    EXPECT_NEAR(rc["attention_rel_error"].get<double>(), mean[1], 1e-6 * mean[1]) << rc.dump();
+    EXPECT_NEAR(rb["attention_rel_error"].get<double>(), mean[0], 1e-6 * mean[0]) << rb.dump();
+    EXPECT_GT(std::abs(mean[1] - mean[0]), 1e-3 * mean[1]) << rc.dump();
+    EXPECT_EQ(rc["kernel_mse"], rb["kernel_mse"]) << rc.dump();
+  }
+  const Result table = run(args + " --causal");
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_NE(table.out.find("attention (causal: query i sees keys j <= i)"), std::string::npos)
+      << table.out;
+}
+
+// The maps section with --causal, on the held-out second half: the unfitted maps' errors are
+// the library's causal ones (favor++ / favor# given fit_kernel on the evaluated q, k), the
+// fitted maps train and are judged causally (fit_features with FitOptions::causal), and every
+// error differs from the bidirectional run's.
+TEST_F(AccuracyCli, CausalMapsSectionMatchesTheLibrary) {
+  write_qkv();
+  const std::string args =
+      qkv() + " --sections maps --maps-features 8 --maps-steps 3 --seeds 2 --scale 0.5";
+  const json causal = run_json(args + " --causal"), bidirectional = run_json(args);
+  EXPECT_EQ(causal["meta"]["causal"], true);
+  const json &records = causal["maps_records"], &other = bidirectional["maps_records"];
+  ASSERT_EQ(records.size(), 7u);
+  ASSERT_EQ(other.size(), 7u);
+  const FitData train{testing::positions(q, 0, 20), testing::positions(k, 0, 20),
+                      testing::positions(v, 0, 20), std::nullopt};
+  const FitData held{testing::positions(q, 20, 20), testing::positions(k, 20, 20),
+                     testing::positions(v, 20, 20), std::nullopt};
+  ExactOptions eo;
+  eo.causal = true;
+  eo.scale = 0.5;
+  eo.accumulation = Accumulation::f64;
+  const Tensor exact = exact_attention(held.q, held.k, held.v, eo);
+  AttentionOptions ao;
+  ao.causal = true;
+  // What each fitted method learns (accuracy_maps.cpp): weights, bias, lambda.
+  const std::map<std::string, std::array<bool, 3>> learns{{"wpff", {false, false, true}},
+                                                          {"positive-fit", {true, true, true}},
+                                                          {"hedgehog", {true, true, false}}};
+  for (size_t i = 0; i < records.size(); ++i) {
+    const json& r = records[i];
+    const Kernel kernel = parse_kernel(r["kernel"], "kernel");
+    double mean = 0.0, initial = 0.0;
+    for (uint64_t seed = 0; seed < 2; ++seed) {
+      FeatureMap map(Projection::draw(r["m"].get<int64_t>(), 8,
+                                      {parse_projection_kind(r["projection"], "projection"),
+                                       NormMode::chi, seed}),
+                     kernel);
+      map.scale = 0.5;
+      if (data_adapted(kernel)) map.fit = fit_kernel(kernel, held.q, held.k, 0.5);
+      if (r["fitted"].get<bool>()) {
+        const std::array<bool, 3> learn = learns.at(r["method"].get<std::string>());
+        FitOptions fo;
+        fo.steps = 3;
+        fo.learning_rate = 0.02;
+        fo.learn_weights = learn[0];
+        fo.learn_bias = learn[1];
+        fo.learn_lambda = learn[2];
+        fo.eval_every = 0;
+        fo.causal = true;
+        FitResult fit = fit_features(train, held, map, fo);
+        initial += fit.history.front().heldout_error / 2.0;
+        map = std::move(fit.map);
+      }
+      mean +=
+          relative_frobenius_error(favor_attention(held.q, held.k, held.v, map, ao), exact) / 2.0;
+    }
+    // Fitted maps: a few Adam steps amplify float rounding, which may differ with the threads.
+    const double tol = r["fitted"].get<bool>() ? 1e-4 : 1e-6;
+    EXPECT_NEAR(r["attention_rel_error"].get<double>(), mean, tol * mean) << r.dump();
+    if (r["fitted"].get<bool>())
+      EXPECT_NEAR(r["initial_rel_error"].get<double>(), initial, 1e-6 * initial) << r.dump();
+    EXPECT_EQ(other[i]["method"], r["method"]);
+    EXPECT_GT(std::abs(other[i]["attention_rel_error"].get<double>() - mean), 1e-3 * mean)
+        << r.dump();
   }
 }
 

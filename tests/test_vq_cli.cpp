@@ -280,5 +280,63 @@ TEST_F(VQCli, AccuracySectionRuns) {
   }
 }
 
+// --causal in the vq section (in-sample, evaluated on positions 20..39): with c = 40 codes
+// (per head, over B = 2 sequences of 20 keys) every key is its own code and hard VQ is causal exact
+// attention, so the causal baseline and VQ agree; at c = 4 hard and soft VQ and FAVOR+ beside them
+// are the library's causal ones with the same k-means codebooks and projections, and differ from
+// the bidirectional run.
+TEST_F(VQCli, AccuracySectionCausal) {
+  write_qkv();
+  const std::string args = "accuracy --json --sections vq " + qkv() +
+                           " --seeds 2 --vq-codes 4,40 --vq-tau-rel 0,1 --vq-iterations 6 "
+                           "--vq-fit same --scale 0.5";
+  const Result c = run_cli(args + " --causal"), b = run_cli(args);
+  ASSERT_EQ(c.code, 0) << c.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  const json causal = json::parse(c.out), bidirectional = json::parse(b.out);
+  EXPECT_EQ(causal["meta"]["causal"], true);
+  EXPECT_EQ(bidirectional["meta"]["causal"], false);
+  const json &records = causal["vq_records"], &other = bidirectional["vq_records"];
+  ASSERT_EQ(records.size(), 4u);
+  ASSERT_EQ(other.size(), 4u);
+  EXPECT_EQ(records[2]["codes"], 40);
+  EXPECT_LT(records[2]["attention_rel_error"].get<double>(), 1e-4) << records[2].dump();
+  const TensorView hq = testing::positions(q, 20, 20), hk = testing::positions(k, 20, 20),
+                   hv = testing::positions(v, 20, 20);
+  ExactOptions eo;
+  eo.causal = true;
+  eo.scale = 0.5;
+  eo.accumulation = Accumulation::f64;
+  const Tensor exact = exact_attention(hq, hk, hv, eo);
+  double vq[2] = {0.0, 0.0}, fv = 0.0;
+  for (uint64_t seed = 0; seed < 2; ++seed) {
+    KMeansOptions ko;
+    ko.iterations = 6;
+    ko.seed = seed;
+    const Codebook codebook = Codebook::kmeans(hk, 4, ko);
+    for (int t = 0; t < 2; ++t) {
+      VQOptions o;
+      o.causal = true;
+      o.scale = 0.5;
+      o.tau = t * codebook.quantisation_error(hk);
+      vq[t] += relative_frobenius_error(vq_attention(hq, hk, hv, codebook.view(), o), exact) / 2.0;
+    }
+    AttentionOptions fo;
+    fo.causal = true;
+    fo.scale = 0.5;
+    const Projection w = Projection::draw(4, 8, {ProjectionKind::orthogonal, NormMode::chi, seed});
+    fv += relative_frobenius_error(favor_attention(hq, hk, hv, w, fo), exact) / 2.0;
+  }
+  for (int t = 0; t < 2; ++t) {
+    const json &r = records[t], &o = other[t];
+    EXPECT_EQ(r["codes"], 4);
+    EXPECT_NEAR(r["attention_rel_error"].get<double>(), vq[t], 1e-6 * vq[t]) << r.dump();
+    EXPECT_NEAR(r["favor_rel_error"].get<double>(), fv, 1e-6 * fv) << r.dump();
+    EXPECT_EQ(r["quantisation_error"], o["quantisation_error"]) << r.dump();
+    EXPECT_GT(std::abs(o["attention_rel_error"].get<double>() - vq[t]), 1e-3 * vq[t]) << o.dump();
+    EXPECT_GT(std::abs(o["favor_rel_error"].get<double>() - fv), 1e-3 * fv) << o.dump();
+  }
+}
+
 }  // namespace
 }  // namespace favor

@@ -43,6 +43,7 @@ nlohmann::json meta(const AccuracyArgs& a, const std::vector<DataSetting>& data)
           {"d", d},
           {"dv", first["dv"]},
           {"scale", a.scale.value_or(1.0 / std::sqrt(double(d)))},
+          {"causal", a.causal},
           {"seeds", a.seeds},
           {"norms", "chi"},
           {"data_seed", a.data_seed},
@@ -60,11 +61,16 @@ nlohmann::json meta(const AccuracyArgs& a, const std::vector<DataSetting>& data)
           {"data", settings}};
 }
 
+// The attention mode in the section headers: nothing for the default (bidirectional).
+std::string causal_note(const nlohmann::json& m) {
+  return m["causal"].get<bool>() ? " (causal: query i sees keys j <= i)" : "";
+}
+
 void print_header(const nlohmann::json& m) {
   fmt::print(
-      "favor accuracy: FAVOR vs exact softmax attention, relative Frobenius error of the output "
-      "(mean ± std over {} seeds)\n",
-      m["seeds"].get<int64_t>());
+      "favor accuracy: FAVOR vs exact softmax attention{}, relative Frobenius error of the "
+      "output (mean ± std over {} seeds)\n",
+      causal_note(m), m["seeds"].get<int64_t>());
   fmt::print(
       "B = {}, H = {}, N = {}, Nk = {}, D = {}, Dv = {}, scale = {:.4g}; kernel MSE on {} x {} "
       "pairs of head 0, relative to mean SM^2; closed form: iid projections (math.md s.4), "
@@ -99,11 +105,11 @@ void print_row(const nlohmann::json& r) {
 void print_vq_header(const nlohmann::json& m, bool after_favor) {
   if (after_favor) fmt::print("\n");
   fmt::print(
-      "Transformer-VQ vs exact softmax attention on the second half of each sequence: codebooks "
-      "by k-means ({} Lloyd iterations, seeds 0..{}) on {}, hard (tau = 0) and soft (tau = "
-      "tau_rel x the mean quantisation error); FAVOR+ (positive, orthogonal) with m = c beside "
-      "it, same seeds\n",
-      m["vq_iterations"].get<int64_t>(), m["seeds"].get<int64_t>() - 1,
+      "Transformer-VQ vs exact softmax attention{} on the second half of each sequence: "
+      "codebooks by k-means ({} Lloyd iterations, seeds 0..{}) on {}, hard (tau = 0) and soft "
+      "(tau = tau_rel x the mean quantisation error); FAVOR+ (positive, orthogonal) with m = c "
+      "beside it, same seeds\n",
+      causal_note(m), m["vq_iterations"].get<int64_t>(), m["seeds"].get<int64_t>() - 1,
       m["vq_fit"] == "same" ? "the evaluated keys (in-sample)"
                             : "the keys of the first half (held out)");
   fmt::print("{:<30} {:>5} {:>7} {:>9} {:>21} {:>21} {:>10} {:>5}\n", "data", "c", "tau_rel", "tau",
@@ -122,12 +128,13 @@ void print_vq_row(const nlohmann::json& r) {
   std::fflush(stdout);
 }
 
-void print_maps_header(bool after_other) {
+void print_maps_header(const nlohmann::json& m, bool after_other) {
   if (after_other) fmt::print("\n");
   fmt::print(
-      "Feature maps vs exact softmax attention on the second half of each sequence (held out); "
-      "the fitted maps (fit_features) train on the first half; F features each (hedgehog: m = "
-      "F / 2 projections)\n");
+      "Feature maps vs exact softmax attention{} on the second half of each sequence (held "
+      "out); the fitted maps (fit_features) train on the first half; F features each "
+      "(hedgehog: m = F / 2 projections)\n",
+      causal_note(m));
   fmt::print("{:<30} {:<13} {:>5} {:>5} {:>21} {:>12} {:>9}\n", "data", "method", "F", "m",
              "rel err ± std", "before fit", "fit s");
 }
@@ -175,7 +182,7 @@ void run(const AccuracyArgs& a) {
     result["vq_records"] = run_vq_sweep(a, data, vq_progress, vq_sink);
   }
   if (a.has("maps")) {
-    if (!a.json) print_maps_header(a.has("favor") || a.has("vq"));
+    if (!a.json) print_maps_header(m, a.has("favor") || a.has("vq"));
     const MapsProgress maps_progress = [show_progress](int64_t i, int64_t total,
                                                        const std::string& method, int64_t F) {
       if (show_progress) fmt::print(stderr, "accuracy: maps {}/{} {} F={}\n", i, total, method, F);
@@ -221,6 +228,9 @@ void add_accuracy_command(CLI::App& app) {
   cmd->add_option("--seeds", a->seeds, "projection seeds s = 0 .. seeds-1 per combination")
       ->capture_default_str();
   cmd->add_option("--scale", a->scale, "temperature: softmax(scale q.k); default 1/sqrt(D)");
+  cmd->add_flag("--causal", a->causal,
+                "causal attention in every section (query i sees keys j <= i), exact and "
+                "approximate; needs as many queries as keys");
   cmd->add_option("--kernel-pairs", a->kernel_pairs,
                   "kernel MSE over the first this many queries x first 64 keys of head 0")
       ->capture_default_str();

@@ -163,6 +163,10 @@ std::vector<DataSetting> file_settings(const AccuracyArgs& a) {
     throw Error("--k: " + a.k + " has shape " + shape_string(ks) + ", --q " + shape_string(qs) +
                 ": batch, heads and D must match");
   }
+  if (a.causal && qs[2] != ks[2]) {
+    throw Error("--causal: --q " + a.q + " has " + std::to_string(qs[2]) + " positions, --k " +
+                a.k + " " + std::to_string(ks[2]) + "; causal attention needs as many of each");
+  }
   s.q = finite(q.tensor, "--q", a.q);
   s.k = finite(k.tensor, "--k", a.k);
   if (!a.v.empty()) {

@@ -9,6 +9,8 @@
 //   wpff        dct with feature weights lambda fitted (DiJiang's WPFF; m = F)
 //   positive-fit  positive, orthogonal start, W, b and lambda fitted (m = F)
 //   hedgehog    [exp(W x + b), exp(-W x - b)], orthogonal start, W and b fitted (m = F / 2)
+// With --causal every attention call is causal: the exact reference, the fits' targets and
+// losses (FitOptions::causal) and the maps.
 #include <chrono>
 #include <cmath>
 
@@ -66,9 +68,17 @@ nlohmann::json run_maps_sweep(const AccuracyArgs& a, const std::vector<DataSetti
                        positions(s.v, half, n - half), std::nullopt};
     const double scale = a.scale.value_or(1.0 / std::sqrt(double(d)));
     ExactOptions eo;
+    eo.causal = a.causal;
     eo.scale = scale;
     eo.accumulation = Accumulation::f64;
     const Tensor exact = exact_attention(held.q, held.k, held.v, eo);
+    AttentionOptions ao;
+    ao.causal = a.causal;
+    // FAVOR++ / FAVOR#: the closed-form fit to the evaluated q, k that bidirectional attention
+    // makes itself, given explicitly so that causal attention (which refuses to fit itself)
+    // uses the same one.
+    const KernelFit fit_pp = fit_kernel(Kernel::favorpp, held.q, held.k, scale),
+                    fit_sharp = fit_kernel(Kernel::favorsharp, held.q, held.k, scale);
     for (int64_t F : a.maps_features) {
       for (const MapMethod& method : methods()) {
         if (progress) progress(++done, total, method.name, F);
@@ -79,6 +89,8 @@ nlohmann::json run_maps_sweep(const AccuracyArgs& a, const std::vector<DataSetti
                              m, d, {method.projection, NormMode::chi, static_cast<uint64_t>(seed)}),
                          method.kernel);
           map.scale = scale;
+          if (method.kernel == Kernel::favorpp) map.fit = fit_pp;
+          if (method.kernel == Kernel::favorsharp) map.fit = fit_sharp;
           if (method.fitted) {
             FitOptions fo;
             fo.steps = static_cast<int>(a.maps_steps);
@@ -87,6 +99,7 @@ nlohmann::json run_maps_sweep(const AccuracyArgs& a, const std::vector<DataSetti
             fo.learn_bias = method.bias;
             fo.learn_lambda = method.lambda;
             fo.eval_every = 0;
+            fo.causal = a.causal;
             const auto t0 = std::chrono::steady_clock::now();
             FitResult fit = fit_features(train, held, map, fo);
             seconds.push_back(
@@ -94,7 +107,7 @@ nlohmann::json run_maps_sweep(const AccuracyArgs& a, const std::vector<DataSetti
             initial.push_back(fit.history.front().heldout_error);
             map = std::move(fit.map);
           }
-          const Tensor approx = favor_attention(held.q, held.k, held.v, map);
+          const Tensor approx = favor_attention(held.q, held.k, held.v, map, ao);
           errors.push_back(relative_frobenius_error(approx, exact));
         }
         const MeanStd err = mean_std(errors);

@@ -88,6 +88,7 @@ nlohmann::json run_accuracy_sweep(const AccuracyArgs& a, const std::vector<DataS
     const int64_t d = s.q.shape()[3];
     const double scale = a.scale.value_or(1.0 / std::sqrt(double(d)));
     ExactOptions eo;
+    eo.causal = a.causal;
     eo.scale = scale;
     eo.accumulation = Accumulation::f64;
     const Tensor exact = exact_attention(s.q, s.k, s.v, eo);
@@ -97,12 +98,14 @@ nlohmann::json run_accuracy_sweep(const AccuracyArgs& a, const std::vector<DataS
       const Kernel kernel = parse_kernel(estimator, "--estimators");
       AttentionOptions ao;
       ao.kernel = kernel;
+      ao.causal = a.causal;
       ao.scale = scale;
       FeatureOptions fo;
       fo.kernel = kernel;
       fo.scale = scale;
       if (data_adapted(kernel)) {
-        // The fit bidirectional attention would make itself, computed once for all seeds.
+        // The fit bidirectional attention would make itself, computed once for all seeds;
+        // causal attention (which does not fit itself) is given the same one.
         ao.fit = fit_kernel(kernel, s.q, s.k, scale);
         fo.fit = head0(*ao.fit);
       }

@@ -21,6 +21,9 @@ struct AccuracyArgs {
   std::vector<int64_t> features{16, 32, 64, 128, 256, 512, 1024};
   int64_t seeds = 5;
   std::optional<double> scale;
+  // Causal attention in every call of the study (exact and approximations): query i sees
+  // keys j <= i. Needs as many queries as keys.
+  bool causal = false;
   // Synthetic data.
   int64_t n = 512, d = 64, dv = 64;
   std::vector<double> qk_norms;  // empty: D^(1/4), i.e. |x| = |y| = 1 at the default scale

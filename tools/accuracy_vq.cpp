@@ -2,7 +2,8 @@
 // codebook grows, hard and soft, next to FAVOR+ with as many features as codes (the same
 // state size: c codes x (Dv + 1) sums vs m features x (Dv + 1)). Attention is evaluated on
 // the second half of each sequence; the codebook is fitted on the first half (held out) or,
-// with --vq-fit same, on the evaluated keys themselves.
+// with --vq-fit same, on the evaluated keys themselves. With --causal, exact, VQ and FAVOR+
+// attention are all causal.
 #include <cmath>
 
 #include "accuracy_sweep.hpp"
@@ -46,15 +47,19 @@ nlohmann::json run_vq_sweep(const AccuracyArgs& a, const std::vector<DataSetting
     const int64_t d = s.q.shape()[3], half = s.k.shape()[2] / 2;
     const TensorView q = tail(s.q, s.q.shape()[2] - s.q.shape()[2] / 2), k = tail(s.k, half),
                      v = tail(s.v, half);
-    const TensorView fit_keys =
-        a.vq_fit == "same" ? k : TensorView{s.k.data(), {s.k.shape()[0], s.k.shape()[1], half, d},
-                                            contiguous_strides(s.k.shape())};
+    const TensorView fit_keys = a.vq_fit == "same"
+                                    ? k
+                                    : TensorView{s.k.data(),
+                                                 {s.k.shape()[0], s.k.shape()[1], half, d},
+                                                 contiguous_strides(s.k.shape())};
     const double scale = a.scale.value_or(1.0 / std::sqrt(double(d)));
     ExactOptions eo;
+    eo.causal = a.causal;
     eo.scale = scale;
     eo.accumulation = Accumulation::f64;
     const Tensor exact = exact_attention(q, k, v, eo);
     AttentionOptions fo;
+    fo.causal = a.causal;
     fo.scale = scale;
     for (int64_t c : codes[i]) {
       if (progress) progress(++done, total, c);
@@ -74,6 +79,7 @@ nlohmann::json run_vq_sweep(const AccuracyArgs& a, const std::vector<DataSetting
         quantisation.push_back(qerr);
         for (size_t t = 0; t < taus; ++t) {
           VQOptions o;
+          o.causal = a.causal;
           o.scale = scale;
           o.tau = a.vq_tau_rel[t] * qerr;
           VQStats stats;
@@ -84,8 +90,7 @@ nlohmann::json run_vq_sweep(const AccuracyArgs& a, const std::vector<DataSetting
         }
         const Projection w = Projection::draw(
             c, d, {ProjectionKind::orthogonal, NormMode::chi, static_cast<uint64_t>(seed)});
-        favor_errors.push_back(
-            relative_frobenius_error(favor_attention(q, k, v, w, fo), exact));
+        favor_errors.push_back(relative_frobenius_error(favor_attention(q, k, v, w, fo), exact));
       }
       const MeanStd favor = mean_std(favor_errors), q = mean_std(quantisation);
       for (size_t t = 0; t < taus; ++t) {

@@ -105,7 +105,8 @@ def main(result_path, out_path):
             ax.grid(True, which="both", alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
-    fig.suptitle(f"favor accuracy: N = {meta['n']}, D = {meta['d']}, Dv = {meta['dv']}, "
+    causal = ", causal" if meta.get("causal") else ""
+    fig.suptitle(f"favor accuracy{causal}: N = {meta['n']}, D = {meta['d']}, Dv = {meta['dv']}, "
                  f"scale = {meta['scale']:.4g}, {meta['seeds']} seeds (bars: std over seeds)")
     # Leave room for the suptitle: about 0.5 inch at the top whatever the number of rows.
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
