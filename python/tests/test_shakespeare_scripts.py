@@ -50,21 +50,25 @@ def test_dump_qkv_writes_every_layer(qkv):
             assert a.dtype == np.float32 and np.array_equal(a, t.numpy())
 
 
-def test_accuracy_table_covers_every_method_per_layer(qkv):
+@pytest.mark.parametrize("mode", ["bidirectional", "causal"])
+def test_accuracy_table_covers_every_method_per_layer(qkv, mode):
     cli = os.environ.get("FAVOR_CLI")
     if not cli:
         pytest.skip("FAVOR_CLI (the favor executable) is set by ctest")
+    extra = ["--causal"] if mode == "causal" else []
     out = run("accuracy_table.py", str(qkv), "--favor", cli, "--features", "16",
-              "--projections", "orthogonal", "--seeds", "1", "--maps-steps", "5")
-    table = (qkv / "accuracy_bidirectional.md").read_text()
+              "--projections", "orthogonal", "--seeds", "1", "--maps-steps", "5", *extra)
+    table = (qkv / f"accuracy_{mode}.md").read_text()
     assert table in out and "| method | layer 0 | layer 1 | layer 2 | layer 3 | mean |" in table
+    assert f"{mode} attention" in table
     for row in ("positive / orthogonal", "trig / orthogonal", "favorsharp / orthogonal",
                 "hedgehog (fitted", "wpff (fitted", "vq hard"):
         line = next(x for x in table.splitlines() if x.startswith(f"| {row}"))
         cells = [float(c) for c in line.strip("|").split("|")[1:]]
         assert len(cells) == 5 and all(c >= 0 for c in cells), line
     for layer in range(4):
-        assert (qkv / f"accuracy_bidirectional_layer{layer}.json").exists()
+        res = json.loads((qkv / f"accuracy_{mode}_layer{layer}.json").read_text())
+        assert res["meta"]["causal"] == (mode == "causal")
 
 
 def test_decode_speed_runs_and_favor_state_stays_flat(tmp_path):
