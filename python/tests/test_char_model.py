@@ -14,6 +14,7 @@ pytest.importorskip("torch")
 from favor.models import CharData, CharTransformer, bits_per_char, convert_attention  # noqa: E402
 from favor.models.training import (MODEL_PRESETS, TrainConfig, Trainer,  # noqa: E402
                                    attention_preset, load_model)
+from char_model_helpers import tiny_data, tiny_trainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEXT = os.path.join(ROOT, "examples", "shakespeare", "data", "tinyshakespeare.txt")
@@ -27,18 +28,14 @@ CONVERSIONS = {
 
 @pytest.fixture(scope="module")
 def data():
-    with open(TEXT, encoding="utf-8") as f:
-        return CharData(f.read()[:60000])
+    return tiny_data()
 
 
 @pytest.fixture(scope="module")
 def trained(data):
     """A tiny model after 40 steps, and its losses."""
-    torch.manual_seed(0)
-    model = CharTransformer(vocab=data.vocab, **TINY)
-    t = Trainer(model, data, TrainConfig(steps=40, batch=16, lr=1e-2, warmup=5), seed=0)
-    losses = [t.train_step() for _ in range(40)]
-    return model.eval(), losses
+    t, losses = tiny_trainer(data)
+    return t.model.eval(), losses
 
 
 def test_data_split_and_windows(data):

@@ -15,9 +15,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import favor  # noqa: E402
-from favor.models import CharData, CharTransformer, bits_per_char  # noqa: E402
+from favor.models import bits_per_char  # noqa: E402
 from favor.models.conversion import convert_method, layer_qkv, parse_method  # noqa: E402
-from favor.models.training import MODEL_PRESETS, TrainConfig, Trainer, load_model  # noqa: E402
+from favor.models.training import TrainConfig, Trainer, load_model  # noqa: E402
+from char_model_helpers import tiny_data, tiny_trainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.join(ROOT, "examples", "shakespeare")
@@ -26,18 +27,12 @@ TEXT = os.path.join(HERE, "data", "tinyshakespeare.txt")
 
 @pytest.fixture(scope="module")
 def data():
-    with open(TEXT, encoding="utf-8") as f:
-        return CharData(f.read()[:60000])
+    return tiny_data()
 
 
 @pytest.fixture(scope="module")
 def trained(data):
-    torch.manual_seed(0)
-    model = CharTransformer(vocab=data.vocab, **MODEL_PRESETS["tiny"])
-    t = Trainer(model, data, TrainConfig(steps=40, batch=16, lr=1e-2, warmup=5), seed=0)
-    for _ in range(40):
-        t.train_step()
-    return t
+    return tiny_trainer(data)[0]
 
 
 def _calibration(data, model, n=8):
