@@ -10,10 +10,10 @@ query/key; VQ: codes).
 Writes QKV/accuracy_{MODE}_layer{L}.json (favor accuracy --json) and QKV/accuracy_{MODE}.md
 (MODE: causal with --causal, the model's attention, else bidirectional); prints the
 table and the command of every run. Rows: estimator / projection of the `favor` section
-(trig and hyperbolic at m = F/2), the fitted maps of the `maps` section (FAVOR# fitted, WPFF,
-positive-fit, hedgehog: distilled on the first half of each sequence, evaluated on the
-second; the favor rows on the whole sequence) and Transformer-VQ with C = F codes (hard and
-soft, codebook from the first half). Errors are means over --seeds projection seeds.
+(trig and hyperbolic at m = F/2), the `maps` section's FAVOR# and learned maps (WPFF,
+positive-fit, hedgehog: distilled on the first half of each sequence; all four evaluated on
+the second half; the favor rows on the whole sequence) and Transformer-VQ with C = F codes
+(hard and soft, codebook from the first half, evaluated on the second). Errors are means over --seeds projection seeds.
 """
 import argparse
 import json
@@ -63,7 +63,8 @@ def rows_at(res, F):
                          r["attention_rel_error_std"]))
     for r in res["maps_records"]:
         if r["features"] == F and r["method"] in ("favor#", "wpff", "positive-fit", "hedgehog"):
-            rows.append((f"{r['method']} (fitted, 2nd half)", r["attention_rel_error"],
+            how = "2nd half" if r["method"] == "favor#" else "distilled on 1st half, 2nd half"
+            rows.append((f"{r['method']} ({how})", r["attention_rel_error"],
                          r["attention_rel_error_std"]))
     for r in res["vq_records"]:
         if r["codes"] == F:
