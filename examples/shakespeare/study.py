@@ -40,7 +40,7 @@ from favor.models.training import (TrainConfig, Trainer, attention_preset, load_
 
 METHODS = ["exact", "favor-iid-64", "favor-iid-128", "favor-iid-256", "favor-orth-64",
            "favor-orth-128", "favor-orth-256", "favorpp-256", "favorsharp-256", "hedgehog-128",
-           "positive-fit-256", "wpff-256", "vq-64", "vq-256"]
+           "positive-fit-256", "wpff-256", "vq-64"]
 SCRATCH = ["favor-orth-256", "vq-64"]
 BASELINE = os.path.join(HERE, "checkpoints", "exact.pt")
 
