@@ -280,6 +280,18 @@ TEST_F(VQCli, AccuracySectionRuns) {
   }
 }
 
+// --causal with an odd sequence length: queries and keys are both evaluated from position
+// N / 2 (the query half used to start one position later, which causal attention refused).
+TEST_F(VQCli, AccuracySectionCausalOddLength) {
+  const Result r = run_cli(
+      "accuracy --json --causal --sections vq --n 65 --d 8 --dv 8 "
+      "--seeds 1 --vq-codes 4 --vq-tau-rel 0 --vq-iterations 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json out = json::parse(r.out);
+  ASSERT_EQ(out["vq_records"].size(), 1u);
+  EXPECT_EQ(out["vq_records"][0]["evaluated_positions"], 33);
+}
+
 // --causal in the vq section (in-sample, evaluated on positions 20..39): with c = 40 codes
 // (per head, over B = 2 sequences of 20 keys) every key is its own code and hard VQ is causal exact
 // attention, so the causal baseline and VQ agree; at c = 4 hard and soft VQ and FAVOR+ beside them

@@ -45,8 +45,9 @@ nlohmann::json run_vq_sweep(const AccuracyArgs& a, const std::vector<DataSetting
   for (size_t i = 0; i < data.size(); ++i) {
     const DataSetting& s = data[i];
     const int64_t d = s.q.shape()[3], half = s.k.shape()[2] / 2;
-    const TensorView q = tail(s.q, s.q.shape()[2] - s.q.shape()[2] / 2), k = tail(s.k, half),
-                     v = tail(s.v, half);
+    // the second half of the queries and of the keys, from the same position when Nq == Nk
+    // (an odd N included), as causal attention needs
+    const TensorView q = tail(s.q, s.q.shape()[2] / 2), k = tail(s.k, half), v = tail(s.v, half);
     const TensorView fit_keys = a.vq_fit == "same"
                                     ? k
                                     : TensorView{s.k.data(),

@@ -58,7 +58,7 @@ def median(xs):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", default=BASELINE)
-    p.add_argument("--methods", default="favor-orth-256",
+    p.add_argument("--methods", default="favor-orth-256,vq-64",
                    help="comma-separated methods timed against exact (study names)")
     p.add_argument("--length", type=int, default=16384)
     p.add_argument("--bin", type=int, default=256)

@@ -241,11 +241,13 @@ def plots(a, fts, sc, base):
             ax.plot(s, b, marker="o", ms=3, ls=style, color=colors[i % len(colors)],
                     label="exact (fine-tuned control)" if r["method"] == "exact" else r["method"])
         ax.axhline(base, color="k", ls=":", lw=1, label="exact baseline")
-        ax.set_ylim(2.2, 3.2)
+        finals = [b for r in fts for _, b in r["curve"][1:]] + [base]
+        ax.set_ylim(min(finals) - 0.05, max(finals) + 0.1 if max(finals) < 1.5 * base
+                    else 1.4 * base)
         ax.set_xlabel("fine-tuning steps after conversion")
         ax.set_ylabel("validation bits per character")
         ax.set_title("Converted from the exact baseline: bpc against fine-tuning steps\n"
-                     "(off the top: FAVOR+/++ and WPFF at step 0, 4.6-5.1; VQ to step 90)")
+                     "(points above the top are clipped: see the table)")
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
         fig.savefig(os.path.join(a.out, "finetune.png"), dpi=110)

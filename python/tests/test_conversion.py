@@ -179,3 +179,20 @@ def test_study_runs_end_to_end(trained, data, tmp_path):
     # a second run finds every result and only rewrites the table
     r2 = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r2.returncode == 0 and "0 of 4 tasks to run" in r2.stdout
+
+
+def test_a_per_head_fit_with_decay_trains_on_a_batch():
+    """The feature-map path (decay) repeats a per-head FAVOR++ fit over the batch too."""
+    import favor.torch as ft
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, 2, 40, 8)).astype(np.float32)
+    fit = favor.fit_kernel("favorpp", q, q)                       # heads = 2
+    torch.manual_seed(0)
+    m = ft.FavorAttention(16, 2, causal=True, kernel="favorpp", features=16, fit=fit,
+                          decay=0.99)
+    x = torch.randn(3, 10, 16, requires_grad=True)
+    y = m(x)
+    y.sum().backward()
+    assert y.shape == (3, 10, 16) and torch.isfinite(x.grad).all()
+    for i in range(3):                                             # each sample alone
+        assert torch.allclose(m(x[i:i + 1].detach()), y[i:i + 1].detach(), rtol=0, atol=1e-5)

@@ -61,8 +61,9 @@ def test_accuracy_table_covers_every_method_per_layer(qkv, mode):
     table = (qkv / f"accuracy_{mode}.md").read_text()
     assert table in out and "| method | layer 0 | layer 1 | layer 2 | layer 3 | mean |" in table
     assert f"{mode} attention" in table
-    for row in ("positive / orthogonal", "trig / orthogonal", "favorsharp / orthogonal",
-                "hedgehog (distilled", "wpff (distilled", "favor# (2nd", "vq hard"):
+    for row in ("positive / orthogonal", "trig / orthogonal",
+                "favorsharp / orthogonal (in-sample fit)", "hedgehog (distilled",
+                "wpff (distilled", "favor# (in-sample fit", "vq hard"):
         line = next(x for x in table.splitlines() if x.startswith(f"| {row}"))
         cells = [float(c) for c in line.strip("|").split("|")[1:]]
         assert len(cells) == 5 and all(c >= 0 for c in cells), line

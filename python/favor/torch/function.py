@@ -232,7 +232,7 @@ def _map_inputs(inputs, d, projection, features, norms, seed, kernel, scale, fit
         lam = lam[None]  # [m]: one set, as in favor.attention
     _check_parameters(inputs, d, proj.m, (("weights", w if w is not None and w.dim() == 3
                                            else None), ("bias", b), ("feature_weights", lam)))
-    return (proj, kernel, scale, _fit(fit, kernel, d)), w, b, lam
+    return (proj, kernel, scale, _fit(fit, kernel, d, inputs)), w, b, lam
 
 
 def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogonal",
