@@ -28,15 +28,13 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
 
 from common import DATA, HERE, setup
 from favor.models import CharData, bits_per_char
 from favor.models.char_transformer import CharTransformer
-from favor.models.conversion import convert_method, parse_method
-from favor.models.training import (TrainConfig, Trainer, attention_preset, load_model,
-                                   save_checkpoint)
+from favor.models.conversion import calibration_windows, convert_method, parse_method
+from favor.models.training import TrainConfig, Trainer, attention_preset, load_model
 
 METHODS = ["exact", "favor-iid-64", "favor-iid-128", "favor-iid-256", "favor-orth-64",
            "favor-orth-128", "favor-orth-256", "favorpp-256", "favorsharp-256", "hedgehog-128",
@@ -60,8 +58,7 @@ def fine_tune(a, method, data):
     steps0 = ck["train"]["steps"]
     budget = round(a.fine_tune * steps0)
     short = min(budget, round(0.05 * steps0))
-    g = torch.Generator().manual_seed(a.seed + 2)
-    calib, _ = data.batch("train", 16, base.context, g)
+    calib = calibration_windows(data, base.context, a.seed)
     torch.manual_seed(a.seed)
     t0 = time.time()
     model, info = convert_method(base, method, calib, seed=a.seed, verbose=True)
@@ -80,12 +77,8 @@ def fine_tune(a, method, data):
             curve.append((t.step, evaluate()))
             log(f"{method}: step {t.step} val_bpc {curve[-1][1]:.4f} "
                 f"({(time.time() - t1) / t.step:.2f} s/step)")
-    state = t.state()      # the fine-tuned model, with its FAVOR++/# fits (generate.py reads it)
-    state["fits"] = [None if getattr(x, "fit", None) is None else
-                     (np.asarray(x.fit.a), np.asarray(x.fit.basis)) for x in model.attentions()]
-    if all(f is None for f in state["fits"]):
-        state["fits"] = None
-    save_checkpoint(os.path.join(a.out, f"finetune-{method}.pt"), state)
+    # the fine-tuned model with its FAVOR++/# fits (Trainer.state keeps them; generate.py reads it)
+    t.save(os.path.join(a.out, f"finetune-{method}.pt"))
     at = dict(curve)
     return dict(method=method, kind="finetune", baseline_steps=steps0, steps_5=short,
                 steps_20=budget, bpc_converted=at[0], bpc_5=at[short], bpc_20=at[budget],
