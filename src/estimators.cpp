@@ -21,24 +21,34 @@ namespace {
 // Rows per Gram update: large enough for an efficient syrk (2048 x 64 doubles = 1 MiB).
 constexpr int64_t kMomentRows = 2048;
 
-// First and second moments of the normalised rows of one head.
+// Second-moment doubles per row set: d x d (FAVOR#) or the squared norm (FAVOR++).
+int64_t second_size(Kernel kernel, int64_t d) {
+  return kernel == Kernel::favorsharp ? d * d : 1;
+}
+
+// One head's moments of one row set inside a KernelMoments record: count, sum (d), second.
 struct Moments {
-  int64_t count = 0;
-  std::vector<double> sum;     // d
-  std::vector<double> second;  // d x d (full) or 1 (trace only)
+  double* count;
+  double* sum;
+  double* second;
 };
 
-Moments head_moments(const TensorView& x, int64_t b, int64_t h, double sqrt_scale, bool full,
-                     const std::optional<KeyMaskView>& mask, std::vector<float>& tile,
-                     std::vector<double>& dtile) {
+Moments moments_at(KernelMoments& mo, int64_t bh, int which) {
+  const int64_t d = mo.d, size = 1 + d + second_size(mo.kernel, d);
+  double* base = mo.sums.data() + bh * mo.record() + which * size;
+  return {base, base + 1, base + 1 + d};
+}
+
+// Adds the rows of head (b, h) of x (scaled by sqrt_scale; masked rows left out) to `mo`.
+void add_head_moments(const TensorView& x, int64_t b, int64_t h, double sqrt_scale, bool full,
+                      const std::optional<KeyMaskView>& mask, std::vector<float>& tile,
+                      std::vector<double>& dtile, const Moments& mo) {
   const int64_t n = x.shape[2], d = x.shape[3];
-  Moments mo;
-  mo.sum.assign(static_cast<size_t>(d), 0.0);
-  mo.second.assign(full ? static_cast<size_t>(d * d) : 1, 0.0);
+  std::vector<double> sum(static_cast<size_t>(d), 0.0);
+  std::vector<double> second(full ? static_cast<size_t>(d * d) : 0, 0.0);
   const float* head = x.data + b * x.strides[0] + h * x.strides[1];
-  double* sum = mo.sum.data();
   double half_norm2 = 0.0, norm2 = 0.0;
-  int64_t rows = 0;
+  int64_t rows = 0, count = 0;
   // Rows are gathered unscaled (an exact copy; |row|^2 in double by the SIMD helper) and the
   // scale is applied to the sums at the end.
   auto flush = [&] {
@@ -48,7 +58,7 @@ Moments head_moments(const TensorView& x, int64_t b, int64_t h, double sqrt_scal
     }
     if (full && rows > 0) {
       std::copy(tile.begin(), tile.begin() + rows * d, dtile.begin());
-      cpu::gram_upper(d, rows, dtile.data(), d, mo.second.data(), d);
+      cpu::gram_upper(d, rows, dtile.data(), d, second.data(), d);
     }
     rows = 0;
   };
@@ -57,29 +67,29 @@ Moments head_moments(const TensorView& x, int64_t b, int64_t h, double sqrt_scal
     cpu::gather_rows(head + i * x.strides[2], 0, x.strides[3], 1, d, 1.0f, tile.data() + rows * d,
                      &half_norm2);
     norm2 += 2.0 * half_norm2;
-    ++mo.count;
+    ++count;
     if (++rows == kMomentRows) flush();
   }
   flush();
   const double scale = sqrt_scale * sqrt_scale;
-  for (double& v : mo.sum) v *= sqrt_scale;
+  *mo.count += static_cast<double>(count);
+  for (int64_t t = 0; t < d; ++t) mo.sum[t] += sum[t] * sqrt_scale;
   if (full) {
     for (int64_t r = 0; r < d; ++r)
-      for (int64_t c = r; c < d; ++c) {
-        mo.second[r * d + c] *= scale;
-        mo.second[c * d + r] = mo.second[r * d + c];  // mirror the upper triangle
+      for (int64_t c = r; c < d; ++c) {  // the upper triangle, mirrored
+        mo.second[r * d + c] += second[r * d + c] * scale;
+        if (c != r) mo.second[c * d + r] += second[r * d + c] * scale;
       }
   } else {
-    mo.second[0] = norm2 * scale;
+    mo.second[0] += norm2 * scale;
   }
-  return mo;
 }
 
 // P = M1 + M2 + mu1 mu2^T + mu2 mu1^T (full) or its trace / d (FAVOR++'s rho).
 void fit_head(Kernel kernel, const Moments& mq, const Moments& mk, int64_t d, double* a,
               double* basis) {
-  const double nq = static_cast<double>(std::max<int64_t>(mq.count, 1));
-  const double nk = static_cast<double>(std::max<int64_t>(mk.count, 1));
+  const double nq = std::max(*mq.count, 1.0);
+  const double nk = std::max(*mk.count, 1.0);
   if (kernel == Kernel::favorpp) {
     double cross = 0.0;
     for (int64_t t = 0; t < d; ++t) cross += (mq.sum[t] / nq) * (mk.sum[t] / nk);
@@ -103,6 +113,13 @@ void fit_head(Kernel kernel, const Moments& mq, const Moments& mk, int64_t d, do
   for (int64_t l = 0; l < d; ++l) {
     a[l] = optimal_a(std::max(0.0, s(l)));  // P is PSD; clip rounding below zero
     for (int64_t r = 0; r < d; ++r) basis[r * d + l] = q(r, l);
+  }
+}
+
+void check_adapted(Kernel kernel) {
+  if (!data_adapted(kernel)) {
+    throw Error("kernel: '" + to_string(kernel) +
+                "' has no parameters to fit; fit_kernel applies to favorpp and favorsharp");
   }
 }
 
@@ -172,20 +189,28 @@ KernelFit KernelFit::constant(double a, int64_t d) {
   return fit;
 }
 
-KernelFit fit_kernel(Kernel kernel, TensorView q, TensorView k, std::optional<double> scale,
-                     std::optional<KeyMaskView> key_mask) {
-  if (!data_adapted(kernel)) {
-    throw Error("kernel: '" + to_string(kernel) +
-                "' has no parameters to fit; fit_kernel applies to favorpp and favorsharp");
-  }
-  const auto s = detail::check_attention_inputs(q, k, k, false, key_mask);
+int64_t KernelMoments::record() const {
+  return 2 * (1 + d + second_size(kernel, d));
+}
+
+KernelMoments KernelMoments::zeros(Kernel kernel, int64_t heads, int64_t d) {
+  check_adapted(kernel);
+  KernelMoments mo;
+  mo.kernel = kernel;
+  mo.heads = heads;
+  mo.d = d;
+  mo.sums.assign(static_cast<size_t>(heads * mo.record()), 0.0);
+  return mo;
+}
+
+KernelMoments kernel_moments(Kernel kernel, TensorView q, TensorView k, std::optional<double> scale,
+                             std::optional<KeyMaskView> key_mask) {
+  check_adapted(kernel);
+  // Shapes as attention checks them, with empty slices (N = 0) allowed.
+  const auto s = detail::check_slice_inputs(q, k, k, false, key_mask);
   const double sqrt_scale = std::sqrt(detail::resolve_scale(scale, s.d));
   const int64_t d = s.d, heads = s.batch * s.heads;
-  KernelFit fit;
-  fit.heads = heads;
-  fit.d = d;
-  fit.a.resize(static_cast<size_t>(heads * d));
-  fit.basis.resize(static_cast<size_t>(heads * d * d));
+  KernelMoments mo = KernelMoments::zeros(kernel, heads, d);
   const bool full = kernel == Kernel::favorsharp;
 #pragma omp parallel num_threads(num_threads())
   {
@@ -195,12 +220,47 @@ KernelFit fit_kernel(Kernel kernel, TensorView q, TensorView k, std::optional<do
 #pragma omp for schedule(dynamic)
     for (int64_t bh = 0; bh < heads; ++bh) {
       const int64_t b = bh / s.heads, h = bh % s.heads;
-      const Moments mq = head_moments(q, b, h, sqrt_scale, full, std::nullopt, tile, dtile);
-      const Moments mk = head_moments(k, b, h, sqrt_scale, full, key_mask, tile, dtile);
-      fit_head(kernel, mq, mk, d, fit.a.data() + bh * d, fit.basis.data() + bh * d * d);
+      if (s.nq > 0)
+        add_head_moments(q, b, h, sqrt_scale, full, std::nullopt, tile, dtile,
+                         moments_at(mo, bh, 0));
+      if (s.nk > 0)
+        add_head_moments(k, b, h, sqrt_scale, full, key_mask, tile, dtile, moments_at(mo, bh, 1));
     }
   }
+  return mo;
+}
+
+KernelFit fit_from_moments(const KernelMoments& moments) {
+  check_adapted(moments.kernel);
+  if (moments.heads < 1 || moments.d < 1 ||
+      moments.sums.size() != static_cast<size_t>(moments.heads * moments.record())) {
+    throw Error("moments: " + std::to_string(moments.sums.size()) + " sums for " +
+                std::to_string(moments.heads) + " heads of d = " + std::to_string(moments.d) +
+                "; need heads, d >= 1 and heads x record() sums");
+  }
+  for (double x : moments.sums) {
+    if (!std::isfinite(x)) throw Error("moments: the sums must be finite");
+  }
+  const int64_t d = moments.d, heads = moments.heads;
+  KernelFit fit;
+  fit.heads = heads;
+  fit.d = d;
+  fit.a.resize(static_cast<size_t>(heads * d));
+  fit.basis.resize(static_cast<size_t>(heads * d * d));
+  KernelMoments& mo = const_cast<KernelMoments&>(moments);  // moments_at only reads here
+#pragma omp parallel for schedule(dynamic) num_threads(num_threads())
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    fit_head(moments.kernel, moments_at(mo, bh, 0), moments_at(mo, bh, 1), d, fit.a.data() + bh * d,
+             fit.basis.data() + bh * d * d);
+  }
   return fit;
+}
+
+KernelFit fit_kernel(Kernel kernel, TensorView q, TensorView k, std::optional<double> scale,
+                     std::optional<KeyMaskView> key_mask) {
+  check_adapted(kernel);
+  detail::check_attention_inputs(q, k, k, false, key_mask);
+  return fit_from_moments(kernel_moments(kernel, q, k, scale, key_mask));
 }
 
 namespace detail {

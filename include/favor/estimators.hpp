@@ -45,6 +45,30 @@ double optimal_a(double rho);
 KernelFit fit_kernel(Kernel kernel, TensorView q, TensorView k, std::optional<double> scale = {},
                      std::optional<KeyMaskView> key_mask = {});
 
+/// The sums a FAVOR++ / FAVOR# fit is computed from, per (batch, head): for q and then k
+/// (scaled, masked keys left out) the row count, the sum of the rows (d) and the sum of
+/// their outer products (d x d, FAVOR#) or of their squared norms (1, FAVOR++). Moments of
+/// slices of a sequence add up, element by element, to the moments of the whole sequence, so
+/// ranks that hold slices fit the same kernel (sequence_parallel.hpp).
+struct KernelMoments {
+  Kernel kernel{};
+  int64_t heads = 0;  ///< B*H
+  int64_t d = 0;
+  std::vector<double> sums;  ///< heads x record(): [nq, sum_q, second_q, nk, sum_k, second_k]
+  /// Doubles per head.
+  int64_t record() const;
+  /// Zero moments (an empty slice).
+  static KernelMoments zeros(Kernel kernel, int64_t heads, int64_t d);
+};
+
+/// The moments of q [B, H, Nq, D] and k [B, H, Nk, D] (either may have N = 0: no rows).
+KernelMoments kernel_moments(Kernel kernel, TensorView q, TensorView k,
+                             std::optional<double> scale = {},
+                             std::optional<KeyMaskView> key_mask = {});
+/// The fit from moments: fit_kernel(kernel, q, k, ...) is fit_from_moments(kernel_moments(...)).
+/// A head with no rows at all fits as if its mean and second moment were zero.
+KernelFit fit_from_moments(const KernelMoments& moments);
+
 /// Closed-form MSE of the estimate phi(x).phi(y) of exp(x.y) with m iid projections
 /// (math.md s.4), for rows x, y of length d already multiplied by sqrt(scale): positive,
 /// trig, hyperbolic (m projections, 2m features), and FAVOR++ / FAVOR# with head `head` of

@@ -25,6 +25,7 @@
 #include "favor/projection.hpp"
 #include "favor/reference.hpp"
 #include "favor/runtime.hpp"
+#include "favor/sequence_parallel.hpp"
 #include "favor/tensor.hpp"
 #include "favor/version.hpp"
 #include "favor/vq.hpp"

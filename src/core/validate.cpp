@@ -22,6 +22,19 @@ std::pair<uintptr_t, uintptr_t> span_of(const float* data, const Shape4& shape,
 }  // namespace
 
 void check_view(const TensorView& t, const std::string& name) {
+  check_view(t, name, false);
+}
+
+void check_view(const TensorView& t, const std::string& name, bool empty_n) {
+  if (empty_n && t.shape[2] == 0) {  // an empty slice: the other extents still count
+    for (int i : {0, 1, 3}) {
+      if (t.shape[i] < 1) {
+        throw Error(name + ": shape " + shape_string(t.shape) +
+                    " must have B, H and D >= 1 (layout [B, H, N, D]; N may be 0 for a slice)");
+      }
+    }
+    return;
+  }
   for (int i = 0; i < 4; ++i) {
     if (t.shape[i] < 1) {
       throw Error(name + ": shape " + shape_string(t.shape) +
@@ -134,9 +147,19 @@ void check_projection(const Projection& w, int64_t d, const std::string& name) {
 
 AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                       bool causal, const std::optional<KeyMaskView>& mask) {
-  check_view(q, "q");
-  check_view(k, "k");
-  check_view(v, "v");
+  return check_inputs(q, k, v, causal, mask, false);
+}
+
+AttentionShape check_slice_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  bool causal, const std::optional<KeyMaskView>& mask) {
+  return check_inputs(q, k, v, causal, mask, true);
+}
+
+AttentionShape check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                            bool causal, const std::optional<KeyMaskView>& mask, bool empty_n) {
+  check_view(q, "q", empty_n);
+  check_view(k, "k", empty_n);
+  check_view(v, "v", empty_n);
   const std::string qs = shape_string(q.shape), ks = shape_string(k.shape),
                     vs = shape_string(v.shape);
   if (q.shape[0] != k.shape[0] || q.shape[1] != k.shape[1] || v.shape[0] != k.shape[0] ||
@@ -153,7 +176,7 @@ AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, 
     throw Error("q " + qs + ", k " + ks + ": causal attention needs Nq == Nk");
   }
   if (mask) {
-    if (mask->data == nullptr) throw Error("key_mask: data pointer is null");
+    if (mask->data == nullptr && k.shape[2] > 0) throw Error("key_mask: data pointer is null");
     if (mask->batch != k.shape[0] || mask->n != k.shape[2]) {
       throw Error("key_mask: shape [" + std::to_string(mask->batch) + ',' +
                   std::to_string(mask->n) + "] must be [B, Nk] = [" + std::to_string(k.shape[0]) +

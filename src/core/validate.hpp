@@ -12,6 +12,8 @@ namespace favor::detail {
 
 /// Extents >= 1, non-null data, non-negative strides.
 void check_view(const TensorView& t, const std::string& name);
+/// The same; with empty_n, N = 0 is allowed (a slice with no rows; data may then be null).
+void check_view(const TensorView& t, const std::string& name, bool empty_n);
 /// Every element finite; the message gives the first bad index.
 void check_finite(const TensorView& t, const std::string& name);
 /// The output view: extents equal `expected`, non-null, and no overlap with `inputs`.
@@ -35,6 +37,11 @@ struct AttentionShape {
 };
 AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                       bool causal, const std::optional<KeyMaskView>& mask);
+/// The same with slices of length N = 0 allowed (sequence-parallel attention, moments).
+AttentionShape check_slice_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  bool causal, const std::optional<KeyMaskView>& mask);
+AttentionShape check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                            bool causal, const std::optional<KeyMaskView>& mask, bool empty_n);
 /// The upstream gradient dy of a backward pass: a view of the output's shape [B, H, Nq, Dv],
 /// finite.
 void check_dy(const TensorView& dy, const AttentionShape& s);

@@ -58,7 +58,7 @@ bool chunk_key_features(const AttentionParams& p, int64_t rows, double prev_max,
   double running = prev_max;
   for (int64_t r = 0; r < rows; ++r) {
     const float* a = ws.a.data() + r * m;
-    ws.g[r] = p.map.key_log_weight(ws.half_norm2[r], ws.bh, ws.c0 + r);
+    ws.g[r] = p.map.key_log_weight(ws.half_norm2[r], ws.bh, p.first_position + ws.c0 + r);
     if (ws.visible[r]) running = std::max(running, key_log_max(p.map, ws.bh, a, ws.g[r]));
     ws.run_max[r] = running;
     float* phi = ws.phik.data() + r * F;

@@ -63,12 +63,13 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
   float* dw = bp.head_dw(bh);
   float* db = bp.head_dbias(bh);
 
-  // Queries: dq, and R = phi(Q)^T gx.
+  // Queries: dq, and R = phi(Q)^T gx (sequence parallel: R is given, summed over ranks).
   std::fill(ws.R.begin(), ws.R.end(), 0.0f);
+  if (bp.r_in) std::copy_n(bp.r_in + bh * F * ld, F * ld, ws.R.data());
   const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
   const float* dyh = bp.dy + b * bp.dy_strides[0] + h * bp.dy_strides[1];
   KeyTile& t = ws.tile;
-  for (int64_t i0 = 0; i0 < p.nq; i0 += kRowTile) {
+  for (int64_t i0 = 0; i0 < p.nq && !bp.r_in; i0 += kRowTile) {
     const int64_t rows = std::min(kRowTile, p.nq - i0);
     gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, d, p.map.sqrt_scale,
                 t.x.data(), nullptr);
@@ -87,6 +88,11 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     gemm(true, false, F, ld, rows, 1.0f, t.phi.data(), F, ws.gx.data(), ld, 1.0f, ws.R.data(), ld);
     feature_backward(p.map, bh, nullptr, rows, t.x.data(), t.phi.data(), ws.dphi.data(),
                      ws.pa.data(), bp.dq + (bh * p.nq + i0) * d, dw, db);
+  }
+
+  if (bp.r_out) {  // the query phase of a sequence-parallel call ends here
+    std::copy_n(ws.R.data(), F * ld, bp.r_out + bh * F * ld);
+    return;
   }
 
   // Keys: dk and dv (masked keys keep their zero gradients), and the gradients of their

@@ -134,10 +134,21 @@ void update_states(int64_t rows, bool moved, bool distance, HeadState& state, co
   gemm(true, false, F, ldv, rows, 1.0f, ws.phik.data(), F, wv, ldv, 1.0f, w.dist.data(), ldv);
 }
 
-void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
+// Where a head's sweep A leaves what sweep B reads: gx (N x (dv + 1)), each chunk's starting
+// normaliser (chunks x F) and max (chunks).
+struct HeadStore {
+  float* gx;
+  float* chunk_s;
+  double* chunk_max;
+};
+
+// A. Forward sweep from the initial state (fwd.init_states; empty without): outputs, gx, dq
+// (and drate). With r_out, also R of all the slice's queries relative to the initial max.
+void sweep_a(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const HeadStore& st,
+             float* r_out) {
   const AttentionParams& p = bp.fwd;
   ChunkWorkspace& ws = w.chunk;
-  const int64_t F = ws.F, d = p.d, m = p.map.m, dv = p.dv, ldv = dv + 1, ldq = ws.ldq(), n = p.nq;
+  const int64_t F = ws.F, d = p.d, ldv = p.dv + 1, ldq = ws.ldq(), n = p.nq, dv = p.dv;
   const int64_t chunks = (n + kChunk - 1) / kChunk, bh = b * p.heads + h;
   float* dw = bp.head_dw(bh);
   float* db = bp.head_dbias(bh);
@@ -145,26 +156,37 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
   float* vx = ws.sv.data() + F * ldv;
   double* drate = bp.drate ? bp.drate + bh : nullptr;
 
-  // A. Forward sweep: outputs, gx, dq (and drate).
   HeadState state = ws.state();
   state.clear();
   std::fill(w.dist.begin(), w.dist.end(), 0.0f);
+  if (p.init_states) {  // the earlier ranks' keys
+    std::copy_n(p.init_states + bh * F * ldv, F * ldv, state.Sx);
+    state.max = p.init_maxima[bh];
+    if (drate && p.init_distance)
+      std::copy_n(p.init_distance + bh * F * ldv, F * ldv, w.dist.data());
+  }
+  const double start_max = state.max;
   double rate_sum = 0.0;
   for (int64_t ci = 0; ci < chunks; ++ci) {
     const int64_t c0 = ci * kChunk, rows = std::min(kChunk, n - c0);
     load_chunk(p, b, h, c0, rows, vx, ws);
     const bool moved = chunk_key_features(p, rows, state.max, ws);
-    state.copy_normaliser(w.chunk_s.data() + ci * F);
-    w.chunk_max[ci] = state.max;
-    chunk_query_features(p, rows, w.chunk_s.data() + ci * F, state.max, ws);
+    state.copy_normaliser(st.chunk_s + ci * F);
+    st.chunk_max[ci] = state.max;
+    chunk_query_features(p, rows, st.chunk_s + ci * F, state.max, ws);
     for (int64_t i = 0; i < rows; ++i)
       std::copy_n(ws.qg.data() + i * ldq, F, w.phiq.data() + i * F);
     chunk_kernel_matrix(rows, moved, ws);
     chunk_output(rows, state.max, moved, ws);
-    float* gx = w.gstore.data() + c0 * ldv;
+    float* gx = st.gx + c0 * ldv;
     upstream_rows(ws.yx.data(), dyh + c0 * bp.dy_strides[2], bp.dy_strides[2], bp.dy_strides[3],
                   rows, dv, gx);
     if (drate) rate_sum += chunk_rate_grad(rows, state, gx, vx, w);
+    if (r_out && !std::isinf(start_max)) {  // R += phi(Q_c)^T gx at exp(start - M_i)
+      scale_rows(gx, rows, ldv, start_max, ws.run_max, w.gscaled.data());
+      gemm(true, false, F, ldv, rows, 1.0f, w.phiq.data(), F, w.gscaled.data(), ldv, 1.0f, r_out,
+           ldv);
+    }
     scale_rows(gx, rows, ldv, state.max, ws.run_max, w.gscaled.data());
     gemm(false, true, rows, F, ldv, 1.0f, w.gscaled.data(), ldv, state.Sx, ldv, 0.0f, w.dphi.data(),
          F);
@@ -176,19 +198,34 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
     update_states(rows, moved, drate && ci + 1 < chunks, state, vx, w);
   }
   if (drate) *drate += rate_sum;
+}
 
-  // B. Reverse sweep: dk, dv, with R = later queries' phi(q) gx^T.
+// B. Reverse sweep: dk, dv, with R = later queries' phi(q) gx^T, starting from suffix_r (the
+// later ranks' queries, relative to exp(suffix_ref); null: none).
+void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const HeadStore& st,
+             const float* suffix_r, double suffix_ref) {
+  const AttentionParams& p = bp.fwd;
+  ChunkWorkspace& ws = w.chunk;
+  const int64_t F = ws.F, m = p.map.m, dv = p.dv, ldv = dv + 1, n = p.nq;
+  const int64_t chunks = (n + kChunk - 1) / kChunk, bh = b * p.heads + h;
+  float* dw = bp.head_dw(bh);
+  float* db = bp.head_dbias(bh);
+  float* vx = ws.sv.data() + F * ldv;
   std::fill(w.R.begin(), w.R.end(), 0.0f);
   for (int64_t ci = chunks - 1; ci >= 0; --ci) {
     const int64_t c0 = ci * kChunk, rows = std::min(kChunk, n - c0);
-    const double prev_max = w.chunk_max[ci];
+    const double prev_max = st.chunk_max[ci];
     load_chunk(p, b, h, c0, rows, vx, ws);
     const bool moved = chunk_key_features(p, rows, prev_max, ws);
-    chunk_query_features(p, rows, w.chunk_s.data() + ci * F, prev_max, ws);
+    chunk_query_features(p, rows, st.chunk_s + ci * F, prev_max, ws);
     chunk_kernel_matrix(rows, moved, ws);
-    const float* gx = w.gstore.data() + c0 * ldv;
+    const float* gx = st.gx + c0 * ldv;
     chunk_d_matrix(rows, moved, gx, vx, ldv, w);
     const double end_max = ws.run_max[rows - 1];
+    if (ci == chunks - 1 && suffix_r && !std::isinf(suffix_ref) && !std::isinf(end_max)) {
+      const auto f = static_cast<float>(std::exp(suffix_ref - end_max));  // ~1: the same max
+      for (int64_t x = 0; x < F * ldv; ++x) w.R[x] = f * suffix_r[x];
+    }
     // Later chunks, read by key j at scale exp(M_j - M_end).
     gemm(false, true, rows, F, ldv, 1.0f, vx, ldv, w.R.data(), ldv, 0.0f, w.dphi.data(), F);
     gemm(false, false, rows, dv, F, 1.0f, ws.phik.data(), F, w.R.data(), ldv, 0.0f, w.dvv.data(),
@@ -201,21 +238,35 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
       }
     }
     // The chunk itself: D^T phi(Q_c) and G^T gx[:, :dv].
-    gemm(true, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.qg.data(), ldq, 1.0f,
+    gemm(true, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.qg.data(), ws.ldq(), 1.0f,
          w.dphi.data(), F);
-    gemm(true, false, rows, dv, rows, 1.0f, ws.qg.data() + F, ldq, gx, ldv, 1.0f, w.dvv.data(), dv);
+    gemm(true, false, rows, dv, rows, 1.0f, ws.qg.data() + F, ws.ldq(), gx, ldv, 1.0f, w.dvv.data(),
+         dv);
     const KeyRows keys{bp.dlogw ? bp.dlogw + bh * m : nullptr};
     feature_backward(p.map, bh, &keys, rows, ws.x.data(), ws.phik.data(), w.dphi.data(),
-                     w.pa.data(), bp.dk + (bh * n + c0) * d, dw, db);
+                     w.pa.data(), bp.dk + (bh * n + c0) * p.d, dw, db);
     std::copy_n(w.dvv.data(), rows * dv, bp.dv + (bh * n + c0) * dv);
     if (ci > 0) {  // R relative to the previous chunk's last max (= this chunk's starting max)
       const float f = rescale(prev_max, end_max);
       for (float& r : w.R) r *= f;
       scale_rows(gx, rows, ldv, prev_max, ws.run_max, w.gscaled.data());
-      gemm(true, false, F, ldv, rows, 1.0f, ws.qg.data(), ldq, w.gscaled.data(), ldv, 1.0f,
+      gemm(true, false, F, ldv, rows, 1.0f, ws.qg.data(), ws.ldq(), w.gscaled.data(), ldv, 1.0f,
            w.R.data(), ldv);
     }
   }
+}
+
+void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
+  const HeadStore st{w.gstore.data(), w.chunk_s.data(), w.chunk_max.data()};
+  sweep_a(bp, b, h, w, st, nullptr);
+  sweep_b(bp, b, h, w, st, nullptr, 0.0);
+}
+
+HeadStore store_of(const BackwardParams& bp, CausalBackwardStore& store, int64_t bh) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t chunks = (p.nq + kChunk - 1) / kChunk, F = p.map.features();
+  return {store.gx.data() + bh * p.nq * (p.dv + 1), store.chunk_s.data() + bh * chunks * F,
+          store.chunk_max.data() + bh * chunks};
 }
 
 }  // namespace
@@ -226,6 +277,42 @@ void favor_backward_causal(const BackwardParams& bp) {
       p.batch * p.heads, p.threads,
       [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d,
       p.map.m, p.map.features(), p.dv, p.nq, bp.drate != nullptr);
+}
+
+void favor_backward_causal_phase_a(const BackwardParams& bp, CausalBackwardStore& store) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t heads = p.batch * p.heads, F = p.map.features(), ld = p.dv + 1;
+  const int64_t chunks = (p.nq + kChunk - 1) / kChunk;
+  store.gx.assign(static_cast<size_t>(heads * p.nq * ld), 0.0f);
+  store.chunk_s.assign(static_cast<size_t>(heads * chunks * F), 0.0f);
+  store.chunk_max.assign(static_cast<size_t>(heads * chunks), 0.0);
+  store.r.assign(static_cast<size_t>(heads * F * ld), 0.0f);
+  store.r_max.assign(static_cast<size_t>(heads), -INFINITY);
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    if (p.init_maxima) store.r_max[bh] = p.init_maxima[bh];
+  }
+  if (p.nq == 0) return;
+  backward_over_heads<Workspace>(
+      heads, p.threads,
+      [&](int64_t bh, Workspace& ws) {
+        sweep_a(bp, bh / p.heads, bh % p.heads, ws, store_of(bp, store, bh),
+                store.r.data() + bh * F * ld);
+      },
+      p.d, p.map.m, F, p.dv, int64_t{0}, bp.drate != nullptr);
+}
+
+void favor_backward_causal_phase_b(const BackwardParams& bp, CausalBackwardStore& store,
+                                   const float* suffix_r, const double* suffix_ref) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t F = p.map.features(), ld = p.dv + 1;
+  if (p.nq == 0) return;
+  backward_over_heads<Workspace>(
+      p.batch * p.heads, p.threads,
+      [&](int64_t bh, Workspace& ws) {
+        sweep_b(bp, bh / p.heads, bh % p.heads, ws, store_of(bp, store, bh), suffix_r + bh * F * ld,
+                suffix_ref[bh]);
+      },
+      p.d, p.map.m, F, p.dv, int64_t{0}, false);
 }
 
 }  // namespace favor::cpu

@@ -53,6 +53,13 @@ void save_state(const AttentionParams& p, int64_t bh, const HeadState& state) {
   p.ctx_maxima[bh] = state.max;
 }
 
+// The complete key state given by a sequence-parallel caller (p.init_states), into `state`.
+void load_state(const AttentionParams& p, int64_t bh, HeadState& state) {
+  const int64_t n = state.features * state.ld();
+  std::copy(p.init_states + bh * n, p.init_states + (bh + 1) * n, state.Sx);
+  state.max = p.init_maxima[bh];
+}
+
 void write_zero_rows(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end) {
   float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
   for (int64_t i = begin; i < end; ++i)
@@ -103,8 +110,12 @@ int64_t favor_bidirectional(const AttentionParams& p) {
     return for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
       const int64_t b = bh / p.heads, h = bh % p.heads;
       HeadState state = ws.state(F, p.dv);
-      state.clear();
-      accumulate_keys(p, b, h, 0, p.nk, ws.tile, state);
+      if (p.init_states) {
+        load_state(p, bh, state);
+      } else {
+        state.clear();
+        accumulate_keys(p, b, h, 0, p.nk, ws.tile, state);
+      }
       save_state(p, bh, state);
       return attend_queries(p, b, h, 0, p.nq, state, ws);
     });
@@ -117,7 +128,7 @@ int64_t favor_bidirectional(const AttentionParams& p) {
     blas_on_calling_thread();
     const int tid = omp_get_thread_num(), team = omp_get_num_threads();
     Workspace& ws = spaces[static_cast<size_t>(tid)];
-    for (int64_t task = tid; task < plan.tasks; task += team) {  // keys of each part
+    for (int64_t task = tid; task < plan.tasks && !p.init_states; task += team) {  // keys
       const int64_t bh = task / plan.parts, part = task % plan.parts;
       HeadState st = partial.at(task);
       st.clear();
@@ -129,9 +140,13 @@ int64_t favor_bidirectional(const AttentionParams& p) {
     for (int64_t task = tid; task < plan.tasks; task += team) {  // queries of each part
       const int64_t bh = task / plan.parts, part = task % plan.parts;
       HeadState merged = ws.state(F, p.dv);
-      merged.copy_from(partial.at(bh * plan.parts));
-      for (int64_t other = 1; other < plan.parts; ++other)
-        merged.add(partial.at(bh * plan.parts + other));
+      if (p.init_states) {
+        load_state(p, bh, merged);
+      } else {
+        merged.copy_from(partial.at(bh * plan.parts));
+        for (int64_t other = 1; other < plan.parts; ++other)
+          merged.add(partial.at(bh * plan.parts + other));
+      }
       if (part == 0) save_state(p, bh, merged);
       zero_rows +=
           attend_queries(p, bh / p.heads, bh % p.heads, split_point(p.nq, plan.parts, part),

@@ -95,6 +95,15 @@ struct Published {
   }
 };
 
+// The state before the first key: the earlier ranks' keys (sequence parallel), else empty.
+void initial_state(const AttentionParams& p, int64_t bh, HeadState& state) {
+  state.clear();
+  if (p.init_states == nullptr) return;
+  const int64_t n = state.features * state.ld();
+  std::copy(p.init_states + bh * n, p.init_states + (bh + 1) * n, state.Sx);
+  state.max = p.init_maxima[bh];
+}
+
 // Segment boundaries (multiples of kChunk) of a sequence of n tokens split into `parts`:
 // segment 0 costs L0, segment s costs kKeyPassCost * L(s-1) + L(s); all equal.
 std::vector<int64_t> segment_bounds(int64_t n, int64_t parts) {
@@ -126,7 +135,7 @@ int64_t favor_causal(const AttentionParams& p) {
   if (plan.parts == 1) {
     return for_each_head(plan, spaces, [&](int64_t bh, ChunkWorkspace& ws) {
       HeadState state = ws.state();
-      state.clear();
+      initial_state(p, bh, state);
       return sweep(p, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
     });
   }
@@ -145,7 +154,10 @@ int64_t favor_causal(const AttentionParams& p) {
       const int64_t bh = task / plan.parts, seg = task % plan.parts;
       const int64_t b = bh / p.heads, h = bh % p.heads;
       HeadState state = ws.state();
-      state.clear();
+      if (seg == 0)
+        initial_state(p, bh, state);
+      else
+        state.clear();
       if (seg > 0) {
         HeadState local{ws.local.data(), F, p.dv};
         local.clear();

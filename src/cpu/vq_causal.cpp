@@ -61,8 +61,8 @@ void block_weights(const VQParams& p, int64_t rows, VQWorkspace& ws) {
   for (int64_t i = 0; i + 1 < rows; ++i) std::fill(g + i * ldg + i + 1, g + i * ldg + rows, 0.0f);
 }
 
-int64_t head(const VQParams& p, int64_t b, int64_t h, const float* codebook,
-             const CodeTable& table, VQWorkspace& ws) {
+int64_t head(const VQParams& p, int64_t b, int64_t h, const float* codebook, const CodeTable& table,
+             VQWorkspace& ws) {
   const AttentionParams& a = p.base;
   const int64_t c = p.codes, ld = ws.ld(), ldg = ws.ldg();
   float* state = ws.state();
@@ -94,11 +94,11 @@ int64_t head(const VQParams& p, int64_t b, int64_t h, const float* codebook,
 }  // namespace
 
 int64_t vq_causal(const VQParams& p) {
-  return vq_forward_over_heads(p, std::min(p.block, p.base.nq),
-                               [&](int64_t b, int64_t h, const float* codebook,
-                                   const CodeTable& table, VQWorkspace& ws) {
-                                 return head(p, b, h, codebook, table, ws);
-                               });
+  return vq_forward_over_heads(
+      p, std::min(p.block, p.base.nq),
+      [&](int64_t b, int64_t h, const float* codebook, const CodeTable& table, VQWorkspace& ws) {
+        return head(p, b, h, codebook, table, ws);
+      });
 }
 
 }  // namespace favor::cpu

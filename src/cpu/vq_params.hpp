@@ -9,13 +9,13 @@
 namespace favor::cpu {
 
 struct VQParams {
-  AttentionParams base;  // w, m, kernel, sqrt_scale unused
+  AttentionParams base;   // w, m, kernel, sqrt_scale unused
   const float* codebook;  // [Hc][c][d], C-contiguous (the facade copies a strided view)
   int64_t codes;
   int64_t codebook_head_stride;  // c * d, or 0 when one codebook is shared by all heads
-  float scale;  // logits are scale * q . C_s
-  float tau;    // 0: hard VQ
-  int64_t block;  // causal block length L >= 1
+  float scale;                   // logits are scale * q . C_s
+  float tau;                     // 0: hard VQ
+  int64_t block;                 // causal block length L >= 1
 
   const float* head_codebook(int64_t bh) const {
     return codebook + (bh % base.heads) * codebook_head_stride;
@@ -31,7 +31,8 @@ struct VQBackwardParams {
   float* dq;
   float* dk;
   float* dv;
-  float* dcodebook;  // [Hc][c][d], accumulated (summed over batch, and over heads if shared); null if not asked
+  float* dcodebook;  // [Hc][c][d], accumulated (summed over batch, and over heads if shared); null
+                     // if not asked
 };
 
 /// Bidirectional and causal VQ attention; return the number of rows written as zeros.
