@@ -239,7 +239,9 @@ States key_states_over_ranks(cpu::AttentionParams& p, const Call& c,
                              SequenceParallelStats& st) {
   const int64_t F = c.map.features();
   States states(c.s.batch * c.s.heads, F * (c.s.dv + 1), distance);
-  if (c.s.nk > 0) {
+  // A causal scan never reads the last rank's own state: it skips its key pass.
+  const bool unread = options.causal && ex.rank() == ex.size() - 1;
+  if (c.s.nk > 0 && !unread) {
     cpu::key_states(p, states.values.data(), states.maxima.data(),
                     distance ? states.distance.data() : nullptr);
   }
