@@ -1,0 +1,212 @@
+// favor bench --sections distributed (tools/bench_distributed.hpp): the parent launches
+// mpirun per configuration; each rank times sequence-parallel attention on its slice.
+#include "bench_distributed.hpp"
+
+#include <fmt/core.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "commands.hpp"
+#include "cost_model.hpp"
+#include "favor/distributed.hpp"
+#include "favor/favor.hpp"
+#include "workload.hpp"
+
+namespace favor::cli {
+namespace {
+
+struct RankArgs {
+  int64_t n = 0, bh = 8, d = 64, m = 256;
+  bool causal = false, backward = false;
+  int collective_repeats = 20;
+};
+
+// Rank 0's JSON line: the slowest rank's wall time, every rank's time inside MPI, the time of
+// the state collective alone (after a barrier, mean of repeats) and the bytes per rank.
+void run_rank(const RankArgs& a) {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const distributed::Slice s = distributed::even_slice(a.n, rank, size);
+    const Tensor q = gaussian_rows({1, a.bh, s.size(), a.d}, 100 + rank, 4.0);
+    const Tensor k = gaussian_rows({1, a.bh, s.size(), a.d}, 200 + rank, 4.0);
+    const Tensor v = gaussian_rows({1, a.bh, s.size(), a.d}, 300 + rank);
+    ProjectionOptions po;
+    const Projection w = Projection::draw(a.m, a.d, po);
+    AttentionOptions o;
+    o.causal = a.causal;
+    distributed::MpiExchange ex;
+
+    // The collective alone, on a block of the attention's size.
+    StateBlock block(a.bh, a.m * (a.d + 1));
+    double collective = 0.0;
+    for (int r = 0; r < a.collective_repeats; ++r) {
+      block.clear();
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      if (a.causal) {
+        ex.exscan_states(block, false);
+      } else {
+        ex.allreduce_states(block);
+      }
+      collective += MPI_Wtime() - t0;
+    }
+    collective /= a.collective_repeats;
+
+    Tensor out({1, a.bh, s.size(), a.d});
+    MPI_Barrier(MPI_COMM_WORLD);
+    ex.reset_counters();
+    double t0 = MPI_Wtime();
+    SequenceParallelStats st = sequence_parallel_attention(q, k, v, w, out.mutable_view(), o, ex);
+    double wall = MPI_Wtime() - t0;
+    if (a.backward) {
+      const Tensor dy = gaussian_rows({1, a.bh, s.size(), a.d}, 400 + rank);
+      MPI_Barrier(MPI_COMM_WORLD);
+      ex.reset_counters();
+      t0 = MPI_Wtime();
+      sequence_parallel_attention_backward(q, k, v, dy, w, o, ex, false, &st);
+      wall = MPI_Wtime() - t0;
+    }
+    const double in_mpi = ex.seconds();
+    const auto bytes = static_cast<double>(st.payload_bytes);
+    std::vector<double> walls(static_cast<size_t>(size)), mpis(static_cast<size_t>(size)),
+        byte_counts(static_cast<size_t>(size));
+    MPI_Gather(&wall, 1, MPI_DOUBLE, walls.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Gather(&in_mpi, 1, MPI_DOUBLE, mpis.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Gather(&bytes, 1, MPI_DOUBLE, byte_counts.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (rank == 0) {
+      nlohmann::json r{{"ranks", size},
+                       {"n", a.n},
+                       {"causal", a.causal},
+                       {"pass", a.backward ? "backward" : "forward"},
+                       {"seconds", *std::max_element(walls.begin(), walls.end())},
+                       {"rank_seconds", walls},
+                       {"rank_mpi_seconds", mpis},
+                       {"payload_bytes_per_rank", byte_counts[0]},
+                       {"collective_seconds", collective},
+                       {"threads", num_threads()}};
+      fmt::print("{}\n", r.dump());
+      std::fflush(stdout);
+    }
+  }
+  MPI_Finalize();
+}
+
+std::string self_path() {
+  std::array<char, 4096> buf{};
+  const ssize_t len = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  if (len <= 0) throw Error("bench --sections distributed: cannot find the favor executable");
+  return std::string(buf.data(), static_cast<size_t>(len));
+}
+
+// One configuration under mpirun; returns rank 0's record.
+nlohmann::json launch(const DistributedBenchArgs& a, int ranks, int64_t n, bool causal,
+                      bool backward) {
+  const int threads = std::max(1, a.threads / ranks);
+  std::string cmd = fmt::format(
+      "'{}' -np {} --oversubscribe --bind-to none{} -x FAVOR_NUM_THREADS={} -x "
+      "OMP_NUM_THREADS={} '{}' distributed-bench-rank --n {} --bh {} --d {} --m {}{}{} 2>&1",
+      FAVOR_MPIEXEC, ranks, geteuid() == 0 ? " --allow-run-as-root" : "", threads, threads,
+      self_path(), n, a.bh, a.d, a.m, causal ? " --causal" : "", backward ? " --backward" : "");
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  if (!pipe) throw Error("bench --sections distributed: cannot run " + cmd);
+  std::string output, line;
+  std::array<char, 4096> buf{};
+  nlohmann::json record;
+  while (fgets(buf.data(), static_cast<int>(buf.size()), pipe.get())) {
+    line = buf.data();
+    output += line;
+    if (!line.empty() && line[0] == '{') record = nlohmann::json::parse(line);
+  }
+  const int status = pclose(pipe.release());
+  if (status != 0 || record.is_null()) {
+    throw Error("bench --sections distributed: mpirun failed (" + cmd + "): " +
+                output.substr(0, 400));
+  }
+  return record;
+}
+
+}  // namespace
+
+nlohmann::json distributed_section(const DistributedBenchArgs& a) {
+  nlohmann::json rows = nlohmann::json::array();
+  if (!a.json) {
+    fmt::print(
+        "\ndistributed: sequence-parallel FAVOR+ over MPI ranks (mpirun on this machine), "
+        "BH = {}, D = Dv = {}, m = {}; {} cores shared: max(1, {} / P) threads per rank\n",
+        a.bh, a.d, a.m, a.threads, a.threads);
+    fmt::print("{:>7} {:>4} {:>6} {:>8} {:>2} {:>3} {:>9} {:>8} {:>8} {:>10} {:>9} {:>10}\n",
+               "scaling", "pass", "causal", "N", "P", "thr", "seconds", "T1/TP", "GFLOP/s",
+               "coll. ms", "in MPI", "bytes/rank");
+  }
+  struct Config {
+    const char* scaling;
+    bool causal, backward;
+  };
+  for (const Config& c : {Config{"strong", true, false}, Config{"strong", true, true},
+                          Config{"strong", false, false}, Config{"weak", true, false}}) {
+    double base = 0.0;
+    for (int ranks : a.ranks) {
+      const bool weak = std::string(c.scaling) == "weak";
+      const int64_t n = weak ? a.weak_n * ranks : a.n;
+      nlohmann::json r = launch(a, ranks, n, c.causal, c.backward);
+      const double seconds = r["seconds"].get<double>();
+      if (base == 0.0) base = seconds;
+      const bench::Problem p{a.bh, n, a.d, a.d, a.m, a.m};
+      const double flops = c.backward ? bench::favor_backward_flops(p, c.causal, 64)
+                                      : bench::favor_flops(p, c.causal, 64);
+      double in_mpi = 0.0;
+      for (const auto& x : r["rank_mpi_seconds"]) in_mpi = std::max(in_mpi, x.get<double>());
+      r["section"] = "distributed";
+      r["scaling"] = c.scaling;
+      r["method"] = "favor";
+      r["bh"] = a.bh;
+      r["d"] = a.d;
+      r["m"] = a.m;
+      r["gflops"] = flops / seconds / 1e9;
+      // Strong: T(1) / T(P); weak: T(1) / T(P) x 1 (ideal 1.0: the same time for P times
+      // the tokens).
+      r["speedup"] = base / seconds;
+      r["mpi_share"] = in_mpi / seconds;
+      r["collective_share"] = r["collective_seconds"].get<double>() / seconds;
+      if (!a.json) {
+        fmt::print(
+            "{:>7} {:>4} {:>6} {:>8} {:>2} {:>3} {:>9.3f} {:>7.2f}x {:>8.1f} {:>10.3f} {:>8.1f}% "
+            "{:>10}\n",
+            c.scaling, c.backward ? "bwd" : "fwd", c.causal ? "yes" : "no", n, ranks,
+            r["threads"].get<int>(), seconds, r["speedup"].get<double>(),
+            r["gflops"].get<double>(), 1e3 * r["collective_seconds"].get<double>(),
+            100.0 * r["mpi_share"].get<double>(),
+            static_cast<int64_t>(r["payload_bytes_per_rank"].get<double>()));
+        std::fflush(stdout);
+      }
+      rows.push_back(std::move(r));
+    }
+  }
+  return rows;
+}
+
+void add_distributed_bench_rank_command(CLI::App& app) {
+  auto a = std::make_shared<RankArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "distributed-bench-rank", "one rank of favor bench --sections distributed (under mpirun)");
+  cmd->group("");  // hidden: favor bench launches it
+  cmd->add_option("--n", a->n)->required();
+  cmd->add_option("--bh", a->bh);
+  cmd->add_option("--d", a->d);
+  cmd->add_option("--m", a->m);
+  cmd->add_flag("--causal", a->causal);
+  cmd->add_flag("--backward", a->backward);
+  cmd->callback([a] { run_rank(*a); });
+}
+
+}  // namespace favor::cli
