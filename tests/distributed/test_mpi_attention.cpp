@@ -127,5 +127,39 @@ TEST(MpiAttention, CrossAttentionOtherSlices) {
   }
 }
 
+TEST(MpiAttention, EdgeSlices) {
+  // The first rank empty (salt 2: weights 0, 2, 5, 3), a sequence of one position (every rank
+  // but one empty), and a rank whose keys are all masked out.
+  FeatureMap map(projection(), Kernel::positive);
+  map.learnable(4, false, true, false);  // B*H bias sets, one per (batch, head)
+  Worst worst("edge slices");
+  AttentionOptions decayed = causal_options();
+  decayed.decay = {0.95};
+  const Problem p(50, 50);
+  const Local first_empty(p, my_slice(p.nq, 2), my_slice(p.nk, 2));
+  for (const AttentionOptions& o : {AttentionOptions{}, decayed}) {
+    const std::string label = o.causal ? "causal, first rank empty" : "first rank empty";
+    compare_forward(p, first_empty, map, o, true, worst, label);
+    compare_backward(p, first_empty, map, o, true, true, worst, label);
+  }
+  const Problem one(1, 1);
+  const Local single(one, my_slice(1), my_slice(1));
+  compare_forward(one, single, map, causal_options(), false, worst, "N = 1");
+  compare_backward(one, single, map, causal_options(), false, true, worst, "N = 1");
+  Problem masked(50, 50);
+  const Slice ks = my_slice(masked.nk);
+  if (size() > 1) {  // rank 1's keys all out (rank 0's too when alone)
+    const Slice out = uneven_slice(masked.nk, 1, size());
+    for (int64_t b = 0; b < masked.batch; ++b)
+      for (int64_t j = out.begin; j < out.end; ++j) masked.mask[b * masked.nk + j] = 0;
+  }
+  const Local l(masked, my_slice(masked.nq), ks);
+  for (const AttentionOptions& o : {AttentionOptions{}, decayed}) {
+    const std::string label = o.causal ? "causal, a rank masked" : "a rank masked";
+    compare_forward(masked, l, map, o, true, worst, label);
+    compare_backward(masked, l, map, o, true, true, worst, label);
+  }
+}
+
 }  // namespace
 }  // namespace favor::mpitest
