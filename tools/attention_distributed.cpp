@@ -220,9 +220,9 @@ void run(const AttentionArgs& a, distributed::MpiExchange& ex) {
 void run_distributed_attention(const AttentionArgs& a) {
   MpiSession session;
   int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
     distributed::MpiExchange ex(MPI_COMM_WORLD);
-    rank = ex.rank();
     run(a, ex);
   } catch (const std::exception& e) {
     // Every rank has the same error. Rank 0 prints it now, before MPI_Finalize: mpirun may
