@@ -17,6 +17,7 @@ packages=(
   python3-scipy                    # scripts/dct_bias.py (exact expectations of the dct projection)
   python3-torch                    # favor.torch (PyTorch 1.13, CPU)
   python3-venv python3-setuptools python3-wheel python3-pip # pip install . (offline, README)
+  libopenmpi-dev openmpi-bin python3-mpi4py   # the distributed layer (favor::distributed, favor.distributed)
 )
 
 missing=()

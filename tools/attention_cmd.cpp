@@ -5,31 +5,13 @@
 #include <iostream>
 #include <memory>
 
-#include "cli_common.hpp"
+#include "attention_args.hpp"
 #include "commands.hpp"
-#include "fit_args.hpp"
 #include "map_file.hpp"
-#include "vq_args.hpp"
 
 namespace favor::cli {
-namespace {
 
-struct AttentionArgs {
-  std::string q, k, v, out, method = "favor", kernel = "positive", key_mask, accumulate = "f32";
-  bool causal = false;
-  std::optional<double> scale;
-  ProjectionArgs projection;
-  FitArgs fit;
-  VQArgs vq;
-  std::string feature_map, feature_weights;  // --feature-map map.npz, --feature-weights W.npy
-  std::vector<double> decay;                 // --decay
-  CLI::Option* kernel_opt = nullptr;
-  CLI::Option* scale_opt = nullptr;
-};
-
-// The map of --feature-map (which refuses the options it replaces), or the one the kernel,
-// projection, scale, fit and --feature-weights options describe.
-FeatureMap feature_map(const AttentionArgs& a, const Shape4& qs) {
+FeatureMap attention_feature_map(const AttentionArgs& a, const Shape4& qs) {
   const int64_t d = qs[3], heads = qs[1];
   if (!a.feature_map.empty()) {
     const auto& p = a.projection;
@@ -86,8 +68,7 @@ FeatureMap feature_map(const AttentionArgs& a, const Shape4& qs) {
   return map;
 }
 
-// --decay: 1 or H values in (0, 1], causal attention only.
-std::vector<double> decay(const AttentionArgs& a, int64_t heads) {
+std::vector<double> attention_decay(const AttentionArgs& a, int64_t heads) {
   if (a.decay.empty()) return {};
   if (!a.causal) throw Error("--decay: decay gamma^(i - j) is for causal attention; add --causal");
   if (a.decay.size() != 1 && static_cast<int64_t>(a.decay.size()) != heads) {
@@ -100,6 +81,8 @@ std::vector<double> decay(const AttentionArgs& a, int64_t heads) {
   }
   return a.decay;
 }
+
+namespace {
 
 // Transformer-VQ attention with the --codebook given or one learned from the keys (k-means,
 // seeded by --seed); the codebook used is staged for --save-codebook.
@@ -157,6 +140,16 @@ Tensor vq(const AttentionArgs& a, const InputTensor& q, const InputTensor& k, co
 }
 
 void run(const AttentionArgs& a) {
+  if (a.distributed) {
+#ifdef FAVOR_WITH_MPI
+    run_distributed_attention(a);
+    return;
+#else
+    throw Error(
+        "--distributed: this favor was built without MPI; install MPI (Debian: libopenmpi-dev "
+        "openmpi-bin), rebuild, and launch with mpirun -np P favor attention --distributed");
+#endif
+  }
   if (a.method != "favor" && a.method != "exact" && a.method != "vq") {
     throw Error("--method: '" + a.method + "' is not a method; use favor, vq or exact");
   }
@@ -193,11 +186,11 @@ void run(const AttentionArgs& a) {
   } else if (a.method == "vq") {
     y = vq(a, q, k, v, mask_view, outputs);
   } else {
-    const FeatureMap map = feature_map(a, q.tensor.shape());
+    const FeatureMap map = attention_feature_map(a, q.tensor.shape());
     AttentionOptions o;
     o.causal = a.causal;
     o.key_mask = mask_view;
-    o.decay = decay(a, q.tensor.shape()[1]);
+    o.decay = attention_decay(a, q.tensor.shape()[1]);
     AttentionStats stats;
     y = favor_attention(q.tensor, k.tensor, v.tensor, map, o, &stats);
     if (stats.zero_rows > 0) {
@@ -231,6 +224,9 @@ void add_attention_command(CLI::App& app) {
       ->required();
   cmd->add_option("--method", args->method, "favor | vq | exact")->capture_default_str();
   cmd->add_flag("--causal", args->causal, "query i attends to keys j <= i (needs Nq == Nk)");
+  cmd->add_flag("--distributed", args->distributed,
+                "sequence-parallel over the ranks of mpirun -np P: each rank reads, computes and "
+                "writes its slice of the sequence (--method favor; needs a build with MPI)");
   args->kernel_opt =
       cmd->add_option("--kernel", args->kernel,
                       "positive | trig | hyperbolic | favorpp | favorsharp | hedgehog")

@@ -2,8 +2,15 @@
 // The favor subcommands. Each registers itself on the app; its callback does the work and
 // throws favor::Error on bad input (main turns that into one line and exit code 2).
 #include <CLI/CLI.hpp>
+#include <exception>
 
 namespace favor::cli {
+
+/// Thrown by every rank of a distributed command that failed on some rank: rank 0 has printed
+/// the one error line already (before MPI_Finalize), so every rank exits with code 2 silently.
+struct AlreadyReported : std::exception {
+  const char* what() const noexcept override { return "failed (reported by rank 0)"; }
+};
 
 void add_demo_command(CLI::App& app);
 void add_attention_command(CLI::App& app);

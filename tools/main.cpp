@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::cerr << "favor: error: " << e.what() << " (see favor --help)\n";
     return 2;
+  } catch (const favor::cli::AlreadyReported&) {  // favor attention --distributed
+    return 2;
   } catch (const favor::Error& e) {
     std::cerr << "favor: error: " << e.what() << '\n';
     return 2;

@@ -163,6 +163,47 @@ int64_t NpyArray::numel() const {
   return count(shape);
 }
 
+int64_t NpyHeader::numel() const {
+  return count(shape);
+}
+
+NpyHeader read_npy_header(const std::string& path, const std::string& argument) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(argument, path, std::string("cannot open (") + std::strerror(errno) + ")");
+  std::string bytes(12, '\0');  // magic, version, header length (up to 4 bytes)
+  in.read(bytes.data(), 12);
+  bytes.resize(static_cast<size_t>(in.gcount()));
+  if (bytes.empty()) fail(argument, path, "empty file");
+  // The header's length is in bytes 8-9 (version 1) or 8-11; parse_header reports a bad one.
+  size_t len = 0, start = 10;
+  if (bytes.size() >= 12 && (bytes[6] == 2 || bytes[6] == 3)) {
+    start = 12;
+    for (int i = 0; i < 4; ++i)
+      len |= static_cast<size_t>(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
+  } else if (bytes.size() >= 10) {
+    len = static_cast<unsigned char>(bytes[8]) |
+          (static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8);
+  }
+  if (len > (1u << 24)) fail(argument, path, "header longer than 16 MiB");
+  bytes.resize(start + len);
+  in.clear();
+  in.seekg(0);
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  bytes.resize(static_cast<size_t>(in.gcount()));
+  const Header h = parse_header(bytes, path, argument);
+  NpyHeader out{h.descr, h.fortran, h.shape, h.data_offset, item_size_of(h.descr)};
+  if (out.item == 0) fail(argument, path, "dtype '" + h.descr + "' has no element size");
+  if (count(h.shape) == 0) fail(argument, path, "array has no elements");
+  struct stat st {};
+  const size_t need = h.data_offset + static_cast<size_t>(count(h.shape)) * out.item;
+  if (::stat(path.c_str(), &st) != 0 || static_cast<size_t>(st.st_size) < need) {
+    fail(argument, path,
+         "truncated: " + std::to_string(need) + " bytes expected, " +
+             std::to_string(static_cast<size_t>(st.st_size)) + " found");
+  }
+  return out;
+}
+
 std::string read_file(const std::string& path, const std::string& argument) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(argument, path, std::string("cannot open (") + std::strerror(errno) + ")");

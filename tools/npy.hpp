@@ -19,6 +19,18 @@ struct NpyArray {
   int64_t numel() const;
 };
 
+/// The header of a .npy file and where its data begins. read_npy_header reads only the
+/// header's bytes, and checks that the file holds all the data the header announces.
+struct NpyHeader {
+  std::string descr;  // e.g. "<f4"
+  bool fortran = false;
+  std::vector<int64_t> shape;
+  size_t data_offset = 0;  // bytes before the first element
+  size_t item = 0;         // bytes per element
+  int64_t numel() const;
+};
+NpyHeader read_npy_header(const std::string& path, const std::string& argument);
+
 /// A float32 or float64 array, returned as float32 in C order. Values must be finite
 /// (checked by the library when used).
 NpyArray read_float_npy(const std::string& path, const std::string& argument);

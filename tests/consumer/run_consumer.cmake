@@ -1,5 +1,6 @@
 # ctest driver: install the build tree into a scratch prefix, then configure, build and run
-# the consumer project against it. Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR.
+# the consumer project against it. Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR, DISTRIBUTED
+# (ON: favor was built with MPI; also build and run the favor::distributed consumer).
 file(REMOVE_RECURSE "${WORK_DIR}")
 execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix"
                 RESULT_VARIABLE rc OUTPUT_QUIET)
@@ -8,6 +9,7 @@ if(rc)
 endif()
 execute_process(COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}/build"
                         "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix" -DCMAKE_BUILD_TYPE=Release
+                        "-DFAVOR_CONSUMER_DISTRIBUTED=${DISTRIBUTED}"
                 RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "configure failed: ${rc}")
@@ -19,6 +21,12 @@ endif()
 execute_process(COMMAND "${WORK_DIR}/build/consumer" RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "consumer run failed: ${rc}")
+endif()
+if(DISTRIBUTED)
+  execute_process(COMMAND "${WORK_DIR}/build/consumer_distributed" RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "consumer_distributed run failed: ${rc}")
+  endif()
 endif()
 # The installed tree holds only the public headers.
 file(GLOB_RECURSE headers RELATIVE "${WORK_DIR}/prefix/include" "${WORK_DIR}/prefix/include/*")

@@ -1,0 +1,97 @@
+// mpirun -np 3 favor attention --distributed: the output file equals the single-process
+// command's to float tolerance; failures exit 2 with one error line and leave no file.
+#include "cli_fixture.hpp"
+
+namespace favor::testing {
+namespace {
+
+// Tolerance: as the MPI library tests (tests/distributed/mpi_fixture.hpp), the same sums in
+// another order, relative to the largest magnitude of the output.
+constexpr double kTolerance = 2e-4;
+
+class CliDistributed : public CliTest {
+ protected:
+  // `favor args` under mpirun with 3 ranks of one thread each.
+  Result run_mpi(const std::string& args) const {
+    return run_cli(
+        "attention --distributed " + args,
+        std::string("OMP_NUM_THREADS=1 ") + "FAVOR_NUM_THREADS=1 " + FAVOR_MPIEXEC + " 3");
+  }
+  // The largest |a - b| over the largest |b|.
+  static double error(const Tensor& a, const Tensor& b) {
+    double diff = 0.0, top = 1e-30;
+    for (int64_t i = 0; i < b.numel(); ++i) {
+      diff = std::max(diff, std::abs(double(a.data()[i]) - b.data()[i]));
+      top = std::max(top, std::abs(double(b.data()[i])));
+    }
+    return diff / top;
+  }
+  void expect_same_as_single_process(const std::string& args) {
+    const Result one = run_cli("attention " + args + " --out " + path("y1.npy"));
+    ASSERT_EQ(one.code, 0) << one.err;
+    const Result three = run_mpi(args + " --out " + path("y3.npy"));
+    ASSERT_EQ(three.code, 0) << args << "\n" << three.err;
+    EXPECT_NE(three.out.find("3 ranks"), std::string::npos) << three.out;
+    EXPECT_NE(three.out.find("bytes of states"), std::string::npos) << three.out;
+    const Tensor y1 = read("y1.npy"), y3 = read("y3.npy");
+    ASSERT_EQ(y1.shape(), y3.shape()) << args;
+    EXPECT_LE(error(y3, y1), kTolerance) << args;
+    // The same header: the file is one .npy of the single-process rank and shape.
+    EXPECT_EQ(slurp("y1.npy").substr(0, 128), slurp("y3.npy").substr(0, 128)) << args;
+  }
+  // Exit 2, one error line from favor containing `fragment`, no output, no temporaries.
+  void expect_failure(const std::string& args, const std::string& fragment) {
+    const Result r = run_mpi(args + " --out " + path("bad.npy"));
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    size_t lines = 0;
+    for (size_t at = r.err.find("favor: error:"); at != std::string::npos;
+         at = r.err.find("favor: error:", at + 1))
+      ++lines;
+    EXPECT_EQ(lines, 1u) << r.err;
+    EXPECT_NE(r.err.find(fragment), std::string::npos) << args << "\n" << r.err;
+    EXPECT_FALSE(std::filesystem::exists(path("bad.npy")));
+    for (const auto& entry : std::filesystem::directory_iterator(dir))
+      EXPECT_EQ(entry.path().string().find(".partial-"), std::string::npos) << entry.path();
+  }
+};
+
+TEST_F(CliDistributed, OutputEqualsSingleProcess) {
+  write_qkv(40);  // slices of 13, 13, 14 rows
+  std::vector<int64_t> mask_shape{2, 40};
+  std::vector<uint8_t> mask(80);
+  for (size_t j = 0; j < mask.size(); ++j) mask[j] = j % 7 != 2;
+  write_bytes("m.npy", cli::encode_npy("|b1", mask_shape, mask.data(), mask.size()));
+  write("q25.npy", random_tensor({2, 3, 25, 8}, 4, 1.0));
+  const std::vector<double> v64(v.values().begin(), v.values().end());  // float64 values
+  write_bytes("v64.npy", cli::encode_npy("<f8", {2, 3, 40, 5}, v64.data(), 8 * v64.size()));
+  expect_same_as_single_process(qkv() + " --key-mask " + path("m.npy"));
+  expect_same_as_single_process(qkv() + " --causal --decay 0.9,0.95,1 --kernel hyperbolic");
+  expect_same_as_single_process(qkv() + " --kernel favorsharp --features 32");  // fit over ranks
+  expect_same_as_single_process("--q " + path("q25.npy") + " --k " + path("k.npy") + " --v " +
+                                path("v64.npy") + " --key-mask " + path("m.npy"));
+  write("q2.npy", q, true);  // 2-D inputs [N, D]
+  write("k2.npy", k, true);
+  write("v2.npy", v, true);
+  write_bytes("m2.npy", cli::encode_npy("|b1", {40}, mask.data(), 40));  // [Nk]
+  expect_same_as_single_process("--q " + path("q2.npy") + " --k " + path("k2.npy") + " --v " +
+                                path("v2.npy") + " --causal --scale 0.5 --key-mask " +
+                                path("m2.npy"));
+}
+
+TEST_F(CliDistributed, ErrorsExitTwoOnEveryRankAndLeaveNoFile) {
+  write_qkv(40);
+  write("v30.npy", random_tensor({2, 3, 30, 5}, 5));
+  write("k7.npy", random_tensor({2, 3, 40, 7}, 6));
+  const std::string qk = "--q " + path("q.npy") + " --k " + path("k.npy");
+  expect_failure(qk + " --v " + path("v30.npy"), "k and v must share N");
+  expect_failure("--q " + path("q.npy") + " --k " + path("k7.npy") + " --v " + path("v.npy"),
+                 "same head dim D");
+  expect_failure(qk + " --v " + path("missing.npy"), "cannot open");
+  expect_failure(qkv() + " --method exact", "only --method favor");
+  const Result r = run_mpi(qkv() + " --out " + path("no/such/dir/y.npy"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("cannot create output"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace favor::testing

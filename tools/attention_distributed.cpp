@@ -1,0 +1,235 @@
+// favor attention --distributed: sequence-parallel FAVOR attention over the ranks of mpirun.
+// Rank r reads rows [N r / P, N (r + 1) / P) of q, k, v (and its keys' mask columns) by byte
+// offset, the ranks exchange only per-head states (favor::distributed), and every rank writes
+// its rows of the one output file at their offsets with MPI-IO, so that no rank ever holds
+// more than its slice (gathering to rank 0 would need the whole output in one memory, which is
+// what splitting the sequence avoids). The file is a temporary beside --out, created with its
+// header by rank 0 and renamed into place by rank 0 once every rank has written; a failure on
+// any rank becomes the same error on every rank (rank 0 prints it, every rank exits 2) and
+// the temporary is removed.
+#include <fmt/core.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <iostream>
+#include <optional>
+
+#include "attention_args.hpp"
+#include "commands.hpp"
+#include "favor/distributed.hpp"
+#include "npy_slice.hpp"
+
+namespace favor::cli {
+namespace {
+
+// MPI for the command's lifetime; funneled: favor's OpenMP threads make no MPI calls.
+class MpiSession {
+ public:
+  MpiSession() {
+    int initialized = 0, provided = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  }
+  ~MpiSession() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+};
+
+// Every rank learns every rank's error text; if any is not empty, every rank throws the first
+// (naming its rank unless every rank failed alike).
+void fail_together(distributed::MpiExchange& ex, const std::string& mine) {
+  const std::vector<std::string> all = ex.allgather_text(mine);
+  int first = -1, failed = 0;
+  bool alike = true;
+  for (int r = 0; r < ex.size(); ++r) {
+    if (all[r].empty()) continue;
+    if (first < 0) first = r;
+    alike = alike && all[r] == all[first];
+    ++failed;
+  }
+  if (failed == 0) return;
+  std::string message = all[first];
+  if (!(alike && failed == ex.size())) {
+    message += fmt::format(" (rank {} of {}", first, ex.size());
+    if (failed > 1) message += fmt::format("; {} more rank(s) failed", failed - 1);
+    message += ")";
+  }
+  throw Error(message);
+}
+
+// Runs a step that may fail on some ranks only, then agrees on the outcome.
+template <class Step>
+void together(distributed::MpiExchange& ex, Step&& step) {
+  std::string error;
+  try {
+    step();
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (error.empty()) error = "failed";
+  }
+  fail_together(ex, error);
+}
+
+// This rank's part of the inputs.
+struct Slices {
+  RowsFile qf, kf, vf;
+  distributed::Slice qs, ks;
+  Tensor q, k, v;
+  std::vector<uint8_t> mask;
+};
+
+Slices read_slices(const AttentionArgs& a, int rank, int size) {
+  if (a.method != "favor") {
+    throw Error("--distributed: only --method favor runs sequence-parallel (got --method " +
+                a.method + ")");
+  }
+  parse_kernel(a.kernel, "--kernel");  // a bad name fails before any file is read
+  Slices s{
+      open_rows(a.q, "--q"), open_rows(a.k, "--k"), open_rows(a.v, "--v"), {}, {}, {}, {}, {}, {}};
+  if (s.qf.rank != s.kf.rank || s.qf.rank != s.vf.rank)
+    throw Error("--q, --k, --v: must all be 2-D or all be 4-D");
+  const Shape4 &qs = s.qf.shape, &ks = s.kf.shape, &vs = s.vf.shape;
+  if (qs[0] != ks[0] || qs[1] != ks[1] || vs[0] != ks[0] || vs[1] != ks[1] || vs[2] != ks[2]) {
+    throw Error("--q, --k, --v: shapes " + shape_string(qs) + ", " + shape_string(ks) + ", " +
+                shape_string(vs) + " must share B and H, and k and v must share N");
+  }
+  if (a.causal && qs[2] != ks[2]) {
+    throw Error("--causal: q has N = " + std::to_string(qs[2]) +
+                " and k has N = " + std::to_string(ks[2]) + "; causal attention needs the same N");
+  }
+  s.qs = distributed::even_slice(qs[2], rank, size);
+  s.ks = distributed::even_slice(ks[2], rank, size);
+  s.q = read_rows(s.qf, s.qs.begin, s.qs.end);
+  s.k = read_rows(s.kf, s.ks.begin, s.ks.end);
+  s.v = read_rows(s.vf, s.ks.begin, s.ks.end);
+  if (!a.key_mask.empty()) {
+    s.mask = read_mask_columns(a.key_mask, s.kf.rank, ks[0], ks[2], s.ks.begin, s.ks.end);
+  }
+  return s;
+}
+
+// Writes this rank's rows of y [B, H, nq_r, Dv] into the output file `path` (whose header of
+// `header` bytes is already there; the whole sequence has nq rows). Collective.
+void write_rows(const std::string& path, size_t header, const Tensor& y,
+                const distributed::Slice& qs, int64_t nq) {
+  MPI_File file;
+  int rc = MPI_File_open(MPI_COMM_WORLD, path.c_str(), MPI_MODE_WRONLY, MPI_INFO_NULL, &file);
+  const auto check = [&path](int code, const char* what) {
+    if (code == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(code, text, &length);
+    throw Error("--out: " + path + ": " + what + " failed (" + std::string(text, length) + ")");
+  };
+  check(rc, "MPI_File_open");
+  const Shape4& s = y.shape();
+  const int64_t run = qs.size() * s[3];             // floats of one (batch, head)
+  constexpr int64_t kMaxFloats = int64_t{1} << 28;  // MPI counts are int: 1 GiB pieces
+  for (int64_t bh = 0; bh < s[0] * s[1] && rc == MPI_SUCCESS; ++bh) {
+    const int64_t first = (bh * nq + qs.begin) * s[3];
+    for (int64_t done = 0; done < run && rc == MPI_SUCCESS; done += kMaxFloats) {
+      const auto count = static_cast<int>(std::min(kMaxFloats, run - done));
+      rc = MPI_File_write_at(file, static_cast<MPI_Offset>(header + 4 * (first + done)),
+                             y.data() + bh * run + done, count, MPI_FLOAT, MPI_STATUS_IGNORE);
+    }
+  }
+  const int sync = MPI_File_sync(file);  // collective, as is the close
+  const int close = MPI_File_close(&file);
+  check(rc, "MPI_File_write_at");
+  check(sync, "MPI_File_sync");
+  check(close, "MPI_File_close");
+}
+
+// One line on rank 0: the ranks, their slices and what each sent.
+void print_summary(distributed::MpiExchange& ex, const Slices& s, const SequenceParallelStats& st,
+                   double seconds, int64_t bytes) {
+  const std::vector<int64_t> all = ex.allgather(
+      {st.payload_bytes, bytes, static_cast<int64_t>(seconds * 1e6), st.zero_rows, s.qs.size()});
+  if (ex.rank() != 0) return;
+  int64_t payload = 0, sent = 0, micros = 0, zero_rows = 0, rows_min = INT64_MAX, rows_max = 0;
+  for (int r = 0; r < ex.size(); ++r) {
+    payload = std::max(payload, all[5 * r]);
+    sent = std::max(sent, all[5 * r + 1]);
+    micros = std::max(micros, all[5 * r + 2]);
+    zero_rows += all[5 * r + 3];
+    rows_min = std::min(rows_min, all[5 * r + 4]);
+    rows_max = std::max(rows_max, all[5 * r + 4]);
+  }
+  if (zero_rows > 0) {
+    std::cerr << "favor: note: " << zero_rows
+              << " query rows had no visible key or a non-positive denominator and were written "
+                 "as zeros\n";
+  }
+  std::cout << fmt::format(
+      "favor attention --distributed: {} ranks, Nq = {}, Nk = {} ({}-{} query rows per rank); "
+      "per rank: {} bytes of states and fits, {} bytes in MPI calls, {:.3f} ms in MPI calls "
+      "(largest over ranks)\n",
+      ex.size(), s.qf.shape[2], s.kf.shape[2], rows_min, rows_max, payload, sent, micros / 1e3);
+}
+
+void run(const AttentionArgs& a, distributed::MpiExchange& ex) {
+  std::optional<Slices> s;
+  std::optional<FeatureMap> map;
+  AttentionOptions o;
+  StagedOutputs outputs;  // rank 0's files; their temporaries go if anything fails
+  together(ex, [&] {
+    s.emplace(read_slices(a, ex.rank(), ex.size()));
+    map.emplace(attention_feature_map(a, s->qf.shape));
+    o.causal = a.causal;
+    o.decay = attention_decay(a, s->qf.shape[1]);
+    if (ex.rank() == 0 && !a.projection.save.empty()) {
+      const Projection& w = map->projection;
+      outputs.stage(a.projection.save, encode_npy_f32({w.m(), w.d()}, w.data()),
+                    "--save-projection");
+    }
+  });
+  if (!a.key_mask.empty())
+    o.key_mask = KeyMaskView::contiguous(s->mask.data(), s->kf.shape[0], s->ks.size());
+  const Shape4& qs = s->qf.shape;
+  Tensor y({qs[0], qs[1], s->qs.size(), s->vf.shape[3]});
+  ex.reset_counters();
+  // Every rank throws the same favor::Error when a rank's inputs are refused or disagree.
+  const SequenceParallelStats st =
+      sequence_parallel_attention(s->q, s->k, s->v, *map, y.mutable_view(), o, ex);
+  const double seconds = ex.seconds();
+  const int64_t bytes = ex.bytes();
+
+  const std::vector<int64_t> out_shape =
+      s->qf.rank == 2 ? std::vector<int64_t>{qs[2], s->vf.shape[3]}
+                      : std::vector<int64_t>{qs[0], qs[1], qs[2], s->vf.shape[3]};
+  const char no_data = 0;  // the header alone: the ranks write the data
+  const std::string header = encode_npy("<f4", out_shape, &no_data, 0);
+  together(ex, [&] {
+    if (ex.rank() == 0) outputs.stage(a.out, header, "--out");
+  });
+  const std::string temp = ex.allgather_text(ex.rank() == 0 ? outputs.last_temp() : "")[0];
+  together(ex, [&] { write_rows(temp, header.size(), y, s->qs, qs[2]); });
+  together(ex, [&] {
+    if (ex.rank() == 0) outputs.commit();
+  });
+  print_summary(ex, *s, st, seconds, bytes);
+}
+
+}  // namespace
+
+void run_distributed_attention(const AttentionArgs& a) {
+  MpiSession session;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  try {
+    distributed::MpiExchange ex(MPI_COMM_WORLD);
+    run(a, ex);
+  } catch (const std::exception& e) {
+    // Every rank has the same error. Rank 0 prints it now, before MPI_Finalize: mpirun may
+    // end the job as soon as a rank has exited with a nonzero code.
+    if (rank == 0) std::cerr << "favor: error: " << e.what() << std::endl;
+    throw AlreadyReported();
+  }
+}
+
+}  // namespace favor::cli
