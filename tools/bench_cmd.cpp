@@ -13,6 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "alloc_tracker.hpp"
+#ifdef FAVOR_WITH_MPI
+#include "bench_distributed.hpp"
+#endif
 #include "cli_common.hpp"
 #include "commands.hpp"
 #include "cost_model.hpp"
@@ -38,6 +41,8 @@ struct BenchArgs {
   int64_t vq_codes = 256, vq_block = 32;  // favor's default L (cpu::kVQBlock)
   int repeats = 5;
   double min_time = 0.3;
+  int64_t distributed_n = 262144, distributed_weak_n = 262144;
+  std::vector<int> distributed_ranks{1, 2, 4};
   bool has(const std::string& section) const {
     return std::find(sections.begin(), sections.end(), section) != sections.end();
   }
@@ -134,6 +139,8 @@ class Bench {
     }
     section_ = "vq";
     if (a_.has("vq")) vq_section();
+    section_ = "distributed";
+    if (a_.has("distributed")) distributed();
     section_ = "decode";
     if (a_.has("decode") && !a_.decode_positions.empty()) {
       decode_row(a_.decode_positions.front(),
@@ -145,6 +152,26 @@ class Bench {
   const nlohmann::json& records() const { return records_; }
 
  private:
+  // Sequence-parallel attention over 1, 2, 4 MPI ranks (tools/bench_distributed.cpp).
+  void distributed() {
+#ifdef FAVOR_WITH_MPI
+    DistributedBenchArgs d;
+    d.n = a_.distributed_n;
+    d.weak_n = a_.distributed_weak_n;
+    d.ranks = a_.distributed_ranks;
+    d.bh = a_.bh;
+    d.d = a_.d;
+    d.m = a_.m;
+    d.threads = num_threads();
+    d.json = a_.json;
+    for (auto& r : distributed_section(d)) records_.push_back(std::move(r));
+#else
+    throw Error(
+        "--sections distributed: this favor was built without MPI (install "
+        "libopenmpi-dev and rebuild)");
+#endif
+  }
+
   Problem problem(int64_t bh, int64_t n, std::optional<Kernel> kernel = {}) const {
     return {bh, n, a_.d, a_.d, a_.m, feature_count(kernel.value_or(kernel_), a_.m)};
   }
@@ -613,6 +640,11 @@ void run(const BenchArgs& a) {
                 std::to_string(shortest) +
                 "]: the codes are keys of each head at the shortest --vq-lengths (and 4096)");
   }
+  for (int p : a.distributed_ranks) {
+    if (p < 1) throw Error("--distributed-ranks: " + std::to_string(p) + " must be >= 1");
+  }
+  if (a.distributed_n < 1 || a.distributed_weak_n < 1)
+    throw Error("--distributed-n, --distributed-weak-n: must be >= 1");
   for (int64_t pos : a.decode_positions) {
     if (pos < 0) throw Error("--decode-positions: " + std::to_string(pos) + " must be >= 0");
   }
@@ -668,10 +700,21 @@ void add_bench_command(CLI::App& app) {
                   "longest N), scaling (1 thread vs all), decode, backward, estimators "
                   "(each --estimators kernel vs positive), maps (feature weights, learned and "
                   "Hedgehog maps, decay vs FAVOR+) and vq (Transformer-VQ vs FAVOR+ and exact, "
-                  "forward and backward); maps and vq are not in the default run")
+                  "forward and backward) and distributed (sequence-parallel attention over "
+                  "mpirun's ranks: strong and weak scaling); maps, vq and distributed are not in "
+                  "the default run")
       ->capture_default_str()
-      ->check(CLI::IsMember(
-          {"sweep", "long", "scaling", "decode", "backward", "estimators", "maps", "vq"}));
+      ->check(CLI::IsMember({"sweep", "long", "scaling", "decode", "backward", "estimators", "maps",
+                             "vq", "distributed"}));
+  cmd->add_option("--distributed-n", a->distributed_n,
+                  "N of the distributed section's strong scaling (one sequence over P ranks)")
+      ->capture_default_str();
+  cmd->add_option("--distributed-weak-n", a->distributed_weak_n,
+                  "tokens per rank of the distributed section's weak scaling")
+      ->capture_default_str();
+  cmd->add_option("--distributed-ranks", a->distributed_ranks,
+                  "rank counts P of the distributed section (mpirun -np P)")
+      ->capture_default_str();
   cmd->add_option("--vq-lengths", a->vq_lengths,
                   "N of the vq section (N = 4096, seed 002's setting, is always added)")
       ->capture_default_str();
@@ -689,6 +732,9 @@ void add_bench_command(CLI::App& app) {
                   "timed repeats per row (median); runs over 1 s are timed once")
       ->capture_default_str();
   cmd->callback([a] { run(*a); });
+#ifdef FAVOR_WITH_MPI
+  add_distributed_bench_rank_command(app);  // the hidden command each rank runs
+#endif
 }
 
 }  // namespace favor::cli

@@ -129,8 +129,8 @@ nlohmann::json launch(const DistributedBenchArgs& a, int ranks, int64_t n, bool 
   }
   const int status = pclose(pipe.release());
   if (status != 0 || record.is_null()) {
-    throw Error("bench --sections distributed: mpirun failed (" + cmd + "): " +
-                output.substr(0, 400));
+    throw Error("bench --sections distributed: mpirun failed (" + cmd +
+                "): " + output.substr(0, 400));
   }
   return record;
 }
@@ -183,9 +183,8 @@ nlohmann::json distributed_section(const DistributedBenchArgs& a) {
             "{:>7} {:>4} {:>6} {:>8} {:>2} {:>3} {:>9.3f} {:>7.2f}x {:>8.1f} {:>10.3f} {:>8.1f}% "
             "{:>10}\n",
             c.scaling, c.backward ? "bwd" : "fwd", c.causal ? "yes" : "no", n, ranks,
-            r["threads"].get<int>(), seconds, r["speedup"].get<double>(),
-            r["gflops"].get<double>(), 1e3 * r["collective_seconds"].get<double>(),
-            100.0 * r["mpi_share"].get<double>(),
+            r["threads"].get<int>(), seconds, r["speedup"].get<double>(), r["gflops"].get<double>(),
+            1e3 * r["collective_seconds"].get<double>(), 100.0 * r["mpi_share"].get<double>(),
             static_cast<int64_t>(r["payload_bytes_per_rank"].get<double>()));
         std::fflush(stdout);
       }

@@ -11,8 +11,8 @@
 namespace favor::cli {
 
 struct DistributedBenchArgs {
-  int64_t n = 262144;             ///< strong scaling: tokens of the one sequence
-  int64_t weak_n = 262144;        ///< weak scaling: tokens per rank
+  int64_t n = 262144;       ///< strong scaling: tokens of the one sequence
+  int64_t weak_n = 262144;  ///< weak scaling: tokens per rank
   int64_t bh = 8, d = 64, m = 256;
   std::vector<int> ranks{1, 2, 4};
   int threads = 1;  ///< cores to share: each rank gets max(1, threads / P) favor threads
