@@ -118,6 +118,16 @@ def split_loss(model, x, y, rank, size, exchange):
                            reduction="sum") / x.shape[1]
 
 
+def sum_gradients(model):
+    """Every parameter's gradient summed over ranks (each rank held its share), in one
+    all_reduce of the gradients laid end to end."""
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
+
+
 def check_first_step(model, x, y, loss, rank):
     """Rank 0: the whole window through favor.torch.attention in one process, against the
     split loss and the summed gradients (already in model's .grad)."""
@@ -163,8 +173,7 @@ def train(rank, size, args):
         opt.zero_grad(set_to_none=True)
         loss = split_loss(model, x, y, rank, size, exchange)
         loss.backward()
-        for p in model.parameters():  # every rank held its share: sum them
-            dist.all_reduce(p.grad)
+        sum_gradients(model)
         total = loss.detach().clone()
         dist.all_reduce(total)
         if args.check and step == 0:
