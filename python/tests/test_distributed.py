@@ -14,6 +14,11 @@ within about (N + F) eps32 of exact for these well-conditioned inputs, so they d
 most 2 (N + F) eps32 relative to the largest reference entry (N positions, F features per
 row; 7.9e-6 to 1.2e-5 here; measured at most 3e-6).
 
+In this process: one rank with a trivial exchange equals favor.attention bit for bit; three
+ranks as threads (ThreadExchange: each collective evaluates its definition) equal one process;
+the GIL is released during a call; Python exceptions and malformed results of an exchange's
+methods; StateBlock and combine_states.
+
 Run: cd python/tests && PYTHONPATH=<build>/python python3 -m pytest -q test_distributed.py
 """
 import json
@@ -22,6 +27,8 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -286,3 +293,152 @@ def test_call_errors_without_other_ranks():
         fd.attention(q, q, q, exchange=Solo(), group=object())
     with pytest.raises(favor.Error, match="exchange: must be"):
         fd.attention_numpy(q.numpy(), q.numpy(), q.numpy(), exchange=None)
+
+
+class Hub:
+    """What the ThreadExchanges of one group share: a barrier and a slot per rank."""
+
+    def __init__(self, size):
+        self.size, self.slots = size, [None] * size
+        self.barrier = threading.Barrier(size, timeout=60)  # a hang raises, not blocks
+
+
+class ThreadExchange(fd.Exchange):
+    """Ranks as Python threads of one process: every collective gathers every rank's value
+    and evaluates its definition (states combined one by one in rank order)."""
+
+    def __init__(self, hub, rank):
+        super().__init__()
+        self.hub, self._rank = hub, rank
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self.hub.size
+
+    def _gather(self, x):
+        self.hub.slots[self._rank] = x
+        self.hub.barrier.wait()
+        out = list(self.hub.slots)
+        self.hub.barrier.wait()
+        return out
+
+    def allgather(self, values):
+        return np.concatenate(self._gather(np.array(values)))
+
+    def allgather_text(self, text):
+        return self._gather(text)
+
+    def allreduce_sum(self, values):
+        values[:] = np.sum(self._gather(values.copy()), axis=0)
+
+    @staticmethod
+    def _combined(parts, record_bytes):
+        acc = parts[0].copy()
+        for part in parts[1:]:
+            later = part.copy()
+            fd.combine_states(acc, later, record_bytes)
+            acc = later
+        return acc
+
+    def allreduce_states(self, block):
+        block.bytes[:] = self._combined(self._gather(block.bytes.copy()), block.record_bytes)
+
+    def exscan_states(self, block, reverse):
+        parts = self._gather(block.bytes.copy())
+        before = parts[self._rank + 1:][::-1] if reverse else parts[:self._rank]
+        if before:
+            block.bytes[:] = self._combined(before, block.record_bytes)
+        else:
+            block.clear()
+
+
+def _as_threads(lengths, call):
+    """call(rank, exchange, a, b) in one thread per rank; the results in rank order."""
+    hub = Hub(len(lengths))
+    offsets = np.cumsum([0, *lengths])
+    out, errors = [None] * len(lengths), []
+
+    def work(r):
+        try:
+            out[r] = call(r, ThreadExchange(hub, r), offsets[r], offsets[r + 1])
+        except Exception as e:  # noqa: BLE001  reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(lengths))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kernel", ["positive", "hedgehog"])
+def test_threads_as_ranks_equal_one_process(kernel, causal, single_thread):
+    """Three ranks (5 + 0 + 9 positions) as threads of this process, the numpy API with a
+    learned map (and decay when causal) and its parameter gradients."""
+    lengths = [5, 0, 9]
+    rng = np.random.default_rng(3)
+    q, k, v, dy = [(0.6 * rng.standard_normal((2, 2, 14, 6))).astype(np.float32)
+                   for _ in range(4)]
+    fm = favor.FeatureMap.learnable(kernel, M, 6, heads=2, seed=1)
+    fm.bias[:] = 0.1 * rng.standard_normal(fm.bias.shape)
+    kw = dict(causal=causal, feature_map=fm, decay=[0.9, 0.8] if causal else None)
+    y0 = favor.attention(q, k, v, **kw)
+    g0 = favor.attention_backward(q, k, v, dy, parameter_grads=True, **kw)
+
+    def call(r, ex, a, b):
+        s = lambda x: x[:, :, a:b]
+        return (fd.attention_numpy(s(q), s(k), s(v), exchange=ex, **kw),
+                fd.attention_backward_numpy(s(q), s(k), s(v), s(dy), exchange=ex,
+                                            parameter_grads=True, **kw))
+
+    out = _as_threads(lengths, call)
+    tol = 2 * (sum(lengths) + 2 * M) * EPS32
+    rel = lambda a, b: np.abs(a - b).max() / np.abs(b).max()
+    assert rel(np.concatenate([o[0] for o in out], axis=2), y0) <= tol
+    for i in range(3):
+        assert rel(np.concatenate([o[1][i] for o in out], axis=2), g0[i]) <= tol, i
+    for i in range(3, 7):
+        if g0[i] is not None:
+            assert rel(sum(o[1][i] for o in out), g0[i]) <= tol, i
+
+
+def test_the_gil_is_released_during_the_call(single_thread):
+    """Another Python thread runs while one rank computes (causal, N = 8192, m = 256: ~0.1
+    s), as in test_gil.py: with the switch interval far above the call's length, a call that
+    kept the GIL (its exchange's methods run Python without blocking) could not be
+    interrupted, and the counter would never see the call in flight."""
+    rng = np.random.default_rng(0)
+    q, k, v = [rng.standard_normal((1, 4, 8192, 64)).astype(np.float32) * 0.3 for _ in range(3)]
+    state = {"inside": False, "stop": False, "count": 0}
+
+    def counter():
+        while not state["stop"]:
+            if state["inside"]:
+                state["count"] += 1
+            time.sleep(0.0005)
+
+    def caller():
+        state["inside"] = True
+        try:
+            state["result"] = fd.attention_numpy(q, k, v, exchange=Solo(), causal=True,
+                                                 features=256)
+        finally:
+            state["inside"] = False
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    try:
+        threads = [threading.Thread(target=counter), threading.Thread(target=caller)]
+        threads[0].start()
+        threads[1].start()
+        threads[1].join()
+        state["stop"] = True
+        threads[0].join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert "result" in state and state["count"] > 0
