@@ -165,8 +165,8 @@ def error_case(name, rank, size, lengths, exchange_kw):
     return {"raised": None}
 
 
-ERROR_CASES = ("shape_mismatch", "invalid_slice", "option_mismatch", "python_error", "binding_error",
-               "causal_mismatch")
+ERROR_CASES = ("shape_mismatch", "invalid_slice", "option_mismatch", "python_error",
+               "binding_error", "causal_mismatch")
 
 
 def _random_block(rank, heads, size, distance, seed):
