@@ -115,6 +115,7 @@ def attention_case(opts, rank, lengths, sum_over_ranks, exchange_kw):
 ATTENTION_CASES = {
     "positive": dict(),
     "positive_causal": dict(causal=True),
+    "trig": dict(kernel="trig", seed=14),
     "trig_causal": dict(kernel="trig", causal=True),
     "hyperbolic": dict(kernel="hyperbolic", seed=1),
     "mask": dict(mask=True, seed=2),
