@@ -9,7 +9,8 @@ The numpy API mirrors the C++ library and the ``favor`` command line (same optio
 Arrays are ``[B, H, N, D]`` or ``[N, D]`` (one head). float32 arrays are used in place
 (strided views too); float64 is converted once. Outputs are new float32 arrays. Bad input
 raises :class:`favor.Error` (a ``ValueError``) with the C++ library's one-line message. The
-GIL is released while favor computes. PyTorch: ``favor.torch``. Docs: docs/python.md.
+GIL is released while favor computes. PyTorch: ``favor.torch``. One sequence split over
+processes (torch.distributed or mpi4py): ``favor.distributed``. Docs: docs/python.md.
 """
 from . import _core
 from ._core import AttentionContext, Error, KernelFit, Projection, build_info, kernel_info

@@ -1,12 +1,16 @@
 #pragma once
 // What the attention bindings (bind_attention.cpp with a projection, bind_feature_map.cpp
-// with a FeatureMap) share: q, k, v and the key mask checked and converted, dy checked
-// against them, and the forward call run into a new output with its optional saved context.
+// with a FeatureMap, bind_sequence_parallel.cpp) share: q, k, v and the key mask checked and
+// converted, dy checked against them, the forward call run into a new output with its
+// optional saved context, and the gradients returned as numpy arrays.
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "arrays.hpp"
+#include "options.hpp"
 
 namespace favor::python {
 
@@ -53,6 +57,60 @@ py::tuple run_attention(const AttentionInputs& c, bool save_context, Attend&& at
   py::object ctx = py::none();
   if (save_context && context->valid()) ctx = py::cast(std::move(context));
   return py::make_tuple(y, stats.zero_rows, ctx);
+}
+
+/// The options of a FeatureMap call: causal, the key mask of `c`, the decay.
+inline AttentionOptions map_options(bool causal, const AttentionInputs& c,
+                                    std::vector<double> decay) {
+  AttentionOptions o;
+  o.causal = causal;
+  o.key_mask = c.mask_view();
+  o.decay = std::move(decay);
+  return o;
+}
+
+/// Runs `f`, renaming the C++ argument "map" in its errors (renamed_map_error).
+template <class F>
+auto renaming_map(F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    throw renamed_map_error(e);
+  }
+}
+
+/// (dq, dk, dv, dw or None) of a Projection call, in the inputs' rank.
+inline py::tuple grads_tuple(AttentionGrads&& g, int rank) {
+  py::object dw = py::none();
+  if (!g.dw.empty()) {
+    const int64_t d = g.dq.shape()[3];
+    const auto m = static_cast<py::ssize_t>(g.dw.size()) / d;
+    dw = to_array(std::move(g.dw), {m, d});
+  }
+  return py::make_tuple(to_array(std::move(g.dq), rank), to_array(std::move(g.dk), rank),
+                        to_array(std::move(g.dv), rank), dw);
+}
+
+/// (dq, dk, dv, dw, dbias, dlambda, ddecay) of a FeatureMap call, None for the parameter
+/// gradients not computed: dw [heads, m, D] with per-head weights, else [m, D].
+inline py::tuple map_grads_tuple(AttentionGrads&& g, const FeatureMap& map, int rank) {
+  const auto or_none = [](std::vector<float>&& v, std::vector<py::ssize_t> shape) -> py::object {
+    if (v.empty()) return py::none();
+    return to_array(std::move(v), std::move(shape));
+  };
+  const int64_t m = map.m(), d = map.d(), sets = map.heads;
+  std::vector<py::ssize_t> dw_shape{m, d};
+  if (!map.weights.empty()) dw_shape = {sets, m, d};
+  py::object ddecay = py::none();
+  if (!g.ddecay.empty()) {
+    py::array_t<double> a(static_cast<py::ssize_t>(g.ddecay.size()));
+    std::memcpy(a.mutable_data(), g.ddecay.data(), sizeof(double) * g.ddecay.size());
+    ddecay = std::move(a);
+  }
+  return py::make_tuple(to_array(std::move(g.dq), rank), to_array(std::move(g.dk), rank),
+                        to_array(std::move(g.dv), rank), or_none(std::move(g.dw), dw_shape),
+                        or_none(std::move(g.dbias), {sets, m}),
+                        or_none(std::move(g.dlambda), {sets, m}), ddecay);
 }
 
 }  // namespace favor::python

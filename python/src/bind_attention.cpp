@@ -24,17 +24,6 @@ ExactOptions exact_options(bool causal, std::optional<double> scale, const Atten
   return o;
 }
 
-py::tuple grads_tuple(AttentionGrads&& g, int rank) {
-  py::object dw = py::none();
-  if (!g.dw.empty()) {
-    const int64_t d = g.dq.shape()[3];
-    const auto m = static_cast<py::ssize_t>(g.dw.size()) / d;
-    dw = to_array(std::move(g.dw), {m, d});
-  }
-  return py::make_tuple(to_array(std::move(g.dq), rank), to_array(std::move(g.dk), rank),
-                        to_array(std::move(g.dv), rank), dw);
-}
-
 /// A [N, D] array (or [1, 1, N, D]) for the metrics that take rows.
 TensorView rows(const Input& in, const std::string& name) {
   if (in.view.shape[0] != 1 || in.view.shape[1] != 1) {

@@ -64,29 +64,6 @@ py::object copy_or_none(const std::vector<float>& values, std::vector<py::ssize_
   return a;
 }
 
-/// Runs `f`, renaming the C++ argument "map" in its errors (renamed_map_error).
-template <class F>
-auto renaming_map(F&& f) {
-  try {
-    return f();
-  } catch (const Error& e) {
-    throw renamed_map_error(e);
-  }
-}
-
-AttentionOptions map_options(bool causal, const AttentionInputs& c, std::vector<double> decay) {
-  AttentionOptions o;
-  o.causal = causal;
-  o.key_mask = c.mask_view();
-  o.decay = std::move(decay);
-  return o;
-}
-
-py::object grads_or_none(std::vector<float>&& g, std::vector<py::ssize_t> shape) {
-  if (g.empty()) return py::none();
-  return to_array(std::move(g), std::move(shape));
-}
-
 }  // namespace
 
 void bind_feature_map(py::module_& m) {
@@ -146,20 +123,7 @@ void bind_feature_map(py::module_& m) {
                                             parameter_grads, context);
           });
         }
-        const int64_t mm = map.m(), d = map.d(), sets = map.heads;
-        std::vector<py::ssize_t> dw_shape{mm, d};
-        if (!map.weights.empty()) dw_shape = {sets, mm, d};
-        py::object ddecay = py::none();
-        if (!grads.ddecay.empty()) {
-          py::array_t<double> a(static_cast<py::ssize_t>(grads.ddecay.size()));
-          std::memcpy(a.mutable_data(), grads.ddecay.data(), sizeof(double) * grads.ddecay.size());
-          ddecay = std::move(a);
-        }
-        return py::make_tuple(
-            to_array(std::move(grads.dq), c.q.rank), to_array(std::move(grads.dk), c.q.rank),
-            to_array(std::move(grads.dv), c.q.rank), grads_or_none(std::move(grads.dw), dw_shape),
-            grads_or_none(std::move(grads.dbias), {sets, mm}),
-            grads_or_none(std::move(grads.dlambda), {sets, mm}), ddecay);
+        return map_grads_tuple(std::move(grads), map, c.q.rank);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("feature_map"),
       py::arg("causal") = false, py::arg("key_mask") = py::none(),

@@ -1,0 +1,57 @@
+"""The numpy API of sequence-parallel attention: favor.attention / attention_backward on
+this rank's slice, with an exchange (no torch needed with an MPIExchange)."""
+from .. import _core
+from ..api import (FeatureMapGrads, Grads, _batch_heads, _core_map, _decay, _head_dim)
+
+
+def _map(q, exchange, kernel, features, projection, norms, seed, scale, fit, feature_map,
+         feature_weights, decay):
+    """(the favor._core.FeatureMap of the call, its decay list); an error in them is refused
+    with the other ranks, who are in the C++ call."""
+    if not isinstance(exchange, _core.Exchange):
+        raise _core.Error(f"exchange: must be a favor.distributed.Exchange (MPIExchange, "
+                          f"TorchExchange or a subclass), not {type(exchange).__name__}")
+    try:
+        draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
+                    seed=seed, scale=scale, fit=fit)
+        fm = _core_map(_head_dim(q, "q"), feature_map, feature_weights, decay, draw, force=True,
+                       inputs=_batch_heads(q))
+        return fm, _decay(decay)
+    except ValueError as e:
+        _core.sequence_parallel_refuse(exchange, str(e))
+
+
+def attention_numpy(q, k, v, *, exchange, causal=False, kernel="positive", features=None,
+                    projection="orthogonal", norms="chi", seed=0, scale=None, key_mask=None,
+                    fit=None, feature_map=None, feature_weights=None, decay=None,
+                    full_output=False):
+    """This rank's slice of sequence-parallel FAVOR attention: favor.attention's arguments
+    (numpy arrays q [B, H, Nq_r, D], k [B, H, Nk_r, D], v [B, H, Nk_r, Dv], key_mask
+    [B, Nk_r] nonzero = the key takes part) for this rank's contiguous slice, and the
+    exchange over the ranks. Returns y [B, H, Nq_r, Dv]; full_output=True returns (y,
+    favor._core.SequenceParallelStats)."""
+    fm, gammas = _map(q, exchange, kernel, features, projection, norms, seed, scale, fit,
+                      feature_map, feature_weights, decay)
+    y, stats = _core.sequence_parallel_attention_map(q, k, v, fm, exchange, causal=causal,
+                                                     key_mask=key_mask, decay=gammas)
+    return (y, stats) if full_output else y
+
+
+def attention_backward_numpy(q, k, v, dy, *, exchange, causal=False, kernel="positive",
+                             features=None, projection="orthogonal", norms="chi", seed=0,
+                             scale=None, key_mask=None, fit=None, feature_map=None,
+                             feature_weights=None, decay=None, projection_grad=False,
+                             parameter_grads=False, full_output=False):
+    """The gradients of attention_numpy for dy [B, H, Nq_r, Dv] (this rank's output slice):
+    Grads(dq, dk, dv, dw) of this rank's slice (dw [m, D] with projection_grad, else None),
+    or with parameter_grads FeatureMapGrads(dq, dk, dv, dw, dbias, dlambda, ddecay). dw,
+    dbias, dlambda and ddecay are this rank's share: their sum over ranks is the gradient of
+    the whole sequence. full_output=True returns (grads, SequenceParallelStats)."""
+    fm, gammas = _map(q, exchange, kernel, features, projection, norms, seed, scale, fit,
+                      feature_map, feature_weights, decay)
+    *g, stats = _core.sequence_parallel_attention_map_backward(
+        q, k, v, dy, fm, exchange, causal=causal, key_mask=key_mask, decay=gammas,
+        parameter_grads=parameter_grads or projection_grad)
+    grads = FeatureMapGrads(*g) if parameter_grads else Grads(*g[:3],
+                                                              g[3] if projection_grad else None)
+    return (grads, stats) if full_output else grads
