@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
-#include <sstream>
+#include <optional>
 
+#include "core/agreement.hpp"
 #include "core/feature_map_params.hpp"
 #include "core/parameter_grads.hpp"
 #include "core/params.hpp"
@@ -23,26 +23,17 @@ namespace {
 
 constexpr double kEmpty = -std::numeric_limits<double>::infinity();
 
+constexpr const char* kWhat = "sequence-parallel attention";
+constexpr const char* kRule = "every rank must call with the same shapes (but N), options and map";
+
 // What every rank must agree on, in this order (the names for the message).
-const char* const kAgreed[] = {"batch B",    "heads H",
-                               "head dim D", "value dim Dv",
-                               "causal",     "kernel",
-                               "features F", "key mask presence",
-                               "scale",      "feature map (projection, learned parameters, fit)",
-                               "decay",      "parameter gradients"};
-constexpr int kAgreedCount = sizeof(kAgreed) / sizeof(kAgreed[0]);
-
-uint64_t bits_of(double x) {
-  uint64_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
-
-uint64_t hash_doubles(const std::vector<double>& xs) {
-  uint64_t h = 1469598103934665603ull;
-  for (double x : xs) h = (h ^ bits_of(x)) * 1099511628211ull;
-  return h;
-}
+const std::vector<detail::AgreedField> kAgreed = {
+    {"batch B", true},    {"heads H", true},
+    {"head dim D", true}, {"value dim Dv", true},
+    {"causal", false},    {"kernel", false},
+    {"features F", true}, {"key mask presence", false},
+    {"scale", false},     {"feature map (projection, learned parameters, fit)", false},
+    {"decay", false},     {"parameter gradients", false}};
 
 // One rank's validated call.
 struct Call {
@@ -52,48 +43,6 @@ struct Call {
   bool fit_over_ranks = false;  // FAVOR++ / FAVOR# fitted to the moments of every rank
   explicit Call(const FeatureMap& m) : map(m) {}
 };
-
-// Every rank learns whether any rank failed, and why; all of them then throw the same error.
-void agree_on_errors(Exchange& ex, const std::string& mine, SequenceParallelStats& st) {
-  const std::vector<std::string> all = ex.allgather_text(mine);
-  ++st.collectives;
-  std::ostringstream os;
-  int failed = 0;
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r].empty()) continue;
-    if (failed++ == 0) os << "rank " << r << ": " << all[r];
-  }
-  if (failed > 1) os << " (and " << failed - 1 << " more rank(s) refused their inputs)";
-  if (failed > 0) throw Error("sequence-parallel attention: " + os.str());
-}
-
-// Compares the agreed fields over ranks; returns every rank's (nq, nk).
-std::vector<int64_t> agree_on_call(Exchange& ex, const std::vector<int64_t>& mine,
-                                   SequenceParallelStats& st) {
-  const std::vector<int64_t> all = ex.allgather(mine);
-  ++st.collectives;
-  const size_t width = mine.size();
-  const size_t ranks = all.size() / width;
-  for (int f = 0; f < kAgreedCount; ++f) {
-    for (size_t r = 1; r < ranks; ++r) {
-      if (all[r * width + f] == all[f]) continue;
-      std::ostringstream os;
-      os << "sequence-parallel attention: the ranks disagree on the " << kAgreed[f] << " (rank 0";
-      if (f < 4 || f == 6)
-        os << ": " << all[f] << ", rank " << r << ": " << all[r * width + f];
-      else
-        os << " and rank " << r << " differ";
-      os << "); every rank must call with the same shapes (but N), options and map";
-      throw Error(os.str());
-    }
-  }
-  std::vector<int64_t> lengths;
-  for (size_t r = 0; r < ranks; ++r) {
-    lengths.push_back(all[r * width + kAgreedCount]);
-    lengths.push_back(all[r * width + kAgreedCount + 1]);
-  }
-  return lengths;
-}
 
 // Validates this rank's inputs and resolves the map (a FAVOR++ / FAVOR# map without a fit
 // with a stand-in fit: the real one needs the other ranks).
@@ -137,9 +86,9 @@ std::vector<int64_t> call_fields(const Call& c, const AttentionOptions& options,
           static_cast<int64_t>(c.map.kernel),
           c.map.features(),
           options.key_mask ? 1 : 0,
-          static_cast<int64_t>(bits_of(c.resolved.scale)),
+          static_cast<int64_t>(detail::bits_of(c.resolved.scale)),
           static_cast<int64_t>(map_hash),
-          static_cast<int64_t>(hash_doubles(options.decay)),
+          static_cast<int64_t>(detail::hash_doubles(options.decay)),
           grads ? 1 : 0,
           c.s.nq,
           c.s.nk};
@@ -178,16 +127,11 @@ Call prepare(const TensorView& q, const TensorView& k, const TensorView& v, cons
     error = e.what();
     if (error.empty()) error = "invalid input";
   }
-  agree_on_errors(ex, error, st);
+  detail::agree_on_errors(ex, error, kWhat, st);
   Call& c = *call;
-  const std::vector<int64_t> lengths = agree_on_call(ex, call_fields(c, options, grads), st);
-  for (int r = 0; r < ex.rank(); ++r) st.offset += lengths[2 * r + 1];
-  for (size_t r = 0; r < lengths.size() / 2; ++r) st.total += lengths[2 * r + 1];
-  if (options.causal) {  // causal slices cover the same positions for queries and keys
-    int64_t q_offset = 0;
-    for (int r = 0; r < ex.rank(); ++r) q_offset += lengths[2 * r];
-    if (q_offset != st.offset) throw Error("sequence-parallel attention: causal slices differ");
-  }
+  const std::vector<int64_t> lengths =
+      detail::agree_on_fields(ex, call_fields(c, options, grads), kAgreed, kWhat, kRule, st);
+  detail::slice_positions(lengths, ex.rank(), options.causal, kWhat, st);
   fit_over_ranks(c, q, k, options, ex, st);
   return std::move(c);
 }

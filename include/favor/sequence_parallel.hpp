@@ -16,6 +16,7 @@
 #include "favor/feature_map.hpp"
 #include "favor/projection.hpp"
 #include "favor/tensor.hpp"
+#include "favor/vq.hpp"
 
 namespace favor {
 
@@ -138,5 +139,35 @@ AttentionGrads sequence_parallel_attention_backward(TensorView q, TensorView k, 
                                                     Exchange& exchange,
                                                     bool with_projection_grad = false,
                                                     SequenceParallelStats* stats = nullptr);
+
+/// Transformer-VQ attention (favor/vq.hpp) over a sequence split into slices across the
+/// ranks, with the contract of sequence_parallel_attention (slices of any length, also 0;
+/// causal: Nq_r = Nk_r; the same validation and agreement, on the shapes but N, causal, the
+/// codebook's values, scale, tau and mask presence; VQOptions::block need not agree, the
+/// result does not depend on it). What crosses: the per-code sums [Delta^T V | Delta^T 1] of
+/// the keys, B H c (Dv + 1) floats, plain sums of key weights in [0, 1] that need no
+/// stabiliser (bidirectional: allreduce; causal: exclusive scan of StateBlock records with
+/// max 0, which combine_states adds). The result equals vq_attention on the concatenated
+/// sequence to float rounding.
+SequenceParallelStats sequence_parallel_vq_attention(TensorView q, TensorView k, TensorView v,
+                                                     TensorView codebook, MutableTensorView out,
+                                                     const VQOptions& options, Exchange& exchange);
+
+/// The backward pass of sequence_parallel_vq_attention (dy of this rank's queries): dq, dk,
+/// dv of this rank's slice, exact as vq_attention_backward's (hard VQ: the straight-through
+/// dk), and with with_codebook_grad this rank's share of dL/dC, [1, Hc, c, D]: the logit part
+/// of its queries plus (soft VQ) the assignment part of its keys; the sum of the shares over
+/// ranks is the gradient of the whole sequence. Communication: the key sums as in the
+/// forward pass, then the query-side per-code sums U = W^T dY and r = W^T delta (and for
+/// hard VQ the moments T = W^T vec(q dy^T), w = W^T (delta q) of every code): B H c (Dv + 1)
+/// floats soft, B H c (D + 1) (Dv + 1) hard; bidirectional an allreduce, causal a reverse
+/// exclusive scan (the later ranks' queries). Plain sums: the weights W are normalised
+/// attention weights in [0, 1]. Hard VQ sends every code's moments, so every code takes the
+/// moment route of the key gradient here (docs/vq.md).
+VQGrads sequence_parallel_vq_attention_backward(TensorView q, TensorView k, TensorView v,
+                                                TensorView dy, TensorView codebook,
+                                                const VQOptions& options, Exchange& exchange,
+                                                bool with_codebook_grad = false,
+                                                SequenceParallelStats* stats = nullptr);
 
 }  // namespace favor

@@ -49,8 +49,8 @@ void check_vq_options(double tau, int64_t block) {
 
 cpu::VQParams vq_params(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& codebook, const VQOptions& options,
-                        std::vector<float>& codebook_copy, AttentionShape* shape) {
-  const AttentionShape s = check_attention_inputs(q, k, v, options.causal, options.key_mask);
+                        std::vector<float>& codebook_copy, AttentionShape* shape, bool slices) {
+  const AttentionShape s = check_inputs(q, k, v, options.causal, options.key_mask, slices);
   check_codebook(codebook, s.heads, s.d);
   check_vq_options(options.tau, options.block);
   const double scale = resolve_scale(options.scale, s.d);

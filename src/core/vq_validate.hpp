@@ -24,9 +24,10 @@ void check_vq_options(double tau, int64_t block);
 
 /// Validates q, k, v, the mask, the codebook and the options together; fills the params
 /// (the codebook pointing into `codebook_copy`, which the caller keeps alive). The caller
-/// adds the output.
+/// adds the output. With slices, Nq = 0 and Nk = 0 are allowed (sequence-parallel attention).
 cpu::VQParams vq_params(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& codebook, const VQOptions& options,
-                        std::vector<float>& codebook_copy, AttentionShape* shape = nullptr);
+                        std::vector<float>& codebook_copy, AttentionShape* shape = nullptr,
+                        bool slices = false);
 
 }  // namespace favor::detail

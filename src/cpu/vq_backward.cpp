@@ -13,6 +13,10 @@
 // Time O(N c (d + dv)) (soft); hard adds sum_s min(2 N n_s (d + dv), 2 N d dv) for the key
 // gradient, at most O(N c d dv). Memory per thread O(tile (c + d dv) + c d dv),
 // independent of N (the direct keys number fewer than c d dv / (d + dv)).
+// Sequence parallel (favor/sequence_parallel.hpp): sweep 1 is replaced by the key sums of
+// every rank (fwd.init_states), sweep 2 writes its per-code states (code_sums_out) and
+// stops; sweep 3 runs in vq_backward_keys with the states summed over ranks. Every code then
+// takes the moment route (the other ranks' queries reach this rank's keys only that way).
 #include <algorithm>
 #include <vector>
 
@@ -34,7 +38,7 @@ struct Workspace {
   std::vector<float> vsum, n, logn, U, r, T, wsum;  // per-code states of the head
   std::vector<int32_t> z;
   KeyRoutes routes;  // hard VQ: direct or moment route of each code
-  Workspace(int64_t c, int64_t d, int64_t dv, bool hard, int64_t nk)
+  Workspace(int64_t c, int64_t d, int64_t dv, bool hard, int64_t nk, bool all_moments)
       : qt(kTile * d),
         kt(kTile * d),
         vt(kTile * dv),
@@ -54,8 +58,41 @@ struct Workspace {
         T(hard ? c * d * dv : 0),
         wsum(hard ? c * d : 0),
         z(kTile),
-        routes(c, d, dv, hard ? kTile : 0, hard ? nk : 0) {}
+        routes(c, d, dv, hard ? kTile : 0, hard ? nk : 0, all_moments) {}
 };
+
+// 3. Keys: dv (dv = beta dv + p U), and dk through the quantised key (hard) or p(.|k) (soft),
+// from the per-code states U, r and (hard) T, w in ws.
+void key_pass(const VQBackwardParams& bp, const CodeTable& table, int64_t bh, Workspace& ws,
+              float* dC, float dv_beta) {
+  const VQParams& p = bp.fwd;
+  const AttentionParams& a = p.base;
+  const int64_t b = bh / a.heads, h = bh % a.heads, c = p.codes, d = a.d, dv = a.dv;
+  const bool hard = p.tau == 0.0f;
+  const float* C = p.head_codebook(bh);
+  const float scale = p.scale;
+  for (int64_t j0 = 0; j0 < a.nk; j0 += kTile) {
+    const int64_t rows = std::min(kTile, a.nk - j0);
+    gather_head_rows(a.k, a.k_strides, b, h, j0, rows, d, ws.kt.data());
+    gather_head_rows(a.v, a.v_strides, b, h, j0, rows, dv, ws.vt.data());
+    key_weights(p, table, b, ws.kt.data(), j0, rows, ws.pk.data(), ws.z.data());
+    gemm(false, false, rows, dv, c, 1.0f, ws.pk.data(), c, ws.U.data(), dv, dv_beta,
+         bp.dv + (bh * a.nk + j0) * dv, dv);
+    float* dk = bp.dk + (bh * a.nk + j0) * d;
+    if (hard) {
+      straight_through_dk(ws.T.data(), ws.wsum.data(), ws.routes.moment_codes_of(ws.z.data(), rows),
+                          ws.vt.data(), rows, d, dv, scale, dk);
+      continue;
+    }
+    float* dp = ws.g.data();
+    gemm(false, true, rows, c, dv, 1.0f, ws.vt.data(), dv, ws.U.data(), dv, 0.0f, dp, c);
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t s = 0; s < c; ++s) dp[j * c + s] -= ws.r[s];
+    soft_assign_backward(ws.pk.data(), dp, ws.kt.data(), rows, C, c, d, p.tau, dk, dC,
+                         ws.colsum.data());
+  }
+  if (hard) ws.routes.scatter(bp.dk + bh * a.nk * d);
+}
 
 void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, int64_t bh,
               Workspace& ws, float* dC) {
@@ -67,11 +104,19 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
   const CodeTable& table = tables[p.codebook_head_stride ? h : 0];
   const float scale = p.scale;
 
-  // 1. Per-code sums of the keys.
+  // 1. Per-code sums of the keys (sequence parallel: of every rank's keys, given; every code
+  // on the moment route).
   std::fill(ws.vsum.begin(), ws.vsum.end(), 0.0f);
   std::fill(ws.n.begin(), ws.n.end(), 0.0f);
   ws.routes.reset();
-  for (int64_t j0 = 0; j0 < a.nk; j0 += kTile) {
+  if (p.init_states) {
+    const float* given = p.init_states + bh * c * (dv + 1);
+    for (int64_t s = 0; s < c; ++s) {
+      std::copy(given + s * (dv + 1), given + s * (dv + 1) + dv, ws.vsum.begin() + s * dv);
+      ws.n[s] = given[s * (dv + 1) + dv];
+    }
+  }
+  for (int64_t j0 = 0; j0 < a.nk && !p.init_states; j0 += kTile) {
     const int64_t rows = std::min(kTile, a.nk - j0);
     gather_head_rows(a.k, a.k_strides, b, h, j0, rows, d, ws.kt.data());
     gather_head_rows(a.v, a.v_strides, b, h, j0, rows, dv, ws.vt.data());
@@ -129,28 +174,11 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
     }
   }
 
-  // 3. Keys: dv, and dk through the quantised key (hard) or p(.|k) (soft).
-  for (int64_t j0 = 0; j0 < a.nk; j0 += kTile) {
-    const int64_t rows = std::min(kTile, a.nk - j0);
-    gather_head_rows(a.k, a.k_strides, b, h, j0, rows, d, ws.kt.data());
-    gather_head_rows(a.v, a.v_strides, b, h, j0, rows, dv, ws.vt.data());
-    key_weights(p, table, b, ws.kt.data(), j0, rows, ws.pk.data(), ws.z.data());
-    gemm(false, false, rows, dv, c, 1.0f, ws.pk.data(), c, ws.U.data(), dv, 0.0f,
-         bp.dv + (bh * a.nk + j0) * dv, dv);
-    float* dk = bp.dk + (bh * a.nk + j0) * d;
-    if (hard) {
-      straight_through_dk(ws.T.data(), ws.wsum.data(), ws.routes.moment_codes_of(ws.z.data(), rows),
-                          ws.vt.data(), rows, d, dv, scale, dk);
-      continue;
-    }
-    float* dp = ws.g.data();
-    gemm(false, true, rows, c, dv, 1.0f, ws.vt.data(), dv, ws.U.data(), dv, 0.0f, dp, c);
-    for (int64_t j = 0; j < rows; ++j)
-      for (int64_t s = 0; s < c; ++s) dp[j * c + s] -= ws.r[s];
-    soft_assign_backward(ws.pk.data(), dp, ws.kt.data(), rows, C, c, d, p.tau, dk, dC,
-                         ws.colsum.data());
+  if (bp.code_sums_out) {  // sequence parallel: the keys wait for every rank's sums
+    save_code_sums(p, ws, bp.code_sums_out + bh * vq_code_sums_size(p));
+    return;
   }
-  if (hard) ws.routes.scatter(bp.dk + bh * a.nk * d);
+  key_pass(bp, table, bh, ws, dC, 0.0f);
 }
 
 }  // namespace
@@ -160,7 +188,27 @@ void vq_backward_bidirectional(const VQBackwardParams& bp) {
   const std::vector<CodeTable> tables = all_code_tables(p);
   vq_backward_over_heads<Workspace>(
       bp, [&](int64_t bh, Workspace& ws, float* dC) { run_head(bp, tables, bh, ws, dC); }, p.codes,
-      p.base.d, p.base.dv, p.tau == 0.0f, p.base.nk);
+      p.base.d, p.base.dv, p.tau == 0.0f, p.base.nk, bp.code_sums_out != nullptr);
+}
+
+int64_t vq_code_sums_size(const VQParams& p) {
+  const int64_t c = p.codes, d = p.base.d, dv = p.base.dv;
+  return c * (dv + 1) + (p.tau == 0.0f ? c * d * (dv + 1) : 0);
+}
+
+void vq_backward_keys(const VQBackwardParams& bp, const float* sums) {
+  const VQParams& p = bp.fwd;
+  const std::vector<CodeTable> tables = all_code_tables(p);
+  const int64_t size = vq_code_sums_size(p);
+  vq_backward_over_heads<Workspace>(
+      bp,
+      [&](int64_t bh, Workspace& ws, float* dC) {
+        ws.routes.reset();  // every code on the moment route, numbered as in the codebook
+        ws.routes.finish();
+        load_code_sums(p, sums + bh * size, ws);
+        key_pass(bp, tables[p.codebook_head_stride ? bh % p.base.heads : 0], bh, ws, dC, 1.0f);
+      },
+      p.codes, p.base.d, p.base.dv, p.tau == 0.0f, p.base.nk, true);
 }
 
 }  // namespace favor::cpu

@@ -14,6 +14,10 @@
 //      their part to the keys of the direct codes in earlier blocks, dk_j += scale
 //      sum_i P_{i,z_j} (dy_i . v_j - delta_i) q_i (P_{i,z_j} is live there: key j <= i).
 // The route of each code depends on the head's keys only (counted in sweep A).
+// Sequence parallel (favor/sequence_parallel.hpp): sweep A starts from the earlier ranks' key
+// sums (fwd.init_states); sweep B runs over this call's queries only, every code on the
+// moment route, and writes its final suffix states (code_sums_out); the later ranks' part
+// follows in vq_backward_keys.
 // The row shift m_i = max_s (l_is + log n_s^{<=i}) uses the key weights up to row i, so
 // P (and the result) does not depend on L. Time O(N c (d + dv) + N L (c + d + dv)) (soft);
 // hard adds at most sum_s min(2 N n_s (d + dv), 2 N d dv) for the key gradient (the direct
@@ -41,7 +45,7 @@ struct Workspace {
   std::vector<int32_t> z;
   KeyRoutes routes;  // hard VQ: direct or moment route of each code
   // Sized for a whole head of n rows here, before the parallel region.
-  Workspace(int64_t c, int64_t d, int64_t dv, bool hard, int64_t L, int64_t n)
+  Workspace(int64_t c, int64_t d, int64_t dv, bool hard, int64_t L, int64_t n, bool all_moments)
       : L(L),
         qt(L * d),
         kt(L * d),
@@ -67,7 +71,7 @@ struct Workspace {
         delta(n),
         block_n((n + L - 1) / L * c),
         z(L),
-        routes(c, d, dv, hard ? L : 0, hard ? n : 0) {}
+        routes(c, d, dv, hard ? L : 0, hard ? n : 0, all_moments) {}
 };
 
 // Gathers block [s0, s0 + rows) and computes its key weights pk and query weights a: row i's
@@ -120,9 +124,17 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
   const CodeTable& table = tables[p.codebook_head_stride ? h : 0];
   const float scale = p.scale;
 
-  // A. Forward sweep: dq and the logit part of dC.
+  // A. Forward sweep: dq and the logit part of dC (sequence parallel: the prefix sums start
+  // from the earlier ranks' keys).
   std::fill(ws.vprev.begin(), ws.vprev.end(), 0.0f);
   std::fill(ws.nprev.begin(), ws.nprev.end(), 0.0f);
+  if (p.init_states) {
+    const float* given = p.init_states + bh * c * (dv + 1);
+    for (int64_t s = 0; s < c; ++s) {
+      std::copy(given + s * (dv + 1), given + s * (dv + 1) + dv, ws.vprev.begin() + s * dv);
+      ws.nprev[s] = given[s * (dv + 1) + dv];
+    }
+  }
   ws.routes.reset();
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t s0 = blk * L, rows = std::min(L, n - s0);
@@ -212,6 +224,8 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
     }
   }
   if (hard) ws.routes.scatter(bp.dk + bh * n * d);
+  // Sequence parallel: the suffix states of this call's queries.
+  if (bp.code_sums_out) save_code_sums(p, ws, bp.code_sums_out + bh * vq_code_sums_size(p));
 }
 
 }  // namespace
@@ -222,7 +236,7 @@ void vq_backward_causal(const VQBackwardParams& bp) {
   const int64_t L = std::min(p.block, std::max<int64_t>(p.base.nq, 1));
   vq_backward_over_heads<Workspace>(
       bp, [&](int64_t bh, Workspace& ws, float* dC) { run_head(bp, tables, bh, ws, dC); }, p.codes,
-      p.base.d, p.base.dv, p.tau == 0.0f, L, p.base.nq);
+      p.base.d, p.base.dv, p.tau == 0.0f, L, p.base.nq, bp.code_sums_out != nullptr);
 }
 
 }  // namespace favor::cpu

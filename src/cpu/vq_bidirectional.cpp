@@ -4,8 +4,9 @@
 //   2. log n once;
 //   3. queries, in tiles: L = scale Q C^T (one GEMM), weights exp(L - m) row by row (the
 //      stabiliser of cpu/vq_state.hpp), [num | den] = X [Vsum | n] (one GEMM), num / den.
-// Memory O(threads * kRowTile * c). Each head is one task on one thread (no split of a head
-// over threads): the result is the same bits for any thread count.
+// Sequence parallel: init_states replaces step 1 (every rank's [Vsum | n], summed by the
+// caller from vq_key_states). Memory O(threads * kRowTile * c). Each head is one task on one thread
+// (no split of a head over threads): the result is the same bits for any thread count.
 #include <algorithm>
 #include <vector>
 
@@ -58,11 +59,28 @@ int64_t attend_queries(const VQParams& p, int64_t b, int64_t h, const float* cod
 }  // namespace
 
 int64_t vq_bidirectional(const VQParams& p) {
+  const int64_t size = p.codes * (p.base.dv + 1);
   return vq_forward_over_heads(
       p, kRowTile,
       [&](int64_t b, int64_t h, const float* codebook, const CodeTable& table, VQWorkspace& ws) {
-        key_state(p, b, h, table, ws);
+        if (p.init_states) {  // every rank's keys, summed by the caller
+          const float* given = p.init_states + (b * p.base.heads + h) * size;
+          std::copy(given, given + size, ws.state());
+        } else {
+          key_state(p, b, h, table, ws);
+        }
         return attend_queries(p, b, h, codebook, ws);
+      });
+}
+
+void vq_key_states(const VQParams& p, float* states) {
+  const int64_t size = p.codes * (p.base.dv + 1);
+  vq_forward_over_heads(
+      p, kRowTile,
+      [&](int64_t b, int64_t h, const float*, const CodeTable& table, VQWorkspace& ws) {
+        key_state(p, b, h, table, ws);
+        std::copy(ws.state(), ws.state() + size, states + (b * p.base.heads + h) * size);
+        return int64_t{0};
       });
 }
 

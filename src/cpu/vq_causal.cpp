@@ -10,10 +10,10 @@
 // over the block's visible keys j <= i: the running counts are kept row by row, so the
 // stabiliser m_i = max_s (L_is + log N_is) is the log of the row's largest summand (hard:
 // one log per key; soft: a vectorised log of the c counts per row). The result depends on
-// L only through float rounding. Memory O(threads * L * (c + L + d + dv)).
+// L only through float rounding. Sequence parallel: the sums start from init_states (the
+// earlier ranks' keys), counts included. Memory O(threads * L * (c + L + d + dv)).
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "cpu/blas.hpp"
@@ -67,9 +67,14 @@ int64_t head(const VQParams& p, int64_t b, int64_t h, const float* codebook, con
   const int64_t c = p.codes, ld = ws.ld(), ldg = ws.ldg();
   float* state = ws.state();
   float* vx = state + c * ld;  // the block's [V | 1], right below the state
-  std::fill(state, state + c * ld, 0.0f);
-  std::fill(ws.count.begin(), ws.count.end(), 0.0f);
-  std::fill(ws.log_n.begin(), ws.log_n.end(), -std::numeric_limits<float>::infinity());
+  if (p.init_states) {         // the earlier ranks' keys
+    const float* given = p.init_states + (b * a.heads + h) * c * ld;
+    std::copy(given, given + c * ld, state);
+  } else {
+    std::fill(state, state + c * ld, 0.0f);
+  }
+  for (int64_t s = 0; s < c; ++s) ws.count[s] = state[s * ld + a.dv];
+  log_or_neg_inf(ws.count.data(), ws.log_n.data(), c);
   float* oh = a.out + b * a.out_strides[0] + h * a.out_strides[1];
   int64_t zero_rows = 0;
   for (int64_t t0 = 0; t0 < a.nq; t0 += ws.rows) {

@@ -49,6 +49,29 @@ void soft_assign_backward(const float* pk, float* dp, const float* k, int64_t ro
                           const float* codebook, int64_t c, int64_t d, float tau, float* dk,
                           float* dC, float* colsum);
 
+/// Sequence parallel: a head's query-side sums [U | r | T | w] (vq_code_sums_size floats:
+/// U c x dv, r c, and for hard VQ with every code on the moment route, T c x d x dv and
+/// w c x d) from the backward workspace's U, r, T and wsum into sums, or back.
+template <class Workspace>
+void save_code_sums(const VQParams& p, const Workspace& ws, float* sums) {
+  const int64_t c = p.codes, d = p.base.d, dv = p.base.dv;
+  sums = std::copy_n(ws.U.begin(), c * dv, sums);
+  sums = std::copy_n(ws.r.begin(), c, sums);
+  if (p.tau != 0.0f) return;
+  sums = std::copy_n(ws.T.begin(), c * d * dv, sums);
+  std::copy_n(ws.wsum.begin(), c * d, sums);
+}
+template <class Workspace>
+void load_code_sums(const VQParams& p, const float* sums, Workspace& ws) {
+  const int64_t c = p.codes, d = p.base.d, dv = p.base.dv;
+  std::copy_n(sums, c * dv, ws.U.begin());
+  std::copy_n(sums + c * dv, c, ws.r.begin());
+  if (p.tau != 0.0f) return;
+  sums += c * (dv + 1);
+  std::copy_n(sums, c * d * dv, ws.T.begin());
+  std::copy_n(sums + c * d * dv, c * d, ws.wsum.begin());
+}
+
 /// The backward kernels' driver: run_head(bh, workspace, dC) for every (batch, head), heads
 /// spread over the threads. dC is the head's own slice of dL/dC (null when not asked); the
 /// slices are summed into bp.dcodebook afterwards in head order, so the result is the same

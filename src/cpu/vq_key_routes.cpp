@@ -10,20 +10,25 @@ namespace {
 // Direct keys per accumulate() step: M = 128 rows x 256 keys x 4 B = 128 KiB, within L2.
 constexpr int64_t kKeyChunk = 256;
 
-int64_t direct_capacity(int64_t c, int64_t d, int64_t dv, int64_t nk) {
-  const int64_t kmax = (d * dv - 1) / (d + dv);
-  return std::min(c * kmax, nk);
+// The most keys a code may have on the direct route; -1 (every code on the moments) with
+// all_moments.
+int64_t direct_limit(int64_t d, int64_t dv, bool all_moments) {
+  return all_moments ? -1 : (d * dv - 1) / (d + dv);
+}
+
+int64_t direct_capacity(int64_t c, int64_t kmax, int64_t nk) {
+  return std::max<int64_t>(0, std::min(c * kmax, nk));
 }
 
 }  // namespace
 
-KeyRoutes::KeyRoutes(int64_t c, int64_t d, int64_t dv, int64_t tile, int64_t nk)
+KeyRoutes::KeyRoutes(int64_t c, int64_t d, int64_t dv, int64_t tile, int64_t nk, bool all_moments)
     : c_(c),
       d_(d),
       dv_(dv),
-      kmax_((d * dv - 1) / (d + dv)),
+      kmax_(direct_limit(d, dv, all_moments)),
       count_(c),
-      key_(direct_capacity(c, d, dv, nk)),
+      key_(direct_capacity(c, kmax_, nk)),
       code_(key_.size()),
       slot_(c),
       zt_(tile),
@@ -61,7 +66,7 @@ void KeyRoutes::finish() {
   }
   keys_ = kept;
   moment_codes_ = 0;
-  for (int64_t s = 0; s < c_; ++s)  // codes without keys need no route
+  for (int64_t s = 0; s < c_; ++s)  // codes without keys need no route (but with all_moments)
     slot_[s] = count_[s] > kmax_ ? static_cast<int32_t>(moment_codes_++) : -1;
   std::fill(dk_.begin(), dk_.begin() + keys_ * d_, 0.0f);
 }

@@ -10,6 +10,9 @@
 // the direct keys of a head number at most c kmax < c d dv / (d + dv), whatever N. Both
 // routes sum the same terms, so the result is the same within float rounding; the choice
 // depends only on the head's keys (not on the threads, the tile or the block length).
+// Sequence-parallel attention puts every code on the moment route (all_moments): the queries
+// of the other ranks reach this rank's keys only through their moments, and this rank's
+// queries must give the moments of every code to the keys of the others.
 #include <cstdint>
 #include <vector>
 
@@ -17,8 +20,9 @@ namespace favor::cpu {
 
 class KeyRoutes {
  public:
-  // tile: the most query rows per accumulate(); nk: the head's keys (bounds the direct keys).
-  KeyRoutes(int64_t c, int64_t d, int64_t dv, int64_t tile, int64_t nk);
+  // tile: the most query rows per accumulate(); nk: the head's keys (bounds the direct keys);
+  // all_moments: every code on the moment route, numbered as in the codebook (no direct key).
+  KeyRoutes(int64_t c, int64_t d, int64_t dv, int64_t tile, int64_t nk, bool all_moments = false);
 
   /// Starts a head.
   void reset();

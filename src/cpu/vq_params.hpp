@@ -16,6 +16,11 @@ struct VQParams {
   float scale;                   // logits are scale * q . C_s
   float tau;                     // 0: hard VQ
   int64_t block;                 // causal block length L >= 1
+  // Sequence-parallel attention (favor/sequence_parallel.hpp): per head the per-code sums
+  // [Vsum | n] (B*H x c x (dv + 1)): bidirectional, of every rank's keys (the key pass is
+  // skipped); causal, of the keys before key 0 (the earlier ranks' keys). Plain sums of key
+  // weights in [0, 1]: no stabiliser.
+  const float* init_states = nullptr;
 
   const float* head_codebook(int64_t bh) const {
     return codebook + (bh % base.heads) * codebook_head_stride;
@@ -33,6 +38,14 @@ struct VQBackwardParams {
   float* dv;
   float* dcodebook;  // [Hc][c][d], accumulated (summed over batch, and over heads if shared); null
                      // if not asked
+  // Sequence-parallel backward (favor/sequence_parallel.hpp); fwd.init_states gives the key
+  // sums as in the forward pass. With code_sums_out, every code takes the moment route (hard
+  // VQ) and each head's query-side sums of this call's queries are written there
+  // (vq_code_sums_size floats, [U | r | T | w], cpu/vq_grad_tile.hpp save_code_sums).
+  // Bidirectional, only the query pass runs (dq, the logit part of dC): the keys wait for
+  // vq_backward_keys with the sums of every rank. Causal, both sweeps run (the reverse one
+  // over this call's queries only); the later ranks' part follows by vq_backward_keys.
+  float* code_sums_out = nullptr;
 };
 
 /// Bidirectional and causal VQ attention; return the number of rows written as zeros.
@@ -41,5 +54,16 @@ int64_t vq_causal(const VQParams& p);
 /// Gradients of bidirectional and causal VQ attention.
 void vq_backward_bidirectional(const VQBackwardParams& p);
 void vq_backward_causal(const VQBackwardParams& p);
+
+/// Sequence-parallel pieces (favor/sequence_parallel.hpp). Per head, [Vsum | n] of every
+/// visible key (B*H x c x (dv + 1)).
+void vq_key_states(const VQParams& p, float* states);
+/// Floats per head of the query-side sums: U (c x dv) and r (c); hard VQ adds the moments
+/// T (c x d x dv) and w (c x d) of every code.
+int64_t vq_code_sums_size(const VQParams& p);
+/// The key pass for given query-side sums (per head, vq_code_sums_size floats, from queries
+/// that see every key of the call): adds their part to dv, dk and the assignment part of
+/// dcodebook (soft VQ).
+void vq_backward_keys(const VQBackwardParams& p, const float* sums);
 
 }  // namespace favor::cpu
