@@ -28,12 +28,12 @@ constexpr const char* kRule = "every rank must call with the same shapes (but N)
 
 // What every rank must agree on, in this order (the names for the message).
 const std::vector<detail::AgreedField> kAgreed = {
-    {"batch B", true},    {"heads H", true},
-    {"head dim D", true}, {"value dim Dv", true},
-    {"causal", false},    {"kernel", false},
-    {"features F", true}, {"key mask presence", false},
-    {"scale", false},     {"feature map (projection, learned parameters, fit)", false},
-    {"decay", false},     {"parameter gradients", false}};
+    {"batch B", true},      {"heads H", true},
+    {"head dim D", true},   {"value dim Dv", true},
+    {"causal flag", false}, {"kernel", false},
+    {"features F", true},   {"key mask presence", false},
+    {"scale", false},       {"feature map (projection, learned parameters, fit)", false},
+    {"decay", false},       {"parameter gradients", false}};
 
 // One rank's validated call.
 struct Call {
