@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <limits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -66,37 +65,6 @@ std::vector<int64_t> bounds_of(int64_t n, const std::vector<int>& weights) {
   return b;
 }
 
-// Keys whose two nearest codes are closer in squared distance than the float rounding of the
-// GEMM form |C|^2 - 2 k.C can separate (about D 2^-24 (|k|^2 + |C|^2); 1e-5 is a 10x margin
-// for D = 16). Hard VQ assigns such a key by rounding, which may differ between tilings of
-// the keys (the ranks' slices against the whole sequence); the tests' inputs have none.
-int64_t near_ties(const Tensor& k, const Tensor& codebook) {
-  const Shape4 s = k.shape();
-  const int64_t codes = codebook.shape()[2];
-  int64_t count = 0;
-  for (int64_t b = 0; b < s[0]; ++b)
-    for (int64_t h = 0; h < s[1]; ++h) {
-      const int64_t g = codebook.shape()[1] == 1 ? 0 : h;
-      for (int64_t j = 0; j < s[2]; ++j) {
-        double d1 = std::numeric_limits<double>::infinity(), d2 = d1, k2 = 0.0, c2 = 0.0;
-        for (int64_t x = 0; x < s[3]; ++x) k2 += double(k.at(b, h, j, x)) * k.at(b, h, j, x);
-        for (int64_t c = 0; c < codes; ++c) {
-          double d = 0.0, n2 = 0.0;
-          for (int64_t x = 0; x < s[3]; ++x) {
-            const double e = double(k.at(b, h, j, x)) - codebook.at(0, g, c, x);
-            d += e * e;
-            n2 += double(codebook.at(0, g, c, x)) * codebook.at(0, g, c, x);
-          }
-          d2 = d < d1 ? d1 : std::min(d2, d);
-          d1 = std::min(d1, d);
-          c2 = std::max(c2, n2);
-        }
-        count += d2 - d1 < 1e-5 * (k2 + c2);
-      }
-    }
-  return count;
-}
-
 enum class Mask { none, periodic, prefix };
 
 struct Case {
@@ -134,7 +102,7 @@ TEST_P(VQSequenceParallel, EqualsTheWholeSequence) {
   const Tensor v = random_tensor({B, H, c.nk, Dv}, 43);
   const Tensor dy = random_tensor({B, H, c.nq, Dv}, 44);
   const Tensor book = random_tensor({1, c.shared ? 1 : H, codes, D}, 45, 2.0);
-  if (!c.soft) ASSERT_EQ(near_ties(k, book), 0) << "a near-tie: pick other seeds";
+  if (!c.soft) ASSERT_EQ(testing::vq_near_ties(k, book), 0) << "a near-tie: pick other seeds";
   std::vector<uint8_t> mask(static_cast<size_t>(B * c.nk), 1);
   if (c.mask == Mask::periodic) mask = testing::periodic_mask(mask.size(), 5, 2);
   // The first 55% of the keys masked: with the splits below, rank 0 has no visible key

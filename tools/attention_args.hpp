@@ -32,6 +32,13 @@ FeatureMap attention_feature_map(const AttentionArgs& a, const Shape4& qs);
 /// --decay: 1 or H values in (0, 1], causal attention only.
 std::vector<double> attention_decay(const AttentionArgs& a, int64_t heads);
 
+/// --method: favor, vq or exact; the favor-only options (--feature-map, --feature-weights,
+/// --decay) refused with the others.
+void check_method(const AttentionArgs& a);
+/// The VQOptions of --causal, --scale, --vq-tau and --vq-block, checked (the caller sets the
+/// key mask).
+VQOptions attention_vq_options(const AttentionArgs& a);
+
 /// favor attention --distributed (attention_distributed.cpp; needs MPI).
 void run_distributed_attention(const AttentionArgs& a);
 

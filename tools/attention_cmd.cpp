@@ -82,16 +82,39 @@ std::vector<double> attention_decay(const AttentionArgs& a, int64_t heads) {
   return a.decay;
 }
 
+void check_method(const AttentionArgs& a) {
+  if (a.method != "favor" && a.method != "exact" && a.method != "vq") {
+    throw Error("--method: '" + a.method + "' is not a method; use favor, vq or exact");
+  }
+  if (a.method == "favor") return;
+  for (const auto& [given, name] : {std::pair{!a.feature_map.empty(), "--feature-map"},
+                                    std::pair{!a.feature_weights.empty(), "--feature-weights"},
+                                    std::pair{!a.decay.empty(), "--decay"}}) {
+    if (given) throw Error(std::string(name) + ": only --method favor takes it");
+  }
+}
+
+VQOptions attention_vq_options(const AttentionArgs& a) {
+  if (!std::isfinite(a.vq.tau) || a.vq.tau < 0.0)
+    throw Error("--vq-tau: " + fmt::format("{}", a.vq.tau) + " must be finite and >= 0");
+  if (a.vq.block < 0)
+    throw Error("--vq-block: " + std::to_string(a.vq.block) + " must be >= 1 (or 0: default)");
+  VQOptions o;
+  o.causal = a.causal;
+  o.scale = a.scale;
+  o.tau = a.vq.tau;
+  o.block = a.vq.block;
+  return o;
+}
+
 namespace {
 
 // Transformer-VQ attention with the --codebook given or one learned from the keys (k-means,
 // seeded by --seed); the codebook used is staged for --save-codebook.
 Tensor vq(const AttentionArgs& a, const InputTensor& q, const InputTensor& k, const InputTensor& v,
           const std::optional<KeyMaskView>& mask, StagedOutputs& outputs) {
-  if (!std::isfinite(a.vq.tau) || a.vq.tau < 0.0)
-    throw Error("--vq-tau: " + fmt::format("{}", a.vq.tau) + " must be finite and >= 0");
-  if (a.vq.block < 0)
-    throw Error("--vq-block: " + std::to_string(a.vq.block) + " must be >= 1 (or 0: default)");
+  VQOptions o = attention_vq_options(a);
+  o.key_mask = mask;
   if (a.vq.iterations < 0)
     throw Error("--vq-iterations: " + std::to_string(a.vq.iterations) + " must be >= 0");
   const Shape4& ks = k.tensor.shape();
@@ -118,12 +141,6 @@ Tensor vq(const AttentionArgs& a, const InputTensor& q, const InputTensor& k, co
         "{} iterations, quantisation error {:.4g})\n",
         learned.codes(), ko.seed, ko.iterations, learned.quantisation_error(k.tensor, mask));
   }
-  VQOptions o;
-  o.causal = a.causal;
-  o.scale = a.scale;
-  o.key_mask = mask;
-  o.tau = a.vq.tau;
-  o.block = a.vq.block;
   VQStats stats;
   Tensor y = vq_attention(q.tensor, k.tensor, v.tensor, codebook, o, &stats);
   if (stats.zero_rows > 0) {
@@ -150,16 +167,7 @@ void run(const AttentionArgs& a) {
         "openmpi-bin), rebuild, and launch with mpirun -np P favor attention --distributed");
 #endif
   }
-  if (a.method != "favor" && a.method != "exact" && a.method != "vq") {
-    throw Error("--method: '" + a.method + "' is not a method; use favor, vq or exact");
-  }
-  if (a.method != "favor") {
-    for (const auto& [given, name] : {std::pair{!a.feature_map.empty(), "--feature-map"},
-                                      std::pair{!a.feature_weights.empty(), "--feature-weights"},
-                                      std::pair{!a.decay.empty(), "--decay"}}) {
-      if (given) throw Error(std::string(name) + ": only --method favor takes it");
-    }
-  }
+  check_method(a);
   parse_kernel(a.kernel, "--kernel");  // a bad name fails before any file is read
   const InputTensor q = read_tensor(a.q, "--q"), k = read_tensor(a.k, "--k"),
                     v = read_tensor(a.v, "--v");
@@ -226,7 +234,7 @@ void add_attention_command(CLI::App& app) {
   cmd->add_flag("--causal", args->causal, "query i attends to keys j <= i (needs Nq == Nk)");
   cmd->add_flag("--distributed", args->distributed,
                 "sequence-parallel over the ranks of mpirun -np P: each rank reads, computes and "
-                "writes its slice of the sequence (--method favor; needs a build with MPI)");
+                "writes its slice of the sequence (--method favor or vq; needs a build with MPI)");
   args->kernel_opt =
       cmd->add_option("--kernel", args->kernel,
                       "positive | trig | hyperbolic | favorpp | favorsharp | hedgehog")

@@ -1,6 +1,7 @@
-// favor attention --distributed: sequence-parallel FAVOR attention over the ranks of mpirun.
-// Rank r reads rows [N r / P, N (r + 1) / P) of q, k, v (and its keys' mask columns) by byte
-// offset, the ranks exchange only per-head states (favor::distributed), and every rank writes
+// favor attention --distributed: sequence-parallel FAVOR or Transformer-VQ attention over the
+// ranks of mpirun. Rank r reads rows [N r / P, N (r + 1) / P) of q, k, v (and its keys' mask
+// columns) by byte offset (and the whole codebook, which is small), the ranks exchange only
+// per-head states or per-code sums (favor::distributed), and every rank writes
 // its rows of the one output file at their offsets with MPI-IO, so that no rank ever holds
 // more than its slice (gathering to rank 0 would need the whole output in one memory, which is
 // what splitting the sequence avoids). The file is a temporary beside --out, created with its
@@ -83,12 +84,25 @@ struct Slices {
   std::vector<uint8_t> mask;
 };
 
-Slices read_slices(const AttentionArgs& a, int rank, int size) {
-  if (a.method != "favor") {
-    throw Error("--distributed: only --method favor runs sequence-parallel (got --method " +
+// The options' checks that need no file (before any is read).
+void check_options(const AttentionArgs& a) {
+  if (a.method != "favor" && a.method != "vq") {
+    throw Error("--distributed: only --method favor and vq run sequence-parallel (got --method " +
                 a.method + ")");
   }
-  parse_kernel(a.kernel, "--kernel");  // a bad name fails before any file is read
+  check_method(a);
+  parse_kernel(a.kernel, "--kernel");
+  if (a.method != "vq") return;
+  attention_vq_options(a);
+  if (a.vq.codebook.empty()) {
+    throw Error(
+        "--codebook: --distributed vq needs a codebook file (learn one beforehand with favor "
+        "codebook; k-means over the ranks' slices is not done)");
+  }
+}
+
+Slices read_slices(const AttentionArgs& a, int rank, int size) {
+  check_options(a);
   Slices s{
       open_rows(a.q, "--q"), open_rows(a.k, "--k"), open_rows(a.v, "--v"), {}, {}, {}, {}, {}, {}};
   if (s.qf.rank != s.kf.rank || s.qf.rank != s.vf.rank)
@@ -146,8 +160,8 @@ void write_rows(const std::string& path, size_t header, const Tensor& y,
 }
 
 // One line on rank 0: the ranks, their slices and what each sent.
-void print_summary(distributed::MpiExchange& ex, const Slices& s, const SequenceParallelStats& st,
-                   double seconds, int64_t bytes) {
+void print_summary(const AttentionArgs& a, distributed::MpiExchange& ex, const Slices& s,
+                   const SequenceParallelStats& st, double seconds, int64_t bytes) {
   const std::vector<int64_t> all = ex.allgather(
       {st.payload_bytes, bytes, static_cast<int64_t>(seconds * 1e6), st.zero_rows, s.qs.size()});
   if (ex.rank() != 0) return;
@@ -162,23 +176,39 @@ void print_summary(distributed::MpiExchange& ex, const Slices& s, const Sequence
   }
   if (zero_rows > 0) {
     std::cerr << "favor: note: " << zero_rows
-              << " query rows had no visible key or a non-positive denominator and were written "
-                 "as zeros\n";
+              << (a.method == "vq" ? " query rows had no visible key and were written as zeros\n"
+                                   : " query rows had no visible key or a non-positive "
+                                     "denominator and were written as zeros\n");
   }
   std::cout << fmt::format(
-      "favor attention --distributed: {} ranks, Nq = {}, Nk = {} ({}-{} query rows per rank); "
-      "per rank: {} bytes of states and fits, {} bytes in MPI calls, {:.3f} ms in MPI calls "
+      "favor attention --distributed: {} ranks, method {}, Nq = {}, Nk = {} ({}-{} query rows "
+      "per rank); per rank: {} bytes of {}, {} bytes in MPI calls, {:.3f} ms in MPI calls "
       "(largest over ranks)\n",
-      ex.size(), s.qf.shape[2], s.kf.shape[2], rows_min, rows_max, payload, sent, micros / 1e3);
+      ex.size(), a.method, s.qf.shape[2], s.kf.shape[2], rows_min, rows_max, payload,
+      a.method == "vq" ? "states (per-code sums)" : "states and fits", sent, micros / 1e3);
 }
 
 void run(const AttentionArgs& a, distributed::MpiExchange& ex) {
+  const bool vq = a.method == "vq";
   std::optional<Slices> s;
-  std::optional<FeatureMap> map;
+  std::optional<FeatureMap> map;  // favor
+  Tensor codebook;                // vq: every rank reads all of it
   AttentionOptions o;
+  VQOptions vo;
   StagedOutputs outputs;  // rank 0's files; their temporaries go if anything fails
   together(ex, [&] {
     s.emplace(read_slices(a, ex.rank(), ex.size()));
+    if (vq) {
+      vo = attention_vq_options(a);
+      codebook = read_codebook(a.vq.codebook, s->kf.shape[1], s->kf.shape[3], a.vq.codes);
+      if (ex.rank() == 0 && !a.vq.save.empty()) {
+        outputs.stage(
+            a.vq.save,
+            encode_npy_f32(codebook_file_shape(codebook.shape(), s->qf.rank == 2), codebook.data()),
+            "--save-codebook");
+      }
+      return;
+    }
     map.emplace(attention_feature_map(a, s->qf.shape));
     o.causal = a.causal;
     o.decay = attention_decay(a, s->qf.shape[1]);
@@ -188,14 +218,17 @@ void run(const AttentionArgs& a, distributed::MpiExchange& ex) {
                     "--save-projection");
     }
   });
-  if (!a.key_mask.empty())
+  if (!a.key_mask.empty()) {
     o.key_mask = KeyMaskView::contiguous(s->mask.data(), s->kf.shape[0], s->ks.size());
+    vo.key_mask = o.key_mask;
+  }
   const Shape4& qs = s->qf.shape;
   Tensor y({qs[0], qs[1], s->qs.size(), s->vf.shape[3]});
   ex.reset_counters();
   // Every rank throws the same favor::Error when a rank's inputs are refused or disagree.
   const SequenceParallelStats st =
-      sequence_parallel_attention(s->q, s->k, s->v, *map, y.mutable_view(), o, ex);
+      vq ? sequence_parallel_vq_attention(s->q, s->k, s->v, codebook, y.mutable_view(), vo, ex)
+         : sequence_parallel_attention(s->q, s->k, s->v, *map, y.mutable_view(), o, ex);
   const double seconds = ex.seconds();
   const int64_t bytes = ex.bytes();
 
@@ -212,7 +245,7 @@ void run(const AttentionArgs& a, distributed::MpiExchange& ex) {
   together(ex, [&] {
     if (ex.rank() == 0) outputs.commit();
   });
-  print_summary(ex, *s, st, seconds, bytes);
+  print_summary(a, ex, *s, st, seconds, bytes);
 }
 
 }  // namespace

@@ -1,12 +1,12 @@
 #pragma once
 /// \file distributed.hpp
-/// favor::distributed: sequence-parallel FAVOR attention over MPI (the CMake target
-/// favor::distributed, built when MPI is found; the core library favor::favor has no MPI in
-/// it). Each rank of a communicator holds a contiguous slice along N of q, k, v (and of the
-/// key mask) of every (batch, head), rank order = sequence order; slices may have any length,
-/// also 0. Only per-head states of F x (Dv + 1) floats cross the network, whatever N
-/// (favor/sequence_parallel.hpp has the algorithm and its rules, docs/distributed.md the
-/// figures).
+/// favor::distributed: sequence-parallel FAVOR and Transformer-VQ attention over MPI (the
+/// CMake target favor::distributed, built when MPI is found; the core library favor::favor
+/// has no MPI in it). Each rank of a communicator holds a contiguous slice along N of q, k,
+/// v (and of the key mask) of every (batch, head), rank order = sequence order; slices may
+/// have any length, also 0. Only per-head states of F x (Dv + 1) floats (VQ: per-code sums
+/// of c x (Dv + 1)) cross the network, whatever N (favor/sequence_parallel.hpp has the
+/// algorithm and its rules, docs/distributed.md the figures).
 ///
 /// Usage (every rank of `comm` makes the same calls in the same order, as for any MPI
 /// collective; MPI must be initialised, with MPI_THREAD_FUNNELED or more if favor's OpenMP
@@ -19,10 +19,14 @@
 ///                                                                      options, true);
 ///     // g.dq, g.dk, g.dv: this rank's slice; g.dw, g.dbias, ...: this rank's share, to be
 ///     // summed over ranks (MPI_Allreduce) like any data-parallel gradient.
+///     favor::distributed::vq_attention(q, k, v, codebook, out, vq_options);  // Transformer-VQ
+///     favor::VQGrads vg = favor::distributed::vq_attention_backward(q, k, v, dy, codebook,
+///                                                                   vq_options, true);
+///     // vg.dcodebook: this rank's share of dL/dC, to be summed over ranks.
 ///
 /// Errors: a rank whose inputs break a rule, or ranks that disagree on shapes (but N),
-/// options or the feature map, make every rank throw favor::Error (naming the rank), never a
-/// hang. A failing MPI call throws favor::Error with MPI's message.
+/// options, the feature map or the codebook, make every rank throw favor::Error (naming the
+/// rank), never a hang. A failing MPI call throws favor::Error with MPI's message.
 ///
 /// CMake: find_package(favor COMPONENTS distributed) then link favor::distributed.
 #include <mpi.h>
@@ -107,5 +111,20 @@ AttentionGrads attention_backward(TensorView q, TensorView k, TensorView v, Tens
                                   bool with_projection_grad = false,
                                   SequenceParallelStats* stats = nullptr,
                                   MPI_Comm comm = MPI_COMM_WORLD);
+
+/// favor::sequence_parallel_vq_attention over `comm`: Transformer-VQ attention, this rank's
+/// slice of the output. Every rank passes the whole codebook [1, Hc, c, D] (the same values:
+/// the ranks compare them and throw on a disagreement).
+SequenceParallelStats vq_attention(TensorView q, TensorView k, TensorView v, TensorView codebook,
+                                   MutableTensorView out, const VQOptions& options = {},
+                                   MPI_Comm comm = MPI_COMM_WORLD);
+
+/// favor::sequence_parallel_vq_attention_backward over `comm`: dq, dk, dv of this rank's
+/// slice; with with_codebook_grad, dcodebook is this rank's share (sum it over ranks).
+VQGrads vq_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                              TensorView codebook, const VQOptions& options = {},
+                              bool with_codebook_grad = false,
+                              SequenceParallelStats* stats = nullptr,
+                              MPI_Comm comm = MPI_COMM_WORLD);
 
 }  // namespace favor::distributed

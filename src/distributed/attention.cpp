@@ -1,5 +1,6 @@
-// favor::distributed's convenience calls: sequence-parallel attention and its backward pass
-// over an MPI communicator, and the even split of a sequence over ranks.
+// favor::distributed's convenience calls: sequence-parallel FAVOR and Transformer-VQ
+// attention and their backward passes over an MPI communicator, and the even split of a sequence
+// over ranks.
 #include "favor/distributed.hpp"
 #include "favor/error.hpp"
 
@@ -46,6 +47,21 @@ AttentionGrads attention_backward(TensorView q, TensorView k, TensorView v, Tens
   MpiExchange exchange(comm);
   return sequence_parallel_attention_backward(q, k, v, dy, w, options, exchange,
                                               with_projection_grad, stats);
+}
+
+SequenceParallelStats vq_attention(TensorView q, TensorView k, TensorView v, TensorView codebook,
+                                   MutableTensorView out, const VQOptions& options, MPI_Comm comm) {
+  MpiExchange exchange(comm);
+  return sequence_parallel_vq_attention(q, k, v, codebook, out, options, exchange);
+}
+
+VQGrads vq_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                              TensorView codebook, const VQOptions& options,
+                              bool with_codebook_grad, SequenceParallelStats* stats,
+                              MPI_Comm comm) {
+  MpiExchange exchange(comm);
+  return sequence_parallel_vq_attention_backward(q, k, v, dy, codebook, options, exchange,
+                                                 with_codebook_grad, stats);
 }
 
 }  // namespace favor::distributed

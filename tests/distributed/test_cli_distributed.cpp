@@ -1,5 +1,6 @@
-// mpirun -np 3 favor attention --distributed: the output file equals the single-process
-// command's to float tolerance; failures exit 2 with one error line and leave no file.
+// mpirun -np 3 favor attention --distributed (--method favor and vq): the output file equals
+// the single-process command's to float tolerance; failures exit 2 with one error line and
+// leave no file.
 #include "cli_fixture.hpp"
 
 namespace favor::testing {
@@ -78,6 +79,34 @@ TEST_F(CliDistributed, OutputEqualsSingleProcess) {
                                 path("m2.npy"));
 }
 
+TEST_F(CliDistributed, OutputEqualsSingleProcessVQ) {
+  // Transformer-VQ: every rank reads the whole codebook; hard VQ needs keys without a near-tie
+  // between their two nearest codes (the ranks' tiles of the keys round like the whole's then).
+  write_qkv(40);
+  const Tensor book = random_tensor({1, 3, 6, 8}, 8, 1.0),
+               shared = random_tensor({1, 1, 6, 8}, 9, 1.0);
+  ASSERT_EQ(vq_near_ties(k, book), 0);
+  write_bytes("c.npy", cli::encode_npy_f32({3, 6, 8}, book.data()));  // [H, c, D]
+  write_bytes("c2.npy", cli::encode_npy_f32({6, 8}, shared.data()));  // [c, D], every head
+  std::vector<uint8_t> mask(80);
+  for (size_t j = 0; j < mask.size(); ++j) mask[j] = j % 7 != 2;
+  write_bytes("m.npy", cli::encode_npy("|b1", {2, 40}, mask.data(), mask.size()));
+  const std::string vq = qkv() + " --method vq --codebook ";
+  expect_same_as_single_process(vq + path("c.npy") + " --causal --key-mask " + path("m.npy"));
+  expect_same_as_single_process(vq + path("c2.npy") + " --vq-tau 0.5 --key-mask " + path("m.npy"));
+  write("q2.npy", q, true);  // 2-D inputs [N, D], causal soft VQ with a block of 5
+  write("k2.npy", k, true);
+  write("v2.npy", v, true);
+  expect_same_as_single_process("--q " + path("q2.npy") + " --k " + path("k2.npy") + " --v " +
+                                path("v2.npy") + " --method vq --codebook " + path("c2.npy") +
+                                " --causal --vq-tau 1 --vq-block 5 --codes 6");
+  // --save-codebook: rank 0 writes the codebook used, as the single-process command does.
+  const Result saved = run_mpi(vq + path("c.npy") + " --out " + path("y.npy") +
+                               " --save-codebook " + path("saved.npy"));
+  ASSERT_EQ(saved.code, 0) << saved.err;
+  EXPECT_EQ(slurp("saved.npy"), slurp("c.npy"));
+}
+
 TEST_F(CliDistributed, ErrorsExitTwoOnEveryRankAndLeaveNoFile) {
   write_qkv(40);
   write("v30.npy", random_tensor({2, 3, 30, 5}, 5));
@@ -87,7 +116,14 @@ TEST_F(CliDistributed, ErrorsExitTwoOnEveryRankAndLeaveNoFile) {
   expect_failure("--q " + path("q.npy") + " --k " + path("k7.npy") + " --v " + path("v.npy"),
                  "same head dim D");
   expect_failure(qk + " --v " + path("missing.npy"), "cannot open");
-  expect_failure(qkv() + " --method exact", "only --method favor");
+  expect_failure(qkv() + " --method exact", "only --method favor and vq");
+  // vq: a codebook is required (no k-means over the slices), with the keys' D.
+  expect_failure(qkv() + " --method vq --codes 4", "--distributed vq needs a codebook file");
+  const Tensor book = random_tensor({1, 1, 4, 7}, 8);
+  write_bytes("c7.npy", cli::encode_npy_f32({4, 7}, book.data()));
+  expect_failure(qkv() + " --method vq --codebook " + path("c7.npy"), "has D = 7");
+  expect_failure(qkv() + " --method vq --codebook " + path("c7.npy") + " --decay 0.9",
+                 "--decay: only --method favor takes it");
   const Result r = run_mpi(qkv() + " --out " + path("no/such/dir/y.npy"));
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("cannot create output"), std::string::npos) << r.err;

@@ -60,6 +60,27 @@ TEST(MpiErrors, DisagreeingOptionsOrProjections) {
   EXPECT_NE(seed.find("disagree"), std::string::npos) << seed;
 }
 
+TEST(MpiErrors, VQCodebookThatDiffersOnOneRank) {
+  // The last rank's codebook has one other value: forward and backward throw on every rank.
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Problem p(20, 20);
+  const Local l(p, even_slice_of(p.nq), even_slice_of(p.nk));
+  Tensor book = testing::random_tensor({1, p.heads, 6, p.d}, 4, 2.0);
+  if (rank() == size() - 1) book.values()[7] += 1e-3f;
+  const std::string differ =
+      "disagree on the codebook (rank 0 and rank " + std::to_string(size() - 1) + " differ)";
+  Tensor out = l.empty_out();
+  const std::string forward = error_of(
+      [&] { distributed::vq_attention(l.q, l.k, l.v, book, out.mutable_view(), VQOptions{}); });
+  EXPECT_NE(forward.find(differ), std::string::npos) << forward;
+  VQOptions causal;
+  causal.causal = true;
+  causal.tau = 0.5;
+  const std::string backward = error_of(
+      [&] { distributed::vq_attention_backward(l.q, l.k, l.v, l.dy, book, causal, true); });
+  EXPECT_NE(backward.find(differ), std::string::npos) << backward;
+}
+
 TEST(MpiErrors, NullCommunicatorAndBadSlicesRefused) {
   EXPECT_THROW(distributed::MpiExchange{MPI_COMM_NULL}, Error);
   EXPECT_THROW(distributed::even_slice(10, 2, 2), Error);
