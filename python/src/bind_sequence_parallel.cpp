@@ -1,7 +1,8 @@
 // Sequence-parallel attention over a favor._core.Exchange (bind_exchange.cpp):
 // sequence_parallel_attention(_map) and sequence_parallel_attention(_map)_backward, with the
 // argument conventions of attention / attention_map (bind_attention.cpp, bind_feature_map.cpp)
-// plus the exchange; each also returns the call's SequenceParallelStats. favor.distributed
+// plus the exchange, and sequence_parallel_vq_attention(_backward) with those of vq_attention
+// (bind_vq.cpp); each also returns the call's SequenceParallelStats. favor.distributed
 // documents them. The GIL is released for the whole call: the exchange's Python methods take
 // it back.
 //
@@ -15,14 +16,19 @@
 #include "attention_call.hpp"
 #include "bindings.hpp"
 #include "options.hpp"
+#include "vq_call.hpp"
 
 namespace favor::python {
 namespace {
 
-/// What the C++ call's agreement on errors does (favor::sequence_parallel_attention): every
-/// rank's message gathered, the first failing rank's named. Called by a rank that fails before
-/// the call, while the others are in it.
-[[noreturn]] void refuse(Exchange& exchange, const std::string& error) {
+constexpr const char* kFavor = "sequence-parallel attention";
+constexpr const char* kVQ = "sequence-parallel VQ attention";
+
+/// What the C++ call's agreement on errors does (favor::sequence_parallel_attention and
+/// sequence_parallel_vq_attention, whose errors start with `what`): every rank's message
+/// gathered, the first failing rank's named. Called by a rank that fails before the call,
+/// while the others are in it.
+[[noreturn]] void refuse(Exchange& exchange, const std::string& error, const char* what) {
   const std::vector<std::string> all =
       exchange.allgather_text(error.empty() ? "invalid input" : error);
   std::string first;
@@ -34,23 +40,23 @@ namespace {
   if (failed > 1) {
     first += " (and " + std::to_string(failed - 1) + " more rank(s) refused their inputs)";
   }
-  throw Error("sequence-parallel attention: " + first);
+  throw Error(std::string(what) + ": " + first);
 }
 
 /// f() (the checks and conversions before the C++ call); its error is refused with the
 /// other ranks.
 template <class F>
-auto agreed(Exchange& exchange, F&& f) {
+auto agreed(Exchange& exchange, F&& f, const char* what = kFavor) {
   try {
     return f();
   } catch (const std::exception& e) {
-    refuse(exchange, e.what());
+    refuse(exchange, e.what(), what);
   }
 }
 
 /// Runs the forward call into a new output: (y, stats).
-template <class Attend>
-py::tuple run_forward(const AttentionInputs& c, Attend&& attend) {
+template <class Inputs, class Attend>
+py::tuple run_forward(const Inputs& c, Attend&& attend) {
   const Shape4 shape = c.output_shape();
   py::array_t<float> y = new_output(shape, c.q.rank);
   const MutableTensorView out = output_view(y, shape);
@@ -155,9 +161,58 @@ void bind_sequence_parallel(py::module_& m) {
       py::arg("exchange"), py::arg("causal") = false, py::arg("key_mask") = py::none(),
       py::arg("decay") = std::vector<double>{}, py::arg("parameter_grads") = false);
 
-  m.def("sequence_parallel_refuse", &refuse, py::arg("exchange"), py::arg("error"),
-        "Takes part in a sequence-parallel call's agreement on errors with `error` (the "
-        "other ranks are in the call) and raises the error every rank raises.");
+  m.def(
+      "sequence_parallel_vq_attention",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& codebook,
+         Exchange& exchange, bool causal, std::optional<double> scale, const py::handle& key_mask,
+         double tau, int64_t block) {
+        const VQCall c = agreed(
+            exchange,
+            [&] { return vq_inputs(q, k, v, codebook, causal, scale, key_mask, tau, block); }, kVQ);
+        return run_forward(c, [&](MutableTensorView out) {
+          return sequence_parallel_vq_attention(c.q.view, c.k.view, c.v.view, c.codebook.view, out,
+                                                c.options, exchange);
+        });
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("codebook"), py::arg("exchange"),
+      py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("key_mask") = py::none(),
+      py::arg("tau") = 0.0, py::arg("block") = 0);
+
+  m.def(
+      "sequence_parallel_vq_attention_backward",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
+         const py::handle& codebook, Exchange& exchange, bool causal, std::optional<double> scale,
+         const py::handle& key_mask, double tau, int64_t block, bool codebook_grad) {
+        const VQCall c = agreed(
+            exchange,
+            [&] { return vq_inputs(q, k, v, codebook, causal, scale, key_mask, tau, block); }, kVQ);
+        const Input g = agreed(
+            exchange, [&] { return c.gradient(dy); }, kVQ);
+        VQGrads grads;
+        SequenceParallelStats stats;
+        {
+          py::gil_scoped_release release;
+          grads = sequence_parallel_vq_attention_backward(c.q.view, c.k.view, c.v.view, g.view,
+                                                          c.codebook.view, c.options, exchange,
+                                                          codebook_grad, &stats);
+        }
+        return with_stats(c.grads_tuple(std::move(grads), codebook_grad), stats);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("codebook"),
+      py::arg("exchange"), py::arg("causal") = false, py::arg("scale") = py::none(),
+      py::arg("key_mask") = py::none(), py::arg("tau") = 0.0, py::arg("block") = 0,
+      py::arg("codebook_grad") = false);
+
+  m.def(
+      "sequence_parallel_refuse",
+      [](Exchange& exchange, const std::string& error, bool vq) {
+        refuse(exchange, error, vq ? kVQ : kFavor);
+      },
+      py::arg("exchange"), py::arg("error"), py::arg("vq") = false,
+      "Takes part in a sequence-parallel call's agreement on errors with `error` (the "
+      "other ranks are in the call: sequence_parallel_attention(_map)(_backward), or with "
+      "vq=True sequence_parallel_vq_attention(_backward)) and raises the error every rank "
+      "raises.");
 }
 
 }  // namespace favor::python

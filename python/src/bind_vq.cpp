@@ -1,7 +1,6 @@
 // Transformer-VQ: vq_attention(_backward), vq_assign, the commitment loss, codebook learning
 // (k-means, EMA updates on caller-owned numpy buffers), VQDecoder and the double reference.
-// Codebooks are [c, D] (shared by all heads) or [H or 1, c, D]; they are small, so they are
-// converted to C-contiguous float32 (a copy only when they are not already).
+// Codebooks are [c, D] (shared by all heads) or [H or 1, c, D], converted as vq_call.hpp says.
 #include <pybind11/stl.h>
 
 #include <cstring>
@@ -9,70 +8,10 @@
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "decoder_binding.hpp"
+#include "vq_call.hpp"
 
 namespace favor::python {
 namespace {
-
-/// A codebook array viewed as [1, Hc, c, D]; `rank` (2 or 3) gives results their shape.
-struct CodebookInput {
-  py::array keep;
-  TensorView view;
-  int rank = 3;
-};
-
-CodebookInput as_codebook(const py::handle& obj, const std::string& name) {
-  if (obj.is_none()) throw Error(name + ": is None; expected a float array [c, D] or [H, c, D]");
-  py::array a = py::array::ensure(obj);
-  if (!a) throw Error(name + ": cannot be read as an array");
-  if (a.ndim() != 2 && a.ndim() != 3) {
-    throw Error(name + ": has rank " + std::to_string(a.ndim()) +
-                "; must be 2-D [c, D] (one codebook for every head) or 3-D [H or 1, c, D]");
-  }
-  if (a.dtype().kind() != 'f') {
-    throw Error(name + ": dtype " + py::str(a.dtype()).cast<std::string>() +
-                " is not a float type");
-  }
-  CodebookInput in;
-  in.rank = static_cast<int>(a.ndim());
-  in.keep = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
-  const int64_t hc = in.rank == 3 ? in.keep.shape(0) : 1;
-  const int64_t c = in.keep.shape(in.rank - 2), d = in.keep.shape(in.rank - 1);
-  in.view = TensorView::contiguous(static_cast<const float*>(in.keep.data()), {1, hc, c, d});
-  return in;
-}
-
-/// A float tensor [1, Hc, c, D] handed to numpy without a copy, in the codebook's rank.
-py::array codebook_shaped(Tensor&& t, int rank) {
-  auto* owned = new Tensor(std::move(t));
-  py::capsule free_when_done(owned, [](void* p) { delete static_cast<Tensor*>(p); });
-  const Shape4& s = owned->shape();
-  if (rank == 2) return py::array_t<float>({s[2], s[3]}, owned->data(), free_when_done);
-  return py::array_t<float>({s[1], s[2], s[3]}, owned->data(), free_when_done);
-}
-
-/// The inputs and options of the attention calls, checked and converted.
-struct Call {
-  Input q, k, v;
-  CodebookInput codebook;
-  std::optional<Mask> mask;
-  VQOptions options;
-};
-
-Call inputs(const py::handle& q, const py::handle& k, const py::handle& v,
-            const py::handle& codebook, bool causal, std::optional<double> scale,
-            const py::handle& key_mask, double tau, int64_t block) {
-  Call c{as_input(q, "q"), as_input(k, "k"),
-         as_input(v, "v"), as_codebook(codebook, "codebook"),
-         std::nullopt,     {}};
-  check_same_rank({&c.q, &c.k, &c.v}, "q, k, v");
-  c.mask = as_mask(key_mask, c.k.rank, c.k.view.shape[0], c.k.view.shape[2], "key_mask");
-  c.options.causal = causal;
-  c.options.scale = scale;
-  c.options.key_mask = mask_view(c.mask);
-  c.options.tau = tau;
-  c.options.block = block;
-  return c;
-}
 
 /// One of the [B, H, N] per-key results (codes, distances) in the rank of k.
 template <typename T>
@@ -110,9 +49,8 @@ void bind_functions(py::module_& m) {
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& codebook,
          bool causal, std::optional<double> scale, const py::handle& key_mask, double tau,
          int64_t block) {
-        const Call c = inputs(q, k, v, codebook, causal, scale, key_mask, tau, block);
-        const Shape4 shape{c.q.view.shape[0], c.q.view.shape[1], c.q.view.shape[2],
-                           c.v.view.shape[3]};
+        const VQCall c = vq_inputs(q, k, v, codebook, causal, scale, key_mask, tau, block);
+        const Shape4 shape = c.output_shape();
         py::array_t<float> y = new_output(shape, c.q.rank);
         const MutableTensorView out = output_view(y, shape);
         VQStats stats;
@@ -131,20 +69,15 @@ void bind_functions(py::module_& m) {
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
          const py::handle& codebook, bool causal, std::optional<double> scale,
          const py::handle& key_mask, double tau, int64_t block, bool codebook_grad) {
-        const Call c = inputs(q, k, v, codebook, causal, scale, key_mask, tau, block);
-        const Input g = as_input(dy, "dy");
-        check_same_rank({&c.q, &g}, "q, dy");
+        const VQCall c = vq_inputs(q, k, v, codebook, causal, scale, key_mask, tau, block);
+        const Input g = c.gradient(dy);
         VQGrads grads;
         {
           py::gil_scoped_release release;
           grads = vq_attention_backward(c.q.view, c.k.view, c.v.view, g.view, c.codebook.view,
                                         c.options, codebook_grad);
         }
-        py::object dc = py::none();
-        if (codebook_grad) dc = codebook_shaped(std::move(grads.dcodebook), c.codebook.rank);
-        return py::make_tuple(to_array(std::move(grads.dq), c.q.rank),
-                              to_array(std::move(grads.dk), c.q.rank),
-                              to_array(std::move(grads.dv), c.q.rank), dc);
+        return c.grads_tuple(std::move(grads), codebook_grad);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("codebook"),
       py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("key_mask") = py::none(),
@@ -270,7 +203,7 @@ void bind_reference(py::module_& m) {
       "vq_attention",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& codebook,
          bool causal, std::optional<double> scale, const py::handle& key_mask, double tau) {
-        const Call c = inputs(q, k, v, codebook, causal, scale, key_mask, tau, 0);
+        const VQCall c = vq_inputs(q, k, v, codebook, causal, scale, key_mask, tau, 0);
         return to_array(
             reference::vq_attention(c.q.view, c.k.view, c.v.view, c.codebook.view, c.options),
             c.q.rank);
@@ -282,9 +215,8 @@ void bind_reference(py::module_& m) {
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
          const py::handle& codebook, bool causal, std::optional<double> scale,
          const py::handle& key_mask, double tau) {
-        const Call c = inputs(q, k, v, codebook, causal, scale, key_mask, tau, 0);
-        const Input g = as_input(dy, "dy");
-        check_same_rank({&c.q, &g}, "q, dy");
+        const VQCall c = vq_inputs(q, k, v, codebook, causal, scale, key_mask, tau, 0);
+        const Input g = c.gradient(dy);
         reference::DGrads r = reference::vq_attention_backward(c.q.view, c.k.view, c.v.view, g.view,
                                                                c.codebook.view, c.options);
         const Shape4& s = c.codebook.view.shape;

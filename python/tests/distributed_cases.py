@@ -1,5 +1,6 @@
 """The cases of test_distributed.py, run inside every rank by distributed_worker.py
-(torch.distributed, gloo) and distributed_mpi_worker.py (mpirun, mpi4py).
+(torch.distributed, gloo) and distributed_mpi_worker.py (mpirun, mpi4py); the Transformer-VQ
+ones are in distributed_vq_cases.py.
 
 Each attention case draws the whole sequence (fixed seeds, the same on every rank), runs
 single-process favor.torch.attention on it as the reference, then favor.distributed.attention
@@ -15,6 +16,7 @@ import torch
 import favor
 import favor.distributed as fd
 import favor.torch as ft
+from distributed_vq_cases import VQ_CASES, VQ_ERROR_CASES, vq_case, vq_error_case
 
 B, H, D, DV, M = 2, 2, 8, 6, 16
 
@@ -254,6 +256,11 @@ def run_all(rank, size, lengths, exchange, sum_over_ranks, exchange_kw, only=Non
     cases += [(f"error_{name}", (lambda n=name: error_case(n, rank, size, lengths,
                                                            exchange_kw)))
               for name in ERROR_CASES]
+    cases += [(name, (lambda o=o: vq_case(o, rank, lengths, sum_over_ranks, exchange_kw)))
+              for name, o in VQ_CASES.items()]
+    cases += [(f"vq_error_{name}", (lambda n=name: vq_error_case(n, rank, size, lengths,
+                                                                 exchange_kw)))
+              for name in VQ_ERROR_CASES]
     for name, run in cases:
         if only is not None and name not in only:
             continue

@@ -1,5 +1,6 @@
-"""favor.distributed: sequence-parallel attention over torch.distributed (gloo) and mpi4py,
-against single-process favor.torch.attention on the whole sequence.
+"""favor.distributed: sequence-parallel attention (FAVOR and Transformer-VQ) over
+torch.distributed (gloo) and mpi4py, against single-process favor.torch.attention and
+favor.torch.vq_attention on the whole sequence.
 
 The multi-process runs start one subprocess per rank (distributed_worker.py: gloo through a
 file:// rendezvous in a temporary folder, no port chosen by hand; distributed_mpi_worker.py
@@ -12,10 +13,15 @@ Tolerance: both sides are float32 evaluations of the same sums, reassociated whe
 sequence is split (the states of the earlier ranks arrive as one rescaled term); each is
 within about (N + F) eps32 of exact for these well-conditioned inputs, so they differ by at
 most 2 (N + F) eps32 relative to the largest reference entry (N positions, F features per
-row; 7.9e-6 to 1.2e-5 here; measured at most 3e-6).
+row; 7.9e-6 to 1.2e-5 here; measured at most 3e-6). VQ (distributed_vq_cases.py): the same
+rule with the c = 5 codes in place of F (5.2e-6 for 17 positions; measured at most 6.4e-7).
+Soft VQ runs with tau = 6, where p(s|k) spreads over the codes: with keys near their codes
+and a small tau, soft VQ's exact dk is a tiny difference of large terms, and single-process
+favor is itself ~1e-4 of max |dk| off the float64 reference there.
 
-In this process: one rank with a trivial exchange equals favor.attention bit for bit; three
-ranks as threads (ThreadExchange: each collective evaluates its definition) equal one process;
+In this process: one rank with a trivial exchange equals favor.attention bit for bit (and
+favor.vq_attention's forward); three ranks as threads (ThreadExchange: each collective
+evaluates its definition) equal one process, FAVOR and VQ;
 the GIL is released during a call; Python exceptions and malformed results of an exchange's
 methods; StateBlock and combine_states.
 
@@ -36,6 +42,8 @@ import pytest
 import favor
 import favor.distributed as fd
 from distributed_cases import ATTENTION_CASES, ERROR_CASES, M
+from distributed_vq_cases import C as VQ_C
+from distributed_vq_cases import VQ_CASES, VQ_ERROR_CASES
 
 HERE = pathlib.Path(__file__).resolve().parent
 EXAMPLE = HERE.parents[1] / "examples" / "distributed" / "train_split.py"
@@ -43,7 +51,7 @@ EPS32 = 2.0 ** -23
 RUN_TIMEOUT = 120
 SPLITS = {2: [7, 10], 3: [6, 0, 11]}
 DEEP = (5, [3, 0, 4, 2, 5], ["exchange", "positive_causal", "mask", "decay_learned_causal",
-                             "hedgehog_learned"])
+                             "hedgehog_learned", "vq_hard_causal_mask", "vq_soft_mask_shared"])
 _runs = {}
 
 
@@ -87,9 +95,18 @@ def _torch_run(tmp_path_factory, size, lengths, only=()):
 
 
 def _tolerance(case, lengths):
+    if case in VQ_CASES:
+        return _vq_tolerance(lengths)
     kernel = ATTENTION_CASES.get(case, {}).get("kernel", "positive")
     features = 2 * M if kernel in ("trig", "hyperbolic", "hedgehog") else M
     return 2 * (sum(lengths) + features) * EPS32
+
+
+def _vq_tolerance(lengths):
+    """Transformer-VQ: as FAVOR's with the c = 5 codes in place of the F features (the
+    per-code sums of N keys, the query-side sums over N rows, the codebook gradient summed
+    over ranks; hard VQ's dk by the moment route, exact as the direct one)."""
+    return 2 * (sum(lengths) + VQ_C) * EPS32
 
 
 def _check_case(results, case, lengths):
@@ -101,7 +118,7 @@ def _check_case(results, case, lengths):
             assert err <= tol, f"rank {rank} {case} {name}: relative error {err:.2e} > {tol:.2e}"
 
 
-def _check_error(results, case):
+def _check_error(results, case, what="sequence-parallel attention"):
     messages = set()
     for rank, res in enumerate(results):
         r = res[case]
@@ -110,7 +127,7 @@ def _check_error(results, case):
         messages.add(r["message"])
     assert len(messages) == 1, f"the ranks raised different errors: {messages}"
     message = messages.pop()
-    assert message.startswith("sequence-parallel attention: "), message
+    assert message.startswith(what + ": "), message
     assert f"rank {len(results) - 1}" in message, message  # names the rank that broke it
 
 
@@ -124,6 +141,19 @@ def test_gloo_slices_equal_single_process(tmp_path_factory, size, case):
 @pytest.mark.parametrize("case", ERROR_CASES)
 def test_gloo_bad_use_raises_the_same_error_on_every_rank(tmp_path_factory, size, case):
     _check_error(_torch_run(tmp_path_factory, size, SPLITS[size]), f"error_{case}")
+
+
+@pytest.mark.parametrize("size", sorted(SPLITS))
+@pytest.mark.parametrize("case", VQ_CASES)
+def test_gloo_vq_slices_equal_single_process(tmp_path_factory, size, case):
+    _check_case(_torch_run(tmp_path_factory, size, SPLITS[size]), case, SPLITS[size])
+
+
+@pytest.mark.parametrize("size", sorted(SPLITS))
+@pytest.mark.parametrize("case", VQ_ERROR_CASES)
+def test_gloo_vq_bad_use_raises_the_same_error_on_every_rank(tmp_path_factory, size, case):
+    _check_error(_torch_run(tmp_path_factory, size, SPLITS[size]), f"vq_error_{case}",
+                 "sequence-parallel VQ attention")
 
 
 @pytest.mark.parametrize("case", DEEP[2])
@@ -149,10 +179,12 @@ def test_mpi4py_exchange_under_mpirun(tmp_path):
                          stderr=subprocess.STDOUT, text=True)
     _wait_all([p], "mpirun -np 2")
     results = [json.loads((tmp_path / f"rank.{r}.json").read_text()) for r in range(2)]
-    for case in ["exchange", *ATTENTION_CASES]:
+    for case in ["exchange", *ATTENTION_CASES, *VQ_CASES]:
         _check_case(results, case, lengths)
     for case in ERROR_CASES:
         _check_error(results, f"error_{case}")
+    for case in VQ_ERROR_CASES:
+        _check_error(results, f"vq_error_{case}", "sequence-parallel VQ attention")
 
 
 def test_train_split_example_check(tmp_path):
@@ -407,13 +439,99 @@ def test_threads_as_ranks_equal_one_process(kernel, causal, single_thread):
             assert rel(sum(o[1][i] for o in out), g0[i]) <= tol, i
 
 
-def test_the_gil_is_released_during_the_call(single_thread):
-    """Another Python thread runs while one rank computes (causal, N = 8192, m = 256: ~0.1
-    s), as in test_gil.py: with the switch interval far above the call's length, a call that
-    kept the GIL (its exchange's methods run Python without blocking) could not be
-    interrupted, and the counter would never see the call in flight."""
+def _vq_inputs(seed, n=14, d=6):
+    """q, k, v, dy [2, 2, n, d] and a codebook [2, 5, d] whose codes the keys lie near (no
+    near-tie between two nearest codes: distributed_vq_cases.py)."""
+    rng = np.random.default_rng(seed)
+    book = rng.standard_normal((2, 5, d)).astype(np.float32)
+    z = rng.integers(0, 5, (2, 2, n))
+    k = book[np.arange(2)[None, :, None], z] + 0.35 * rng.standard_normal((2, 2, n, d))
+    q, v, dy = [0.6 * rng.standard_normal((2, 2, n, d)) for _ in range(3)]
+    return [a.astype(np.float32) for a in (q, k, v, dy)] + [book]
+
+
+@pytest.mark.parametrize("tau", [0.0, 6.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_vq_one_rank_equals_favor_vq_attention(causal, tau):
+    """One rank: the forward equals favor.vq_attention bit for bit; the backward within the
+    VQ tolerance (hard VQ takes every code's moment route here, docs/vq.md); what crosses
+    does not grow with N."""
+    q, k, v, dy, book = _vq_inputs(4)
+    kw = dict(causal=causal, tau=tau)
+    y, stats = fd.vq_attention_numpy(q, k, v, book, exchange=Solo(), full_output=True, **kw)
+    np.testing.assert_array_equal(y, favor.vq_attention(q, k, v, book, **kw))
+    assert (stats.offset, stats.total, stats.zero_rows) == (0, 14, 0)
+    g, bstats = fd.vq_attention_backward_numpy(q, k, v, dy, book, exchange=Solo(),
+                                               codebook_grad=True, full_output=True, **kw)
+    assert isinstance(g, favor.VQGrads) and g.dcodebook.shape == book.shape
+    want = favor.vq_attention_backward(q, k, v, dy, book, codebook_grad=True, **kw)
+    tol = _vq_tolerance([14])
+    for name, a, b in zip(g._fields, g, want):
+        assert np.abs(a - b).max() <= tol * np.abs(b).max(), name
+    q2, k2, v2, dy2, _ = _vq_inputs(5, n=28)
+    _, stats2 = fd.vq_attention_numpy(q2, k2, v2, book, exchange=Solo(), full_output=True, **kw)
+    _, bstats2 = fd.vq_attention_backward_numpy(q2, k2, v2, dy2, book, exchange=Solo(),
+                                                codebook_grad=True, full_output=True, **kw)
+    assert stats.payload_bytes > 0 and stats2.payload_bytes == stats.payload_bytes
+    assert bstats.payload_bytes > 0 and bstats2.payload_bytes == bstats.payload_bytes
+
+
+@pytest.mark.parametrize("tau", [0.0, 6.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_vq_threads_as_ranks_equal_one_process(causal, tau, single_thread):
+    """Three ranks (5 + 0 + 9 positions) as threads, the VQ numpy API with a key mask: the
+    slices of y, dq, dk, dv and the codebook gradient summed over ranks against
+    favor.vq_attention(_backward) on the whole sequence."""
+    lengths = [5, 0, 9]
+    q, k, v, dy, book = _vq_inputs(6)
+    mask = np.ones((2, 14), dtype=bool)
+    mask[0, ::3] = False
+    kw = dict(causal=causal, tau=tau, key_mask=mask)
+    y0 = favor.vq_attention(q, k, v, book, **kw)
+    g0 = favor.vq_attention_backward(q, k, v, dy, book, codebook_grad=True, **kw)
+
+    def call(r, ex, a, b):
+        s = lambda x: x[:, :, a:b]
+        mine = dict(kw, key_mask=mask[:, a:b], block=r + 2)  # the block need not agree
+        return (fd.vq_attention_numpy(s(q), s(k), s(v), book, exchange=ex, **mine),
+                fd.vq_attention_backward_numpy(s(q), s(k), s(v), s(dy), book, exchange=ex,
+                                               codebook_grad=True, **mine))
+
+    out = _as_threads(lengths, call)
+    tol = _vq_tolerance(lengths)
+    rel = lambda a, b: np.abs(a - b).max() / np.abs(b).max()
+    assert rel(np.concatenate([o[0] for o in out], axis=2), y0) <= tol
+    for i in range(3):
+        assert rel(np.concatenate([o[1][i] for o in out], axis=2), g0[i]) <= tol, i
+    assert rel(sum(o[1].dcodebook for o in out), g0.dcodebook) <= tol
+
+
+def test_vq_call_errors_without_other_ranks():
+    import torch
+    q, k, v, _, book = _vq_inputs(7)
+    with pytest.raises(favor.Error, match="exchange: must be"):
+        fd.vq_attention_numpy(q, k, v, book, exchange=None)
+    t = torch.from_numpy(q)
+    with pytest.raises(favor.Error, match="exchange: must be"):
+        fd.vq_attention(t, t, t, torch.from_numpy(book), exchange="gloo")
+    # A refused argument on the only rank: the error every rank raises.
+    with pytest.raises(favor.Error, match="^sequence-parallel VQ attention: rank 0: block"):
+        fd.vq_attention_numpy(q, k, v, book, exchange=Solo(), block=0)
+    with pytest.raises(favor.Error, match="^sequence-parallel VQ attention: rank 0: codebook"):
+        fd.vq_attention(t, t, t, torch.from_numpy(book)[0, 0], exchange=Solo())
+    with pytest.raises(favor.Error, match="^sequence-parallel VQ attention: rank 0: tau"):
+        fd.vq_attention_numpy(q, k, v, book, exchange=Solo(), tau=-1.0)
+
+
+@pytest.mark.parametrize("method", ["favor", "vq"])
+def test_the_gil_is_released_during_the_call(method, single_thread):
+    """Another Python thread runs while one rank computes (causal, N = 8192, m = 256 or c =
+    64 codes: ~0.1 s), as in test_gil.py: with the switch interval far above the call's
+    length, a call that kept the GIL (its exchange's methods run Python without blocking)
+    could not be interrupted, and the counter would never see the call in flight."""
     rng = np.random.default_rng(0)
     q, k, v = [rng.standard_normal((1, 4, 8192, 64)).astype(np.float32) * 0.3 for _ in range(3)]
+    book = rng.standard_normal((4, 64, 64)).astype(np.float32) * 0.3
     state = {"inside": False, "stop": False, "count": 0}
 
     def counter():
@@ -425,8 +543,12 @@ def test_the_gil_is_released_during_the_call(single_thread):
     def caller():
         state["inside"] = True
         try:
-            state["result"] = fd.attention_numpy(q, k, v, exchange=Solo(), causal=True,
-                                                 features=256)
+            if method == "vq":
+                state["result"] = fd.vq_attention_numpy(q, k, v, book, exchange=Solo(),
+                                                        causal=True)
+            else:
+                state["result"] = fd.attention_numpy(q, k, v, exchange=Solo(), causal=True,
+                                                     features=256)
         finally:
             state["inside"] = False
 

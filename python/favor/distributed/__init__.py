@@ -1,29 +1,35 @@
-"""favor.distributed: sequence-parallel FAVOR attention, forward and backward, with the
-sequence of every (batch, head) split into contiguous slices over processes ("ranks"; rank
-order = sequence order; slices of any length, also empty). Only per-head states cross
-between ranks: O(B H F (Dv + 1)) numbers per call, whatever the sequence length.
+"""favor.distributed: sequence-parallel FAVOR and Transformer-VQ attention, forward and
+backward, with the sequence of every (batch, head) split into contiguous slices over
+processes ("ranks"; rank order = sequence order; slices of any length, also empty). Only
+per-head states cross between ranks: O(B H F (Dv + 1)) numbers per call (VQ: the per-code
+sums, c codes in place of F features), whatever the sequence length.
 
 - attention(q, k, v, ..., group=None, exchange=None): favor.torch.attention on this rank's
   slice, a torch.autograd.Function whose backward does the reverse communication.
-- attention_numpy / attention_backward_numpy: the numpy API (favor.attention's arguments
-  and an exchange).
+- vq_attention(q, k, v, codebook, ..., group=None, exchange=None): favor.torch.vq_attention
+  on this rank's slice, likewise.
+- attention_numpy / attention_backward_numpy, vq_attention_numpy /
+  vq_attention_backward_numpy: the numpy API (favor.attention's or favor.vq_attention's
+  arguments and an exchange).
 - TorchExchange(group=None): the collectives over torch.distributed (gloo, CPU tensors).
 - MPIExchange(comm=None): the collectives over an mpi4py communicator (launch with mpirun).
 - Exchange: subclass it to bring another transport (rank, size, allgather, allgather_text,
   allreduce_sum, allreduce_states, exscan_states); StateBlock and combine_states are what
   the state collectives move and reduce with.
 
-Gradients: dq, dk, dv are this rank's slice; the gradients of parameters (the map's, and
-every other parameter of a model whose sequence is split) are this rank's share: sum them
-over ranks after backward (torch.distributed.all_reduce of each .grad). Docs: docs/python.md.
+Gradients: dq, dk, dv are this rank's slice; the gradients of parameters (the map's, a
+codebook's, and every other parameter of a model whose sequence is split) are this rank's
+share: sum them over ranks after backward (torch.distributed.all_reduce of each .grad).
+Docs: docs/python.md.
 
 torch and mpi4py are imported when first used (importing mpi4py initialises MPI).
 """
 from .._core import Exchange, SequenceParallelStats, StateBlock, combine_states
-from .numpy_api import attention_backward_numpy, attention_numpy
+from .numpy_api import (attention_backward_numpy, attention_numpy, vq_attention_backward_numpy,
+                        vq_attention_numpy)
 
-_LAZY = {"attention": ".function", "TorchExchange": ".torch_exchange",
-         "MPIExchange": ".mpi_exchange"}
+_LAZY = {"attention": ".function", "vq_attention": ".vq_function",
+         "TorchExchange": ".torch_exchange", "MPIExchange": ".mpi_exchange"}
 
 
 def __getattr__(name):
@@ -38,4 +44,5 @@ def __dir__():
 
 
 __all__ = ["Exchange", "MPIExchange", "SequenceParallelStats", "StateBlock", "TorchExchange",
-           "attention", "attention_backward_numpy", "attention_numpy", "combine_states"]
+           "attention", "attention_backward_numpy", "attention_numpy", "combine_states",
+           "vq_attention", "vq_attention_backward_numpy", "vq_attention_numpy"]

@@ -1,7 +1,9 @@
-"""The numpy API of sequence-parallel attention: favor.attention / attention_backward on
-this rank's slice, with an exchange (no torch needed with an MPIExchange)."""
+"""The numpy API of sequence-parallel attention: favor.attention / attention_backward and
+favor.vq_attention / vq_attention_backward on this rank's slice, with an exchange (no torch
+needed with an MPIExchange)."""
 from .. import _core
 from ..api import (FeatureMapGrads, Grads, _batch_heads, _core_map, _decay, _head_dim)
+from ..vq import VQGrads, _block, _values
 
 
 def _map(q, exchange, kernel, features, projection, norms, seed, scale, fit, feature_map,
@@ -54,4 +56,50 @@ def attention_backward_numpy(q, k, v, dy, *, exchange, causal=False, kernel="pos
         parameter_grads=parameter_grads or projection_grad)
     grads = FeatureMapGrads(*g) if parameter_grads else Grads(*g[:3],
                                                               g[3] if projection_grad else None)
+    return (grads, stats) if full_output else grads
+
+
+def _vq_options(exchange, codebook, scale, tau, block):
+    """(the codebook's values, scale, tau, the block length) as the binding takes them; an
+    error in them is refused with the other ranks, who are in the C++ call."""
+    if not isinstance(exchange, _core.Exchange):
+        raise _core.Error(f"exchange: must be a favor.distributed.Exchange (MPIExchange, "
+                          f"TorchExchange or a subclass), not {type(exchange).__name__}")
+    try:
+        return (_values(codebook), None if scale is None else float(scale), float(tau),
+                _block(block))
+    except (TypeError, ValueError) as e:
+        _core.sequence_parallel_refuse(exchange, str(e), vq=True)
+
+
+def vq_attention_numpy(q, k, v, codebook, *, exchange, causal=False, scale=None, key_mask=None,
+                       tau=0.0, block=None, full_output=False):
+    """This rank's slice of sequence-parallel Transformer-VQ attention: favor.vq_attention's
+    arguments (numpy arrays q [B, H, Nq_r, D], k [B, H, Nk_r, D], v [B, H, Nk_r, Dv],
+    key_mask [B, Nk_r] nonzero = the key takes part; codebook [c, D], [H or 1, c, D] or a
+    favor.Codebook, the same values on every rank) for this rank's contiguous slice, and the
+    exchange over the ranks. Returns y [B, H, Nq_r, Dv]; full_output=True returns (y,
+    favor._core.SequenceParallelStats). block (the causal block length) may differ between
+    ranks: the result does not depend on it."""
+    values, scale, tau, blk = _vq_options(exchange, codebook, scale, tau, block)
+    y, stats = _core.sequence_parallel_vq_attention(q, k, v, values, exchange, causal=causal,
+                                                    scale=scale, key_mask=key_mask,
+                                                    tau=tau, block=blk)
+    return (y, stats) if full_output else y
+
+
+def vq_attention_backward_numpy(q, k, v, dy, codebook, *, exchange, causal=False, scale=None,
+                                key_mask=None, tau=0.0, block=None, codebook_grad=False,
+                                full_output=False):
+    """The gradients of vq_attention_numpy for dy [B, H, Nq_r, Dv] (this rank's output
+    slice): VQGrads(dq, dk, dv, dcodebook), dq, dk, dv of this rank's slice (as
+    favor.vq_attention_backward: dk straight-through for hard VQ) and with codebook_grad
+    dcodebook (the codebook's shape) this rank's share: its sum over ranks is the gradient of
+    the whole sequence. codebook_grad must be the same on every rank. full_output=True
+    returns (grads, SequenceParallelStats)."""
+    values, scale, tau, blk = _vq_options(exchange, codebook, scale, tau, block)
+    *g, stats = _core.sequence_parallel_vq_attention_backward(
+        q, k, v, dy, values, exchange, causal=causal, scale=scale, key_mask=key_mask,
+        tau=tau, block=blk, codebook_grad=codebook_grad)
+    grads = VQGrads(*g)
     return (grads, stats) if full_output else grads

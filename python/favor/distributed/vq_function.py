@@ -1,0 +1,88 @@
+"""favor.distributed.vq_attention: sequence-parallel Transformer-VQ attention as a
+torch.autograd.Function.
+
+Every rank holds a contiguous slice of the sequence (rank order = sequence order); the forward
+pass exchanges the per-code key sums, the backward pass those and the query-side per-code sums
+(favor._core's sequence_parallel_vq_attention(_backward) over an Exchange). The arguments are
+favor.torch.vq_attention's (favor/torch/vq_function.py), checked the same way.
+"""
+import torch
+from torch.autograd.function import once_differentiable
+
+from .. import _core
+from ..torch import _tensors as T
+from ..torch.vq_function import _Spec, check_codebook
+from ..vq import _block
+from .function import _record, resolve_exchange
+
+
+class _DistributedVQFunction(torch.autograd.Function):
+    """This rank's slice of q, k, v and the codebook [c, D] or [H or 1, c, D] (the same on
+    every rank) -> this rank's output slice; the codebook's gradient is this rank's share."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, codebook, spec, exchange):
+        y, stats = _core.sequence_parallel_vq_attention(
+            T.view(q), T.view(k), T.view(v), T.view(codebook), exchange, **spec.options())
+        _record(exchange, "forward_stats", stats)
+        ctx.save_for_backward(q, k, v, codebook)
+        ctx.spec, ctx.exchange = spec, exchange
+        return T.tensor(y)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        q, k, v, codebook = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dq, dk, dv, dc, stats = _core.sequence_parallel_vq_attention_backward(
+            T.view(q), T.view(k), T.view(v), T.view(dy.to(torch.float32)), T.view(codebook),
+            ctx.exchange, codebook_grad=need[3], **ctx.spec.options())
+        _record(ctx.exchange, "backward_stats", stats)
+        return (T.tensor(dq) if need[0] else None, T.tensor(dk) if need[1] else None,
+                T.tensor(dv) if need[2] else None, T.tensor(dc) if need[3] else None, None, None)
+
+
+def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mask=None,
+                 tau=0.0, block=None, group=None, exchange=None):
+    """Differentiable sequence-parallel Transformer-VQ attention on CPU tensors: this rank's
+    slice of favor.torch.vq_attention on the whole sequence.
+
+    q [B, H, Nq_r, D], k [B, H, Nk_r, D], v [B, H, Nk_r, Dv] (or [N_r, D]): rank r's
+    contiguous slice of the sequence (rank order = sequence order; any length, also 0) ->
+    y [B, H, Nq_r, Dv] in the dtype of q. codebook [c, D] or [H or 1, c, D]: the same values
+    on every rank (a replicated parameter or buffer). Bidirectional: every query sees every
+    rank's keys; causal: Nq_r = Nk_r and queries see the keys before them on every rank.
+    tau = 0: hard VQ, tau > 0: soft VQ. key_padding_mask [B, Nk_r]: this rank's keys,
+    torch's convention (True or -inf = ignore the key). block: the causal block length (may
+    differ between ranks; the result does not depend on it). Per call and rank the forward
+    moves the per-code key sums, B H c (Dv + 1) floats, whatever N.
+
+    causal, scale, tau, the codebook's values and the presence of a mask must be the same on
+    every rank (the ranks compare a fingerprint of shapes, options and codebook, and raise
+    the same error otherwise, also for an argument refused here on one rank).
+
+    group: the torch.distributed process group (None: the default; gloo) the slices are
+    spread over; or exchange: a favor.distributed.Exchange (MPIExchange, TorchExchange).
+
+    Backward (collective: every rank must run it, so every rank's loss must depend on y):
+    dq, dk, dv of this rank's slice, as favor.torch.vq_attention's (dk straight-through for
+    hard VQ, exact for soft VQ), and, when the codebook requires grad (on every rank alike),
+    this rank's share of dL/dC: sum it over ranks (torch.distributed.all_reduce of the
+    codebook's .grad after backward), as for every other parameter of a model whose sequence
+    is split. The last call's favor._core.SequenceParallelStats are kept on the exchange as
+    forward_stats and backward_stats.
+    """
+    ex = resolve_exchange(exchange, group)
+    try:
+        for t, name in ((q, "q"), (k, "k"), (v, "v")):
+            T.check_tensor(t, name)
+        check_codebook(codebook)
+        T.follow_torch_threads()
+        spec = _Spec(causal, None if scale is None else float(scale),
+                     T.keep_mask(key_padding_mask), float(tau), _block(block))
+        q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")
+        cb32 = T.as_float32(codebook, "codebook")
+    except (TypeError, ValueError) as e:  # the other ranks are in the call: they raise it too
+        _core.sequence_parallel_refuse(ex, str(e), vq=True)
+    y = _DistributedVQFunction.apply(q32, k32, v32, cb32, spec, ex)
+    return y if q.dtype == torch.float32 else y.to(q.dtype)
