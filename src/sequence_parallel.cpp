@@ -303,4 +303,11 @@ AttentionGrads sequence_parallel_attention_backward(TensorView q, TensorView k, 
                                               with_projection_grad, stats);
 }
 
+void refuse_sequence_parallel(Exchange& exchange, const std::string& message, bool vq) {
+  SequenceParallelStats st;
+  detail::agree_on_errors(exchange, message.empty() ? "invalid input" : message,
+                          vq ? "sequence-parallel VQ attention" : kWhat, st);
+  throw Error("refuse_sequence_parallel: the agreement on errors did not see this rank's");
+}
+
 }  // namespace favor

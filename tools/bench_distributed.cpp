@@ -77,6 +77,19 @@ void run_rank(const RankArgs& a) {
       wall = MPI_Wtime() - t0;
     }
     const double in_mpi = ex.seconds();
+    // One rank: the plain single-process call on the same inputs, the baseline of the split.
+    double plain = 0.0;
+    if (size == 1) {
+      Tensor y({1, a.bh, s.size(), a.d});
+      t0 = MPI_Wtime();
+      if (a.backward) {
+        const Tensor dy = gaussian_rows({1, a.bh, s.size(), a.d}, 400 + rank);
+        favor_attention_backward(q, k, v, dy, w, o);
+      } else {
+        favor_attention(q, k, v, w, y.mutable_view(), o);
+      }
+      plain = MPI_Wtime() - t0;
+    }
     const auto bytes = static_cast<double>(st.payload_bytes);
     std::vector<double> walls(static_cast<size_t>(size)), mpis(static_cast<size_t>(size)),
         byte_counts(static_cast<size_t>(size));
@@ -93,6 +106,7 @@ void run_rank(const RankArgs& a) {
                        {"rank_mpi_seconds", mpis},
                        {"payload_bytes_per_rank", byte_counts[0]},
                        {"collective_seconds", collective},
+                       {"plain_seconds", plain},
                        {"threads", num_threads()}};
       fmt::print("{}\n", r.dump());
       std::fflush(stdout);
@@ -161,6 +175,12 @@ nlohmann::json distributed_section(const DistributedBenchArgs& a) {
       nlohmann::json r = launch(a, ranks, n, c.causal, c.backward);
       const double seconds = r["seconds"].get<double>();
       if (base == 0.0) base = seconds;
+      if (ranks == 1 && !a.json) {
+        fmt::print("{:>7} {:>4} {:>6} {:>8} {:>2} {:>3} {:>9.3f} {:>8} {:>8} {:>10} {:>9} {:>10}\n",
+                   c.scaling, c.backward ? "bwd" : "fwd", c.causal ? "yes" : "no", n, "-",
+                   r["threads"].get<int>(), r["plain_seconds"].get<double>(), "plain", "", "", "",
+                   "");
+      }
       const bench::Problem p{a.bh, n, a.d, a.d, a.m, a.m};
       const double flops = c.backward ? bench::favor_backward_flops(p, c.causal, 64)
                                       : bench::favor_flops(p, c.causal, 64);

@@ -92,6 +92,13 @@ class Exchange {
   virtual void exscan_states(StateBlock& block, bool reverse) = 0;
 };
 
+/// For a rank that cannot make its sequence-parallel call (its arguments were refused before
+/// it, e.g. by a language binding's conversions): joins the call's first collective, the
+/// agreement on errors, with `message`, so that every rank throws the same favor::Error
+/// naming this rank; throws it here too. vq: the message of sequence_parallel_vq_attention.
+[[noreturn]] void refuse_sequence_parallel(Exchange& exchange, const std::string& message,
+                                           bool vq = false);
+
 /// What one sequence-parallel call did on this rank.
 struct SequenceParallelStats {
   int64_t zero_rows = 0;      ///< as AttentionStats, for this rank's queries

@@ -21,36 +21,22 @@
 namespace favor::python {
 namespace {
 
-constexpr const char* kFavor = "sequence-parallel attention";
-constexpr const char* kVQ = "sequence-parallel VQ attention";
+constexpr bool kVQ = true;  // the VQ call's errors (agreed's and refuse's last argument)
 
-/// What the C++ call's agreement on errors does (favor::sequence_parallel_attention and
-/// sequence_parallel_vq_attention, whose errors start with `what`): every rank's message
-/// gathered, the first failing rank's named. Called by a rank that fails before the call,
-/// while the others are in it.
-[[noreturn]] void refuse(Exchange& exchange, const std::string& error, const char* what) {
-  const std::vector<std::string> all =
-      exchange.allgather_text(error.empty() ? "invalid input" : error);
-  std::string first;
-  int failed = 0;
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r].empty()) continue;
-    if (failed++ == 0) first = "rank " + std::to_string(r) + ": " + all[r];
-  }
-  if (failed > 1) {
-    first += " (and " + std::to_string(failed - 1) + " more rank(s) refused their inputs)";
-  }
-  throw Error(std::string(what) + ": " + first);
+/// The C++ call's agreement on errors, joined by a rank that fails before the call while the
+/// others are in it (favor::refuse_sequence_parallel).
+[[noreturn]] void refuse(Exchange& exchange, const std::string& error, bool vq) {
+  refuse_sequence_parallel(exchange, error, vq);
 }
 
 /// f() (the checks and conversions before the C++ call); its error is refused with the
 /// other ranks.
 template <class F>
-auto agreed(Exchange& exchange, F&& f, const char* what = kFavor) {
+auto agreed(Exchange& exchange, F&& f, bool vq = false) {
   try {
     return f();
   } catch (const std::exception& e) {
-    refuse(exchange, e.what(), what);
+    refuse(exchange, e.what(), vq);
   }
 }
 
@@ -205,9 +191,7 @@ void bind_sequence_parallel(py::module_& m) {
 
   m.def(
       "sequence_parallel_refuse",
-      [](Exchange& exchange, const std::string& error, bool vq) {
-        refuse(exchange, error, vq ? kVQ : kFavor);
-      },
+      [](Exchange& exchange, const std::string& error, bool vq) { refuse(exchange, error, vq); },
       py::arg("exchange"), py::arg("error"), py::arg("vq") = false,
       "Takes part in a sequence-parallel call's agreement on errors with `error` (the "
       "other ranks are in the call: sequence_parallel_attention(_map)(_backward), or with "
