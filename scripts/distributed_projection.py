@@ -14,7 +14,12 @@ Model, per layer and rank (all assumptions are arguments):
              one collective + the sweep; backward = the backward flops + two collectives.
 The key pass and the sweep are not overlapped with the collective (the sweep needs its result).
 
-Usage: scripts/distributed_projection.py [--rate-gflops 2000] [--alpha-us 2] [--beta-gbs 25]
+Defaults: a node of 64 cores at this machine's measured per-core rates (favor bench
+--sections distributed, P = 1 on 2 cores: causal forward 139.7 GFLOP/s, backward 83.1 GFLOP/s,
+so 4470 and 2660 GFLOP/s per node), InfiniBand HDR (alpha 2 us, 25 GB/s).
+
+Usage: scripts/distributed_projection.py [--rate-gflops 4470] [--backward-rate-gflops 2660]
+                                         [--alpha-us 2] [--beta-gbs 25]
 """
 import argparse
 import math
@@ -44,20 +49,22 @@ def project(n, ranks, a):
     bh, d, dv, m = a.batch * a.heads, a.d, a.dv, a.m
     f = m
     local = n / ranks
-    rate = a.rate_gflops * 1e9
+    rate, backward_rate = a.rate_gflops * 1e9, a.backward_rate_gflops * 1e9
     sweep = favor_flops(bh, local, d, dv, m, f, True) / rate
     keys = 0.43 * sweep
     state_bytes = bh * (f * (dv + 1) * 4 + 32)
     comm = collective_s(ranks, state_bytes, a.alpha_us * 1e-6, a.beta_gbs * 1e9)
     forward = keys + comm + sweep
-    backward = favor_backward_flops(bh, local, d, dv, m, f, True) / rate + keys + 2 * comm
+    backward = favor_backward_flops(bh, local, d, dv, m, f, True) / backward_rate + keys + 2 * comm
     return forward, backward, comm, state_bytes
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rate-gflops", type=float, default=2000.0,
-                    help="sustained FAVOR rate of one node (GFLOP/s)")
+    ap.add_argument("--rate-gflops", type=float, default=4470.0,
+                    help="sustained causal FAVOR forward rate of one node (GFLOP/s)")
+    ap.add_argument("--backward-rate-gflops", type=float, default=2660.0,
+                    help="sustained causal FAVOR backward rate of one node (GFLOP/s)")
     ap.add_argument("--alpha-us", type=float, default=2.0, help="per-message latency (us)")
     ap.add_argument("--beta-gbs", type=float, default=25.0, help="link bandwidth (GB/s)")
     ap.add_argument("--batch", type=int, default=1)
@@ -67,7 +74,8 @@ def main():
     ap.add_argument("--m", type=int, default=256)
     a = ap.parse_args()
     print(f"# causal FAVOR+, B={a.batch} H={a.heads} D={a.d} Dv={a.dv} m={a.m}; node "
-          f"{a.rate_gflops:g} GFLOP/s, alpha {a.alpha_us:g} us, beta {a.beta_gbs:g} GB/s")
+          f"{a.rate_gflops:g} / {a.backward_rate_gflops:g} GFLOP/s (forward / backward), "
+          f"alpha {a.alpha_us:g} us, beta {a.beta_gbs:g} GB/s")
     print("| tokens N | nodes P | tokens per node | forward ms | comm ms (share) | "
           "forward+backward ms | state per collective |")
     print("|---|---|---|---|---|---|---|")
