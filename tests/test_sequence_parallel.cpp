@@ -35,6 +35,10 @@ struct Case {
   testing::MapSpec spec;
   bool fit_given = false;  // FAVOR++ / FAVOR#: a fit from calibration data
   int64_t nq = 300, nk = 300;
+  // One (batch, head) on 4 favor threads: every rank's kernels split the head (bidirectional
+  // parts merged after a barrier; causal segments chained) and must start from the state the
+  // other ranks sent.
+  bool split_heads = false;
   std::vector<int> weights;  // slice weights, one per rank
 };
 
@@ -51,8 +55,8 @@ class SequenceParallel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(SequenceParallel, EqualsTheWholeSequence) {
   const Case c = GetParam();
-  const int64_t B = 2, H = 2, D = 16, Dv = 8, m = 64;
-  set_num_threads(1);
+  const int64_t B = c.split_heads ? 1 : 2, H = c.split_heads ? 1 : 2, D = 16, Dv = 8, m = 64;
+  set_num_threads(c.split_heads ? 4 : 1);
   const Tensor q = random_tensor({B, H, c.nq, D}, 11, 2.0);
   const Tensor k = random_tensor({B, H, c.nk, D}, 12, 2.0);
   const Tensor v = random_tensor({B, H, c.nk, Dv}, 13);
@@ -165,6 +169,12 @@ std::vector<Case> cases() {
       learned.spec = {2, true, true, true};
       learned.name = dir + "_hedgehog_learned" + p;
       out.push_back(learned);
+      Case split = c;
+      split.split_heads = true;
+      split.masked = true;
+      split.nq = split.nk = 700;  // segments of whole chunks on every rank
+      split.name = dir + "_split_heads_masked" + p;
+      out.push_back(split);
       Case wpff = c;
       wpff.spec = {1, false, false, true};
       wpff.masked = true;
