@@ -140,7 +140,9 @@ ATTENTION_CASES = {
 
 
 def error_case(name, rank, size, lengths, exchange_kw):
-    """The last rank breaks a rule; every rank must raise the same ValueError."""
+    """The last rank breaks a rule; every rank must raise the same ValueError (favor.Error),
+    also when the last rank's own error is another exception (a TypeError, an IndexError, a
+    RuntimeError in the backward) found before the C++ call, where the other ranks wait."""
     n = sum(lengths)
     a = sum(lengths[:rank])
     b = a + lengths[rank]
@@ -148,7 +150,8 @@ def error_case(name, rank, size, lengths, exchange_kw):
     q, k, v = (t[:, :, a:b] for t in (q, k, v))
     kw = dict(features=M, seed=3)
     keep = mask[:, a:b]
-    if rank == size - 1:
+    last = rank == size - 1
+    if last:
         if name == "shape_mismatch":  # valid on its own, not with the others
             q, k = q[..., :-1], k[..., :-1]
         elif name == "invalid_slice":  # refused by the C++ validation of this rank
@@ -161,15 +164,30 @@ def error_case(name, rank, size, lengths, exchange_kw):
             keep = keep[:, :0] if keep.shape[1] else torch.zeros(B, 1, dtype=torch.bool)
         elif name == "causal_mismatch":
             kw["causal"] = True
+        elif name == "type_error":  # a TypeError in Python before the call
+            kw["causal"] = "yes"
+        elif name == "index_error":  # a 0-d tensor: an IndexError in Python before the call
+            q = q.sum()
     try:
-        fd.attention(q, k, v, key_padding_mask=keep, **kw, **exchange_kw)
+        if name == "backward_inplace":  # every forward succeeds; the last backward cannot
+            k = k.clone().requires_grad_()
+            k_used = k * 1.0  # saved by the forward
+            y = fd.attention(q, k_used, v, key_padding_mask=keep, **kw, **exchange_kw)
+            if last:
+                k_used.add_(1.0)  # saved_tensors raises a RuntimeError in its backward
+            y.sum().backward()
+        else:
+            fd.attention(q, k, v, key_padding_mask=keep, **kw, **exchange_kw)
     except ValueError as e:
-        return {"raised": type(e).__name__, "message": str(e)}
+        cause = e.__cause__
+        return {"raised": type(e).__name__, "message": str(e),
+                "cause": None if cause is None else type(cause).__name__}
     return {"raised": None}
 
 
 ERROR_CASES = ("shape_mismatch", "invalid_slice", "option_mismatch", "python_error",
-               "binding_error", "causal_mismatch")
+               "binding_error", "causal_mismatch", "type_error", "index_error",
+               "backward_inplace")
 
 
 def _random_block(rank, heads, size, distance, seed):

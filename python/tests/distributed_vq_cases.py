@@ -91,13 +91,15 @@ VQ_CASES = {
 
 
 def vq_error_case(name, rank, size, lengths, exchange_kw):
-    """The last rank breaks a rule; every rank must raise the same ValueError."""
+    """The last rank breaks a rule; every rank must raise the same ValueError (favor.Error),
+    also when the last rank's own error is a TypeError found before the C++ call."""
     n = sum(lengths)
     a = sum(lengths[:rank])
     b = a + lengths[rank]
     q, k, v, _, mask, book = _inputs(n, dict(seed=36))
     q, k, v = (t[:, :, a:b] for t in (q, k, v))
     keep = mask[:, a:b]
+    causal = False
     if rank == size - 1:
         if name == "python_error":  # refused by favor.distributed before the C++ call
             keep = keep.to(torch.int64)
@@ -105,11 +107,15 @@ def vq_error_case(name, rank, size, lengths, exchange_kw):
             keep = keep[:, :0] if keep.shape[1] else torch.zeros(B, 1, dtype=torch.bool)
         elif name == "codebook_mismatch":  # valid on its own, not with the others
             book = book + 1e-3
+        elif name == "type_error":  # a TypeError in Python before the call
+            causal = "yes"
     try:
-        fd.vq_attention(q, k, v, book, key_padding_mask=keep, **exchange_kw)
+        fd.vq_attention(q, k, v, book, key_padding_mask=keep, causal=causal, **exchange_kw)
     except ValueError as e:
-        return {"raised": type(e).__name__, "message": str(e)}
+        cause = e.__cause__
+        return {"raised": type(e).__name__, "message": str(e),
+                "cause": None if cause is None else type(cause).__name__}
     return {"raised": None}
 
 
-VQ_ERROR_CASES = ("python_error", "binding_error", "codebook_mismatch")
+VQ_ERROR_CASES = ("python_error", "binding_error", "codebook_mismatch", "type_error")

@@ -22,8 +22,10 @@ favor is itself ~1e-4 of max |dk| off the float64 reference there.
 In this process: one rank with a trivial exchange equals favor.attention bit for bit (and
 favor.vq_attention's forward); three ranks as threads (ThreadExchange: each collective
 evaluates its definition) equal one process, FAVOR and VQ;
-the GIL is released during a call; Python exceptions and malformed results of an exchange's
-methods; StateBlock and combine_states.
+two thread ranks where rank 1 fails before the C++ call with any exception (NO_HANG_CASES)
+and rank 0 raises the same favor.Error instead of waiting; the GIL is released during a call;
+Python exceptions and malformed results of an exchange's methods; StateBlock and
+combine_states. Under mpirun: MPIExchange's free(), __del__ and shared resources.
 
 Run: cd python/tests && PYTHONPATH=<build>/python python3 -m pytest -q test_distributed.py
 """
@@ -119,6 +121,9 @@ def _check_case(results, case, lengths):
 
 
 def _check_error(results, case, what="sequence-parallel attention"):
+    """Every rank raised the same favor.Error naming the last rank; where the last rank's
+    own error was another exception (ERROR_CAUSES), the message names its type and it is the
+    last rank's __cause__."""
     messages = set()
     for rank, res in enumerate(results):
         r = res[case]
@@ -129,6 +134,15 @@ def _check_error(results, case, what="sequence-parallel attention"):
     message = messages.pop()
     assert message.startswith(what + ": "), message
     assert f"rank {len(results) - 1}" in message, message  # names the rank that broke it
+    cause = ERROR_CAUSES.get(case)
+    if cause is not None:
+        assert f"rank {len(results) - 1}: {cause}: " in message, message
+        assert results[-1][case]["cause"] == cause, results[-1][case]
+
+
+# the error cases whose last rank fails with another exception than a ValueError
+ERROR_CAUSES = {"error_type_error": "TypeError", "error_index_error": "IndexError",
+                "error_backward_inplace": "RuntimeError", "vq_error_type_error": "TypeError"}
 
 
 @pytest.mark.parametrize("size", sorted(SPLITS))
@@ -177,9 +191,12 @@ def test_mpi4py_exchange_under_mpirun(tmp_path):
                           ",".join(map(str, lengths)), str(tmp_path / "rank")],
                          cwd=HERE, env=_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
-    _wait_all([p], "mpirun -np 2")
+    out = _wait_all([p], "mpirun -np 2")[0]
     results = [json.loads((tmp_path / f"rank.{r}.json").read_text()) for r in range(2)]
-    for case in ["exchange", *ATTENTION_CASES, *VQ_CASES]:
+    # MPIExchange's free(), __del__ and the shared op and datatypes freed at exit, also after
+    # MPI_Finalize, print nothing (an error in __del__ or atexit only prints)
+    assert "Exception ignored" not in out and "Error in atexit" not in out, out[-3000:]
+    for case in ["exchange", "mpi_free", *ATTENTION_CASES, *VQ_CASES]:
         _check_case(results, case, lengths)
     for case in ERROR_CASES:
         _check_error(results, f"error_{case}")
@@ -325,14 +342,20 @@ def test_call_errors_without_other_ranks():
         fd.attention(q, q, q, exchange=Solo(), group=object())
     with pytest.raises(favor.Error, match="exchange: must be"):
         fd.attention_numpy(q.numpy(), q.numpy(), q.numpy(), exchange=None)
+    # favor._core's calls convert their arguments inside the agreement, None maps included
+    qn = q.numpy()
+    with pytest.raises(favor.Error, match="rank 0: TypeError: feature_map: None is not a"):
+        favor._core.sequence_parallel_attention_map(qn, qn, qn, None, Solo())
+    with pytest.raises(favor.Error, match="rank 0: TypeError: projection: None is not a"):
+        favor._core.sequence_parallel_attention(qn, qn, qn, None, Solo())
 
 
 class Hub:
     """What the ThreadExchanges of one group share: a barrier and a slot per rank."""
 
-    def __init__(self, size):
+    def __init__(self, size, timeout=60):
         self.size, self.slots = size, [None] * size
-        self.barrier = threading.Barrier(size, timeout=60)  # a hang raises, not blocks
+        self.barrier = threading.Barrier(size, timeout=timeout)  # a hang raises, not blocks
 
 
 class ThreadExchange(fd.Exchange):
@@ -521,6 +544,155 @@ def test_vq_call_errors_without_other_ranks():
         fd.vq_attention(t, t, t, torch.from_numpy(book)[0, 0], exchange=Solo())
     with pytest.raises(favor.Error, match="^sequence-parallel VQ attention: rank 0: tau"):
         fd.vq_attention_numpy(q, k, v, book, exchange=Solo(), tau=-1.0)
+
+
+def _small(seed=8):
+    """q, k, v, dy [1, 2, 3, 4] float32 (one rank's slice) and a codebook [2, 4]."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32) for s in [(1, 2, 3, 4)] * 4 + [(2, 4)]]
+
+
+def _torch_call(bad_kw=None, q0d=False, vq=False):
+    """A torch-API rank: fd.attention (vq: fd.vq_attention) forward and backward; bad_kw
+    replaces keywords, q0d makes q a 0-d tensor."""
+    import torch
+
+    def call(ex):
+        q, k, v, _, book = [torch.from_numpy(a) for a in _small()]
+        q.requires_grad_()
+        if q0d:
+            q = q.sum()
+        kw = {"causal": True, **(bad_kw or {})}
+        if vq:
+            y = fd.vq_attention(q, k, v, book, exchange=ex, **kw)
+        else:
+            y = fd.attention(q, k, v, features=8, exchange=ex, **kw)
+        y.sum().backward()
+    return call
+
+
+def _backward_inplace(vq):
+    """A torch-API rank that modifies a tensor its forward saved: its backward's
+    saved_tensors raises a RuntimeError while the other rank is in the backward's call."""
+    import torch
+
+    def call(ex):
+        q, k, v, _, book = [torch.from_numpy(a) for a in _small()]
+        k = k.requires_grad_() * 1.0
+        y = (fd.vq_attention(q, k, v, book, exchange=ex) if vq else
+             fd.attention(q, k, v, features=8, exchange=ex))
+        k.add_(1.0)
+        y.sum().backward()
+    return call
+
+
+def _numpy_call(backward=False, vq=False, huge=False, **bad_kw):
+    """A numpy-API rank: attention(_backward)_numpy or vq_attention(_backward)_numpy; huge:
+    q a zero-stride view of 2^40 rows (valid, no memory), so that the binding cannot allocate
+    the output (256 TiB) before the call."""
+    def call(ex):
+        q, k, v, dy, book = _small()
+        if huge:
+            q = np.broadcast_to(q[:, :, :1], (1, 2, 2 ** 40, 4))
+        if vq and backward:
+            fd.vq_attention_backward_numpy(q, k, v, dy, book, exchange=ex, **bad_kw)
+        elif vq:
+            fd.vq_attention_numpy(q, k, v, book, exchange=ex, **bad_kw)
+        elif backward:
+            fd.attention_backward_numpy(q, k, v, dy, exchange=ex, features=8, **bad_kw)
+        else:
+            fd.attention_numpy(q, k, v, exchange=ex, features=8, **bad_kw)
+    return call
+
+
+def _core_call(name, **bad_kw):
+    """favor._core's sequence-parallel calls themselves (the binding's own conversions)."""
+    def call(ex):
+        q, k, v, dy, book = _small()
+        fm = favor.FeatureMap.learnable("positive", 8, 4, seed=1).core()
+        proj = favor.Projection.draw(8, 4)
+        core = favor._core
+        run = {"attention": lambda: core.sequence_parallel_attention(
+                   q, k, v, proj, ex, **bad_kw),
+               "attention_map_backward": lambda: core.sequence_parallel_attention_map_backward(
+                   q, k, v, dy, fm, ex, **bad_kw),
+               "vq_attention_backward": lambda: core.sequence_parallel_vq_attention_backward(
+                   q, k, v, dy, book, ex, **bad_kw)}
+        run[name]()
+    return call
+
+
+# name -> (what the good rank 0 calls, what rank 1 calls, the type of rank 1's own error as
+# the message names it, the type of its favor.Error's __cause__ or None, VQ)
+NO_HANG_CASES = {
+    "torch_causal_str": (_torch_call(), _torch_call({"causal": "yes"}), "TypeError",
+                         TypeError, False),
+    "torch_q_0d": (_torch_call(), _torch_call(q0d=True), "IndexError", IndexError, False),
+    "torch_scale_str": (_torch_call(), _torch_call({"scale": "x"}), "TypeError", TypeError,
+                        False),
+    "torch_backward_inplace": (_torch_call({"causal": False}), _backward_inplace(False),
+                               "RuntimeError", RuntimeError, False),
+    "torch_vq_causal_str": (_torch_call(vq=True), _torch_call({"causal": "yes"}, vq=True),
+                            "TypeError", TypeError, True),
+    "torch_vq_backward_inplace": (_torch_call({"causal": False}, vq=True),
+                                  _backward_inplace(True), "RuntimeError", RuntimeError, True),
+    "numpy_causal_str": (_numpy_call(), _numpy_call(causal="yes"), "TypeError", None, False),
+    "numpy_scale_str": (_numpy_call(), _numpy_call(scale="x"), "TypeError", TypeError, False),
+    "numpy_full_output_list": (_numpy_call(), _numpy_call(full_output=[1]), "TypeError",
+                               TypeError, False),
+    "numpy_parameter_grads_array": (
+        _numpy_call(backward=True),
+        _numpy_call(backward=True, parameter_grads=np.array([True, False])), "TypeError",
+        TypeError, False),
+    "numpy_output_allocation": (_numpy_call(), _numpy_call(huge=True), "MemoryError", None,
+                                False),
+    "numpy_vq_output_allocation": (_numpy_call(vq=True), _numpy_call(vq=True, huge=True),
+                                   "MemoryError", None, True),
+    "numpy_vq_causal_str": (_numpy_call(vq=True), _numpy_call(vq=True, causal="yes"),
+                            "TypeError", None, True),
+    "numpy_vq_codebook_grad_str": (_numpy_call(backward=True, vq=True),
+                                   _numpy_call(backward=True, vq=True, codebook_grad="yes"),
+                                   "TypeError", None, True),
+    "core_kernel_int": (_core_call("attention"), _core_call("attention", kernel=3),
+                        "TypeError", None, False),
+    "core_decay_str": (_core_call("attention_map_backward"),
+                       _core_call("attention_map_backward", decay="x"), "TypeError", None,
+                       False),
+    "core_vq_block_float": (_core_call("vq_attention_backward"),
+                            _core_call("vq_attention_backward", block=2.5), "TypeError", None,
+                            True),
+}
+
+
+@pytest.mark.parametrize("case", NO_HANG_CASES)
+def test_any_error_before_the_call_reaches_every_rank(case, single_thread):
+    """Two thread ranks; rank 1 fails before the C++ call with an error other than a
+    ValueError (pybind11's argument conversion, a 0-d tensor, an object without bool(), a
+    tensor modified in place before the backward, the output's allocation in the binding)
+    while rank 0 is in the call: every rank
+    raises the same favor.Error naming rank 1 and the error's type, within the barrier's
+    10 s (without the agreement rank 0 would wait forever; here its barrier breaks)."""
+    good, bad, kind, cause, vq = NO_HANG_CASES[case]
+    hub = Hub(2, timeout=10)
+    raised = [None, None]
+
+    def work(r):
+        try:
+            (bad if r == 1 else good)(ThreadExchange(hub, r))
+        except BaseException as e:  # noqa: BLE001  checked below
+            raised[r] = e
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(isinstance(e, favor.Error) for e in raised), raised
+    assert str(raised[0]) == str(raised[1]), raised
+    what = "sequence-parallel VQ attention" if vq else "sequence-parallel attention"
+    assert str(raised[0]).startswith(f"{what}: rank 1: {kind}: "), str(raised[0])
+    if cause is not None:
+        assert isinstance(raised[1].__cause__, cause), repr(raised[1].__cause__)
 
 
 @pytest.mark.parametrize("method", ["favor", "vq"])

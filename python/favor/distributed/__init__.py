@@ -12,10 +12,16 @@ sums, c codes in place of F features), whatever the sequence length.
   vq_attention_backward_numpy: the numpy API (favor.attention's or favor.vq_attention's
   arguments and an exchange).
 - TorchExchange(group=None): the collectives over torch.distributed (gloo, CPU tensors).
-- MPIExchange(comm=None): the collectives over an mpi4py communicator (launch with mpirun).
+- MPIExchange(comm=None): the collectives over an mpi4py communicator (launch with mpirun);
+  make one per communicator and keep it (free() releases the communicator it makes).
 - Exchange: subclass it to bring another transport (rank, size, allgather, allgather_text,
   allreduce_sum, allreduce_states, exscan_states); StateBlock and combine_states are what
   the state collectives move and reduce with.
+
+Errors: any error a rank meets before its C++ call (a broken rule, a wrong argument type, a
+0-d tensor) raises the same favor.Error on every rank, naming the rank (on that rank raised
+from the original exception); an exception inside an exchange's method does not reach the
+other ranks (docs/python.md, Errors).
 
 Gradients: dq, dk, dv are this rank's slice; the gradients of parameters (the map's, a
 codebook's, and every other parameter of a model whose sequence is split) are this rank's

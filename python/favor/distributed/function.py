@@ -14,6 +14,7 @@ from .. import _core
 from ..api import _batch_heads, _decay
 from ..torch import _tensors as T
 from ..torch.function import _map_inputs, _MapSpec
+from ._agreement import agreed, check_exchange, flag, refuse
 from .torch_exchange import TorchExchange
 
 
@@ -29,14 +30,15 @@ def _record(exchange, name, stats):
 class _DistributedFunction(torch.autograd.Function):
     """This rank's slice of q, k, v and the map's parameter tensors (w, b, lam, gamma: each
     None or a tensor, as favor.torch's _MapFunction; fm the favor._core.FeatureMap of their
-    values) -> this rank's output slice."""
+    values) -> this rank's output slice. What each pass does before its C++ call runs inside
+    agreed (the other ranks are in the call)."""
 
     @staticmethod
     def forward(ctx, q, k, v, w, b, lam, gamma, spec, fm, exchange):
-        decay = spec.decay_values(gamma)
+        qn, kn, vn, decay = agreed(exchange, lambda: (T.view(q), T.view(k), T.view(v),
+                                                      spec.decay_values(gamma)))
         y, stats = _core.sequence_parallel_attention_map(
-            T.view(q), T.view(k), T.view(v), fm, exchange, causal=spec.causal,
-            key_mask=spec.keep, decay=decay)
+            qn, kn, vn, fm, exchange, causal=spec.causal, key_mask=spec.keep, decay=decay)
         _record(exchange, "forward_stats", stats)
         ctx.save_for_backward(q, k, v)
         ctx.fm, ctx.decay, ctx.spec, ctx.exchange = fm, decay, spec, exchange
@@ -46,12 +48,13 @@ class _DistributedFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        q, k, v = ctx.saved_tensors
+        def views():  # saved_tensors raises on this rank alone for a tensor modified in place
+            return [T.view(t) for t in (*ctx.saved_tensors, dy.to(torch.float32))]
+
         need = ctx.needs_input_grad
         *grads, stats = _core.sequence_parallel_attention_map_backward(
-            T.view(q), T.view(k), T.view(v), T.view(dy.to(torch.float32)), ctx.fm, ctx.exchange,
-            causal=ctx.spec.causal, key_mask=ctx.spec.keep, decay=ctx.decay,
-            parameter_grads=any(need[3:7]))
+            *agreed(ctx.exchange, views), ctx.fm, ctx.exchange, causal=ctx.spec.causal,
+            key_mask=ctx.spec.keep, decay=ctx.decay, parameter_grads=any(need[3:7]))
         _record(ctx.exchange, "backward_stats", stats)
         out = [T.tensor(g) if need[i] else None for i, g in enumerate(grads[:3])]
         for i, (param, g) in enumerate(zip(ctx.params, grads[3:])):
@@ -63,15 +66,15 @@ class _DistributedFunction(torch.autograd.Function):
         return (*out, None, None, None)
 
 
-def resolve_exchange(exchange, group):
+def resolve_exchange(exchange, group, vq=False):
     """The exchange of a call: `exchange` (a favor._core.Exchange: MPIExchange,
-    TorchExchange or a subclass of your own) or TorchExchange(group)."""
+    TorchExchange or a subclass of your own) or TorchExchange(group). Giving both is refused
+    with the other ranks (vq: the VQ call's message)."""
     if exchange is not None:
+        check_exchange(exchange)
         if group is not None:
-            raise _core.Error("group: give a process group or an exchange, not both")
-        if not isinstance(exchange, _core.Exchange):
-            raise _core.Error(f"exchange: must be a favor.distributed.Exchange (TorchExchange, "
-                              f"MPIExchange or a subclass), not {type(exchange).__name__}")
+            refuse(exchange, _core.Error("group: give a process group or an exchange, not both"),
+                   vq)
         return exchange
     return TorchExchange(group)
 
@@ -92,8 +95,10 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     The options are favor.torch.attention's (kernel, projection / features / norms / seed,
     scale, fit, feature_map, weights, bias, feature_weights, decay) and must be the same on
     every rank (the ranks compare a fingerprint of shapes, options and map and raise the
-    same error otherwise). FAVOR++ / FAVOR# without a fit (bidirectional) fit to the moments
-    of the whole sequence, summed over ranks.
+    same favor.Error otherwise, as for any error a rank meets before the C++ call: one that
+    is not a ValueError is named in the message and is the failing rank's __cause__).
+    FAVOR++ / FAVOR# without a fit (bidirectional) fit to the moments of the whole sequence,
+    summed over ranks.
 
     group: the torch.distributed process group (None: the default; gloo) the slices are
     spread over; or exchange: a favor.distributed.Exchange (MPIExchange, TorchExchange).
@@ -107,7 +112,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     are kept on the exchange as forward_stats and backward_stats.
     """
     ex = resolve_exchange(exchange, group)
-    try:
+
+    def prepare():  # inside agreed: the other ranks are in the call and raise its error too
         for t, name in ((q, "q"), (k, "k"), (v, "v")):
             T.check_tensor(t, name)
         T.follow_torch_threads()
@@ -121,9 +127,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
             T.check_tensor(decay, "decay")
             gamma = decay
         constant = None if gamma is not None else _decay(decay)
-        spec = _MapSpec(proj, kern, sc, ft, causal, keep, constant)
-        fm = spec.core_map(w, b, lam)
-    except ValueError as e:  # the other ranks are in the call: they raise it too
-        _core.sequence_parallel_refuse(ex, str(e))
-    y = _DistributedFunction.apply(q32, k32, v32, w, b, lam, gamma, spec, fm, ex)
+        spec = _MapSpec(proj, kern, sc, ft, flag(causal, "causal"), keep, constant)
+        return (q32, k32, v32, w, b, lam, gamma, spec, spec.core_map(w, b, lam))
+
+    y = _DistributedFunction.apply(*agreed(ex, prepare), ex)
     return y if q.dtype == torch.float32 else y.to(q.dtype)

@@ -1,26 +1,21 @@
 """The numpy API of sequence-parallel attention: favor.attention / attention_backward and
 favor.vq_attention / vq_attention_backward on this rank's slice, with an exchange (no torch
-needed with an MPIExchange)."""
+needed with an MPIExchange). What a rank does before the C++ call runs inside
+_agreement.agreed: its errors reach the other ranks, who are in the call."""
 from .. import _core
 from ..api import (FeatureMapGrads, Grads, _batch_heads, _core_map, _decay, _head_dim)
 from ..vq import VQGrads, _block, _values
+from ._agreement import agreed, check_exchange, flag
 
 
-def _map(q, exchange, kernel, features, projection, norms, seed, scale, fit, feature_map,
+def _map(q, kernel, features, projection, norms, seed, scale, fit, feature_map,
          feature_weights, decay):
-    """(the favor._core.FeatureMap of the call, its decay list); an error in them is refused
-    with the other ranks, who are in the C++ call."""
-    if not isinstance(exchange, _core.Exchange):
-        raise _core.Error(f"exchange: must be a favor.distributed.Exchange (MPIExchange, "
-                          f"TorchExchange or a subclass), not {type(exchange).__name__}")
-    try:
-        draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
-                    seed=seed, scale=scale, fit=fit)
-        fm = _core_map(_head_dim(q, "q"), feature_map, feature_weights, decay, draw, force=True,
-                       inputs=_batch_heads(q))
-        return fm, _decay(decay)
-    except ValueError as e:
-        _core.sequence_parallel_refuse(exchange, str(e))
+    """(the favor._core.FeatureMap of the call, its decay list)."""
+    draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
+                seed=seed, scale=scale, fit=fit)
+    fm = _core_map(_head_dim(q, "q"), feature_map, feature_weights, decay, draw, force=True,
+                   inputs=_batch_heads(q))
+    return fm, _decay(decay)
 
 
 def attention_numpy(q, k, v, *, exchange, causal=False, kernel="positive", features=None,
@@ -32,11 +27,13 @@ def attention_numpy(q, k, v, *, exchange, causal=False, kernel="positive", featu
     [B, Nk_r] nonzero = the key takes part) for this rank's contiguous slice, and the
     exchange over the ranks. Returns y [B, H, Nq_r, Dv]; full_output=True returns (y,
     favor._core.SequenceParallelStats)."""
-    fm, gammas = _map(q, exchange, kernel, features, projection, norms, seed, scale, fit,
-                      feature_map, feature_weights, decay)
+    check_exchange(exchange)
+    fm, gammas, full = agreed(exchange, lambda: (
+        *_map(q, kernel, features, projection, norms, seed, scale, fit, feature_map,
+              feature_weights, decay), flag(full_output, "full_output")))
     y, stats = _core.sequence_parallel_attention_map(q, k, v, fm, exchange, causal=causal,
                                                      key_mask=key_mask, decay=gammas)
-    return (y, stats) if full_output else y
+    return (y, stats) if full else y
 
 
 def attention_backward_numpy(q, k, v, dy, *, exchange, causal=False, kernel="positive",
@@ -49,27 +46,23 @@ def attention_backward_numpy(q, k, v, dy, *, exchange, causal=False, kernel="pos
     or with parameter_grads FeatureMapGrads(dq, dk, dv, dw, dbias, dlambda, ddecay). dw,
     dbias, dlambda and ddecay are this rank's share: their sum over ranks is the gradient of
     the whole sequence. full_output=True returns (grads, SequenceParallelStats)."""
-    fm, gammas = _map(q, exchange, kernel, features, projection, norms, seed, scale, fit,
-                      feature_map, feature_weights, decay)
+    check_exchange(exchange)
+    fm, gammas, params, dw, full = agreed(exchange, lambda: (
+        *_map(q, kernel, features, projection, norms, seed, scale, fit, feature_map,
+              feature_weights, decay), flag(parameter_grads, "parameter_grads"),
+        flag(projection_grad, "projection_grad"), flag(full_output, "full_output")))
     *g, stats = _core.sequence_parallel_attention_map_backward(
         q, k, v, dy, fm, exchange, causal=causal, key_mask=key_mask, decay=gammas,
-        parameter_grads=parameter_grads or projection_grad)
-    grads = FeatureMapGrads(*g) if parameter_grads else Grads(*g[:3],
-                                                              g[3] if projection_grad else None)
-    return (grads, stats) if full_output else grads
+        parameter_grads=params or dw)
+    grads = FeatureMapGrads(*g) if params else Grads(*g[:3], g[3] if dw else None)
+    return (grads, stats) if full else grads
 
 
-def _vq_options(exchange, codebook, scale, tau, block):
-    """(the codebook's values, scale, tau, the block length) as the binding takes them; an
-    error in them is refused with the other ranks, who are in the C++ call."""
-    if not isinstance(exchange, _core.Exchange):
-        raise _core.Error(f"exchange: must be a favor.distributed.Exchange (MPIExchange, "
-                          f"TorchExchange or a subclass), not {type(exchange).__name__}")
-    try:
-        return (_values(codebook), None if scale is None else float(scale), float(tau),
-                _block(block))
-    except (TypeError, ValueError) as e:
-        _core.sequence_parallel_refuse(exchange, str(e), vq=True)
+def _vq_options(codebook, scale, tau, block, full_output):
+    """(the codebook's values, scale, tau, the block length as the binding takes them, and
+    full_output)."""
+    return (_values(codebook), None if scale is None else float(scale), float(tau),
+            _block(block), flag(full_output, "full_output"))
 
 
 def vq_attention_numpy(q, k, v, codebook, *, exchange, causal=False, scale=None, key_mask=None,
@@ -81,11 +74,13 @@ def vq_attention_numpy(q, k, v, codebook, *, exchange, causal=False, scale=None,
     exchange over the ranks. Returns y [B, H, Nq_r, Dv]; full_output=True returns (y,
     favor._core.SequenceParallelStats). block (the causal block length) may differ between
     ranks: the result does not depend on it."""
-    values, scale, tau, blk = _vq_options(exchange, codebook, scale, tau, block)
+    check_exchange(exchange)
+    values, scale, tau, blk, full = agreed(
+        exchange, lambda: _vq_options(codebook, scale, tau, block, full_output), vq=True)
     y, stats = _core.sequence_parallel_vq_attention(q, k, v, values, exchange, causal=causal,
                                                     scale=scale, key_mask=key_mask,
                                                     tau=tau, block=blk)
-    return (y, stats) if full_output else y
+    return (y, stats) if full else y
 
 
 def vq_attention_backward_numpy(q, k, v, dy, codebook, *, exchange, causal=False, scale=None,
@@ -97,9 +92,11 @@ def vq_attention_backward_numpy(q, k, v, dy, codebook, *, exchange, causal=False
     dcodebook (the codebook's shape) this rank's share: its sum over ranks is the gradient of
     the whole sequence. codebook_grad must be the same on every rank. full_output=True
     returns (grads, SequenceParallelStats)."""
-    values, scale, tau, blk = _vq_options(exchange, codebook, scale, tau, block)
+    check_exchange(exchange)
+    values, scale, tau, blk, full = agreed(
+        exchange, lambda: _vq_options(codebook, scale, tau, block, full_output), vq=True)
     *g, stats = _core.sequence_parallel_vq_attention_backward(
         q, k, v, dy, values, exchange, causal=causal, scale=scale, key_mask=key_mask,
         tau=tau, block=blk, codebook_grad=codebook_grad)
     grads = VQGrads(*g)
-    return (grads, stats) if full_output else grads
+    return (grads, stats) if full else grads

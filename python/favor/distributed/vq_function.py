@@ -13,17 +13,20 @@ from .. import _core
 from ..torch import _tensors as T
 from ..torch.vq_function import _Spec, check_codebook
 from ..vq import _block
+from ._agreement import agreed, flag
 from .function import _record, resolve_exchange
 
 
 class _DistributedVQFunction(torch.autograd.Function):
     """This rank's slice of q, k, v and the codebook [c, D] or [H or 1, c, D] (the same on
-    every rank) -> this rank's output slice; the codebook's gradient is this rank's share."""
+    every rank) -> this rank's output slice; the codebook's gradient is this rank's share.
+    What each pass does before its C++ call runs inside agreed (the other ranks are in the
+    call)."""
 
     @staticmethod
     def forward(ctx, q, k, v, codebook, spec, exchange):
-        y, stats = _core.sequence_parallel_vq_attention(
-            T.view(q), T.view(k), T.view(v), T.view(codebook), exchange, **spec.options())
+        views = agreed(exchange, lambda: [T.view(t) for t in (q, k, v, codebook)], vq=True)
+        y, stats = _core.sequence_parallel_vq_attention(*views, exchange, **spec.options())
         _record(exchange, "forward_stats", stats)
         ctx.save_for_backward(q, k, v, codebook)
         ctx.spec, ctx.exchange = spec, exchange
@@ -32,11 +35,14 @@ class _DistributedVQFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        q, k, v, codebook = ctx.saved_tensors
+        def views():  # saved_tensors raises on this rank alone for a tensor modified in place
+            q, k, v, codebook = ctx.saved_tensors
+            return [T.view(t) for t in (q, k, v, dy.to(torch.float32), codebook)]
+
+        q, k, v, dyn, codebook = agreed(ctx.exchange, views, vq=True)
         need = ctx.needs_input_grad
         dq, dk, dv, dc, stats = _core.sequence_parallel_vq_attention_backward(
-            T.view(q), T.view(k), T.view(v), T.view(dy.to(torch.float32)), T.view(codebook),
-            ctx.exchange, codebook_grad=need[3], **ctx.spec.options())
+            q, k, v, dyn, codebook, ctx.exchange, codebook_grad=need[3], **ctx.spec.options())
         _record(ctx.exchange, "backward_stats", stats)
         return (T.tensor(dq) if need[0] else None, T.tensor(dk) if need[1] else None,
                 T.tensor(dv) if need[2] else None, T.tensor(dc) if need[3] else None, None, None)
@@ -72,17 +78,17 @@ def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mas
     is split. The last call's favor._core.SequenceParallelStats are kept on the exchange as
     forward_stats and backward_stats.
     """
-    ex = resolve_exchange(exchange, group)
-    try:
+    ex = resolve_exchange(exchange, group, vq=True)
+
+    def prepare():  # inside agreed: the other ranks are in the call and raise its error too
         for t, name in ((q, "q"), (k, "k"), (v, "v")):
             T.check_tensor(t, name)
         check_codebook(codebook)
         T.follow_torch_threads()
-        spec = _Spec(causal, None if scale is None else float(scale),
+        spec = _Spec(flag(causal, "causal"), None if scale is None else float(scale),
                      T.keep_mask(key_padding_mask), float(tau), _block(block))
-        q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")
-        cb32 = T.as_float32(codebook, "codebook")
-    except (TypeError, ValueError) as e:  # the other ranks are in the call: they raise it too
-        _core.sequence_parallel_refuse(ex, str(e), vq=True)
-    y = _DistributedVQFunction.apply(q32, k32, v32, cb32, spec, ex)
+        return (T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v"),
+                T.as_float32(codebook, "codebook"), spec)
+
+    y = _DistributedVQFunction.apply(*agreed(ex, prepare, vq=True), ex)
     return y if q.dtype == torch.float32 else y.to(q.dtype)
