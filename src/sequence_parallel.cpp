@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <new>
 #include <optional>
 
 #include "core/agreement.hpp"
@@ -28,12 +30,19 @@ constexpr const char* kRule = "every rank must call with the same shapes (but N)
 
 // What every rank must agree on, in this order (the names for the message).
 const std::vector<detail::AgreedField> kAgreed = {
-    {"batch B", true},      {"heads H", true},
-    {"head dim D", true},   {"value dim Dv", true},
-    {"causal flag", false}, {"kernel", false},
-    {"features F", true},   {"key mask presence", false},
-    {"scale", false},       {"feature map (projection, learned parameters, fit)", false},
-    {"decay", false},       {"parameter gradients", false}};
+    {"batch B", true},
+    {"heads H", true},
+    {"head dim D", true},
+    {"value dim Dv", true},
+    {"causal flag", false},
+    {"kernel", false},
+    {"features F", true},
+    {"key mask presence", false},
+    {"scale", false},
+    {"feature map (projection, learned parameters, fit)", false},
+    {"decay", false},
+    {"parameter gradients", false},
+    {"call (forward or backward)", false}};
 
 // One rank's validated call.
 struct Call {
@@ -75,7 +84,8 @@ Call validate(const TensorView& q, const TensorView& k, const TensorView& v, con
   return c;
 }
 
-std::vector<int64_t> call_fields(const Call& c, const AttentionOptions& options, bool grads) {
+std::vector<int64_t> call_fields(const Call& c, const AttentionOptions& options, bool grads,
+                                 bool backward) {
   uint64_t map_hash = c.fit_over_ranks ? 1 : 0;
   map_hash ^= c.resolved.fingerprint();
   return {c.s.batch,
@@ -90,6 +100,7 @@ std::vector<int64_t> call_fields(const Call& c, const AttentionOptions& options,
           static_cast<int64_t>(map_hash),
           static_cast<int64_t>(detail::hash_doubles(options.decay)),
           grads ? 1 : 0,
+          backward ? 1 : 0,
           c.s.nq,
           c.s.nk};
 }
@@ -106,10 +117,13 @@ void fit_over_ranks(Call& c, const TensorView& q, const TensorView& k,
   c.resolved = detail::resolve_map(c.map, c.s, q, k, options);
 }
 
-// Validation, agreement and the fit: what forward and backward calls share.
+// Validation, agreement and the fit: what forward and backward calls share. reserve (optional)
+// allocates the call's large buffers before the agreement, so that an allocation failure is
+// agreed like a broken rule instead of leaving the other ranks waiting in a collective.
 Call prepare(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* dy,
              const MutableTensorView* out, const FeatureMap& map, const AttentionOptions& options,
-             bool grads, Exchange& ex, const char* function, SequenceParallelStats& st) {
+             bool grads, Exchange& ex, const char* function, SequenceParallelStats& st,
+             const std::function<void(const Call&)>& reserve = {}) {
   std::string error;
   std::optional<Call> call;
   try {
@@ -123,14 +137,17 @@ Call prepare(const TensorView& q, const TensorView& k, const TensorView& v, cons
                     shape_string(expected));
       }
     }
+    if (reserve) reserve(*call);
+  } catch (const std::bad_alloc&) {
+    error = "out of memory for this rank's slice";
   } catch (const std::exception& e) {
     error = e.what();
     if (error.empty()) error = "invalid input";
   }
   detail::agree_on_errors(ex, error, kWhat, st);
   Call& c = *call;
-  const std::vector<int64_t> lengths =
-      detail::agree_on_fields(ex, call_fields(c, options, grads), kAgreed, kWhat, kRule, st);
+  const std::vector<int64_t> lengths = detail::agree_on_fields(
+      ex, call_fields(c, options, grads, dy != nullptr), kAgreed, kWhat, kRule, st);
   detail::slice_positions(lengths, ex.rank(), options.causal, kWhat, st);
   fit_over_ranks(c, q, k, options, ex, st);
   return std::move(c);
@@ -236,17 +253,21 @@ AttentionGrads sequence_parallel_attention_backward(TensorView q, TensorView k, 
                                                     Exchange& exchange, bool with_parameter_grads,
                                                     SequenceParallelStats* stats) {
   SequenceParallelStats st;
-  Call c = prepare(q, k, v, &dy, nullptr, map, options, with_parameter_grads, exchange,
-                   "sequence_parallel_attention_backward", st);
-  const int64_t heads = c.s.batch * c.s.heads, F = c.map.features(), ld = c.s.dv + 1;
   AttentionGrads g;
+  cpu::CausalBackwardStore store;
+  const auto reserve = [&](const Call& c) {  // dq, dk, dv and the causal sweeps' buffers
+    g.dq = Tensor({c.s.batch, c.s.heads, c.s.nq, c.s.d});
+    g.dk = Tensor({c.s.batch, c.s.heads, c.s.nk, c.s.d});
+    g.dv = Tensor({c.s.batch, c.s.heads, c.s.nk, c.s.dv});
+    if (options.causal) store.reserve(c.s.batch * c.s.heads, c.s.nq, c.map.features(), c.s.dv);
+  };
+  Call c = prepare(q, k, v, &dy, nullptr, map, options, with_parameter_grads, exchange,
+                   "sequence_parallel_attention_backward", st, reserve);
+  const int64_t heads = c.s.batch * c.s.heads, F = c.map.features(), ld = c.s.dv + 1;
   cpu::BackwardParams bp{};
   bp.fwd = kernel_params(q, k, v, c, options, st.offset);
   bp.dy = dy.data;
   bp.dy_strides = dy.strides;
-  g.dq = Tensor({c.s.batch, c.s.heads, c.s.nq, c.s.d});
-  g.dk = Tensor({c.s.batch, c.s.heads, c.s.nk, c.s.d});
-  g.dv = Tensor({c.s.batch, c.s.heads, c.s.nk, c.s.dv});
   bp.dq = g.dq.data();
   bp.dk = g.dk.data();
   bp.dv = g.dv.data();
@@ -269,7 +290,6 @@ AttentionGrads sequence_parallel_attention_backward(TensorView q, TensorView k, 
     if (c.s.nk > 0) cpu::favor_backward_bidirectional(bp);
   } else {
     // Forward sweep (dq, and the slice's R), R summed over the later ranks, reverse sweep.
-    cpu::CausalBackwardStore store;
     cpu::favor_backward_causal_phase_a(bp, store);
     States suffix(heads, F * ld, false);
     for (int64_t h = 0; h < heads; ++h) {   // R's reference is its starting max: negated, so

@@ -12,6 +12,8 @@
 // arrived, from the counts of every key the row sees, as in one process.
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,7 +45,8 @@ const std::vector<detail::AgreedField> kAgreed = {{"batch B", true},
                                                   {"scale", false},
                                                   {"tau", false},
                                                   {"codebook", false},
-                                                  {"codebook gradient", false}};
+                                                  {"codebook gradient", false},
+                                                  {"call (forward or backward)", false}};
 
 // One rank's validated call: the shapes and the kernel params, whose codebook points into
 // `codebook` (a vector keeps its buffer when moved).
@@ -54,7 +57,7 @@ struct Call {
 };
 
 std::vector<int64_t> call_fields(const Call& c, const VQOptions& options, int64_t codebook_heads,
-                                 bool grads) {
+                                 bool grads, bool backward) {
   const int64_t values = static_cast<int64_t>(c.codebook.size());
   return {c.s.batch,
           c.s.heads,
@@ -68,6 +71,7 @@ std::vector<int64_t> call_fields(const Call& c, const VQOptions& options, int64_
           static_cast<int64_t>(detail::bits_of(options.tau)),
           static_cast<int64_t>(detail::hash_floats(c.codebook.data(), values)),
           grads ? 1 : 0,
+          backward ? 1 : 0,
           c.s.nq,
           c.s.nk};
 }
@@ -96,21 +100,28 @@ Call validate(const TensorView& q, const TensorView& k, const TensorView& v, con
   return c;
 }
 
-// Validation and agreement: what forward and backward calls share.
+// Validation and agreement: what forward and backward calls share. reserve (optional)
+// allocates the call's large buffers before the agreement (an allocation failure is then
+// agreed like a broken rule).
 Call prepare(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* dy,
              const MutableTensorView* out, const TensorView& codebook, const VQOptions& options,
-             bool grads, Exchange& ex, SequenceParallelStats& st) {
+             bool grads, Exchange& ex, SequenceParallelStats& st,
+             const std::function<void(const Call&)>& reserve = {}) {
   std::string error;
   std::optional<Call> call;
   try {
     call.emplace(validate(q, k, v, dy, out, codebook, options));
+    if (reserve) reserve(*call);
+  } catch (const std::bad_alloc&) {
+    error = "out of memory for this rank's slice";
   } catch (const std::exception& e) {
     error = e.what();
     if (error.empty()) error = "invalid input";
   }
   detail::agree_on_errors(ex, error, kWhat, st);
   const std::vector<int64_t> lengths = detail::agree_on_fields(
-      ex, call_fields(*call, options, codebook.shape[1], grads), kAgreed, kWhat, kRule, st);
+      ex, call_fields(*call, options, codebook.shape[1], grads, dy != nullptr), kAgreed, kWhat,
+      kRule, st);
   detail::slice_positions(lengths, ex.rank(), options.causal, kWhat, st);
   Call c = std::move(*call);
   c.p.codebook = c.codebook.data();
@@ -179,17 +190,20 @@ VQGrads sequence_parallel_vq_attention_backward(TensorView q, TensorView k, Tens
                                                 bool with_codebook_grad,
                                                 SequenceParallelStats* stats) {
   SequenceParallelStats st;
-  Call c = prepare(q, k, v, &dy, nullptr, codebook, options, with_codebook_grad, exchange, st);
+  VQGrads g;
+  const auto reserve = [&](const Call& c) {
+    g.dq = Tensor({c.s.batch, c.s.heads, c.s.nq, c.s.d});
+    g.dk = Tensor({c.s.batch, c.s.heads, c.s.nk, c.s.d});
+    g.dv = Tensor({c.s.batch, c.s.heads, c.s.nk, c.s.dv});
+  };
+  Call c =
+      prepare(q, k, v, &dy, nullptr, codebook, options, with_codebook_grad, exchange, st, reserve);
   cpu::VQBackwardParams bp{};
   bp.fwd = c.p;
   // vq_attention_backward's default block: its hard-VQ moment update is a GEMM with K = L.
   if (options.block == 0) bp.fwd.block = cpu::kVQGradTile;
   bp.dy = dy.data;
   bp.dy_strides = dy.strides;
-  VQGrads g;
-  g.dq = Tensor({c.s.batch, c.s.heads, c.s.nq, c.s.d});
-  g.dk = Tensor({c.s.batch, c.s.heads, c.s.nk, c.s.d});
-  g.dv = Tensor({c.s.batch, c.s.heads, c.s.nk, c.s.dv});
   bp.dq = g.dq.data();
   bp.dk = g.dk.data();
   bp.dv = g.dv.data();

@@ -269,6 +269,36 @@ TEST(SequenceParallelErrors, RanksThatDisagreeStopEveryRank) {
         << features[r];
 }
 
+TEST(SequenceParallelErrors, AForwardBesideABackwardStopsEveryRank) {
+  // A rank whose loss does not depend on the output skips the backward its peers run; its
+  // next forward call then meets their backward: the calls send different collectives, so
+  // they must be refused, not left waiting.
+  set_num_threads(1);
+  std::vector<std::string> errors(2);
+  testing::run_ranks(2, [&](testing::ThreadExchange& ex) {
+    const int r = ex.rank();
+    const Tensor q = random_tensor({1, 2, 10, 8}, 1), k = random_tensor({1, 2, 10, 8}, 2),
+                 v = random_tensor({1, 2, 10, 4}, 3), dy = random_tensor({1, 2, 10, 4}, 4);
+    ProjectionOptions po;
+    const Projection w = Projection::draw(16, 8, po);
+    AttentionOptions o;
+    o.causal = true;
+    Tensor out({1, 2, 10, 4});
+    try {
+      if (r == 0) {
+        sequence_parallel_attention(q, k, v, w, out.mutable_view(), o, ex);
+      } else {
+        sequence_parallel_attention_backward(q, k, v, dy, w, o, ex);
+      }
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(errors[r].find("disagree on the call (forward or backward)"), std::string::npos)
+        << errors[r];
+}
+
 TEST(SequenceParallelStats, CommunicationDoesNotGrowWithN) {
   set_num_threads(1);
   std::vector<int64_t> bytes;

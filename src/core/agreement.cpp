@@ -52,6 +52,12 @@ std::vector<int64_t> agree_on_fields(Exchange& ex, const std::vector<int64_t>& m
                                      const std::vector<AgreedField>& fields,
                                      const std::string& what, const std::string& rule,
                                      SequenceParallelStats& st) {
+  // The callers send their fields, then (Nq, Nk): a field added to one list and not the other
+  // would shift every later value (caught here, before any rank can depend on it).
+  if (mine.size() != fields.size() + 2) {
+    throw Error(what + ": internal error: " + std::to_string(mine.size()) + " values for " +
+                std::to_string(fields.size()) + " agreed fields and (Nq, Nk)");
+  }
   const std::vector<int64_t> all = ex.allgather(mine);
   ++st.collectives;
   const size_t width = mine.size(), count = fields.size();

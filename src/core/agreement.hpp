@@ -29,9 +29,9 @@ struct AgreedField {
 void agree_on_errors(Exchange& ex, const std::string& mine, const std::string& what,
                      SequenceParallelStats& st);
 
-/// mine: the values of `fields`, then this rank's extra values (the same count on every
-/// rank). One allgather; at the first field on which a rank differs from rank 0, every rank
-/// throws Error("<what>: the ranks disagree on the <name> (...); <rule>"). Returns every
+/// mine: the values of `fields`, then this rank's (Nq, Nk) (checked: exactly two extra values; the
+/// same on every rank). One allgather; at the first field on which a rank differs from rank 0,
+/// every rank throws Error("<what>: the ranks disagree on the <name> (...); <rule>"). Returns every
 /// rank's extra values, in rank order.
 std::vector<int64_t> agree_on_fields(Exchange& ex, const std::vector<int64_t>& mine,
                                      const std::vector<AgreedField>& fields,

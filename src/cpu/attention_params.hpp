@@ -80,6 +80,9 @@ struct CausalBackwardStore {
   std::vector<double> chunk_max;  // [B*H][chunks]: ... and max
   std::vector<float> r;           // [B*H][F][dv + 1]: phase A's R of the slice's queries
   std::vector<double> r_max;      // [B*H]: the slice's starting max, R's reference
+  /// Sizes (and zeroes) every buffer for `heads` heads of n queries: phase A then allocates
+  /// nothing (sequence-parallel calls allocate before the ranks agree to go on).
+  void reserve(int64_t heads, int64_t n, int64_t features, int64_t dv);
 };
 
 /// Bidirectional FAVOR attention; returns the number of rows written as zeros.

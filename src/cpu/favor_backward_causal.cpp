@@ -279,15 +279,19 @@ void favor_backward_causal(const BackwardParams& bp) {
       p.map.m, p.map.features(), p.dv, p.nq, bp.drate != nullptr);
 }
 
+void CausalBackwardStore::reserve(int64_t heads, int64_t n, int64_t features, int64_t dv) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk, ld = dv + 1;
+  gx.assign(static_cast<size_t>(heads * n * ld), 0.0f);
+  chunk_s.assign(static_cast<size_t>(heads * chunks * features), 0.0f);
+  chunk_max.assign(static_cast<size_t>(heads * chunks), 0.0);
+  r.assign(static_cast<size_t>(heads * features * ld), 0.0f);
+  r_max.assign(static_cast<size_t>(heads), -INFINITY);
+}
+
 void favor_backward_causal_phase_a(const BackwardParams& bp, CausalBackwardStore& store) {
   const AttentionParams& p = bp.fwd;
   const int64_t heads = p.batch * p.heads, F = p.map.features(), ld = p.dv + 1;
-  const int64_t chunks = (p.nq + kChunk - 1) / kChunk;
-  store.gx.assign(static_cast<size_t>(heads * p.nq * ld), 0.0f);
-  store.chunk_s.assign(static_cast<size_t>(heads * chunks * F), 0.0f);
-  store.chunk_max.assign(static_cast<size_t>(heads * chunks), 0.0);
-  store.r.assign(static_cast<size_t>(heads * F * ld), 0.0f);
-  store.r_max.assign(static_cast<size_t>(heads), -INFINITY);
+  store.reserve(heads, p.nq, F, p.dv);
   for (int64_t bh = 0; bh < heads; ++bh) {
     if (p.init_maxima) store.r_max[bh] = p.init_maxima[bh];
   }
