@@ -5,16 +5,23 @@
 // its rows of the one output file at their offsets with MPI-IO, so that no rank ever holds
 // more than its slice (gathering to rank 0 would need the whole output in one memory, which is
 // what splitting the sequence avoids). The file is a temporary beside --out, created with its
-// header by rank 0 and renamed into place by rank 0 once every rank has written; a failure on
-// any rank becomes the same error on every rank (rank 0 prints it, every rank exits 2) and
-// the temporary is removed.
+// header by rank 0 and renamed into place by rank 0 once every rank has written. Every step
+// that may fail on some ranks only (reading, allocating, opening and writing the file) ends in
+// an agreement, so that a failure on any rank becomes the same error on every rank (rank 0
+// prints it, every rank exits 2) and the temporary is removed; an error that could not be
+// agreed on is printed by its rank, which then ends the job (MPI_Abort) rather than leave the
+// other ranks waiting in a collective.
 #include <fmt/core.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
+#include <new>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "attention_args.hpp"
 #include "commands.hpp"
@@ -41,6 +48,12 @@ class MpiSession {
   MpiSession& operator=(const MpiSession&) = delete;
 };
 
+// An error that every rank throws alike: rank 0 reports it, every rank exits 2.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Every rank learns every rank's error text; if any is not empty, every rank throws the first
 // (naming its rank unless every rank failed alike).
 void fail_together(distributed::MpiExchange& ex, const std::string& mine) {
@@ -60,7 +73,7 @@ void fail_together(distributed::MpiExchange& ex, const std::string& mine) {
     if (failed > 1) message += fmt::format("; {} more rank(s) failed", failed - 1);
     message += ")";
   }
-  throw Error(message);
+  throw AgreedError(message);
 }
 
 // Runs a step that may fail on some ranks only, then agrees on the outcome.
@@ -69,6 +82,8 @@ void together(distributed::MpiExchange& ex, Step&& step) {
   std::string error;
   try {
     step();
+  } catch (const std::bad_alloc&) {
+    error = "out of memory";
   } catch (const std::exception& e) {
     error = e.what();
     if (error.empty()) error = "failed";
@@ -127,37 +142,71 @@ Slices read_slices(const AttentionArgs& a, int rank, int size) {
   return s;
 }
 
-// Writes this rank's rows of y [B, H, nq_r, Dv] into the output file `path` (whose header of
-// `header` bytes is already there; the whole sequence has nq rows). Collective.
-void write_rows(const std::string& path, size_t header, const Tensor& y,
-                const distributed::Slice& qs, int64_t nq) {
-  MPI_File file;
-  int rc = MPI_File_open(MPI_COMM_WORLD, path.c_str(), MPI_MODE_WRONLY, MPI_INFO_NULL, &file);
-  const auto check = [&path](int code, const char* what) {
-    if (code == MPI_SUCCESS) return;
-    char text[MPI_MAX_ERROR_STRING];
-    int length = 0;
-    MPI_Error_string(code, text, &length);
-    throw Error("--out: " + path + ": " + what + " failed (" + std::string(text, length) + ")");
-  };
-  check(rc, "MPI_File_open");
-  const Shape4& s = y.shape();
-  const int64_t run = qs.size() * s[3];             // floats of one (batch, head)
-  constexpr int64_t kMaxFloats = int64_t{1} << 28;  // MPI counts are int: 1 GiB pieces
-  for (int64_t bh = 0; bh < s[0] * s[1] && rc == MPI_SUCCESS; ++bh) {
-    const int64_t first = (bh * nq + qs.begin) * s[3];
-    for (int64_t done = 0; done < run && rc == MPI_SUCCESS; done += kMaxFloats) {
-      const auto count = static_cast<int>(std::min(kMaxFloats, run - done));
-      rc = MPI_File_write_at(file, static_cast<MPI_Offset>(header + 4 * (first + done)),
-                             y.data() + bh * run + done, count, MPI_FLOAT, MPI_STATUS_IGNORE);
+// MPI's text for a failed MPI-IO call on `path` (and a hint), as a favor::Error.
+Error io_error(const std::string& path, int code, const char* call, const char* hint = "") {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return Error("--out: " + path + ": " + call + " failed (" + std::string(text, length) + ")" +
+               hint);
+}
+
+// The output file as this rank's own MPI-IO handle. Each rank opens it alone (MPI_COMM_SELF),
+// so that open, sync and close involve no other rank: a rank that cannot open the file (a node
+// without the shared file system) must not leave the others inside a collective call, and a
+// rank that fails can close what it opened without waiting for the others. The ranks agree on
+// every step instead (together). Closed by close() or, after a failure, by the destructor.
+class OutputFile {
+ public:
+  explicit OutputFile(std::string path) : path_(std::move(path)) {}
+  ~OutputFile() {
+    if (file_ != MPI_FILE_NULL) MPI_File_close(&file_);
+  }
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  void open() {
+    const int rc =
+        MPI_File_open(MPI_COMM_SELF, path_.c_str(), MPI_MODE_WRONLY, MPI_INFO_NULL, &file_);
+    if (rc != MPI_SUCCESS) {
+      file_ = MPI_FILE_NULL;
+      throw io_error(path_, rc, "MPI_File_open",
+                     "; every rank writes its rows into this file, which rank 0 created: it "
+                     "must be on a file system that every rank sees");
     }
   }
-  const int sync = MPI_File_sync(file);  // collective, as is the close
-  const int close = MPI_File_close(&file);
-  check(rc, "MPI_File_write_at");
-  check(sync, "MPI_File_sync");
-  check(close, "MPI_File_close");
-}
+
+  // This rank's rows of y [B, H, nq_r, Dv] at their offsets in the file, whose header of
+  // `header` bytes is already there (the whole sequence has nq rows).
+  void write_rows(size_t header, const Tensor& y, const distributed::Slice& qs, int64_t nq) {
+    const Shape4& s = y.shape();
+    const int64_t run = qs.size() * s[3];             // floats of one (batch, head)
+    constexpr int64_t kMaxFloats = int64_t{1} << 28;  // MPI counts are int: 1 GiB pieces
+    for (int64_t bh = 0; bh < s[0] * s[1]; ++bh) {
+      const int64_t first = (bh * nq + qs.begin) * s[3];
+      for (int64_t done = 0; done < run; done += kMaxFloats) {
+        const auto count = static_cast<int>(std::min(kMaxFloats, run - done));
+        const int rc =
+            MPI_File_write_at(file_, static_cast<MPI_Offset>(header + 4 * (first + done)),
+                              y.data() + bh * run + done, count, MPI_FLOAT, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) throw io_error(path_, rc, "MPI_File_write_at");
+      }
+    }
+  }
+
+  // Flushes this rank's writes to storage and closes the handle.
+  void close() {
+    const int sync = MPI_File_sync(file_);
+    const int closed = MPI_File_close(&file_);
+    file_ = MPI_FILE_NULL;
+    if (sync != MPI_SUCCESS) throw io_error(path_, sync, "MPI_File_sync");
+    if (closed != MPI_SUCCESS) throw io_error(path_, closed, "MPI_File_close");
+  }
+
+ private:
+  std::string path_;
+  MPI_File file_ = MPI_FILE_NULL;
+};
 
 // One line on rank 0: the ranks, their slices and what each sent.
 void print_summary(const AttentionArgs& a, distributed::MpiExchange& ex, const Slices& s,
@@ -188,6 +237,17 @@ void print_summary(const AttentionArgs& a, distributed::MpiExchange& ex, const S
       a.method == "vq" ? "states (per-code sums)" : "states and fits", sent, micros / 1e3);
 }
 
+// This rank's rows of the output, [B, H, nq_r, Dv].
+Tensor output_rows(const Slices& s) {
+  const Shape4 shape{s.qf.shape[0], s.qf.shape[1], s.qs.size(), s.vf.shape[3]};
+  try {
+    return Tensor(shape);
+  } catch (const std::bad_alloc&) {
+    throw Error("--out: this rank's rows of the output, " + shape_string(shape) +
+                " floats, do not fit in memory");
+  }
+}
+
 void run(const AttentionArgs& a, distributed::MpiExchange& ex) {
   const bool vq = a.method == "vq";
   std::optional<Slices> s;
@@ -195,7 +255,11 @@ void run(const AttentionArgs& a, distributed::MpiExchange& ex) {
   Tensor codebook;                // vq: every rank reads all of it
   AttentionOptions o;
   VQOptions vo;
+  Tensor y;               // this rank's rows of the output
+  std::string header;     // the output file's .npy header: rank 0 writes it, the ranks the data
   StagedOutputs outputs;  // rank 0's files; their temporaries go if anything fails
+  // Everything this rank reads or allocates, before the first collective of the computation:
+  // a rank that fails here must not leave the others waiting in it.
   together(ex, [&] {
     s.emplace(read_slices(a, ex.rank(), ex.size()));
     if (vq) {
@@ -207,61 +271,89 @@ void run(const AttentionArgs& a, distributed::MpiExchange& ex) {
             encode_npy_f32(codebook_file_shape(codebook.shape(), s->qf.rank == 2), codebook.data()),
             "--save-codebook");
       }
-      return;
+    } else {
+      map.emplace(attention_feature_map(a, s->qf.shape));
+      o.causal = a.causal;
+      o.decay = attention_decay(a, s->qf.shape[1]);
+      if (ex.rank() == 0 && !a.projection.save.empty()) {
+        const Projection& w = map->projection;
+        outputs.stage(a.projection.save, encode_npy_f32({w.m(), w.d()}, w.data()),
+                      "--save-projection");
+      }
     }
-    map.emplace(attention_feature_map(a, s->qf.shape));
-    o.causal = a.causal;
-    o.decay = attention_decay(a, s->qf.shape[1]);
-    if (ex.rank() == 0 && !a.projection.save.empty()) {
-      const Projection& w = map->projection;
-      outputs.stage(a.projection.save, encode_npy_f32({w.m(), w.d()}, w.data()),
-                    "--save-projection");
-    }
+    const Shape4& qs = s->qf.shape;
+    const std::vector<int64_t> out_shape =
+        s->qf.rank == 2 ? std::vector<int64_t>{qs[2], s->vf.shape[3]}
+                        : std::vector<int64_t>{qs[0], qs[1], qs[2], s->vf.shape[3]};
+    const char no_data = 0;  // the header alone: the ranks write the data
+    header = encode_npy("<f4", out_shape, &no_data, 0);
+    y = output_rows(*s);
   });
   if (!a.key_mask.empty()) {
     o.key_mask = KeyMaskView::contiguous(s->mask.data(), s->kf.shape[0], s->ks.size());
     vo.key_mask = o.key_mask;
   }
-  const Shape4& qs = s->qf.shape;
-  Tensor y({qs[0], qs[1], s->qs.size(), s->vf.shape[3]});
   ex.reset_counters();
-  // Every rank throws the same favor::Error when a rank's inputs are refused or disagree.
-  const SequenceParallelStats st =
-      vq ? sequence_parallel_vq_attention(s->q, s->k, s->v, codebook, y.mutable_view(), vo, ex)
-         : sequence_parallel_attention(s->q, s->k, s->v, *map, y.mutable_view(), o, ex);
+  SequenceParallelStats st;
+  try {
+    st = vq ? sequence_parallel_vq_attention(s->q, s->k, s->v, codebook, y.mutable_view(), vo, ex)
+            : sequence_parallel_attention(s->q, s->k, s->v, *map, y.mutable_view(), o, ex);
+  } catch (const Error& e) {
+    // The library agrees on its errors (a rank's inputs refused, ranks that disagree): every
+    // rank throws this one. Anything else (out of memory) is this rank's alone.
+    throw AgreedError(e.what());
+  }
   const double seconds = ex.seconds();
   const int64_t bytes = ex.bytes();
 
-  const std::vector<int64_t> out_shape =
-      s->qf.rank == 2 ? std::vector<int64_t>{qs[2], s->vf.shape[3]}
-                      : std::vector<int64_t>{qs[0], qs[1], qs[2], s->vf.shape[3]};
-  const char no_data = 0;  // the header alone: the ranks write the data
-  const std::string header = encode_npy("<f4", out_shape, &no_data, 0);
   together(ex, [&] {
     if (ex.rank() == 0) outputs.stage(a.out, header, "--out");
   });
-  const std::string temp = ex.allgather_text(ex.rank() == 0 ? outputs.last_temp() : "")[0];
-  together(ex, [&] { write_rows(temp, header.size(), y, s->qs, qs[2]); });
+  OutputFile file(ex.allgather_text(ex.rank() == 0 ? outputs.last_temp() : "")[0]);
+  together(ex, [&] { file.open(); });
+  together(ex, [&] {
+    file.write_rows(header.size(), y, s->qs, s->qf.shape[2]);
+    file.close();
+  });
   together(ex, [&] {
     if (ex.rank() == 0) outputs.commit();
   });
   print_summary(a, ex, *s, st, seconds, bytes);
 }
 
+// Ends the job after an error that the other ranks may not have seen: they may be waiting for
+// this rank in a collective (and MPI_Finalize would wait for them), so this rank prints it.
+[[noreturn]] void abort_job(const std::exception& e, int rank, int size) {
+  const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+  std::cerr << "favor: error: " << (oom ? "out of memory" : e.what()) << " (rank " << rank << " of "
+            << size << "; ending the job)" << std::endl;
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  std::abort();  // MPI_Abort does not return
+}
+
 }  // namespace
 
 void run_distributed_attention(const AttentionArgs& a) {
   MpiSession session;
-  int rank = 0;
+  int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
   try {
     distributed::MpiExchange ex(MPI_COMM_WORLD);
-    run(a, ex);
-  } catch (const std::exception& e) {
+    try {
+      run(a, ex);
+    } catch (const AgreedError&) {
+      throw;
+    } catch (const std::exception& e) {
+      abort_job(e, rank, size);  // before ex's destructor, which frees communicators
+    }
+  } catch (const AgreedError& e) {
     // Every rank has the same error. Rank 0 prints it now, before MPI_Finalize: mpirun may
     // end the job as soon as a rank has exited with a nonzero code.
     if (rank == 0) std::cerr << "favor: error: " << e.what() << std::endl;
     throw AlreadyReported();
+  } catch (const std::exception& e) {
+    abort_job(e, rank, size);  // MpiExchange's constructor
   }
 }
 

@@ -1,6 +1,9 @@
 #include "npy_slice.hpp"
 
+#include <fmt/core.h>
+
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -22,6 +25,20 @@ std::ifstream open_file(const std::string& path, const std::string& argument) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(argument + ": " + path + ": cannot open (" + std::strerror(errno) + ")");
   return in;
+}
+
+// Refuses a value that is not finite as float32, as the library would, but at its position in
+// the file: the library sees only a process's slice and would name the row within it.
+[[noreturn]] void refuse_nonfinite(const RowsFile& f, double value, int64_t bh, int64_t row,
+                                   int64_t x) {
+  std::string where = std::to_string(row) + ',' + std::to_string(x);
+  if (f.rank == 4) {
+    where = std::to_string(bh / f.shape[1]) + ',' + std::to_string(bh % f.shape[1]) + ',' + where;
+  }
+  const std::string what = std::isfinite(value) ? fmt::format("{} (beyond float32's range)", value)
+                                                : fmt::format("{}", value);
+  throw Error(f.argument + ": " + f.path + ": element [" + where + "] is " + what +
+              "; inputs must be finite (no NaN or Inf)");
 }
 
 }  // namespace
@@ -63,14 +80,21 @@ Tensor read_rows(const RowsFile& f, int64_t begin, int64_t end) {
     read_at(in, f.header.data_offset + first * item, bytes.data(), bytes.size(), f.path,
             f.argument);
     float* out = t.data() + bh * static_cast<int64_t>(run);
-    for (size_t i = 0; i < run; ++i) {
-      if (item == 4) {
-        std::memcpy(out + i, bytes.data() + 4 * i, 4);
-      } else {
+    if (item == 4) {
+      std::memcpy(out, bytes.data(), bytes.size());
+    } else {
+      for (size_t i = 0; i < run; ++i) {
         double x;
         std::memcpy(&x, bytes.data() + 8 * i, 8);
         out[i] = static_cast<float>(x);
       }
+    }
+    for (size_t i = 0; i < run; ++i) {
+      if (std::isfinite(out[i])) continue;
+      double x = out[i];  // float64 files: the value before the conversion
+      if (item == 8) std::memcpy(&x, bytes.data() + 8 * i, 8);
+      const auto local = static_cast<int64_t>(i);
+      refuse_nonfinite(f, x, bh, begin + local / s[3], local % s[3]);
     }
   }
   return t;

@@ -23,6 +23,8 @@ struct RowsFile {
 RowsFile open_rows(const std::string& path, const std::string& argument);
 
 /// Rows [begin, end) along N of every (batch, head): a [B, H, end - begin, X] float tensor.
+/// Throws favor::Error naming the first value that is NaN or Inf (or a float64 beyond float32's
+/// range) at its position in the file, [b, h, n, x] or [n, x].
 Tensor read_rows(const RowsFile& file, int64_t begin, int64_t end);
 
 /// Positions [begin, end) of a key mask [N] (input rank 2) or [B, N] (rank 4) with

@@ -24,9 +24,24 @@
 ///                                                                   vq_options, true);
 ///     // vg.dcodebook: this rank's share of dL/dC, to be summed over ranks.
 ///
+/// Repeated calls (a training loop): the convenience calls below build an MpiExchange for
+/// each call and free it after (MPI_Comm_dup, MPI_Comm_split, MPI_Op_create: a few setup
+/// collectives on top of the handful the call makes itself, and with short slices collective
+/// latency is most of a call's time). Make one MpiExchange instead and pass it to the calls
+/// of favor/sequence_parallel.hpp:
+///
+///     favor::distributed::MpiExchange exchange(comm);  // once, collective over comm
+///     for (...) {
+///       favor::sequence_parallel_attention(q, k, v, map, out, options, exchange);
+///       favor::AttentionGrads g = favor::sequence_parallel_attention_backward(
+///           q, k, v, dy, map, options, exchange, true);
+///     }
+///
 /// Errors: a rank whose inputs break a rule, or ranks that disagree on shapes (but N),
 /// options, the feature map or the codebook, make every rank throw favor::Error (naming the
-/// rank), never a hang. A failing MPI call throws favor::Error with MPI's message.
+/// rank), never a hang. A failing MPI call throws favor::Error with MPI's message. Positions
+/// in messages are those of the rank's own slice ("rank 2: q: element [1,2,9,3] is nan" is row
+/// 9 of rank 2's rows, row s.begin + 9 of the sequence with s = even_slice(n, 2, size)).
 ///
 /// CMake: find_package(favor COMPONENTS distributed) then link favor::distributed.
 #include <mpi.h>
@@ -42,7 +57,8 @@ namespace favor::distributed {
 /// favor::Exchange over an MPI communicator. The constructor duplicates `comm` (favor's
 /// messages never mix with the caller's) and builds the reversed-order communicator of the
 /// backward scans, so it is collective over `comm`; so is the destructor. Not copyable; one
-/// exchange serves any number of calls, one at a time.
+/// exchange serves any number of calls, one at a time: make one for repeated calls rather
+/// than paying that setup per call in the convenience calls.
 class MpiExchange final : public Exchange {
  public:
   explicit MpiExchange(MPI_Comm comm = MPI_COMM_WORLD);
@@ -91,7 +107,8 @@ struct Slice {
 /// at most 1; ranks beyond n get empty slices).
 Slice even_slice(int64_t n, int rank, int size);
 
-/// favor::sequence_parallel_attention over `comm` (an MpiExchange made for the call).
+/// favor::sequence_parallel_attention over `comm` (an MpiExchange made for the call: for
+/// repeated calls make one and call favor::sequence_parallel_attention with it, see above).
 SequenceParallelStats attention(TensorView q, TensorView k, TensorView v, const FeatureMap& map,
                                 MutableTensorView out, const AttentionOptions& options = {},
                                 MPI_Comm comm = MPI_COMM_WORLD);
@@ -99,8 +116,9 @@ SequenceParallelStats attention(TensorView q, TensorView k, TensorView v, const 
                                 MutableTensorView out, const AttentionOptions& options = {},
                                 MPI_Comm comm = MPI_COMM_WORLD);
 
-/// favor::sequence_parallel_attention_backward over `comm`: dq, dk, dv of this rank's slice;
-/// the parameter gradients are this rank's share (sum them over ranks).
+/// favor::sequence_parallel_attention_backward over `comm` (an MpiExchange made for the
+/// call): dq, dk, dv of this rank's slice; the parameter gradients are this rank's share (sum
+/// them over ranks).
 AttentionGrads attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                                   const FeatureMap& map, const AttentionOptions& options = {},
                                   bool with_parameter_grads = false,
@@ -112,15 +130,17 @@ AttentionGrads attention_backward(TensorView q, TensorView k, TensorView v, Tens
                                   SequenceParallelStats* stats = nullptr,
                                   MPI_Comm comm = MPI_COMM_WORLD);
 
-/// favor::sequence_parallel_vq_attention over `comm`: Transformer-VQ attention, this rank's
-/// slice of the output. Every rank passes the whole codebook [1, Hc, c, D] (the same values:
-/// the ranks compare them and throw on a disagreement).
+/// favor::sequence_parallel_vq_attention over `comm` (an MpiExchange made for the call):
+/// Transformer-VQ attention, this rank's slice of the output. Every rank passes the whole
+/// codebook [1, Hc, c, D] (the same values: the ranks compare them and throw on a
+/// disagreement).
 SequenceParallelStats vq_attention(TensorView q, TensorView k, TensorView v, TensorView codebook,
                                    MutableTensorView out, const VQOptions& options = {},
                                    MPI_Comm comm = MPI_COMM_WORLD);
 
-/// favor::sequence_parallel_vq_attention_backward over `comm`: dq, dk, dv of this rank's
-/// slice; with with_codebook_grad, dcodebook is this rank's share (sum it over ranks).
+/// favor::sequence_parallel_vq_attention_backward over `comm` (an MpiExchange made for the
+/// call): dq, dk, dv of this rank's slice; with with_codebook_grad, dcodebook is this rank's
+/// share (sum it over ranks).
 VQGrads vq_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                               TensorView codebook, const VQOptions& options = {},
                               bool with_codebook_grad = false,

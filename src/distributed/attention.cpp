@@ -1,6 +1,9 @@
 // favor::distributed's convenience calls: sequence-parallel FAVOR and Transformer-VQ
 // attention and their backward passes over an MPI communicator, and the even split of a sequence
-// over ranks.
+// over ranks. Each call builds its own MpiExchange (collective setup per call, see
+// distributed.hpp for the persistent alternative). It is not cached as an attribute of the
+// caller's communicator: the attribute's delete callback would free MPI handles from inside
+// MPI_Comm_free or, for MPI_COMM_WORLD, MPI_Finalize.
 #include "favor/distributed.hpp"
 #include "favor/error.hpp"
 

@@ -1,6 +1,8 @@
 // mpirun -np 3 favor attention --distributed (--method favor and vq): the output file equals
-// the single-process command's to float tolerance; failures exit 2 with one error line and
-// leave no file.
+// the single-process command's to float tolerance; failures, on every rank or on one rank only,
+// exit 2 on every rank with one error line and leave no file.
+#include <cmath>
+
 #include "cli_fixture.hpp"
 
 namespace favor::testing {
@@ -42,17 +44,27 @@ class CliDistributed : public CliTest {
   }
   // Exit 2, one error line from favor containing `fragment`, no output, no temporaries.
   void expect_failure(const std::string& args, const std::string& fragment) {
-    const Result r = run_mpi(args + " --out " + path("bad.npy"));
+    expect_failed(run_mpi(args + " --out " + path("bad.npy")), args, {fragment});
+  }
+  // The same for a run `r` of `args`: every fragment in the one error line; no bad.npy and no
+  // temporary in the test's folder nor in `other` (a rank's working directory).
+  void expect_failed(const Result& r, const std::string& args,
+                     const std::vector<std::string>& fragments,
+                     const std::filesystem::path& other = {}) {
     EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
     size_t lines = 0;
     for (size_t at = r.err.find("favor: error:"); at != std::string::npos;
          at = r.err.find("favor: error:", at + 1))
       ++lines;
     EXPECT_EQ(lines, 1u) << r.err;
-    EXPECT_NE(r.err.find(fragment), std::string::npos) << args << "\n" << r.err;
-    EXPECT_FALSE(std::filesystem::exists(path("bad.npy")));
-    for (const auto& entry : std::filesystem::directory_iterator(dir))
-      EXPECT_EQ(entry.path().string().find(".partial-"), std::string::npos) << entry.path();
+    for (const std::string& fragment : fragments)
+      EXPECT_NE(r.err.find(fragment), std::string::npos) << args << "\n" << r.err;
+    for (const std::filesystem::path& folder : {dir, other}) {
+      if (folder.empty()) continue;
+      EXPECT_FALSE(std::filesystem::exists(folder / "bad.npy")) << folder;
+      for (const auto& entry : std::filesystem::directory_iterator(folder))
+        EXPECT_EQ(entry.path().string().find(".partial-"), std::string::npos) << entry.path();
+    }
   }
 };
 
@@ -127,6 +139,80 @@ TEST_F(CliDistributed, ErrorsExitTwoOnEveryRankAndLeaveNoFile) {
   const Result r = run_mpi(qkv() + " --out " + path("no/such/dir/y.npy"));
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("cannot create output"), std::string::npos) << r.err;
+}
+
+TEST_F(CliDistributed, OneRankFailsEveryRankExitsTwo) {
+  // Each rank reads only its rows (slices of 13, 13, 14 of N = 40), so only the rank whose rows
+  // hold a bad value sees it; every rank must still exit 2, with one error line from rank 0
+  // naming that rank and the value's position in the file (not in the rank's slice).
+  write_qkv(40);
+  Tensor bad_q = q;
+  bad_q.data()[((1 * 3 + 2) * 40 + 35) * 8 + 3] = std::nanf("");  // [1,2,35,3]: rank 2's row 9
+  write("bad_q.npy", bad_q);
+  const std::string kv = " --k " + path("k.npy") + " --v " + path("v.npy");
+  expect_failure("--q " + path("bad_q.npy") + kv, "--q: " + path("bad_q.npy") +
+                                                      ": element [1,2,35,3] is nan; inputs must be "
+                                                      "finite (no NaN or Inf) (rank 2 of 3)");
+  Tensor bad_v = v;
+  bad_v.data()[((0 * 3 + 1) * 40 + 20) * 5 + 4] = INFINITY;  // [0,1,20,4]: rank 1's row 7
+  write("bad_v.npy", bad_v);
+  expect_failure(
+      "--q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("bad_v.npy") + " --causal",
+      "element [0,1,20,4] is inf; inputs must be finite (no NaN or Inf) (rank 1 of 3)");
+  // float64 files: a finite value beyond float32's range is refused too, on rank 0.
+  std::vector<double> v64(v.values().begin(), v.values().end());
+  v64[2 * 5] = 1e300;  // [0,0,2,0]
+  write_bytes("v64.npy", cli::encode_npy("<f8", {2, 3, 40, 5}, v64.data(), 8 * v64.size()));
+  expect_failure("--q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v64.npy"),
+                 "element [0,0,2,0] is 1e+300 (beyond float32's range); inputs must be finite "
+                 "(no NaN or Inf) (rank 0 of 3)");
+  // 2-D files [N, D]: the position is [n, x]; Transformer-VQ reads the same way.
+  Tensor bad_q2({1, 1, 40, 8});
+  std::copy_n(q.data(), 40 * 8, bad_q2.data());
+  bad_q2.data()[30 * 8 + 6] = -INFINITY;  // [30,6]: rank 2's row 4
+  write("bad_q2.npy", bad_q2, true);
+  write("k2.npy", k, true);
+  write("v2.npy", v, true);
+  const Tensor book = random_tensor({1, 1, 4, 8}, 8);
+  write_bytes("c.npy", cli::encode_npy_f32({4, 8}, book.data()));
+  expect_failure("--q " + path("bad_q2.npy") + " --k " + path("k2.npy") + " --v " + path("v2.npy") +
+                     " --method vq --codebook " + path("c.npy"),
+                 "element [30,6] is -inf; inputs must be finite (no NaN or Inf) (rank 2 of 3)");
+}
+
+TEST_F(CliDistributed, OneRankCannotOpenTheOutput) {
+  // A node without the shared file system: rank 2 runs in another folder (mpiexec -wdir, one
+  // app context per folder), so the relative --out names a file it does not have. Its open
+  // fails and the others' succeed; every rank must exit 2 (none left inside a collective call),
+  // with one error line, and rank 0 removes the temporary.
+  write_qkv(40);
+  const std::filesystem::path other = dir / "other";
+  std::filesystem::create_directories(other);
+  // Ranks 0 and 1 in the test's folder, rank 2 in `other`.
+  const auto run_split = [&](const std::string& out) {
+    const std::string favor =
+        std::string(FAVOR_CLI_PATH) + " attention --distributed " + qkv() + " --out " + out;
+    // A hang (ranks left inside a collective) fails in a minute rather than at ctest's limit.
+    const bool limit = std::system("command -v timeout >/dev/null 2>&1") == 0;
+    const std::string cmd = std::string("OMP_NUM_THREADS=1 FAVOR_NUM_THREADS=1 ") +
+                            (limit ? "timeout -k 5 60 " : "") + FAVOR_MPIEXEC + " 2 -wdir " +
+                            dir.string() + " " + favor + " : " + FAVOR_MPIEXEC_NUMPROC_FLAG +
+                            " 1 -wdir " + other.string() + " " + favor + " >" + path("stdout.txt") +
+                            " 2>" + path("stderr.txt");
+    const int status = std::system(cmd.c_str());
+    return Result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp("stderr.txt"),
+                  slurp("stdout.txt")};
+  };
+  expect_failed(run_split("bad.npy"), "--out bad.npy",
+                {"--out: bad.npy.partial-", "MPI_File_open failed", "(rank 2 of 3)",
+                 "a file system that every rank sees"},
+                other);
+  // The same layout writes the file when every rank sees it (an absolute --out).
+  const Result good = run_split(path("y.npy"));
+  ASSERT_EQ(good.code, 0) << good.err;
+  const Result one = run_cli("attention " + qkv() + " --out " + path("y1.npy"));
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_LE(error(read("y.npy"), read("y1.npy")), kTolerance);
 }
 
 }  // namespace

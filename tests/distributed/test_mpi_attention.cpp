@@ -103,7 +103,8 @@ TEST(MpiAttention, KeyPaddingMask) {
 
 TEST(MpiAttention, CausalDecay) {
   // Decay weights keys by their position in the whole sequence; its gradient sums the
-  // ranks' shares (the reverse scan carries the distance states).
+  // ranks' shares (the backward's forward exclusive scan carries the distance states with the
+  // key states; the reverse scan carries only R).
   const Problem p(70, 70);
   const Local l(p, my_slice(p.nq), my_slice(p.nk));
   AttentionOptions o = causal_options();
