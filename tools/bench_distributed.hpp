@@ -16,6 +16,7 @@ struct DistributedBenchArgs {
   int64_t bh = 8, d = 64, m = 256;
   std::vector<int> ranks{1, 2, 4};
   int threads = 1;  ///< cores to share: each rank gets max(1, threads / P) favor threads
+  int repeats = 3;  ///< timed calls per configuration after a warm-up (the median)
   bool json = false;
 };
 
