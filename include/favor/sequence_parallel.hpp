@@ -117,7 +117,7 @@ struct SequenceParallelStats {
 /// a fit (bidirectional) fit to the moments summed over ranks, so every rank uses the same
 /// projection. Every rank validates its inputs, then the ranks compare a fingerprint of the
 /// shapes, options and map: a broken rule on any rank, or a disagreement, throws
-/// favor::Error on every rank (no rank waits forever on another).
+/// favor::Error on every rank instead of leaving another waiting in a collective.
 SequenceParallelStats sequence_parallel_attention(TensorView q, TensorView k, TensorView v,
                                                   const FeatureMap& map, MutableTensorView out,
                                                   const AttentionOptions& options,
