@@ -15,10 +15,10 @@ Model, per layer and rank (all assumptions are arguments):
 The key pass and the sweep are not overlapped with the collective (the sweep needs its result).
 
 Defaults: a node of 64 cores at this machine's measured per-core rates (favor bench
---sections distributed, P = 1 on 2 cores: causal forward 139.7 GFLOP/s, backward 83.1 GFLOP/s,
-so 4470 and 2660 GFLOP/s per node), InfiniBand HDR (alpha 2 us, 25 GB/s).
+--sections distributed, P = 1 on 2 cores: causal forward 144.9 GFLOP/s, backward 128.6 GFLOP/s,
+so 4640 and 4115 GFLOP/s per node), InfiniBand HDR (alpha 2 us, 25 GB/s).
 
-Usage: scripts/distributed_projection.py [--rate-gflops 4470] [--backward-rate-gflops 2660]
+Usage: scripts/distributed_projection.py [--rate-gflops 4640] [--backward-rate-gflops 4115]
                                          [--alpha-us 2] [--beta-gbs 25]
 """
 import argparse
@@ -61,9 +61,9 @@ def project(n, ranks, a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rate-gflops", type=float, default=4470.0,
+    ap.add_argument("--rate-gflops", type=float, default=4640.0,
                     help="sustained causal FAVOR forward rate of one node (GFLOP/s)")
-    ap.add_argument("--backward-rate-gflops", type=float, default=2660.0,
+    ap.add_argument("--backward-rate-gflops", type=float, default=4115.0,
                     help="sustained causal FAVOR backward rate of one node (GFLOP/s)")
     ap.add_argument("--alpha-us", type=float, default=2.0, help="per-message latency (us)")
     ap.add_argument("--beta-gbs", type=float, default=25.0, help="link bandwidth (GB/s)")
