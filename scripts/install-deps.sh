@@ -13,11 +13,12 @@ packages=(
   libgtest-dev libbenchmark-dev    # tests, the Google Benchmark target
   python3-matplotlib               # favor bench --plot, the Python plots (Debian's /usr/bin/python3)
   python3-dev pybind11-dev python3-pybind11 python3-numpy   # the Python package (favor._core)
-  python3-pytest                   # the Python test suite
+  python3-pytest python3-hypothesis   # the Python test suite, its property tests
   python3-scipy                    # scripts/dct_bias.py (exact expectations of the dct projection)
   python3-torch                    # favor.torch (PyTorch 1.13, CPU)
   python3-venv python3-setuptools python3-wheel python3-pip # pip install . (offline, README)
   libopenmpi-dev openmpi-bin python3-mpi4py   # the distributed layer (favor::distributed, favor.distributed)
+  clang libclang-rt-14-dev libomp-dev   # the hardening builds: clang++ (golden values), ASan+UBSan, TSan, libFuzzer
 )
 
 missing=()
