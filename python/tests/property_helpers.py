@@ -15,6 +15,7 @@ whose features overflow even double (exp(|x|^2/2)) are still evaluated.
 Tolerances come from float32 rounding (u = 2^-24) of what the library computes; see
 exact_bound and favor_bound.
 """
+import contextlib
 import math
 
 import numpy as np
@@ -269,3 +270,27 @@ def favor_reference(p, w, kernel, fit=None):
     y, magw, ratio, ok, size = favor_oracle(p, w, kernel, fit)
     f = 2 * w.m if kernel in ("trig", "hyperbolic") else w.m
     return y, favor_bound(p, y, magw, size, f), ok, ratio
+
+
+def one_head(p, b, h, keep_rank=False):
+    """Head (b, h) of problem p: [N, X] arrays and an [Nk] mask, or [1, 1, N, X] and
+    [1, Nk] with keep_rank."""
+    sl = (slice(b, b + 1), slice(h, h + 1)) if keep_rank else (b, h)
+    one = {n: (x[sl] if n in "qkv" else x) for n, x in p.items()}
+    if p["key_mask"] is not None:
+        one["key_mask"] = p["key_mask"][sl[0]]
+    return one
+
+
+@contextlib.contextmanager
+def threads(n):
+    """favor.set_num_threads(n) inside the block; the previous count (and whether the user
+    had set it) afterwards (conftest.single_thread, usable inside a Hypothesis test)."""
+    from favor import _threads
+    before, user_set = favor.num_threads(), _threads._user_set
+    favor.set_num_threads(n)
+    try:
+        yield
+    finally:
+        favor.set_num_threads(before)
+        _threads._user_set = user_set

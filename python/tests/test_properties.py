@@ -11,12 +11,11 @@ expectations:
   exp(w_f.c'), a factor that depends on f);
 - both: permuting keys with their values (and mask), masking a key = removing it
   (bidirectional), future keys never reach a causal row, v -> a v + b gives a y + b,
-  (a q, a k, scale s / a^2) = (q, k, scale s), heads are independent;
+  (a q, a k, scale s / a^2) = (q, k, scale s), heads are independent; a Decoder gives the
+  causal rows;
 - FAVOR with a projection W: rotating q, k by R and W to W R, or permuting W's rows, keeps
   every w_f.x and |x|, hence every feature.
 """
-import contextlib
-
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -25,7 +24,8 @@ from hypothesis import strategies as st
 import favor
 from property_helpers import (RANDOM_KERNELS, U32, exact_f64_bound, exact_oracle,
                               exact_reference, favor_reference, key_feature_spread,
-                              log_features, problems, projections, scale_of)
+                              log_features, one_head, problems, projections, scale_of,
+                              threads)
 
 FEW = settings(max_examples=max(1, settings.default.max_examples // 2))
 
@@ -62,16 +62,6 @@ def kernel_and_fit(draw, p):
     if kernel == "favorsharp":
         return kernel, favor.fit_kernel(kernel, p["q"], p["k"], scale=p["scale"])
     return kernel, None
-
-
-def one_head(p, b, h, keep_rank=False):
-    """Head (b, h) of problem p: [N, X] arrays and an [Nk] mask, or [1, 1, N, X] and
-    [1, Nk] with keep_rank."""
-    sl = (slice(b, b + 1), slice(h, h + 1)) if keep_rank else (b, h)
-    one = {n: (x[sl] if n in "qkv" else x) for n, x in p.items()}
-    if p["key_mask"] is not None:
-        one["key_mask"] = p["key_mask"][sl[0]]
-    return one
 
 
 # ---------------------------------------------------------------- against the oracles
@@ -278,20 +268,6 @@ def test_favor_rotation_and_feature_order(data):
     check_within(call_favor(p, wp, kernel, fit), y, 2 * bound, ok, "feature order")
 
 
-@contextlib.contextmanager
-def threads(n):
-    """favor.set_num_threads(n) inside the block; the previous count (and whether the user
-    had set it) afterwards (conftest.single_thread, usable inside a Hypothesis test)."""
-    from favor import _threads
-    before, user_set = favor.num_threads(), _threads._user_set
-    favor.set_num_threads(n)
-    try:
-        yield
-    finally:
-        favor.set_num_threads(before)
-        _threads._user_set = user_set
-
-
 @FEW
 @given(st.data())
 def test_heads_are_independent(data):
@@ -310,3 +286,35 @@ def test_heads_are_independent(data):
     _, bound, ok, _ = favor_reference(p, w, kernel)
     check_within(call_favor(one, w, kernel), call_favor(p, w, kernel)[b, h], 2 * bound[b, h],
                  ok[b, h], "favor head alone, default threads")
+
+
+@FEW
+@given(st.data())
+def test_decoder_rows_equal_the_causal_oracle(data):
+    # After appending tokens 0..i (in chunks of any sizes), a query gives row i of causal
+    # attention (the decoder has no key mask); its state does not grow with the position.
+    p = data.draw(problems(causal=True, max_norm=6.0))
+    p["key_mask"] = None
+    b, h, n, _ = p["q"].shape
+    w = data.draw(projections(p["q"].shape[-1]))
+    kernel, fit = data.draw(kernel_and_fit(p))
+    if kernel == "favorsharp":
+        fit = favor.fit_kernel(kernel, p["k"], p["k"])  # calibration data, not the queries
+    core_fit = favor.KernelFit.constant(fit, w.d) if isinstance(fit, float) else fit
+    assume(key_feature_spread(p, w, kernel, core_fit) < 80)  # as in the oracle test
+    dec = favor.Decoder(b, h, p["v"].shape[-1], w, kernel=kernel, scale=p["scale"], fit=fit)
+    size, rows, ends, t = dec.state_bytes, [], [], 0
+    while t < n:
+        step = data.draw(st.integers(1, n - t), label="chunk")
+        dec.append(p["k"][:, :, t:t + step], p["v"][:, :, t:t + step])
+        t += step
+        rows.append(dec.query(p["q"][:, :, t - 1:t]))
+        ends.append(t - 1)
+    assert dec.position == n and dec.state_bytes == size
+    y_ref, bound, ok, ratio = (x[:, :, ends] for x in favor_reference(p, w, kernel, fit))
+    y = np.concatenate(rows, axis=2)
+    if kernel == "trig":
+        clear = np.abs(ratio) > 1e-3
+        y, y_ref, ok = (np.where(clear[..., None], y, 0.0), np.where(clear[..., None], y_ref, 0.0),
+                        ok & clear)
+    check_within(y, y_ref, bound, ok, f"decoder {kernel}")
