@@ -7,11 +7,12 @@ per test, 25 where marked FEW, no deadline, no database).
 """
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import favor
-from property_helpers import RANDOM_KERNELS, U32, problems, projections, visibility
+from property_helpers import (RANDOM_KERNELS, U32, problems, projections, scale_of,
+                              visibility)
 
 FEW = settings(max_examples=max(1, settings.default.max_examples // 2))
 LAYOUTS = ("contiguous", "steps", "transposed", "fortran", "negative", "float64", "big-endian",
@@ -145,17 +146,36 @@ def test_outputs_are_finite_and_inside_the_values(p, data):
             assert np.all(inside), f"{name} {kernel}: outside the range of the visible values"
 
 
-@pytest.mark.xfail(strict=True, reason="known: logits beyond float32 (|q| |k| scale > 3.4e38) "
-                   "give NaN in exact attention (inf - inf in the online softmax); reported "
-                   "in issue 14")
-def test_exact_attention_with_overflowing_logits_is_finite_or_refused():
-    q = np.full((1, 1, 2, 2), 1e20, np.float32)
-    v = np.array([[[[1.0], [2.0]]]], np.float32)
-    try:
-        y = favor.exact_attention(q, q, v)
-    except favor.Error:
-        return
-    assert np.all(np.isfinite(y))
+EXPONENTS = (0, 10, 19, 20, 30, 38)
+
+
+@given(problems(max_n=8, max_d=4, max_norm=1.0), st.sampled_from(EXPONENTS),
+       st.sampled_from(EXPONENTS), st.data())
+def test_exact_attention_is_finite_at_any_finite_magnitude(p, eq, ev, data):
+    # q, k entries up to 1e38 (logits far beyond float32) and values up to 3e38 (sums beyond
+    # float32): finite outputs, inside the values. Inputs that could overflow float32 take
+    # the double path whatever `accumulate` says (src/attention.cpp): f32 and f64 then
+    # agree bit for bit (before, f32 gave NaN from inf - inf, or inf).
+    def scaled(x, e):  # x 10^e, clipped into float32's finite range
+        return np.clip(x.astype(np.float64) * 10.0**e, -3e38, 3e38).astype(np.float32)
+
+    q, k = scaled(p["q"], eq), scaled(p["k"], data.draw(st.sampled_from(EXPONENTS), label="ek"))
+    v = scaled(p["v"], ev)
+    opts = dict(causal=p["causal"], scale=p["scale"], key_mask=p["key_mask"])
+    y = favor.exact_attention(q, k, v, **opts)
+    y64 = favor.exact_attention(q, k, v, accumulate="f64", **opts)
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(y64))
+    assert np.all(np.abs(y) <= np.abs(v).max(initial=0) * (1 + 1e-6))
+    # the library's rule, per head: scale |q|, scale |q| |k| or Nk max|v| above 1e38
+    qn = scale_of(p) * np.linalg.norm(q.astype(np.float64), axis=-1).max(axis=-1)
+    kn = np.linalg.norm(k.astype(np.float64), axis=-1).max(axis=-1)
+    vn = v.shape[2] * np.abs(v.astype(np.float64)).max(axis=(2, 3))
+    promoted = bool(np.any((qn > 1e38) | (qn * kn > 1e38) | (vn > 1e38)))
+    event("double path" if promoted else "float path")
+    if promoted:
+        assert np.array_equal(y, y64)
+    else:
+        np.testing.assert_allclose(y, y64, rtol=1e-4, atol=1e-6 * np.abs(v).max(initial=0))
 
 
 BAD_DTYPES = (np.int8, np.int32, np.int64, np.uint8, np.uint16, np.bool_, np.complex64,
