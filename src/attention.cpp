@@ -2,6 +2,7 @@
 // and dispatches to the CPU kernels.
 #include "favor/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/feature_map_params.hpp"
@@ -27,6 +28,40 @@ cpu::AttentionParams make_params(const TensorView& q, const TensorView& k, const
 
 Shape4 output_shape(const detail::AttentionShape& s) {
   return {s.batch, s.heads, s.nq, s.dv};
+}
+
+// The largest row norm (norm = true) or largest |element| of head (b, h) of t, in double.
+double head_max(const TensorView& t, int64_t b, int64_t h, bool norm) {
+  double worst = 0.0;
+  for (int64_t n = 0; n < t.shape[2]; ++n) {
+    double acc = 0.0;
+    for (int64_t x = 0; x < t.shape[3]; ++x) {
+      const double e = t.at(b, h, n, x);
+      acc = norm ? acc + e * e : std::max(acc, std::abs(e));
+    }
+    worst = std::max(worst, norm ? std::sqrt(acc) : acc);
+  }
+  return worst;
+}
+
+// True when float32 accumulation could overflow on these (finite) inputs: a scaled query
+// (scale |q_i|), a logit scale q_i.k_j (at most scale |q_i| |k_j|) or a sum of at most Nk
+// weighted values (weights <= 1 after the max shift: at most Nk max|v|) beyond 1e38, a
+// margin below FLT_MAX = 3.4e38. float32 would then give inf, or NaN from inf - inf in the
+// online softmax; double holds all of these. O((Nq + Nk) (D + Dv)) against the
+// O(Nq Nk (D + Dv)) of the call.
+bool f32_may_overflow(const TensorView& q, const TensorView& k, const TensorView& v, double scale) {
+  constexpr double kLimit = 1e38;
+  for (int64_t b = 0; b < q.shape[0]; ++b) {
+    for (int64_t h = 0; h < q.shape[1]; ++h) {
+      const double qn = scale * head_max(q, b, h, true);
+      if (qn > kLimit || qn * head_max(k, b, h, true) > kLimit ||
+          static_cast<double>(v.shape[2]) * head_max(v, b, h, false) > kLimit) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -83,7 +118,9 @@ void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView
   detail::check_output(out, output_shape(s), "out", {q, k, v});
   const double scale = detail::resolve_scale(options.scale, s.d);
   const cpu::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
-  if (options.accumulation == Accumulation::f64) {
+  // Inputs whose float32 logits or sums could overflow take the double path whatever the
+  // option (the f32 path would return inf or NaN for finite inputs; docs/numerics.md).
+  if (options.accumulation == Accumulation::f64 || f32_may_overflow(q, k, v, scale)) {
     cpu::exact_attention_f64(p, options.causal);
   } else {
     cpu::exact_attention_f32(p, options.causal);

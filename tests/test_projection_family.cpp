@@ -273,6 +273,35 @@ TEST(ProjectionFamily, SorfBlocksAreScaledHadamardProducts) {
   }
 }
 
+TEST(ProjectionFamily, SorfChiRowsAreFiniteWhenABlockRowIsPadding) {
+  // d < d': a block row restricted to the first d coordinates can be zero (d = 3, d' = 4:
+  // rows +-e_4 of the 4 x 4 block); chi norms then divided by 0 and gave a NaN row, which
+  // attention silently turned into zero rows (found by python/tests/test_properties.py with
+  // Projection.draw(17, 3, kind='sorf', seed=1)). Such rows are now fresh Gaussian rows; the
+  // other rows keep their bits (their norms come from the same stream positions as before).
+  int zero_rows = 0;
+  for (int64_t d : {3, 5, 6, 7, 12}) {
+    for (uint64_t seed = 0; seed < 40; ++seed) {
+      const int64_t m = 64;
+      const Projection c = Projection::draw(m, d, {ProjectionKind::sorf, NormMode::chi, seed});
+      const Projection f = Projection::draw(m, d, {ProjectionKind::sorf, NormMode::fixed, seed});
+      for (int64_t i = 0; i < m; ++i) {
+        const double nc = row_norm(c, i), nf = row_norm(f, i);
+        ASSERT_TRUE(std::isfinite(nc)) << "d=" << d << " seed=" << seed << " row " << i;
+        EXPECT_GT(nc, 0.0) << "d=" << d << " seed=" << seed << " row " << i;
+        if (nf == 0.0) {
+          ++zero_rows;
+          continue;
+        }
+        double cos = 0.0;  // the other rows: the fixed row's direction, rescaled
+        for (int64_t t = 0; t < d; ++t) cos += double(c.at(i, t)) * f.at(i, t);
+        EXPECT_NEAR(cos / (nc * nf), 1.0, 1e-6) << "d=" << d << " seed=" << seed << " row " << i;
+      }
+    }
+  }
+  EXPECT_GT(zero_rows, 0);  // the case does occur in these draws
+}
+
 TEST(ProjectionFamily, QmcCoordinatesAreStratifiedAndMatchTheMatrix) {
   // Over the first 2^k points of a digitally shifted Sobol sequence, every coordinate has
   // exactly one point in each interval [j 2^-k, (j+1) 2^-k) (a (0, k, 1)-net per coordinate;

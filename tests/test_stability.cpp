@@ -112,5 +112,40 @@ TEST(Stability, BeyondFloatRangeMatchesDoubleReference) {
   }
 }
 
+TEST(Stability, ExactAttentionBeyondFloatLogitsIsFinite) {
+  // Finite inputs whose float32 logits or value sums overflow (scale |q| |k| or Nk max|v|
+  // beyond 1e38) gave NaN (inf - inf in the online softmax) or inf with f32 accumulation
+  // (found by python/tests/test_properties_inputs.py); they now take the double path.
+  // Entries 1e20: logits ~1e40. Values 3e38 (the average of 3e38 and -3e38 and 1e38 is
+  // representable, their float32 sum is not).
+  for (const float big : {1e20f, 3e30f}) {
+    Tensor q({1, 1, 3, 2}), v({1, 1, 3, 1});
+    for (int64_t i = 0; i < 3; ++i) {
+      q.at(0, 0, i, 0) = big * float(i + 1);
+      q.at(0, 0, i, 1) = -big;
+      v.at(0, 0, i, 0) = float(i);
+    }
+    for (bool causal : {false, true}) {
+      ExactOptions o;
+      o.causal = causal;
+      const Tensor y = exact_attention(q, q, v, o);
+      o.accumulation = Accumulation::f64;
+      const Tensor y64 = exact_attention(q, q, v, o);
+      for (int64_t i = 0; i < 3; ++i) {
+        ASSERT_TRUE(std::isfinite(y.at(0, 0, i, 0))) << big << " row " << i;
+        EXPECT_EQ(y.at(0, 0, i, 0), y64.at(0, 0, i, 0)) << big << " row " << i;
+      }
+    }
+  }
+  Tensor q({1, 1, 3, 2}), v({1, 1, 3, 1});
+  const float vals[3] = {3e38f, 3e38f, -1e38f};
+  for (int64_t i = 0; i < 3; ++i) v.at(0, 0, i, 0) = vals[i];  // q = 0: uniform weights
+  const Tensor y = exact_attention(q, q, v, ExactOptions{});
+  for (float e : y.values()) {
+    ASSERT_TRUE(std::isfinite(e));
+    EXPECT_NEAR(e, (3e38 + 3e38 - 1e38) / 3, 1e32);
+  }
+}
+
 }  // namespace
 }  // namespace favor

@@ -71,7 +71,8 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
 Tensor favor_attention(TensorView q, TensorView k, TensorView v, const FeatureMap& map,
                        const AttentionOptions& options = {}, AttentionStats* stats = nullptr);
 
-/// Accumulation precision of exact attention.
+/// Accumulation precision of exact attention. f32 inputs whose float32 logits or sums could
+/// overflow (bounds above 1e38, docs/numerics.md) are accumulated in f64 regardless.
 enum class Accumulation { f32, f64 };
 
 struct ExactOptions {

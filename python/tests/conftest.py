@@ -19,6 +19,47 @@ import pytest
 
 import favor
 
+# Hypothesis profiles of the property tests (test_properties*.py). 'favor' (the default):
+# derandomized (a fixed seed: every run draws the same examples), 40 examples per test
+# (tests may halve it), no deadline (timings vary on shared machines), no example database
+# (nothing written to the source tree). FAVOR_HYPOTHESIS_PROFILE=long: 1000 random examples
+# per test, for searching by hand. Other tests do not need hypothesis installed.
+try:
+    from hypothesis import HealthCheck, settings as _hypothesis_settings
+except ImportError:  # pragma: no cover
+    _hypothesis_settings = None
+else:
+    _hypothesis_settings.register_profile(
+        "favor", derandomize=True, max_examples=50, deadline=None, database=None,
+        print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+    _hypothesis_settings.register_profile(
+        "long", derandomize=False, max_examples=1000, deadline=None, database=None,
+        print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+    _hypothesis_settings.load_profile(os.environ.get("FAVOR_HYPOTHESIS_PROFILE", "favor"))
+
+
+def _hypothesis_profile():
+    if _hypothesis_settings is None:
+        return "hypothesis: not installed (the property tests need python3-hypothesis)"
+    s = _hypothesis_settings.default
+    return (f"hypothesis profile {_hypothesis_settings._current_profile!r}: "
+            f"derandomize={s.derandomize}, max_examples={s.max_examples}, "
+            f"deadline={s.deadline}, database={s.database}")
+
+
+def pytest_report_header(config):
+    return _hypothesis_profile()
+
+
+def pytest_terminal_summary(terminalreporter):
+    # The header is hidden under -q (as CTest runs pytest): repeat the profile at the end
+    # of runs that included the property tests.
+    reports = [r for rs in terminalreporter.stats.values() for r in rs
+               if "test_properties" in getattr(r, "nodeid", "")]
+    if reports:
+        terminalreporter.write_line(_hypothesis_profile())
+
+
 KERNELS = ("positive", "trig", "hyperbolic", "favorpp", "favorsharp")
 ADAPTED = ("favorpp", "favorsharp")
 # 8 float32 ulps of slack (docs/numerics.md rule 1).

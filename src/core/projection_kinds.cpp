@@ -206,14 +206,23 @@ std::vector<float> draw_sorf(int64_t m, int64_t d, uint64_t seed, NormMode norms
     for (int64_t i = 0; i < rows; ++i) {
       const double* row = block.data() + i * d;
       double factor = 1.0;
+      float* out = w.data() + (b * n + i) * d;
       if (norms == NormMode::chi) {
         double norm2 = 0.0;
         for (int64_t c = 0; c < d; ++c) norm2 += row[c] * row[c];
-        factor = chi_norm(nrng, d) / std::sqrt(norm2);
+        const double norm = chi_norm(nrng, d);  // drawn for every row: later rows keep theirs
+        if (norm2 == 0.0) {
+          // d < d': the block row can lie in the padded coordinates (e.g. +-e_4 for d = 3),
+          // leaving no direction to rescale (0/0, a NaN row before). Such a row is a fresh
+          // N(0, I_d) row from its own stream: marginally what chi rows are.
+          Rng grng(seed, stream_id(StreamKind::sorf, StreamUse::gaussian,
+                                   static_cast<uint64_t>(b * n + i)));
+          for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(grng.normal());
+          continue;
+        }
+        factor = norm / std::sqrt(norm2);
       }
-      for (int64_t c = 0; c < d; ++c) {
-        w[static_cast<size_t>((b * n + i) * d + c)] = static_cast<float>(factor * row[c]);
-      }
+      for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(factor * row[c]);
     }
   }
   return w;
