@@ -16,6 +16,7 @@
 //   FAVOR_GOLDEN_WRITE=1 build/tests/favor_tests --gtest_filter='Golden.*'
 // which rewrites tests/golden/*.txt in the source tree; review the diff before committing.
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 
 #include <cmath>
 #include <cstdio>
@@ -255,6 +256,31 @@ TEST(Golden, AttentionOutputsWithinRoundingOfTheGoldenValues) {
     std::printf("[ golden   ] %-28s max |y - golden| = %.3g (%.1f u max|v|), tolerance %.3g\n",
                 name.c_str(), worst, worst / (kUnit * max_abs(in.v)), tol);
   }
+}
+
+// The same comparison on every SIMD target this CPU has (Highway's dispatch, forced per
+// target): the exps and reductions change with the vector width, the bound above must hold.
+TEST(Golden, AttentionOutputsOnEverySimdTargetWithinTheBound) {
+  const Inputs in;
+  if (writing()) GTEST_SKIP();
+  const auto reference = attention_outputs(in);  // the best target; checked above
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    const auto outputs = attention_outputs(in);
+    for (size_t c = 0; c < outputs.size(); ++c) {
+      const auto& [name, y] = outputs[c];
+      double worst = 0;
+      for (int64_t i = 0; i < y.numel(); ++i)
+        worst = std::max(worst, std::abs(double(y.values()[i]) - reference[c].second.values()[i]));
+      EXPECT_LE(worst, tolerance(in, name.rfind("favor", 0) == 0))
+          << name << " on " << hwy::TargetName(target);
+      std::printf("[ golden   ] %-8s %-28s max |y - best target| = %.3g (%.1f u max|v|)\n",
+                  hwy::TargetName(target), name.c_str(), worst, worst / (kUnit * max_abs(in.v)));
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
 }
 
 // ---- thread counts ----
