@@ -1,6 +1,8 @@
 # ctest driver: install the build tree into a scratch prefix, then configure, build and run
 # the consumer project against it. Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR, DISTRIBUTED
-# (ON: favor was built with MPI; also build and run the favor::distributed consumer).
+# (ON: favor was built with MPI; also build and run the favor::distributed consumer),
+# CXX_COMPILER and CXX_FLAGS (favor's compiler and its -fsanitize flags, empty unless
+# FAVOR_SANITIZE).
 file(REMOVE_RECURSE "${WORK_DIR}")
 execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix"
                 RESULT_VARIABLE rc OUTPUT_QUIET)
@@ -10,6 +12,7 @@ endif()
 execute_process(COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}/build"
                         "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix" -DCMAKE_BUILD_TYPE=Release
                         "-DFAVOR_CONSUMER_DISTRIBUTED=${DISTRIBUTED}"
+                        "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}" "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}"
                 RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "configure failed: ${rc}")
