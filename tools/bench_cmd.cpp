@@ -437,17 +437,14 @@ class Bench {
     options.kernel = kernel_;
     if (data_adapted(kernel_)) {  // a fit from calibration rows (the decoder needs one)
       const auto calibration = inputs(bh, 256, 5000);
-      const Tensor &cq = std::get<0>(calibration), &ck = std::get<1>(calibration),
-                   &cv = std::get<2>(calibration);
-      options.fit = fit_kernel(kernel_, cq, ck);
+      options.fit = fit_kernel(kernel_, std::get<0>(calibration), std::get<1>(calibration));
     }
     Decoder dec(1, bh, a_.d, w, options);
     const int64_t chunk = 4096;
     for (int64_t done = 0; done < position; done += chunk) {
       const int64_t t = std::min(chunk, position - done);
       const auto qkv = inputs(bh, t, 7000 + done);
-      const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
-      dec.append(k, v);
+      dec.append(std::get<1>(qkv), std::get<2>(qkv));
     }
     const auto qkv = inputs(bh, steps, 99);
     const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
