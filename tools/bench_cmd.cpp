@@ -241,7 +241,8 @@ class Bench {
   // given a fit made beforehand (from calibration data in real use), not timed here.
   double favor_row(int64_t bh, int64_t n, bool causal, int threads,
                    std::optional<Kernel> kernel = {}, nlohmann::json extra = {}) {
-    const auto [q, k, v] = inputs(bh, n);
+    const auto qkv = inputs(bh, n);  // not bound by [q, k, v]: clang 14 cannot capture bindings
+    const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
     const Projection w =
         Projection::draw(a_.m, a_.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
     Tensor out({1, bh, n, a_.d}, 0.0f);
@@ -282,7 +283,8 @@ class Bench {
   // gradients): feature weights lambda, per-head learned W, b and lambda, Hedgehog (m / 2
   // projections: the same F) and, causal, the decay. ratio_to_positive = seconds / FAVOR+'s.
   void map_rows(int64_t n, bool causal) {
-    const auto [q, k, v] = inputs(a_.bh, n);
+    const auto qkv = inputs(a_.bh, n);  // not bound by [q, k, v]: clang 14 cannot capture bindings
+    const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
     const Tensor dy = gaussian_rows({1, a_.bh, n, a_.d}, 44);
     const int64_t heads = a_.bh, m = a_.m;
     auto draw = [&](int64_t rows) {
@@ -298,7 +300,9 @@ class Bench {
     maps.back().second.learnable(heads, true, true, false);
     if (causal) maps.emplace_back("decay", FeatureMap(draw(m)));
     double base_fwd = 0.0, base_bwd = 0.0;
-    for (const auto& [name, map] : maps) {
+    for (const auto& named : maps) {
+      const std::string& name = named.first;
+      const FeatureMap& map = named.second;  // captured below: not a binding (clang 14)
       AttentionOptions o;
       o.causal = causal;
       if (name == "decay") o.decay.assign(static_cast<size_t>(heads), 0.99);
@@ -333,7 +337,8 @@ class Bench {
   }
 
   double exact_row(int64_t bh, int64_t n, bool causal) {
-    const auto [q, k, v] = inputs(bh, n);
+    const auto qkv = inputs(bh, n);  // not bound by [q, k, v]: clang 14 cannot capture bindings
+    const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
     Tensor out({1, bh, n, a_.d}, 0.0f);
     ExactOptions o;
     o.causal = causal;
@@ -362,7 +367,8 @@ class Bench {
   // key state (AttentionContext) and a backward that uses it; its ratio is to that forward.
   double favor_backward_row(int64_t bh, int64_t n, bool causal, double forward_seconds,
                             bool with_context = true) {
-    const auto [q, k, v] = inputs(bh, n);
+    const auto qkv = inputs(bh, n);  // not bound by [q, k, v]: clang 14 cannot capture bindings
+    const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
     const Tensor dy = gaussian_rows({1, bh, n, a_.d}, 44);
     const Projection w =
         Projection::draw(a_.m, a_.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
@@ -390,7 +396,8 @@ class Bench {
   }
 
   double exact_backward_row(int64_t bh, int64_t n, bool causal, double forward_seconds) {
-    const auto [q, k, v] = inputs(bh, n);
+    const auto qkv = inputs(bh, n);  // not bound by [q, k, v]: clang 14 cannot capture bindings
+    const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
     const Tensor dy = gaussian_rows({1, bh, n, a_.d}, 44);
     ExactOptions o;
     o.causal = causal;
@@ -420,7 +427,9 @@ class Bench {
       const auto [q, k, v] = inputs(bh, t, 7000 + done);
       dec.append(k, v);
     }
-    const auto [q, k, v] = inputs(bh, steps, 99);
+    const auto qkv =
+        inputs(bh, steps, 99);  // not bound by [q, k, v]: clang 14 cannot capture bindings
+    const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
     Tensor y({1, bh, 1, a_.d});
     int64_t i = 0;
     const auto step = [&] {
@@ -521,7 +530,8 @@ class Bench {
   double vq_row(int64_t n, bool causal, bool backward, double favor_seconds,
                 std::optional<double> exact_seconds) {
     const int64_t bh = a_.bh, c = a_.vq_codes;
-    const auto [q, k, v] = inputs(bh, n);
+    const auto qkv = inputs(bh, n);  // not bound by [q, k, v]: clang 14 cannot capture bindings
+    const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
     Tensor codebook({1, bh, c, a_.d});
     for (int64_t h = 0; h < bh; ++h)
       for (int64_t s = 0; s < c; ++s)
