@@ -156,6 +156,26 @@ TEST_F(Cli, Float64AndFortranOrderAreConverted) {
   EXPECT_EQ(read("y.npy").values(), favor_attention(q, k, v, Projection::draw(256, 8)).values());
 }
 
+// A header mutated to hold terminal control sequences is quoted escaped: the one line on
+// stderr holds printable ASCII only. Paths in UTF-8 are printed as they are.
+TEST_F(Cli, MutatedHeadersAreEscapedOnTheTerminal) {
+  write_qkv();
+  const std::string dict =
+      "{'descr': '\x1b]0;pwned\x07\x1b[2J<f4', 'fortran_order': False, 'shape': (2, 3, 40, 8), }\n";
+  const std::string header = std::string("\x93NUMPY\x01\x00", 8) + char(dict.size()) + '\0' + dict;
+  write_bytes("evil.npy", header + cli::encode_npy_f32({2, 3, 40, 8}, q.data()).substr(128));
+  const std::string out = " --out " + path("y.npy");
+  const std::string args =
+      "attention --q " + path("evil.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out;
+  expect_failure(args, "dtype '\\x1b]0;pwned\\x07\\x1b[2J<f4' is not a plain numeric dtype");
+  const Result r = run(args);
+  for (char c : r.err) EXPECT_TRUE((c >= 0x20 && c < 0x7f) || c == '\n') << r.err;
+  // A UTF-8 path is printed as it is.
+  expect_failure("attention --q " + path("caf\xc3\xa9.npy") + " --k " + path("k.npy") + " --v " +
+                     path("v.npy") + out,
+                 "caf\xc3\xa9.npy: cannot open");
+}
+
 TEST_F(Cli, FeaturesAndProjectionRoundTrip) {
   const Tensor x = random_tensor({1, 2, 9, 4}, 7, 1.0);
   write("x.npy", x);

@@ -158,7 +158,7 @@ std::vector<DataSetting> file_settings(const AccuracyArgs& a) {
   DataSetting s;
   s.label = "files";
   const InputTensor q = read_tensor(a.q, "--q"), k = read_tensor(a.k, "--k");
-  const Shape4 &qs = q.tensor.shape(), &ks = k.tensor.shape();
+  const Shape4 &qs = q.shape(), &ks = k.shape();
   if (qs[0] != ks[0] || qs[1] != ks[1] || qs[3] != ks[3]) {
     throw Error("--k: " + a.k + " has shape " + shape_string(ks) + ", --q " + shape_string(qs) +
                 ": batch, heads and D must match");
@@ -167,10 +167,10 @@ std::vector<DataSetting> file_settings(const AccuracyArgs& a) {
     throw Error("--causal: --q " + a.q + " has " + std::to_string(qs[2]) + " positions, --k " +
                 a.k + " " + std::to_string(ks[2]) + "; causal attention needs as many of each");
   }
-  s.q = finite(q.tensor, "--q", a.q);
-  s.k = finite(k.tensor, "--k", a.k);
+  s.q = finite(q.copy(), "--q", a.q);
+  s.k = finite(k.copy(), "--k", a.k);
   if (!a.v.empty()) {
-    s.v = finite(read_tensor(a.v, "--v").tensor, "--v", a.v);
+    s.v = finite(read_tensor(a.v, "--v").copy(), "--v", a.v);
     const Shape4& vs = s.v.shape();
     if (vs[0] != ks[0] || vs[1] != ks[1] || vs[2] != ks[2]) {
       throw Error("--v: " + a.v + " has shape " + shape_string(vs) + ", --k " + shape_string(ks) +

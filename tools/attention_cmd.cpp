@@ -117,7 +117,7 @@ Tensor vq(const AttentionArgs& a, const InputTensor& q, const InputTensor& k, co
   o.key_mask = mask;
   if (a.vq.iterations < 0)
     throw Error("--vq-iterations: " + std::to_string(a.vq.iterations) + " must be >= 0");
-  const Shape4& ks = k.tensor.shape();
+  const Shape4& ks = k.shape();
   Tensor codebook;
   if (!a.vq.codebook.empty()) {
     codebook = read_codebook(a.vq.codebook, ks[1], ks[3], a.vq.codes);
@@ -176,7 +176,7 @@ void run(const AttentionArgs& a) {
   std::vector<uint8_t> mask;
   std::optional<KeyMaskView> mask_view;
   if (!a.key_mask.empty()) {
-    const auto& ks = k.tensor.shape();
+    const auto& ks = k.shape();
     mask = read_mask(a.key_mask, q.rank, ks[0], ks[2]);
     mask_view = KeyMaskView::contiguous(mask.data(), ks[0], ks[2]);
   }
@@ -194,11 +194,11 @@ void run(const AttentionArgs& a) {
   } else if (a.method == "vq") {
     y = vq(a, q, k, v, mask_view, outputs);
   } else {
-    const FeatureMap map = attention_feature_map(a, q.tensor.shape());
+    const FeatureMap map = attention_feature_map(a, q.shape());
     AttentionOptions o;
     o.causal = a.causal;
     o.key_mask = mask_view;
-    o.decay = attention_decay(a, q.tensor.shape()[1]);
+    o.decay = attention_decay(a, q.shape()[1]);
     AttentionStats stats;
     y = favor_attention(q.tensor, k.tensor, v.tensor, map, o, &stats);
     if (stats.zero_rows > 0) {
@@ -212,7 +212,7 @@ void run(const AttentionArgs& a) {
                     "--save-projection");
     }
   }
-  outputs.stage(a.out, encode_tensor(y, q.rank), "--out");
+  stage_tensor(outputs, a.out, y, q.rank, "--out");
   outputs.commit();
 }
 

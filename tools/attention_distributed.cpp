@@ -27,6 +27,7 @@
 #include "commands.hpp"
 #include "favor/distributed.hpp"
 #include "npy_slice.hpp"
+#include "printable.hpp"
 
 namespace favor::cli {
 namespace {
@@ -325,8 +326,8 @@ void run(const AttentionArgs& a, distributed::MpiExchange& ex) {
 // this rank in a collective (and MPI_Finalize would wait for them), so this rank prints it.
 [[noreturn]] void abort_job(const std::exception& e, int rank, int size) {
   const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
-  std::cerr << "favor: error: " << (oom ? "out of memory" : e.what()) << " (rank " << rank << " of "
-            << size << "; ending the job)" << std::endl;
+  std::cerr << "favor: error: " << (oom ? std::string("out of memory") : terminal_safe(e.what()))
+            << " (rank " << rank << " of " << size << "; ending the job)" << std::endl;
   MPI_Abort(MPI_COMM_WORLD, 2);
   std::abort();  // MPI_Abort does not return
 }
@@ -350,7 +351,7 @@ void run_distributed_attention(const AttentionArgs& a) {
   } catch (const AgreedError& e) {
     // Every rank has the same error. Rank 0 prints it now, before MPI_Finalize: mpirun may
     // end the job as soon as a rank has exited with a nonzero code.
-    if (rank == 0) std::cerr << "favor: error: " << e.what() << std::endl;
+    if (rank == 0) std::cerr << "favor: error: " << terminal_safe(e.what()) << std::endl;
     throw AlreadyReported();
   } catch (const std::exception& e) {
     abort_job(e, rank, size);  // MpiExchange's constructor

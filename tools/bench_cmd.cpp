@@ -15,6 +15,7 @@
 #include "alloc_tracker.hpp"
 #ifdef FAVOR_WITH_MPI
 #include "bench_distributed.hpp"
+#include "bench_io.hpp"
 #endif
 #include "cli_common.hpp"
 #include "commands.hpp"
@@ -43,6 +44,7 @@ struct BenchArgs {
   double min_time = 0.3;
   int64_t distributed_n = 262144, distributed_weak_n = 262144;
   std::vector<int> distributed_ranks{1, 2, 4};
+  int64_t io_n = 16384;
   bool has(const std::string& section) const {
     return std::find(sections.begin(), sections.end(), section) != sections.end();
   }
@@ -141,6 +143,8 @@ class Bench {
     if (a_.has("vq")) vq_section();
     section_ = "distributed";
     if (a_.has("distributed")) distributed();
+    section_ = "io";
+    if (a_.has("io")) io();
     section_ = "decode";
     if (a_.has("decode") && !a_.decode_positions.empty()) {
       decode_row(a_.decode_positions.front(),
@@ -152,6 +156,19 @@ class Bench {
   const nlohmann::json& records() const { return records_; }
 
  private:
+  // `favor attention` as a whole process vs the same call here (tools/bench_io.cpp).
+  void io() {
+    IoBenchArgs o;
+    o.n = a_.io_n;
+    o.bh = a_.bh;
+    o.d = a_.d;
+    o.m = a_.m;
+    o.threads = num_threads();
+    o.repeats = std::max(3, a_.repeats);
+    o.json = a_.json;
+    for (auto& r : io_section(o)) records_.push_back(std::move(r));
+  }
+
   // Sequence-parallel attention over 1, 2, 4 MPI ranks (tools/bench_distributed.cpp).
   void distributed() {
 #ifdef FAVOR_WITH_MPI
@@ -712,11 +729,12 @@ void add_bench_command(CLI::App& app) {
                   "(each --estimators kernel vs positive), maps (feature weights, learned and "
                   "Hedgehog maps, decay vs FAVOR+) and vq (Transformer-VQ vs FAVOR+ and exact, "
                   "forward and backward) and distributed (sequence-parallel attention over "
-                  "mpirun's ranks: strong and weak scaling); maps, vq and distributed are not in "
-                  "the default run")
+                  "mpirun's ranks: strong and weak scaling) and io (favor attention as a whole "
+                  "process on .npy files vs the same call in process); maps, vq, distributed "
+                  "and io are not in the default run")
       ->capture_default_str()
       ->check(CLI::IsMember({"sweep", "long", "scaling", "decode", "backward", "estimators", "maps",
-                             "vq", "distributed"}));
+                             "vq", "distributed", "io"}));
   cmd->add_option("--distributed-n", a->distributed_n,
                   "N of the distributed section's strong scaling (one sequence over P ranks)")
       ->capture_default_str();
@@ -725,6 +743,8 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--distributed-ranks", a->distributed_ranks,
                   "rank counts P of the distributed section (mpirun -np P)")
+      ->capture_default_str();
+  cmd->add_option("--io-n", a->io_n, "N of the io section (inputs [1, bh, N, dim])")
       ->capture_default_str();
   cmd->add_option("--vq-lengths", a->vq_lengths,
                   "N of the vq section (N = 4096, seed 002's setting, is always added)")

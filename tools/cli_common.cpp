@@ -49,20 +49,26 @@ Projection make_projection(const ProjectionArgs& a, int64_t d) {
 }
 
 InputTensor read_tensor(const std::string& path, const std::string& argument) {
-  NpyArray a = read_float_npy(path, argument);
+  FloatNpy a = map_float_npy(path, argument);
   InputTensor t;
-  t.rank = a.shape.size();
+  const auto& s = a.shape();
+  t.rank = s.size();
   Shape4 shape;
   if (t.rank == 2) {
-    shape = {1, 1, a.shape[0], a.shape[1]};
+    shape = {1, 1, s[0], s[1]};
   } else if (t.rank == 4) {
-    shape = {a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
+    shape = {s[0], s[1], s[2], s[3]};
   } else {
     throw Error(argument + ": " + path + ": must be 2-D [N, D] or 4-D [B, H, N, D], has rank " +
                 std::to_string(t.rank));
   }
-  t.tensor = Tensor(shape, std::move(a.values));
+  t.tensor = TensorView::contiguous(a.data, shape);
+  t.storage = std::move(a.storage);
   return t;
+}
+
+Tensor InputTensor::copy() const {
+  return Tensor(tensor.shape, std::vector<float>(tensor.data, tensor.data + tensor.numel()));
 }
 
 std::vector<uint8_t> read_mask(const std::string& path, size_t input_rank, int64_t batch,
@@ -79,11 +85,22 @@ std::vector<uint8_t> read_mask(const std::string& path, size_t input_rank, int64
   return std::move(m.flags);
 }
 
+namespace {
+
+std::vector<int64_t> file_shape(const Shape4& s, size_t rank) {
+  return rank == 2 ? std::vector<int64_t>{s[2], s[3]}
+                   : std::vector<int64_t>{s[0], s[1], s[2], s[3]};
+}
+
+}  // namespace
+
 std::string encode_tensor(const Tensor& t, size_t rank) {
-  const auto& s = t.shape();
-  const std::vector<int64_t> shape =
-      rank == 2 ? std::vector<int64_t>{s[2], s[3]} : std::vector<int64_t>{s[0], s[1], s[2], s[3]};
-  return encode_npy_f32(shape, t.data());
+  return encode_npy_f32(file_shape(t.shape(), rank), t.data());
+}
+
+void stage_tensor(StagedOutputs& outputs, const std::string& path, const Tensor& t, size_t rank,
+                  const std::string& argument) {
+  outputs.stage_f32(path, file_shape(t.shape(), rank), t.data(), argument);
 }
 
 }  // namespace favor::cli

@@ -2,6 +2,7 @@
 // Pieces shared by the favor subcommands: projection options, .npy <-> tensor conversion.
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,10 +29,15 @@ void add_projection_options(CLI::App* app, ProjectionArgs& args);
 /// Draws W or loads it from --projection-file (an [m, d] array with d == D).
 Projection make_projection(const ProjectionArgs& args, int64_t d);
 
-/// An input tensor read from .npy: rank 2 [N, D] (one head) or 4 [B, H, N, D].
+/// An input tensor read from .npy: rank 2 [N, D] (one head) or 4 [B, H, N, D]. A
+/// little-endian float32 C-order file is viewed in place in its mapping.
 struct InputTensor {
-  Tensor tensor;
+  TensorView tensor;  // C-contiguous, in `storage`
   size_t rank = 4;
+  std::shared_ptr<const void> storage;  // the mapped file or the converted values
+  const Shape4& shape() const { return tensor.shape; }
+  /// An owning copy.
+  Tensor copy() const;
 };
 InputTensor read_tensor(const std::string& path, const std::string& argument);
 /// Mask [B, Nk] (rank-4 inputs) or [Nk] (rank-2 inputs).
@@ -39,5 +45,8 @@ std::vector<uint8_t> read_mask(const std::string& path, size_t input_rank, int64
                                int64_t nk);
 /// The .npy bytes of a tensor written back in the inputs' rank.
 std::string encode_tensor(const Tensor& t, size_t rank);
+/// Stages `t` as the .npy file `path` in the inputs' rank (written straight from its data).
+void stage_tensor(StagedOutputs& outputs, const std::string& path, const Tensor& t, size_t rank,
+                  const std::string& argument);
 
 }  // namespace favor::cli

@@ -23,7 +23,7 @@ void run(const CodebookArgs& a) {
   if (a.iterations < 0)
     throw Error("--iterations: " + std::to_string(a.iterations) + " must be >= 0");
   const InputTensor k = read_tensor(a.k, "--k");
-  const Shape4& ks = k.tensor.shape();
+  const Shape4& ks = k.shape();
   std::vector<uint8_t> mask;
   std::optional<KeyMaskView> mask_view;
   if (!a.key_mask.empty()) {

@@ -18,8 +18,8 @@ struct FeaturesArgs {
 void run(const FeaturesArgs& a) {
   const Kernel kernel = parse_kernel(a.kernel, "--kernel");
   const InputTensor x = read_tensor(a.x, "--x");
-  const Projection w = make_projection(a.projection, x.tensor.shape()[3]);
-  const std::optional<KernelFit> fit = make_fit(a.fit, kernel, a.scale, x.tensor.shape()[3]);
+  const Projection w = make_projection(a.projection, x.shape()[3]);
+  const std::optional<KernelFit> fit = make_fit(a.fit, kernel, a.scale, x.shape()[3]);
   if (data_adapted(kernel) && !fit) {
     throw Error("--fit-a / --fit-q,--fit-k: the " + to_string(kernel) +
                 " features need a fit (the same one for queries and keys)");

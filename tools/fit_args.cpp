@@ -32,7 +32,7 @@ std::optional<KernelFit> make_fit(const FitArgs& args, Kernel kernel, std::optio
   }
   if (args.q.empty() || args.k.empty()) throw Error("--fit-q/--fit-k: give both files");
   const InputTensor q = read_tensor(args.q, "--fit-q"), k = read_tensor(args.k, "--fit-k");
-  if (q.tensor.shape()[3] != d || k.tensor.shape()[3] != d) {
+  if (q.shape()[3] != d || k.shape()[3] != d) {
     throw Error("--fit-q/--fit-k: the calibration rows must have the inputs' D = " +
                 std::to_string(d));
   }

@@ -28,9 +28,9 @@ struct FitCmdArgs {
 };
 
 // Batches [from, from + count) of a C-contiguous [B, H, N, D] tensor, without a copy.
-TensorView batches(const Tensor& t, int64_t from, int64_t count) {
-  const Shape4& s = t.shape();
-  return TensorView::contiguous(t.data() + from * s[1] * s[2] * s[3], {count, s[1], s[2], s[3]});
+TensorView batches(TensorView t, int64_t from, int64_t count) {
+  const Shape4& s = t.shape;
+  return TensorView::contiguous(t.data + from * s[1] * s[2] * s[3], {count, s[1], s[2], s[3]});
 }
 
 void parse_learn(const std::string& text, FitOptions& o) {
@@ -104,14 +104,14 @@ Split split_data(const FitCmdArgs& a) {
     s.hv = read_tensor(a.heldout_v, "--heldout-v");
     s.train = {s.q.tensor, s.k.tensor, s.v.tensor, std::nullopt};
     s.heldout = {s.hq.tensor, s.hk.tensor, s.hv.tensor, std::nullopt};
-    s.described = fmt::format("{} training and {} held-out sequences (--heldout-*)",
-                              s.q.tensor.shape()[0], s.hq.tensor.shape()[0]);
+    s.described = fmt::format("{} training and {} held-out sequences (--heldout-*)", s.q.shape()[0],
+                              s.hq.shape()[0]);
     return s;
   }
   if (!(a.holdout > 0.0 && a.holdout < 1.0))
     throw Error("--holdout: " + fmt::format("{}", a.holdout) + " must lie in (0, 1)");
-  const int64_t b = s.q.tensor.shape()[0];
-  if (b < 2 || s.k.tensor.shape()[0] != b || s.v.tensor.shape()[0] != b) {
+  const int64_t b = s.q.shape()[0];
+  if (b < 2 || s.k.shape()[0] != b || s.v.shape()[0] != b) {
     throw Error(
         "--holdout: needs a batch of B >= 2 sequences in --q, --k, --v to hold some out (B = " +
         std::to_string(b) + "); or give --heldout-q, --heldout-k, --heldout-v");

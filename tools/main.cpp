@@ -1,11 +1,13 @@
 // The favor command-line tool. Every failure prints one line "favor: error: ..." on
-// stderr and exits with code 2, writing no output file.
+// stderr (control bytes and broken UTF-8 escaped) and exits with code 2, writing no output
+// file.
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <optional>
 
 #include "commands.hpp"
 #include "favor/favor.hpp"
+#include "printable.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"favor: fast random-feature attention (FAVOR+) and exact attention on .npy arrays"};
@@ -29,15 +31,15 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "favor: error: " << e.what() << " (see favor --help)\n";
+    std::cerr << "favor: error: " << favor::cli::terminal_safe(e.what()) << " (see favor --help)\n";
     return 2;
   } catch (const favor::cli::AlreadyReported&) {  // favor attention --distributed
     return 2;
   } catch (const favor::Error& e) {
-    std::cerr << "favor: error: " << e.what() << '\n';
+    std::cerr << "favor: error: " << favor::cli::terminal_safe(e.what()) << '\n';
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "favor: error: " << e.what() << '\n';
+    std::cerr << "favor: error: " << favor::cli::terminal_safe(e.what()) << '\n';
     return 2;
   }
   return 0;

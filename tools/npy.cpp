@@ -1,391 +1,269 @@
+// Reading .npy arrays: dtype checks, the data-size check and the one-pass conversion to
+// float32 (or mask flags) in C order. The header is parsed in npy_header.cpp, files are
+// written in npy_write.cpp.
 #include "npy.hpp"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
+#include <algorithm>
+#include <bit>
 #include <cstring>
-#include <fstream>
-#include <iterator>
-#include <regex>
-#include <sstream>
 
 #include "favor/error.hpp"
+#include "favor/runtime.hpp"
+#include "printable.hpp"
 
 namespace favor::cli {
 namespace {
 
-constexpr char kMagic[] = "\x93NUMPY";
-
-struct Header {
-  std::string descr;
-  bool fortran = false;
-  std::vector<int64_t> shape;
-  size_t data_offset = 0;
-};
-
-[[noreturn]] void fail(const std::string& argument, const std::string& path,
+[[noreturn]] void fail(const std::string& argument, const std::string& where,
                        const std::string& rule) {
-  throw Error(argument + ": " + path + ": " + rule);
+  throw Error(argument + ": " + where + ": " + rule);
 }
 
-Header parse_header(const std::string& bytes, const std::string& path,
-                    const std::string& argument) {
-  if (bytes.size() < 10 || bytes.compare(0, 6, kMagic, 6) != 0)
-    fail(argument, path, "not a .npy file (bad magic)");
-  const auto major = static_cast<unsigned char>(bytes[6]);
-  size_t len = 0, start = 0;
-  if (major == 1) {
-    len = static_cast<unsigned char>(bytes[8]) |
-          (static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8);
-    start = 10;
-  } else if (major == 2 || major == 3) {
-    if (bytes.size() < 12) fail(argument, path, "truncated header");
-    for (int i = 0; i < 4; ++i)
-      len |= static_cast<size_t>(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
-    start = 12;
-  } else {
-    fail(argument, path, "unsupported .npy format version " + std::to_string(major));
-  }
-  if (bytes.size() < start + len) fail(argument, path, "truncated header");
-  const std::string dict = bytes.substr(start, len);
-  Header h;
-  h.data_offset = start + len;
-  // Compiled once (thread-safe statics): .npz map files parse several headers per read.
-  static const std::regex descr(R"('descr'\s*:\s*'([^']*)')"),
-      fortran(R"('fortran_order'\s*:\s*(True|False))"), shape(R"('shape'\s*:\s*\(([^)]*)\))"),
-      blanks(R"(\s+|L)");
-  std::smatch match;
-  if (!std::regex_search(dict, match, descr)) fail(argument, path, "header has no 'descr'");
-  h.descr = match[1];
-  if (!std::regex_search(dict, match, fortran)) {
-    fail(argument, path, "header has no 'fortran_order'");
-  }
-  h.fortran = match[1] == "True";
-  if (!std::regex_search(dict, match, shape)) fail(argument, path, "header has no 'shape'");
-  std::stringstream dims(match[1].str());
-  std::string item;
-  while (std::getline(dims, item, ',')) {
-    item = std::regex_replace(item, blanks, "");
-    if (item.empty()) continue;
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(item, &used);
-      if (used != item.size() || v < 0) throw std::invalid_argument(item);
-      h.shape.push_back(v);
-    } catch (const std::exception&) {
-      fail(argument, path, "bad shape entry '" + item + "'");
-    }
-  }
-  return h;
-}
-
-int64_t count(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
-}
-
-// Index in C order of the element at Fortran-order position f.
-std::vector<size_t> fortran_to_c(const std::vector<int64_t>& shape) {
-  const size_t n = static_cast<size_t>(count(shape));
-  std::vector<size_t> map(n);
-  std::vector<int64_t> idx(shape.size(), 0);
-  for (size_t f = 0; f < n; ++f) {
-    size_t c = 0;
-    for (size_t a = 0; a < shape.size(); ++a)
-      c = c * static_cast<size_t>(shape[a]) + static_cast<size_t>(idx[a]);
-    map[f] = c;
-    for (size_t a = 0; a < shape.size(); ++a) {  // Fortran order: first axis fastest
-      if (++idx[a] < shape[a]) break;
-      idx[a] = 0;
-    }
-  }
-  return map;
+// Whether data in byte order `order` ('<', '>', '=' or '|') must be swapped on this host.
+bool swapped(char order) {
+  constexpr bool little = std::endian::native == std::endian::little;
+  return order == '>' ? little : order == '<' ? !little : false;
 }
 
 template <class T>
-T load(const char* p) {
+T load(const char* p, bool swap) {
+  unsigned char b[sizeof(T)];
+  std::memcpy(b, p, sizeof(T));
+  if (swap) {
+    for (size_t i = 0; i < sizeof(T) / 2; ++i) std::swap(b[i], b[sizeof(T) - 1 - i]);
+  }
   T v;
-  std::memcpy(&v, p, sizeof(T));
+  std::memcpy(&v, b, sizeof(T));
   return v;
 }
 
-// Bytes per element; numpy unicode '<Un' has n UTF-32 code units of 4 bytes.
-size_t item_size_of(const std::string& descr) {
-  if (descr.size() < 3) return 0;
-  try {
-    const auto n = static_cast<size_t>(std::stoul(descr.substr(2)));
-    return descr[1] == 'U' ? 4 * n : n;
-  } catch (const std::exception&) {
-    return 0;
+// IEEE binary16 to float, exactly (subnormals, Inf and NaN included).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  uint32_t bits = 0;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa != 0) {  // subnormal: value mantissa * 2^-24, exact in float
+    const float v = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign ? -v : v;
+  } else {
+    bits = sign;
   }
+  return std::bit_cast<float>(bits);
 }
 
-struct Loaded {
-  Header header;
-  std::string bytes;
-  size_t item = 0;
-  std::vector<size_t> c_index;  // Fortran position -> C position; empty for C order
-  const char* data() const { return bytes.data() + header.data_offset; }
-  size_t at(size_t i) const { return c_index.empty() ? i : c_index[i]; }
-};
+bool float_dtype(const std::string& d) {
+  return d.size() == 3 && (d[0] == '<' || d[0] == '>' || d[0] == '=') && d[1] == 'f' &&
+         (d[2] == '2' || d[2] == '4' || d[2] == '8');
+}
 
-// Parses .npy bytes, checks the dtype with `accept` (else fails with `rule`), the data size
-// and a non-empty shape, and precomputes the Fortran-to-C index map. `path` names the bytes
-// in messages (a file, or a file and its .npz member).
-template <class Accept>
-Loaded load_checked(std::string bytes, const std::string& path, const std::string& argument,
-                    Accept accept, const std::string& rule) {
-  if (bytes.empty()) fail(argument, path, "empty, not a .npy array");
-  Loaded l{{}, std::move(bytes), 0, {}};
-  l.header = parse_header(l.bytes, path, argument);
-  if (!accept(l.header.descr))
-    fail(argument, path, "dtype '" + l.header.descr + "' is not supported; " + rule);
-  l.item = item_size_of(l.header.descr);
-  const size_t need = static_cast<size_t>(count(l.header.shape)) * l.item;
-  const size_t have = l.bytes.size() - l.header.data_offset;
+bool integer_dtype(const std::string& d) {
+  if (d == "|b1" || d == "|u1" || d == "|i1") return true;
+  return d.size() == 3 && (d[0] == '<' || d[0] == '>' || d[0] == '=') &&
+         (d[1] == 'i' || d[1] == 'u') && (d[2] == '2' || d[2] == '4' || d[2] == '8');
+}
+
+constexpr const char* kFloatRule = "use float16, float32 or float64 (either byte order)";
+constexpr const char* kMaskRule = "a mask is bool or 0/1 integers";
+
+// Checks the dtype, a non-empty shape and that `bytes` hold all the data the header announces;
+// returns where the data begins.
+const char* checked_data(const NpyHeader& h, std::string_view bytes,
+                         bool (*accept)(const std::string&), const char* rule,
+                         const std::string& where, const std::string& argument) {
+  if (!accept(h.descr)) {
+    fail(argument, where, "dtype '" + printable(h.descr) + "' is not supported; " + rule);
+  }
+  if (h.numel() == 0) fail(argument, where, "array has no elements");
+  const uint64_t need = static_cast<uint64_t>(h.numel()) * h.item;
+  const uint64_t have = bytes.size() - h.data_offset;
   if (have < need) {
-    fail(argument, path,
+    fail(argument, where,
          "truncated: " + std::to_string(need) + " bytes of data expected, " + std::to_string(have) +
              " found");
   }
-  if (l.item == 0) fail(argument, path, "dtype '" + l.header.descr + "' has no element size");
-  if (count(l.header.shape) == 0) fail(argument, path, "array has no elements");
-  if (l.header.fortran && l.header.shape.size() > 1) l.c_index = fortran_to_c(l.header.shape);
-  return l;
+  return bytes.data() + h.data_offset;
+}
+
+// dst[c] = convert(element at C-order position c) for every element, in one pass over the
+// output; a Fortran-order file is read with the transposed strides.
+template <class Out, class Convert>
+void convert_all(const NpyHeader& h, const char* src, Out* dst, Convert convert) {
+  const size_t n = static_cast<size_t>(h.numel()), item = h.item, rank = h.shape.size();
+  if (!h.fortran || rank <= 1) {
+    // Large arrays are converted by favor's threads, in blocks of 64 Ki elements.
+    const auto blocks = static_cast<int64_t>((n + 65535) / 65536);
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (blocks > 8)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const size_t end = std::min(n, static_cast<size_t>(b + 1) * 65536);
+      for (size_t i = static_cast<size_t>(b) * 65536; i < end; ++i)
+        dst[i] = convert(src + i * item);
+    }
+    return;
+  }
+  std::vector<size_t> stride(rank), idx(rank, 0);
+  size_t s = 1;
+  for (size_t a = 0; a < rank; ++a) {  // Fortran order: the first axis is fastest
+    stride[a] = s;
+    s *= static_cast<size_t>(h.shape[a]);
+  }
+  const size_t inner = static_cast<size_t>(h.shape[rank - 1]), inner_stride = stride[rank - 1];
+  for (size_t out = 0;;) {
+    size_t base = 0;
+    for (size_t a = 0; a + 1 < rank; ++a) base += idx[a] * stride[a];
+    for (size_t j = 0; j < inner; ++j) dst[out++] = convert(src + (base + j * inner_stride) * item);
+    size_t a = rank - 1;
+    while (a > 0) {
+      --a;
+      if (++idx[a] < static_cast<size_t>(h.shape[a])) break;
+      idx[a] = 0;
+      if (a == 0) return;
+    }
+  }
+}
+
+void convert_floats(const NpyHeader& h, const char* src, float* dst) {
+  const bool swap = swapped(h.descr[0]);
+  if (h.item == 2) {
+    convert_all(h, src, dst,
+                [swap](const char* p) { return half_to_float(load<uint16_t>(p, swap)); });
+  } else if (h.item == 4) {
+    convert_all(h, src, dst, [swap](const char* p) { return load<float>(p, swap); });
+  } else {
+    convert_all(h, src, dst,
+                [swap](const char* p) { return static_cast<float>(load<double>(p, swap)); });
+  }
+}
+
+// The header and data of .npy bytes whose dtype `accept` takes.
+struct Checked {
+  NpyHeader header;
+  const char* data;
+};
+Checked check(std::string_view bytes, bool (*accept)(const std::string&), const char* rule,
+              const std::string& where, const std::string& argument) {
+  if (bytes.empty()) fail(argument, where, "empty, not a .npy array");
+  NpyHeader h = parse_npy_header(bytes, where, argument);
+  const char* data = checked_data(h, bytes, accept, rule, where, argument);
+  return {std::move(h), data};
+}
+
+Checked check_scalar(std::string_view bytes, bool (*accept)(const std::string&), const char* rule,
+                     const std::string& where, const std::string& argument) {
+  Checked c = check(bytes, accept, rule, where, argument);
+  if (c.header.numel() != 1) {
+    fail(argument, where,
+         "must hold one value (a 0-d array), has " + std::to_string(c.header.numel()));
+  }
+  return c;
 }
 
 }  // namespace
 
 int64_t NpyArray::numel() const {
-  return count(shape);
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
 }
 
-int64_t NpyHeader::numel() const {
-  return count(shape);
-}
-
-NpyHeader read_npy_header(const std::string& path, const std::string& argument) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(argument, path, std::string("cannot open (") + std::strerror(errno) + ")");
-  std::string bytes(12, '\0');  // magic, version, header length (up to 4 bytes)
-  in.read(bytes.data(), 12);
-  bytes.resize(static_cast<size_t>(in.gcount()));
-  if (bytes.empty()) fail(argument, path, "empty file");
-  // The header's length is in bytes 8-9 (version 1) or 8-11; parse_header reports a bad one.
-  size_t len = 0, start = 10;
-  if (bytes.size() >= 12 && (bytes[6] == 2 || bytes[6] == 3)) {
-    start = 12;
-    for (int i = 0; i < 4; ++i)
-      len |= static_cast<size_t>(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
-  } else if (bytes.size() >= 10) {
-    len = static_cast<unsigned char>(bytes[8]) |
-          (static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8);
+FloatNpy map_float_npy(const std::string& path, const std::string& argument) {
+  auto file = std::make_shared<const MappedFile>(path, argument);
+  const Checked c = check(file->bytes(), float_dtype, kFloatRule, path, argument);
+  FloatNpy out;
+  out.header = c.header;
+  const bool native_f32 = c.header.item == 4 && !swapped(c.header.descr[0]);
+  const bool c_order = !c.header.fortran || c.header.shape.size() <= 1;
+  if (native_f32 && c_order && reinterpret_cast<uintptr_t>(c.data) % alignof(float) == 0) {
+    out.data = reinterpret_cast<const float*>(c.data);
+    out.storage = std::move(file);
+    out.in_place = true;
+    return out;
   }
-  if (len > (1u << 24)) fail(argument, path, "header longer than 16 MiB");
-  bytes.resize(start + len);
-  in.clear();
-  in.seekg(0);
-  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  bytes.resize(static_cast<size_t>(in.gcount()));
-  const Header h = parse_header(bytes, path, argument);
-  NpyHeader out{h.descr, h.fortran, h.shape, h.data_offset, item_size_of(h.descr)};
-  if (out.item == 0) fail(argument, path, "dtype '" + h.descr + "' has no element size");
-  if (count(h.shape) == 0) fail(argument, path, "array has no elements");
-  struct stat st {};
-  const size_t need = h.data_offset + static_cast<size_t>(count(h.shape)) * out.item;
-  if (::stat(path.c_str(), &st) != 0 || static_cast<size_t>(st.st_size) < need) {
-    fail(argument, path,
-         "truncated: " + std::to_string(need) + " bytes expected, " +
-             std::to_string(static_cast<size_t>(st.st_size)) + " found");
-  }
+  auto values = std::make_shared<std::vector<float>>(static_cast<size_t>(c.header.numel()));
+  convert_floats(c.header, c.data, values->data());
+  out.data = values->data();
+  out.storage = std::move(values);  // the mapping is released here
   return out;
 }
 
-std::string read_file(const std::string& path, const std::string& argument) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(argument, path, std::string("cannot open (") + std::strerror(errno) + ")");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail(argument, path, "read error");
-  if (bytes.empty()) fail(argument, path, "empty file");
-  return bytes;
-}
-
 NpyArray read_float_npy(const std::string& path, const std::string& argument) {
-  return decode_float_npy(read_file(path, argument), path, argument);
+  const FloatNpy f = map_float_npy(path, argument);
+  return {f.header.shape, f.header.descr, std::vector<float>(f.data, f.data + f.numel()), {}};
 }
 
-NpyArray decode_float_npy(std::string bytes, const std::string& where,
+NpyArray decode_float_npy(std::string_view bytes, const std::string& where,
                           const std::string& argument) {
-  const Loaded l = load_checked(
-      std::move(bytes), where, argument,
-      [](const std::string& d) { return d == "<f4" || d == "<f8" || d == "=f4" || d == "=f8"; },
-      "use little-endian float32 or float64");
-  NpyArray a{l.header.shape, l.header.descr, {}, {}};
-  const size_t n = static_cast<size_t>(a.numel());
-  a.values.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    a.values[l.at(i)] = l.item == 4 ? load<float>(l.data() + 4 * i)
-                                    : static_cast<float>(load<double>(l.data() + 8 * i));
-  }
+  const Checked c = check(bytes, float_dtype, kFloatRule, where, argument);
+  NpyArray a{c.header.shape, c.header.descr, {}, {}};
+  a.values.resize(static_cast<size_t>(c.header.numel()));
+  convert_floats(c.header, c.data, a.values.data());
   return a;
 }
-
-namespace {
-
-bool little_integer(const std::string& d) {
-  if (d == "|b1" || d == "|u1" || d == "|i1") return true;
-  if (d.size() < 3) return false;
-  const std::string size = d.substr(2);
-  return (d[0] == '<' || d[0] == '=') && (d[1] == 'i' || d[1] == 'u') &&
-         (size == "2" || size == "4" || size == "8");
-}
-
-template <class Accept>
-Loaded load_scalar(std::string bytes, const std::string& where, const std::string& argument,
-                   Accept accept, const std::string& rule) {
-  Loaded l = load_checked(std::move(bytes), where, argument, accept, rule);
-  if (count(l.header.shape) != 1) {
-    fail(argument, where,
-         "must hold one value (a 0-d array), has " + std::to_string(count(l.header.shape)));
-  }
-  return l;
-}
-
-}  // namespace
 
 NpyArray read_mask_npy(const std::string& path, const std::string& argument) {
-  const Loaded l = load_checked(read_file(path, argument), path, argument, little_integer,
-                                "a mask is bool or 0/1 integers");
-  NpyArray a{l.header.shape, l.header.descr, {}, {}};
-  const size_t n = static_cast<size_t>(a.numel());
-  a.flags.resize(n);
-  for (size_t i = 0; i < n; ++i) {
+  const MappedFile file(path, argument);
+  const Checked c = check(file.bytes(), integer_dtype, kMaskRule, path, argument);
+  NpyArray a{c.header.shape, c.header.descr, {}, {}};
+  a.flags.resize(static_cast<size_t>(c.header.numel()));
+  const size_t item = c.header.item;
+  // Nonzero in any byte order is nonzero in some byte: no swap needed.
+  convert_all(c.header, c.data, a.flags.data(), [item](const char* p) {
     bool nonzero = false;
-    for (size_t b = 0; b < l.item; ++b) nonzero = nonzero || l.data()[l.item * i + b] != 0;
-    a.flags[l.at(i)] = nonzero ? 1 : 0;
-  }
+    for (size_t b = 0; b < item; ++b) nonzero = nonzero || p[b] != 0;
+    return static_cast<uint8_t>(nonzero);
+  });
   return a;
 }
 
-double decode_float_scalar_npy(std::string bytes, const std::string& where,
-                               const std::string& argument) {
-  const Loaded l = load_scalar(
-      std::move(bytes), where, argument,
-      [](const std::string& d) { return d == "<f4" || d == "<f8" || d == "=f4" || d == "=f8"; },
-      "use a little-endian float32 or float64 scalar");
-  return l.item == 4 ? load<float>(l.data()) : load<double>(l.data());
+std::string read_file(const std::string& path, const std::string& argument) {
+  const MappedFile file(path, argument);
+  return std::string(file.bytes());
 }
 
-int64_t decode_int_scalar_npy(std::string bytes, const std::string& where,
+double decode_float_scalar_npy(std::string_view bytes, const std::string& where,
+                               const std::string& argument) {
+  const Checked c =
+      check_scalar(bytes, float_dtype, "use a float16, float32 or float64 scalar", where, argument);
+  const bool swap = swapped(c.header.descr[0]);
+  if (c.header.item == 2) return half_to_float(load<uint16_t>(c.data, swap));
+  return c.header.item == 4 ? load<float>(c.data, swap) : load<double>(c.data, swap);
+}
+
+int64_t decode_int_scalar_npy(std::string_view bytes, const std::string& where,
                               const std::string& argument) {
-  const Loaded l = load_scalar(std::move(bytes), where, argument, little_integer,
-                               "use a little-endian integer scalar");
-  const bool is_signed = l.header.descr[1] == 'i';
+  const Checked c = check_scalar(bytes, integer_dtype, "use an integer scalar", where, argument);
+  const size_t item = c.header.item;
+  const bool is_signed = c.header.descr[1] == 'i', swap = swapped(c.header.descr[0]);
   uint64_t bits = 0;
-  for (size_t b = 0; b < l.item; ++b)
-    bits |= static_cast<uint64_t>(static_cast<unsigned char>(l.data()[b])) << (8 * b);
-  if (is_signed && l.item < 8 && (bits >> (8 * l.item - 1)) & 1) bits |= ~0ull << (8 * l.item);
-  if (!is_signed && l.item == 8 && bits > static_cast<uint64_t>(INT64_MAX))
+  for (size_t b = 0; b < item; ++b) {
+    const size_t from = swap ? item - 1 - b : b;  // b-th least significant byte
+    bits |= static_cast<uint64_t>(static_cast<unsigned char>(c.data[from])) << (8 * b);
+  }
+  if (is_signed && item < 8 && (bits >> (8 * item - 1)) & 1) bits |= ~0ull << (8 * item);
+  if (!is_signed && item == 8 && bits > static_cast<uint64_t>(INT64_MAX))
     fail(argument, where, "value " + std::to_string(bits) + " does not fit int64");
   return static_cast<int64_t>(bits);
 }
 
-std::string decode_unicode_npy(std::string bytes, const std::string& where,
+std::string decode_unicode_npy(std::string_view bytes, const std::string& where,
                                const std::string& argument) {
-  const Loaded l = load_scalar(
-      std::move(bytes), where, argument,
+  const Checked c = check_scalar(
+      bytes,
       [](const std::string& d) {
         return d.size() >= 3 && (d[0] == '<' || d[0] == '=') && d[1] == 'U';
       },
-      "use a little-endian unicode string ('<U')");
+      "use a little-endian unicode string ('<U')", where, argument);
   std::string text;
-  for (size_t i = 0; i < l.item / 4; ++i) {
-    const auto c = load<uint32_t>(l.data() + 4 * i);
-    if (c == 0) break;  // numpy pads with NUL code units
-    if (c > 0x7e || c < 0x20) fail(argument, where, "holds a character outside printable ASCII");
-    text += static_cast<char>(c);
+  for (size_t i = 0; i < c.header.item / 4; ++i) {
+    const auto u = load<uint32_t>(c.data + 4 * i, swapped(c.header.descr[0]));
+    if (u == 0) break;  // numpy pads with NUL code units
+    if (u > 0x7e || u < 0x20) fail(argument, where, "holds a character outside printable ASCII");
+    text += static_cast<char>(u);
   }
   return text;
-}
-
-std::string encode_npy(const std::string& descr, const std::vector<int64_t>& shape,
-                       const void* data, size_t bytes) {
-  std::string tuple = "(";
-  for (size_t i = 0; i < shape.size(); ++i) tuple += (i ? ", " : "") + std::to_string(shape[i]);
-  tuple += shape.size() == 1 ? ",)" : ")";
-  std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + tuple + ", }";
-  // Pad with spaces so the data starts on a 64-byte boundary; end with a newline.
-  const size_t unpadded = 10 + dict.size() + 1;
-  dict.append((64 - unpadded % 64) % 64, ' ');
-  dict += '\n';
-  std::string out(kMagic, 6);
-  out += '\x01';
-  out += '\x00';
-  out += static_cast<char>(dict.size() & 0xff);
-  out += static_cast<char>((dict.size() >> 8) & 0xff);
-  out += dict;
-  out.append(static_cast<const char*>(data), bytes);
-  return out;
-}
-
-std::string encode_npy_f32(const std::vector<int64_t>& shape, const float* data) {
-  return encode_npy("<f4", shape, data, static_cast<size_t>(count(shape)) * sizeof(float));
-}
-
-std::string encode_npy_f64_scalar(double value) {
-  return encode_npy("<f8", {}, &value, sizeof value);
-}
-
-std::string encode_npy_i64_scalar(int64_t value) {
-  return encode_npy("<i8", {}, &value, sizeof value);
-}
-
-std::string encode_npy_unicode(const std::string& text, size_t width) {
-  if (text.size() > width) throw Error("'" + text + "' is longer than " + std::to_string(width));
-  std::vector<uint32_t> units(width, 0);
-  for (size_t i = 0; i < text.size(); ++i) units[i] = static_cast<unsigned char>(text[i]);
-  return encode_npy("<U" + std::to_string(width), {}, units.data(), 4 * width);
-}
-
-StagedOutputs::~StagedOutputs() {
-  for (const Entry& e : entries_) std::remove(e.temp.c_str());
-}
-
-void StagedOutputs::stage(const std::string& path, const std::string& bytes,
-                          const std::string& argument) {
-  std::string temp = path + ".partial-XXXXXX";
-  const int fd = mkstemp(temp.data());
-  if (fd < 0)
-    fail(argument, path, std::string("cannot create output (") + std::strerror(errno) + ")");
-  entries_.push_back({temp, path});
-  const mode_t mask = ::umask(0);  // mkstemp creates 0600; give the usual 0666 & ~umask
-  ::umask(mask);
-  ::fchmod(fd, 0666 & ~mask);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n <= 0) {
-      ::close(fd);
-      fail(argument, path, std::string("write failed (") + std::strerror(errno) + ")");
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
-    fail(argument, path, std::string("write failed (") + std::strerror(errno) + ")");
-}
-
-void StagedOutputs::commit() {
-  for (Entry& e : entries_) {
-    if (std::rename(e.temp.c_str(), e.target.c_str()) != 0) {
-      fail("output", e.target,
-           std::string("cannot move into place (") + std::strerror(errno) + ")");
-    }
-    e.temp.clear();
-  }
-  entries_.clear();
 }
 
 }  // namespace favor::cli

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "favor/error.hpp"
+#include "printable.hpp"
 
 namespace favor::cli {
 namespace {
@@ -48,7 +49,7 @@ RowsFile open_rows(const std::string& path, const std::string& argument) {
   const NpyHeader& h = f.header;
   const std::string& d = h.descr;
   if (d != "<f4" && d != "<f8" && d != "=f4" && d != "=f8") {
-    throw Error(argument + ": " + path + ": dtype '" + d +
+    throw Error(argument + ": " + path + ": dtype '" + printable(d) +
                 "' is not supported; use little-endian float32 or float64");
   }
   f.rank = h.shape.size();
@@ -117,7 +118,7 @@ std::vector<uint8_t> read_mask_columns(const std::string& path, size_t input_ran
       (d.size() == 3 && (d[0] == '<' || d[0] == '=') && (d[1] == 'i' || d[1] == 'u') &&
        (d[2] == '2' || d[2] == '4' || d[2] == '8'));
   if (!integer) {
-    throw Error("--key-mask: " + path + ": dtype '" + d +
+    throw Error("--key-mask: " + path + ": dtype '" + printable(d) +
                 "' is not supported; a mask is bool or 0/1 integers");
   }
   if (h.fortran && input_rank != 2) {

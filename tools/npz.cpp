@@ -9,6 +9,7 @@
 
 #include "favor/error.hpp"
 #include "npy.hpp"
+#include "printable.hpp"
 
 namespace favor::cli {
 namespace {
@@ -141,12 +142,12 @@ uint64_t read_entry(const Reader& r, uint64_t at, Entry& e) {
   // Zip64 extended information: the 8-byte values of the fields saturated above, in order.
   for (uint64_t x = at + kCentralSize + name_len, stop = x + extra_len; x + 4 <= stop;) {
     const uint64_t id = r.get(x, 2), len = r.get(x + 2, 2);
-    if (x + 4 + len > stop) r.fail("bad extra field in entry '" + e.name + "'");
+    if (x + 4 + len > stop) r.fail("bad extra field in entry '" + printable(e.name) + "'");
     if (id == 0x0001) {
       uint64_t p = x + 4;
       for (uint64_t* field : {&e.size, &e.compressed, &e.local}) {
         if (*field != 0xffffffff) continue;
-        if (p + 8 > x + 4 + len) r.fail("short zip64 field in entry '" + e.name + "'");
+        if (p + 8 > x + 4 + len) r.fail("short zip64 field in entry '" + printable(e.name) + "'");
         *field = r.get(p, 8);
         p += 8;
       }
@@ -160,7 +161,8 @@ std::string inflate_raw(const Reader& r, const char* data, uint64_t n, uint64_t 
                         const std::string& name) {
   std::string out(size, '\0');
   z_stream zs{};
-  if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) r.fail("zlib cannot start inflating '" + name + "'");
+  if (inflateInit2(&zs, -MAX_WBITS) != Z_OK)
+    r.fail("zlib cannot start inflating '" + printable(name) + "'");
   zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data));
   zs.next_out = reinterpret_cast<Bytef*>(out.data());
   uint64_t in_left = n, out_left = size;
@@ -178,7 +180,7 @@ std::string inflate_raw(const Reader& r, const char* data, uint64_t n, uint64_t 
   }
   inflateEnd(&zs);
   if (rc != Z_STREAM_END || out_left != 0) {
-    r.fail("member '" + name + "': corrupt or truncated deflate data" +
+    r.fail("member '" + printable(name) + "': corrupt or truncated deflate data" +
            (rc == Z_STREAM_END ? " (shorter than its recorded size)" : ""));
   }
   return out;
@@ -186,26 +188,27 @@ std::string inflate_raw(const Reader& r, const char* data, uint64_t n, uint64_t 
 
 // The data of entry e, from its local header, decompressed and CRC-checked.
 std::string member_data(const Reader& r, const Entry& e) {
-  if (e.flags & 1) r.fail("member '" + e.name + "' is encrypted");
+  if (e.flags & 1) r.fail("member '" + printable(e.name) + "' is encrypted");
   r.need(e.local, kLocalSize, "local header");
-  if (r.get(e.local, 4) != kLocalSig) r.fail("bad local header signature of '" + e.name + "'");
+  if (r.get(e.local, 4) != kLocalSig)
+    r.fail("bad local header signature of '" + printable(e.name) + "'");
   const uint64_t start = e.local + kLocalSize + r.get(e.local + 26, 2) + r.get(e.local + 28, 2);
   r.need(start, e.compressed, "member data");
   const char* data = r.bytes().data() + start;
   std::string out;
   if (e.method == kStored) {
-    if (e.compressed != e.size) r.fail("stored member '" + e.name + "' has two sizes");
+    if (e.compressed != e.size) r.fail("stored member '" + printable(e.name) + "' has two sizes");
     out.assign(data, e.size);
   } else if (e.method == kDeflated) {
     if (e.size > e.compressed * kMaxDeflateRatio + 1024)
-      r.fail("member '" + e.name + "' claims an impossible size");
+      r.fail("member '" + printable(e.name) + "' claims an impossible size");
     out = inflate_raw(r, data, e.compressed, e.size, e.name);
   } else {
-    r.fail("member '" + e.name + "' uses compression method " + std::to_string(e.method) +
-           " (only stored and deflate are supported)");
+    r.fail("member '" + printable(e.name) + "' uses compression method " +
+           std::to_string(e.method) + " (only stored and deflate are supported)");
   }
   if (crc32_of(out.data(), out.size()) != e.crc)
-    r.fail("CRC-32 mismatch in member '" + e.name + "'");
+    r.fail("CRC-32 mismatch in member '" + printable(e.name) + "'");
   return out;
 }
 
@@ -264,7 +267,7 @@ std::map<std::string, std::string> decode_npz(const std::string& bytes, const st
     std::string name = e.name;
     if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0)
       name.resize(name.size() - 4);
-    if (members.count(name)) r.fail("member '" + e.name + "' appears twice");
+    if (members.count(name)) r.fail("member '" + printable(e.name) + "' appears twice");
     members[name] = member_data(r, e);
   }
   return members;
