@@ -20,7 +20,8 @@
 // are converted and checked (their sweeps are synthetic workloads, and bench / accuracy
 // --plot start Python).
 // Every input must parse, or fail with CLI::Error (what main prints as a usage error) or
-// favor::Error; any other exception is a finding, and so are crashes, leaks and UB.
+// favor::Error with a printable message (argv bytes escaped); any other exception is a
+// finding, and so are crashes, leaks and UB.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -166,7 +167,8 @@ void parse(std::vector<std::string> args) {
   try {
     app.parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::Error&) {  // usage errors, --help, --version
-  } catch (const favor::Error&) {
+  } catch (const favor::Error& e) {
+    favor::fuzz::require_printable("fuzz_cli", e.what());
   } catch (const Skipped&) {
   }
 }

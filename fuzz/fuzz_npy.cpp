@@ -1,6 +1,7 @@
 // Fuzz target: the .npy decoders of the CLI (tools/npy.hpp) on arbitrary bytes: headers,
 // dtypes, byte orders, Fortran order, shapes and truncation. Every input must either decode
-// or throw favor::Error; a crash, leak, UB or any other exception is a finding.
+// or throw favor::Error whose message is printable ASCII (quoted bytes escaped); a crash, leak,
+// UB, an unescaped byte or any other exception is a finding.
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -26,7 +27,8 @@ template <class F>
 void expect_error_or_value(F&& decode) {
   try {
     decode();
-  } catch (const favor::Error&) {
+  } catch (const favor::Error& e) {
+    favor::fuzz::require_printable("fuzz_npy", e.what());
   } catch (const std::exception& e) {
     favor::fuzz::unexpected_exception("fuzz_npy", e.what());
   }

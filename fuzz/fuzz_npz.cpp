@@ -6,7 +6,8 @@
 //    read_feature_weights, make_projection --projection-file, read_tensor, read_mask), on a
 //    per-process scratch file, one loader per input, with sizes that match the array (so the
 //    checks after decoding run) or not: the file's last byte chooses both.
-// Each must return or throw favor::Error; a crash, leak, UB or other exception is a finding.
+// Each must return or throw favor::Error with a printable message; a crash, leak, UB, an
+// unescaped byte in a message or another exception is a finding.
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -29,7 +30,8 @@ template <class F>
 void expect_error_or_value(F&& load) {
   try {
     load();
-  } catch (const favor::Error&) {
+  } catch (const favor::Error& e) {
+    favor::fuzz::require_printable("fuzz_npz", e.what());
   } catch (const std::exception& e) {
     unexpected_exception("fuzz_npz", e.what());
   }

@@ -58,4 +58,15 @@ void unexpected_exception(const char* target, const char* what) {
   std::abort();
 }
 
+void require_printable(const char* target, const char* message) {
+  for (const char* c = message; *c; ++c) {
+    const auto byte = static_cast<unsigned char>(*c);
+    if (byte < 0x20 || byte > 0x7e) {
+      std::fprintf(stderr, "%s: byte 0x%02x unescaped at %zu of the message: %s\n", target, byte,
+                   static_cast<size_t>(c - message), message);
+      std::abort();
+    }
+  }
+}
+
 }  // namespace favor::fuzz

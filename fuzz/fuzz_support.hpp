@@ -42,4 +42,8 @@ std::string write_scratch(const std::string& name, const std::string& bytes);
 /// decoder is a finding: the target aborts with its message so libFuzzer records the input.
 [[noreturn]] void unexpected_exception(const char* target, const char* what);
 
+/// Error messages quote file contents escaped (docs/reliability.md): a byte outside printable
+/// ASCII in `message` is a finding (the target aborts).
+void require_printable(const char* target, const char* message);
+
 }  // namespace favor::fuzz

@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "alloc_tracker.hpp"
+#include "bench_io.hpp"
 #ifdef FAVOR_WITH_MPI
 #include "bench_distributed.hpp"
-#include "bench_io.hpp"
 #endif
 #include "cli_common.hpp"
 #include "commands.hpp"

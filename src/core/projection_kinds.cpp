@@ -209,7 +209,11 @@ std::vector<float> draw_sorf(int64_t m, int64_t d, uint64_t seed, NormMode norms
       if (norms == NormMode::chi) {
         double norm2 = 0.0;
         for (int64_t c = 0; c < d; ++c) norm2 += row[c] * row[c];
-        factor = chi_norm(nrng, d) / std::sqrt(norm2);
+        // With d < n a row's first d columns can all be zero (fuzz_attention: m = 7, d = 3,
+        // seed 5): it stays a zero row (no direction to rescale) instead of 0/0 = NaN. The
+        // norm is drawn all the same, so the rows after it are unchanged.
+        const double norm = chi_norm(nrng, d);
+        factor = norm2 > 0.0 ? norm / std::sqrt(norm2) : 0.0;
       }
       for (int64_t c = 0; c < d; ++c) {
         w[static_cast<size_t>((b * n + i) * d + c)] = static_cast<float>(factor * row[c]);
