@@ -8,7 +8,11 @@
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build run test install clean format asan tsan sanitize
+FUZZ_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= npy npz cli attention
+
+.PHONY: all deps build run test install clean format asan tsan sanitize fuzz
 
 all: build
 
@@ -32,6 +36,16 @@ tsan: deps
 	JOBS=$(JOBS) scripts/sanitize.sh tsan
 
 sanitize: asan tsan
+
+# libFuzzer targets (fuzz/, docs/reliability.md): a clang build with ASan + UBSan, then each
+# target for FUZZ_SECONDS on a copy of its seed corpus. Not part of `make test` (which replays
+# the seeds and the fixed crashes through the same code: CTest fuzz_replay_*).
+fuzz: deps
+	cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ \
+	  -DFAVOR_BUILD_FUZZERS=ON -DFAVOR_BUILD_TESTS=OFF -DFAVOR_BUILD_BENCH=OFF \
+	  -DFAVOR_BUILD_PYTHON=OFF -DFAVOR_MPI=OFF -DBUILD_SHARED_LIBS=OFF
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_TARGETS))
+	fuzz/run.sh $(FUZZ_DIR) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 install: build
 	cmake --install $(BUILD_DIR)

@@ -79,3 +79,46 @@ void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
   favor::cli::release(p);
 }
+// The nothrow forms too: the standard's defaults call the forms above, but a sanitizer
+// runtime (ASan) replaces them with its own, and its allocations then reached free() through
+// the operator delete above (alloc-dealloc-mismatch under `make fuzz`).
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return favor::cli::allocate(size, 0);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return favor::cli::allocate(size, 0);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void* operator new(std::size_t size, std::align_val_t a, const std::nothrow_t&) noexcept {
+  try {
+    return favor::cli::allocate(size, static_cast<std::size_t>(a));
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t size, std::align_val_t a, const std::nothrow_t&) noexcept {
+  try {
+    return favor::cli::allocate(size, static_cast<std::size_t>(a));
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  favor::cli::release(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  favor::cli::release(p);
+}
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  favor::cli::release(p);
+}
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  favor::cli::release(p);
+}

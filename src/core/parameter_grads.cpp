@@ -55,9 +55,13 @@ void ParameterGrads::finish(const FeatureMap& map, AttentionGrads& g) const {
     if (!dbias_.empty()) g.dbias = reduce_sets(dbias_, batch_heads_, map.heads, m);
   }
   if (!dlogw_.empty()) {
-    // l = log lambda^2: dL/dlambda = dL/dl * 2 / lambda.
+    // l = log lambda^2: dL/dlambda = dL/dl * 2 / lambda, in double: 2 / lambda overflows
+    // float for a denormal lambda, and 0 * inf was NaN where dL/dl = 0 (fuzz_attention).
     g.dlambda = reduce_sets(dlogw_, batch_heads_, map.heads, m);
-    for (size_t i = 0; i < g.dlambda.size(); ++i) g.dlambda[i] *= 2.0f / map.lambda[i];
+    for (size_t i = 0; i < g.dlambda.size(); ++i) {
+      g.dlambda[i] = static_cast<float>(static_cast<double>(g.dlambda[i]) * 2.0 /
+                                        static_cast<double>(map.lambda[i]));
+    }
   }
   if (!drate_.empty()) {
     // rate = -log gamma: dL/dgamma = -dL/drate / gamma.
