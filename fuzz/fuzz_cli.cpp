@@ -41,6 +41,7 @@
 #include "fuzz_support.hpp"
 #include "map_file.hpp"
 #include "npy.hpp"
+#include "printable.hpp"
 
 namespace {
 
@@ -171,9 +172,13 @@ void parse(std::vector<std::string> args) {
     app.parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::Error&) {  // usage errors, --help, --version
   } catch (const favor::Error& e) {
-    // Only for printable argvs: file names are quoted raw today (an open finding,
-    // fuzz/findings/cli/unescaped_path_in_message.argv).
+    // Bytes of a file are escaped where they are quoted; a path the user typed is quoted as
+    // typed (a UTF-8 name stays readable) and made safe where tools/main.cpp prints the line
+    // (terminal_safe). So: printable ASCII for printable argvs; for any argv, the printed line
+    // holds no control byte and only valid UTF-8
+    // (regressions/cli/unescaped_path_in_message.argv).
     if (printable_args) favor::fuzz::require_printable("fuzz_cli", e.what());
+    favor::fuzz::require_terminal_safe("fuzz_cli", favor::cli::terminal_safe(e.what()));
   } catch (const Skipped&) {
   }
 }

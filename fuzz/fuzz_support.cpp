@@ -1,5 +1,7 @@
 #include "fuzz_support.hpp"
 
+#include "printable.hpp"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -66,6 +68,21 @@ void require_printable(const char* target, const char* message) {
                    static_cast<size_t>(c - message), message);
       std::abort();
     }
+  }
+}
+
+void require_terminal_safe(const char* target, const std::string& line) {
+  for (const char c : line) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      std::fprintf(stderr, "%s: control byte 0x%02x in the printed line: %s\n", target, byte,
+                   line.c_str());
+      std::abort();
+    }
+  }
+  if (favor::cli::terminal_safe(line) != line) {
+    std::fprintf(stderr, "%s: broken UTF-8 in the printed line: %s\n", target, line.c_str());
+    std::abort();
   }
 }
 

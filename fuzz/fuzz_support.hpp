@@ -45,5 +45,8 @@ std::string write_scratch(const std::string& name, const std::string& bytes);
 /// Error messages quote file contents escaped (docs/reliability.md): a byte outside printable
 /// ASCII in `message` is a finding (the target aborts).
 void require_printable(const char* target, const char* message);
+/// What the CLI prints: no control byte, and bytes above 0x7f only as valid UTF-8 (then
+/// terminal_safe leaves the text unchanged); aborts otherwise.
+void require_terminal_safe(const char* target, const std::string& line);
 
 }  // namespace favor::fuzz

@@ -65,6 +65,8 @@ struct BackwardParams {
   // Sequence-parallel bidirectional backward in two phases: with r_out, only the query pass
   // runs (dq) and writes each head's R = phi(Q)^T gx (B*H x F x (dv + 1), zeroed by the
   // caller); with r_in, only the key pass runs (dk, dv) with the given R (summed over ranks).
+  // Positive-family kernels exchange R'_f = s_f R_f, scaled by the (global) key sums
+  // (favor_backward.cpp), so that R' fits float.
   float* r_out = nullptr;
   const float* r_in = nullptr;
 

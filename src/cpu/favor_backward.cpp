@@ -7,6 +7,10 @@
 //   3. keys again: dphi(K) = [V | 1] R^T, dV = phi(K) R[:, :Dv], and dk.
 // With stabilised features every product dphi * phi equals the unstabilised one (the shifts
 // cancel), so the gradients are exact: docs/gradients.md.
+// Positive family: a query's features are stabilised against the key sums, phi_f <= 1 / s_f,
+// so feature f of R could overflow float where s_f is tiny (FAVOR# fits, large norms: dk was
+// NaN). R is kept as R'_f = s_f R_f (from phi_f s_f <= 1) and the key pass uses
+// phi(K)_f / s_f <= 1 with it: every product is the same, nothing overflows.
 #include <omp.h>
 
 #include <algorithm>
@@ -28,7 +32,7 @@ namespace {
 
 struct Workspace {
   KeyTile tile;
-  std::vector<float> yx, gx, dphi, pa, dx, dvx, Sx, R, s, log_s;
+  std::vector<float> yx, gx, dphi, pa, dx, dvx, Sx, R, s, log_s, inv_s, phis;
   Workspace(int64_t d, int64_t m, int64_t F, int64_t dv)
       : tile(d, m, F, dv),
         yx(kRowTile * (dv + 1)),
@@ -40,7 +44,9 @@ struct Workspace {
         Sx(F * (dv + 1)),
         R(F * (dv + 1)),
         s(F),
-        log_s(F) {}
+        log_s(F),
+        inv_s(F),
+        phis(kRowTile * F) {}
 };
 
 void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
@@ -56,9 +62,12 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     accumulate_keys(p, b, h, 0, p.nk, ws.tile, state);
   }
   if (std::isinf(state.max)) return;  // no visible key: the forward wrote zeros, no gradient
-  if (positive_family(p.map.kernel)) {
+  const bool scaled = positive_family(p.map.kernel);
+  if (scaled) {
     state.copy_normaliser(ws.s.data());
     log_or_neg_inf(ws.s.data(), ws.log_s.data(), F);
+    for (int64_t f = 0; f < F; ++f)  // 0 for a dead feature (s_f below FLT_MIN: phi_f = 0)
+      ws.inv_s[f] = std::isinf(ws.log_s[f]) ? 0.0f : 1.0f / ws.s[f];
   }
   float* dw = bp.head_dw(bh);
   float* db = bp.head_dbias(bh);
@@ -85,7 +94,13 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
                   rows, dv, ws.gx.data());
     gemm(false, true, rows, F, ld, 1.0f, ws.gx.data(), ld, ws.Sx.data(), ld, 0.0f, ws.dphi.data(),
          F);
-    gemm(true, false, F, ld, rows, 1.0f, t.phi.data(), F, ws.gx.data(), ld, 1.0f, ws.R.data(), ld);
+    const float* phi_r = t.phi.data();  // R' = (phi s)^T gx (positive family), else R
+    if (scaled) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t f = 0; f < F; ++f) ws.phis[r * F + f] = t.phi[r * F + f] * ws.s[f];
+      phi_r = ws.phis.data();
+    }
+    gemm(true, false, F, ld, rows, 1.0f, phi_r, F, ws.gx.data(), ld, 1.0f, ws.R.data(), ld);
     feature_backward(p.map, bh, nullptr, rows, t.x.data(), t.phi.data(), ws.dphi.data(),
                      ws.pa.data(), bp.dq + (bh * p.nq + i0) * d, dw, db);
   }
@@ -103,7 +118,10 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
     if (rows == 0) break;
     project_key_tile(p, bh, rows, t);
     for (int64_t r = 0; r < rows; ++r) {
-      key_features(p.map, bh, t.a.data() + r * m, t.g[r] - state.max, t.phi.data() + r * F);
+      float* phi = t.phi.data() + r * F;
+      key_features(p.map, bh, t.a.data() + r * m, t.g[r] - state.max, phi);
+      if (scaled)
+        for (int64_t f = 0; f < F; ++f) phi[f] *= ws.inv_s[f];  // phi / s <= 1, with R'
     }
     gemm(false, true, rows, F, ld, 1.0f, t.vx.data(), ld, ws.R.data(), ld, 0.0f, ws.dphi.data(), F);
     gemm(false, false, rows, dv, F, 1.0f, t.phi.data(), F, ws.R.data(), ld, 0.0f, ws.dvx.data(),
