@@ -32,6 +32,8 @@ for t in $targets; do
   find "$here/regressions/$t" -type f ! -name README.md -exec cp -n {} "$corpus/" \;
   log=$build/fuzz-$t.log
   echo "== fuzz_$t: ${seconds}s, -max_len=$max_len -malloc_limit_mb=$malloc_limit (log: $log)"
+  # libomp's thread descriptors outlive LeakSanitizer's exit check (as in make asan).
+  LSAN_OPTIONS=suppressions=$here/../tests/sanitizers/lsan.supp:print_suppressions=0 \
   FAVOR_NUM_THREADS=1 "$build/fuzz/fuzz_$t" -max_total_time="$seconds" -max_len=$max_len \
     -rss_limit_mb=2048 -malloc_limit_mb=$malloc_limit -timeout=10 -print_final_stats=1 ${FUZZ_RUNS:+-runs=$FUZZ_RUNS} \
     -artifact_prefix="$artifacts/" "$corpus" >"$log" 2>&1
