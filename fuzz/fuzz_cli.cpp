@@ -148,18 +148,8 @@ void parse(std::vector<std::string> args) {
   for (const std::string& a : args)
     for (const char c : a) printable_args = printable_args && c >= 0x20 && c <= 0x7e;
   CLI::App app{"favor"};
-  app.set_version_flag("--version", std::string("favor ") + FAVOR_VERSION_STRING);
-  app.require_subcommand(1);
-  app.fallthrough();
   std::optional<int> threads;
-  app.add_option("--threads", threads, "threads");
-  favor::cli::add_demo_command(app);
-  favor::cli::add_attention_command(app);
-  favor::cli::add_features_command(app);
-  favor::cli::add_bench_command(app);
-  favor::cli::add_accuracy_command(app);
-  favor::cli::add_codebook_command(app);
-  favor::cli::add_fit_command(app);
+  favor::cli::add_commands(app, threads);
   // Runs after every option is converted and checked, before the subcommands' callbacks.
   app.parse_complete_callback([&app, &threads] {
     if (threads) favor::set_num_threads(*threads);

@@ -3,6 +3,7 @@
 // throws favor::Error on bad input (main turns that into one line and exit code 2).
 #include <CLI/CLI.hpp>
 #include <exception>
+#include <optional>
 
 namespace favor::cli {
 
@@ -19,5 +20,10 @@ void add_bench_command(CLI::App& app);
 void add_accuracy_command(CLI::App& app);
 void add_codebook_command(CLI::App& app);
 void add_fit_command(CLI::App& app);
+
+/// The whole command line of `favor` (tools/main.cpp; fuzz/fuzz_cli.cpp parses the same):
+/// --version, --threads (into `threads`, before or after the subcommand), exactly one
+/// subcommand, every subcommand above.
+void add_commands(CLI::App& app, std::optional<int>& threads);
 
 }  // namespace favor::cli

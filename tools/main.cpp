@@ -11,18 +11,8 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"favor: fast random-feature attention (FAVOR+) and exact attention on .npy arrays"};
-  app.set_version_flag("--version", std::string("favor ") + FAVOR_VERSION_STRING);
-  app.require_subcommand(1);
-  app.fallthrough();  // --threads is accepted after the subcommand too
   std::optional<int> threads;
-  app.add_option("--threads", threads, "threads to use (default: FAVOR_NUM_THREADS or all cores)");
-  favor::cli::add_demo_command(app);
-  favor::cli::add_attention_command(app);
-  favor::cli::add_features_command(app);
-  favor::cli::add_bench_command(app);
-  favor::cli::add_accuracy_command(app);
-  favor::cli::add_codebook_command(app);
-  favor::cli::add_fit_command(app);
+  favor::cli::add_commands(app, threads);
   app.parse_complete_callback([&threads] {
     if (threads) favor::set_num_threads(*threads);
   });
