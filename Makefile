@@ -1,11 +1,14 @@
 # The two commands of the README:
-#   make run   installs missing Debian packages, builds (Release) and runs `favor demo`
-#   make test  installs, builds and runs the whole test suite through CTest
+#   make run   installs missing Debian packages, makes the project venv (.venv, PyPI packages
+#              pinned in requirements.txt), builds (Release) and runs `favor demo`
+#   make test  the same set-up and build, then the whole test suite (C++ and Python) through CTest
 # Sanitizers (clang++; scripts/sanitize.sh, docs/reliability.md):
 #   make asan      AddressSanitizer + UBSan build in build-asan, the whole C++ suite
 #   make tsan      ThreadSanitizer build in build-tsan, the multi-threaded tests
 #   make sanitize  both (run by .ci/run after make test)
 BUILD_DIR ?= build
+VENV ?= .venv
+PYTHON := $(abspath $(VENV))/bin/python
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 FUZZ_DIR ?= build-fuzz
@@ -18,9 +21,11 @@ all: build
 
 deps:
 	@scripts/install-deps.sh
+	@FAVOR_VENV=$(VENV) scripts/setup-venv.sh
 
 build: deps
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(PYTHON) \
+	  -DFAVOR_PYTHON=$(PYTHON)
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 run: build

@@ -1,25 +1,30 @@
-# Finds what the Python package needs: an interpreter with numpy (Debian's /usr/bin/python3
-# unless Python_EXECUTABLE is given: the python3 first on PATH may be another build without
-# Debian's packages), its headers, and pybind11. Sets FAVOR_PYTHON_FOUND; says why when not.
-if(NOT DEFINED Python_EXECUTABLE AND EXISTS /usr/bin/python3)
-  set(Python_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "Python for the favor package")
+# Finds what the Python package needs: an interpreter with headers, and pybind11. The
+# interpreter is Python_EXECUTABLE when given (the Makefile passes the project venv's,
+# scikit-build-core its build environment's), else the project venv .venv when it exists,
+# else CMake's search. pybind11 is the one installed in that interpreter (PyPI), found through
+# `python -m pybind11 --cmakedir`. Sets FAVOR_PYTHON_FOUND; says why when not.
+if(NOT DEFINED Python_EXECUTABLE AND EXISTS "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+  set(Python_EXECUTABLE "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
+      "Python for the favor package")
 endif()
 set(FAVOR_PYTHON_FOUND FALSE)
-find_package(Python 3.8 COMPONENTS Interpreter Development.Module)
+find_package(Python 3.9 COMPONENTS Interpreter Development.Module)
 if(NOT Python_FOUND)
   message(STATUS "favor Python package: off (no Python interpreter with headers; install python3-dev)")
   return()
 endif()
-execute_process(COMMAND ${Python_EXECUTABLE} -c "import numpy"
-                RESULT_VARIABLE numpy_missing OUTPUT_QUIET ERROR_QUIET)
-if(numpy_missing)
-  message(STATUS "favor Python package: off (${Python_EXECUTABLE} has no numpy)")
-  return()
-endif()
+execute_process(COMMAND ${Python_EXECUTABLE} -m pybind11 --cmakedir
+                OUTPUT_VARIABLE favor_pybind11_dir OUTPUT_STRIP_TRAILING_WHITESPACE
+                RESULT_VARIABLE favor_pybind11_missing ERROR_QUIET)
 set(PYBIND11_FINDPYTHON ON)
-find_package(pybind11 2.6 CONFIG QUIET)
+if(NOT favor_pybind11_missing)
+  find_package(pybind11 2.10 CONFIG QUIET HINTS "${favor_pybind11_dir}")
+else()
+  find_package(pybind11 2.10 CONFIG QUIET)
+endif()
 if(NOT pybind11_FOUND)
-  message(STATUS "favor Python package: off (pybind11 not found; install pybind11-dev)")
+  message(STATUS "favor Python package: off (no pybind11 in ${Python_EXECUTABLE}; "
+                 "scripts/setup-venv.sh makes .venv with it)")
   return()
 endif()
 set(FAVOR_PYTHON_FOUND TRUE)

@@ -11,13 +11,9 @@ packages=(
   libhwy-dev                       # Highway: run-time dispatched SIMD exp/log/sin/cos
   libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev   # the favor CLI (zlib: .npz map files)
   libgtest-dev libbenchmark-dev    # tests, the Google Benchmark target
-  python3-matplotlib               # favor bench --plot, the Python plots (Debian's /usr/bin/python3)
-  python3-dev pybind11-dev python3-pybind11 python3-numpy   # the Python package (favor._core)
-  python3-pytest python3-hypothesis   # the Python test suite, its property tests
-  python3-scipy                    # scripts/dct_bias.py (exact expectations of the dct projection)
-  python3-torch                    # favor.torch (PyTorch 1.13, CPU)
-  python3-venv python3-setuptools python3-wheel python3-pip # pip install . (offline, README)
-  libopenmpi-dev openmpi-bin python3-mpi4py   # the distributed layer (favor::distributed, favor.distributed)
+  python3-dev python3-venv          # the Python package's base interpreter (Debian's /usr/bin/python3);
+                                   # its packages come from PyPI into .venv: scripts/setup-venv.sh
+  libopenmpi-dev openmpi-bin      # the distributed layer (favor::distributed; mpi4py's wheel loads it)
   clang libclang-rt-14-dev libomp-dev   # the hardening builds: clang++ (golden values), ASan+UBSan, TSan, libFuzzer
 )
 

@@ -47,18 +47,30 @@ def make_projection(d, projection="orthogonal", *, features=None, norms="chi", s
     if not isinstance(projection, str):
         raise _core.Error("projection: must be a kind (iid, orthogonal, radial, qmc, sorf, "
                           f"simplex, dct) or a favor.Projection, not {type(projection).__name__}")
-    m = _integer(DEFAULT_FEATURES if features is None else features)
-    if m is None or m < 1:
-        raise _core.Error(f"features: {features!r} must be an integer >= 1")
-    s = _integer(seed)
-    if s is None or not 0 <= s < 2**64:
-        raise _core.Error(f"seed: {seed!r} must be an integer in [0, 2^64)")
+    m = check_features(DEFAULT_FEATURES if features is None else features)
+    s = check_seed(seed)
     try:
         return _core.Projection.draw(m, d, kind=projection, norms=norms, seed=s)
     except _core.Error as e:  # Projection.draw calls the kind `kind`; here it is `projection`
         if str(e).startswith("kind:"):
             raise _core.Error("projection:" + str(e)[len("kind:"):]) from None
         raise
+
+
+def check_features(features):
+    """features (m) as an int >= 1, else favor.Error naming it."""
+    m = _integer(features)
+    if m is None or m < 1:
+        raise _core.Error(f"features: {features!r} must be an integer >= 1")
+    return m
+
+
+def check_seed(seed):
+    """seed as an int in [0, 2^64), else favor.Error naming it."""
+    s = _integer(seed)
+    if s is None or not 0 <= s < 2**64:
+        raise _core.Error(f"seed: {seed!r} must be an integer in [0, 2^64)")
+    return s
 
 
 def _integer(x):

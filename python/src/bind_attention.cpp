@@ -35,11 +35,65 @@ TensorView rows(const Input& in, const std::string& name) {
 }  // namespace
 
 void bind_attention(py::module_& m) {
+  // The saved key state of a bidirectional forward. Its arrays can be taken out and put back
+  // (favor.torch's custom ops carry it between forward and backward as tensors): states
+  // [B*H * F * (Dv + 1)] float32, maxima [B*H] float64, and the fingerprint of the inputs and
+  // options it belongs to (the backward refuses a context of other inputs).
   py::class_<AttentionContext>(m, "AttentionContext")
       .def_property_readonly("valid", &AttentionContext::valid)
-      .def_property_readonly("nbytes", [](const AttentionContext& c) {
-        return c.states.size() * sizeof(float) + c.maxima.size() * sizeof(double);
-      });
+      .def_property_readonly("nbytes",
+                             [](const AttentionContext& c) {
+                               return c.states.size() * sizeof(float) +
+                                      c.maxima.size() * sizeof(double);
+                             })
+      .def_property_readonly("states",
+                             [](const AttentionContext& c) {
+                               py::array_t<float> a(static_cast<py::ssize_t>(c.states.size()));
+                               if (!c.states.empty()) {
+                                 std::memcpy(a.mutable_data(), c.states.data(),
+                                             sizeof(float) * c.states.size());
+                               }
+                               return a;
+                             })
+      .def_property_readonly("maxima",
+                             [](const AttentionContext& c) {
+                               py::array_t<double> a(static_cast<py::ssize_t>(c.maxima.size()));
+                               if (!c.maxima.empty()) {
+                                 std::memcpy(a.mutable_data(), c.maxima.data(),
+                                             sizeof(double) * c.maxima.size());
+                               }
+                               return a;
+                             })
+      .def_readonly("fingerprint", &AttentionContext::fingerprint)
+      .def_static(
+          "from_arrays",
+          [](const py::handle& states, const py::handle& maxima, uint64_t fingerprint) {
+            auto s = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(states);
+            auto x = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(maxima);
+            if (!s || s.ndim() != 1 || s.size() == 0) {
+              throw Error("states: must be a non-empty 1-D float array");
+            }
+            if (!x || x.ndim() != 1 || x.size() == 0 || s.size() % x.size() != 0) {
+              throw Error("maxima: must be a non-empty 1-D float array, one entry per (batch, "
+                          "head) of states");
+            }
+            AttentionContext c;
+            c.states.assign(s.data(), s.data() + s.size());
+            c.maxima.assign(x.data(), x.data() + x.size());
+            c.fingerprint = fingerprint;
+            return c;
+          },
+          py::arg("states"), py::arg("maxima"), py::arg("fingerprint"));
+
+  // The feature count F of a kernel with m projection rows (trig, hyperbolic and hedgehog: 2m;
+  // the others m): the shape rule of the saved key state.
+  m.def(
+      "feature_count",
+      [](const std::string& kernel, int64_t m) {
+        if (m < 1) throw Error("m: " + std::to_string(m) + " must be >= 1");
+        return favor::feature_count(parse_kernel(kernel, "kernel"), m);
+      },
+      py::arg("kernel"), py::arg("m"));
 
   m.def(
       "attention",

@@ -12,8 +12,8 @@ from torch.autograd.function import once_differentiable
 
 from .. import _core
 from ..api import _batch_heads, _decay
-from ..torch import _tensors as T
-from ..torch.function import _map_inputs, _MapSpec
+from ..ops import _tensors as T
+from ._map_spec import _map_inputs, _MapSpec
 from ._agreement import agreed, check_exchange, flag, refuse
 from .torch_exchange import TorchExchange
 

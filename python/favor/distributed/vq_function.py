@@ -10,11 +10,22 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _core
-from ..torch import _tensors as T
-from ..torch.vq_function import _Spec, check_codebook
+from ..ops import _tensors as T
+from ..ops.vq import check_codebook
 from ..vq import _block
 from ._agreement import agreed, flag
 from .function import _record, resolve_exchange
+
+
+class _Spec:
+    __slots__ = ("causal", "scale", "keep", "tau", "block")
+
+    def __init__(self, causal, scale, keep, tau, block):
+        self.causal, self.scale, self.keep, self.tau, self.block = causal, scale, keep, tau, block
+
+    def options(self):
+        return dict(causal=self.causal, scale=self.scale, key_mask=self.keep, tau=self.tau,
+                    block=self.block)
 
 
 class _DistributedVQFunction(torch.autograd.Function):

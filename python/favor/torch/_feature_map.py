@@ -96,6 +96,24 @@ class FeatureMapMixin:
         return init
 
     @property
+    def fit(self):
+        """The FAVOR++ / FAVOR# fit (a favor.KernelFit) or None; setting it also keeps its
+        arrays as tensors, which the op takes (so a compiled forward never reads the C++
+        object)."""
+        return self.__dict__.get("_kernel_fit")
+
+    @fit.setter
+    def fit(self, value):
+        self.__dict__["_kernel_fit"] = value
+        self.__dict__["_fit_pair"] = None if value is None else (
+            torch.from_numpy(np.asarray(value.a)), torch.from_numpy(np.asarray(value.basis)))
+
+    @property
+    def fit_tensors(self):
+        """(a [heads, d], basis [heads, d, d]) float64 of the fit, or None."""
+        return self.__dict__.get("_fit_pair")
+
+    @property
     def gamma(self):
         """The decay gamma per head (a tensor when learned), a list, or None."""
         if self.decay_logit is not None:

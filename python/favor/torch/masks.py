@@ -23,15 +23,19 @@ def is_causal_mask(mask):
 
 
 def resolve_causal(attn_mask, is_causal, module_causal):
-    """Whether attention is causal, from the module's flag, torch's is_causal hint and
-    attn_mask; any attn_mask other than the causal one is refused."""
-    if attn_mask is None:
-        return bool(module_causal or is_causal)
-    if not isinstance(attn_mask, torch.Tensor):
+    """Whether attention is causal, from the module's flag and torch 2.x's is_causal hint
+    (with it, attn_mask is the causal mask and is not read: torch's own contract). Without
+    the hint an attn_mask is refused: telling a causal mask from another costs O(L S), which
+    favor does not spend; nn.TransformerEncoder and nn.TransformerDecoder pass is_causal."""
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
         raise _core.Error(f"attn_mask: expected a torch.Tensor, got {type(attn_mask).__name__}")
-    if not is_causal_mask(attn_mask):
-        raise _core.Error(
-            f"attn_mask: a mask of shape {list(attn_mask.shape)} and dtype {attn_mask.dtype} "
-            "that is not the causal mask; favor never forms the L x S attention weights, so it "
-            "honours only the causal mask (True / -inf above the diagonal) and key_padding_mask")
-    return True
+    if is_causal or module_causal:
+        return True
+    if attn_mask is None:
+        return False
+    raise _core.Error(
+        f"attn_mask: a mask of shape {list(attn_mask.shape)} without is_causal=True; favor "
+        "never forms the L x S attention weights, so it honours only the causal mask, given "
+        "as is_causal=True (with or without attn_mask), and key_padding_mask. For the causal "
+        "mask, pass is_causal=True (favor.torch.is_causal_mask(mask) tells whether a mask is "
+        "torch's causal mask, at O(L S) cost)")

@@ -14,6 +14,21 @@ from .function import attention
 from .masks import resolve_causal
 
 
+class _DefaultTrue:
+    """need_weights' default: torch's is True, which every caller that does not read the
+    weights leaves as it is; telling it from an explicit True lets favor refuse only a real
+    request (mha.py forward)."""
+
+    def __bool__(self):
+        return True
+
+    def __repr__(self):
+        return "True"
+
+
+_NEED_WEIGHTS = _DefaultTrue()
+
+
 class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
     """torch.nn.MultiheadAttention's constructor, parameters and forward, computed by favor.
 
@@ -151,11 +166,20 @@ class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
         return (F.linear(query, self.q_proj_weight, bq), F.linear(key, self.k_proj_weight, bk),
                 F.linear(value, self.v_proj_weight, bv))
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=_NEED_WEIGHTS,
                 attn_mask=None, average_attn_weights=True, is_causal=False):
-        if need_weights:
-            raise _core.Error("need_weights: favor never forms the L x S attention weights; "
-                              "call with need_weights=False (nn.Transformer* layers do)")
+        """torch.nn.MultiheadAttention.forward's signature (torch 2.x) -> (output, None).
+
+        favor never forms the L x S attention weights, so the second output is None. Left at
+        its default, need_weights asks for nothing a caller reads here and is ignored; passing
+        need_weights=True explicitly is refused (pass need_weights=False). is_causal=True (or
+        the module's causal=True) makes attention causal, with attn_mask the causal mask or
+        None: favor does not read an L x S mask; any other attn_mask is refused.
+        """
+        if need_weights is not _NEED_WEIGHTS and need_weights:
+            raise _core.Error("need_weights: True asks for the L x S attention weights, which "
+                              "favor never forms; call with need_weights=False (the default "
+                              "of nn.Transformer* layers) to get (output, None)")
         for t, name in ((query, "query"), (key, "key"), (value, "value")):
             T.check_tensor(t, name)
         causal = resolve_causal(attn_mask, is_causal, self.causal)
@@ -197,8 +221,8 @@ class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
         causal = self.causal if causal is None else causal
         extra = self._map_arguments(causal) if self._uses_map() else {}
         return attention(q, k, v, causal=causal, kernel=self.kernel, projection=self.projection,
-                         scale=self.scale, key_padding_mask=key_padding_mask, fit=self.fit,
-                         method=self.method, **extra)
+                         scale=self.scale, key_padding_mask=key_padding_mask,
+                         fit=self.fit_tensors, method=self.method, **extra)
 
     def extra_repr(self):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "

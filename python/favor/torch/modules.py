@@ -59,8 +59,8 @@ class FavorAttention(FeatureMapMixin, ProjectionMixin, MultiHeadModule):
         causal = self.causal if causal is None else causal
         extra = self._map_arguments(causal) if self._uses_map() else {}
         return attention(q, k, v, causal=causal, kernel=self.kernel, projection=self.projection,
-                         scale=self.scale, key_padding_mask=key_padding_mask, fit=self.fit,
-                         method=self.method, **extra)
+                         scale=self.scale, key_padding_mask=key_padding_mask,
+                         fit=self.fit_tensors, method=self.method, **extra)
 
     def _prepare(self, k, key_padding_mask):
         self._maybe_redraw()

@@ -1,0 +1,19 @@
+"""favor's torch ops, one folder per op (fla's ops/<op>/ layout): op.py registers the op with
+torch.library (namespace favor::, a fake implementation for tracing, its autograd), naive.py
+is its oracle in plain torch operations.
+
+    favor::projection                        ops/projection   the drawn W [m, D]
+    favor::attention, ::attention_backward   ops/attention    FAVOR, every kernel and map
+    favor::exact_attention(_backward)        ops/exact        exact softmax attention
+    favor::vq_attention(_backward)           ops/vq           Transformer-VQ
+
+The one device switch is ops/_tensors.py's backend(): CPU tensors go to the C++ kernels;
+another device is refused with an error naming it, until a device-generic path exists.
+Layers (favor.torch) import these, never the reverse.
+"""
+from .attention import attention
+from .exact import exact_attention
+from .projection import projection
+from .vq import vq_attention
+
+__all__ = ["attention", "exact_attention", "projection", "vq_attention"]

@@ -1,0 +1,173 @@
+"""favor::attention and favor::attention_backward: FAVOR attention (every kernel, and learned
+feature maps: per-head weights, bias, feature weights lambda, decay) as torch custom ops.
+
+Everything that is not a tensor is a plain value (str, bool, float), so torch.compile and
+torch.export trace the ops as single nodes; the fake implementations give the output shapes
+from the input shapes. The forward returns, besides y, the saved key state of a
+bidirectional call as three tensors (states, maxima, [valid, fingerprint]) that the backward
+takes back: no recomputation, and no Python object travels between the two.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ... import _core
+from ...feature_map import _check_values
+from .. import _tensors as T
+
+# The fingerprint of a context is a uint64; tensors hold it as int64 (two's complement).
+_U64 = 1 << 64
+
+
+def _signed(u):
+    return u - _U64 if u >= _U64 // 2 else u
+
+
+def _unsigned(s):
+    return s + _U64 if s < 0 else s
+
+
+def _uses_map(weights, bias, lam, decay):
+    return any(t is not None for t in (weights, bias, lam, decay))
+
+
+def _state_size(q, v, w, kernel):
+    """(entries of the saved states, of the maxima) for q [.., Nq, D], v [.., Nk, Dv] and a
+    projection w [m, D]: [B*H][F][Dv + 1] and [B*H], F = _core.feature_count(kernel, m)
+    (2m or m: linear in m, so the rule is asked for m = 1 and works on symbolic sizes)."""
+    bh = q.shape[0] * q.shape[1] if q.dim() == 4 else 1
+    f = _core.feature_count(kernel, 1) * w.shape[0]
+    return bh * f * (v.shape[-1] + 1), bh
+
+
+def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel,
+          causal, scale, save_context, dy=None, parameter_grads=False, context=None):
+    """The C++ call of the forward (dy None) or the backward, on numpy views of the tensors."""
+    T.follow_torch_threads()
+    keep = T.keep_mask(key_padding_mask)
+    proj = _core.Projection.from_matrix(T.array(w))
+    fit = None if fit_a is None else _core.KernelFit(T.array(fit_a), T.array(fit_basis))
+    qv, kv, vv = T.view(q), T.view(k), T.view(v)
+    if not _uses_map(weights, bias, lam, decay):
+        if dy is None:
+            return _core.attention(qv, kv, vv, proj, kernel=kernel, causal=causal, scale=scale,
+                                   key_mask=keep, fit=fit, save_context=save_context)
+        return _core.attention_backward(qv, kv, vv, T.view(dy), proj, kernel=kernel,
+                                        causal=causal, scale=scale, key_mask=keep, fit=fit,
+                                        projection_grad=parameter_grads, context=context)
+    for t, name, nonzero in ((weights, "weights", False), (bias, "bias", False),
+                             (lam, "feature_weights", True)):
+        if t is not None:
+            _check_values(T.view(t), name, nonzero=nonzero)
+    sets = [t.shape[0] for t in (weights, bias, lam) if t is not None]
+    fm = _core.FeatureMap(proj, kernel=kernel, scale=scale, fit=fit,
+                          heads=sets[0] if sets else 1, weights=T.array(weights),
+                          bias=T.array(bias), lambda_=T.array(lam))
+    gammas = [] if decay is None else [float(g) for g in decay.detach().reshape(-1)]
+    if dy is None:
+        return _core.attention_map(qv, kv, vv, fm, causal=causal, key_mask=keep, decay=gammas,
+                                   save_context=save_context)
+    return _core.attention_map_backward(qv, kv, vv, T.view(dy), fm, causal=causal,
+                                        key_mask=keep, decay=gammas,
+                                        parameter_grads=parameter_grads, context=context)
+
+
+@torch.library.custom_op("favor::attention", mutates_args=(), device_types="cpu")
+def attention_op(q: Tensor, k: Tensor, v: Tensor, w: Tensor, weights: Optional[Tensor],
+                 bias: Optional[Tensor], lam: Optional[Tensor], decay: Optional[Tensor],
+                 key_padding_mask: Optional[Tensor], fit_a: Optional[Tensor],
+                 fit_basis: Optional[Tensor], kernel: str, causal: bool, scale: Optional[float],
+                 save_context: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """y [.., Nq, Dv] float32, and the saved key state (empty unless save_context)."""
+    y, _, ctx = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
+                      kernel, causal, scale, save_context)
+    n_states, n_maxima = _state_size(q, v, w, kernel) if save_context else (0, 0)
+    if ctx is None:  # nothing saved (or no state to save): the backward recomputes
+        return (T.tensor(y), torch.zeros(n_states), torch.zeros(n_maxima, dtype=torch.float64),
+                torch.zeros(2, dtype=torch.int64))
+    states, maxima = ctx.states, ctx.maxima
+    if states.size != n_states or maxima.size != n_maxima:
+        raise RuntimeError(f"favor::attention: saved state of {states.size} + {maxima.size} "
+                           f"entries, expected {n_states} + {n_maxima}")
+    return (T.tensor(y), T.tensor(states), T.tensor(maxima),
+            torch.tensor([1, _signed(ctx.fingerprint)], dtype=torch.int64))
+
+
+@attention_op.register_fake
+def _(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel, causal,
+      scale, save_context):
+    n_states, n_maxima = _state_size(q, v, w, kernel) if save_context else (0, 0)
+    y = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
+    return (y, q.new_empty(n_states, dtype=torch.float32),
+            q.new_empty(n_maxima, dtype=torch.float64), q.new_empty(2, dtype=torch.int64))
+
+
+@torch.library.custom_op("favor::attention_backward", mutates_args=(), device_types="cpu")
+def attention_backward_op(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor,
+                          weights: Optional[Tensor], bias: Optional[Tensor], lam: Optional[Tensor],
+                          decay: Optional[Tensor], key_padding_mask: Optional[Tensor],
+                          fit_a: Optional[Tensor], fit_basis: Optional[Tensor], states: Tensor,
+                          maxima: Tensor, fingerprint: Tensor, kernel: str, causal: bool,
+                          scale: Optional[float], parameter_grads: bool
+                          ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dw, dbias, dlambda, ddecay); the parameter gradients are empty unless
+    parameter_grads (then dw has the shape of weights when given, else of w; dbias, dlambda
+    and ddecay those of bias, lam and decay, or empty when those are None)."""
+    context = None
+    if states.numel() and int(fingerprint[0]) == 1:
+        context = _core.AttentionContext.from_arrays(T.array(states), T.array(maxima),
+                                                     _unsigned(int(fingerprint[1])))
+    out = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
+                kernel, causal, scale, False, dy=dy, parameter_grads=parameter_grads,
+                context=context)
+    grads = [T.tensor(g) for g in out[:3]]
+    if not _uses_map(weights, bias, lam, decay):
+        dw = out[3]
+        return (*grads, T.empty() if dw is None else T.tensor(dw), T.empty(), T.empty(),
+                T.empty(torch.float64))
+    dw, db, dl, dd = out[3:]
+    as_t = lambda g, dtype=torch.float32: T.empty(dtype) if g is None else T.tensor(g)
+    if dd is not None and decay is not None:
+        dd = dd.reshape(decay.shape)
+    return (*grads, as_t(dw), as_t(db), as_t(dl), as_t(dd, torch.float64))
+
+
+@attention_backward_op.register_fake
+def _(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, states,
+      maxima, fingerprint, kernel, causal, scale, parameter_grads):
+    like = lambda t, shape, dtype=torch.float32: t.new_empty(shape, dtype=dtype)
+    grads = (like(q, q.shape), like(k, k.shape), like(v, v.shape))
+    if not parameter_grads:
+        return (*grads, like(q, 0), like(q, 0), like(q, 0), like(q, 0, torch.float64))
+    if not _uses_map(weights, bias, lam, decay):
+        return (*grads, like(q, w.shape), like(q, 0), like(q, 0), like(q, 0, torch.float64))
+    shape = lambda t: 0 if t is None else t.shape
+    return (*grads, like(q, weights.shape if weights is not None else w.shape),
+            like(q, shape(bias)), like(q, shape(lam)),
+            like(q, shape(decay), torch.float64))
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel, causal,
+     scale, _) = inputs
+    _, states, maxima, fingerprint = output
+    ctx.save_for_backward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
+                          fit_basis, states, maxima, fingerprint)
+    ctx.options = (kernel, causal, scale)
+
+
+def _backward(ctx, dy, *_):
+    (q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, states, maxima,
+     fingerprint) = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dq, dk, dv, dw, db, dl, dd = attention_backward_op(
+        dy.to(torch.float32), q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
+        fit_basis, states, maxima, fingerprint, *ctx.options, any(need[3:8]))
+    pick = lambda i, g: g if need[i] else None
+    dw_of_w, dw_of_weights = (None, dw) if weights is not None else (dw, None)
+    return (pick(0, dq), pick(1, dk), pick(2, dv), pick(3, dw_of_w), pick(4, dw_of_weights),
+            pick(5, db), pick(6, dl), pick(7, dd), None, None, None, None, None, None, None)
+
+
+attention_op.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,102 @@
+"""favor::vq_attention and favor::vq_attention_backward on CPU tensors (the C++ library):
+q [.., Nq, D], k [.., Nk, D], v [.., Nk, Dv], codebook [c, D] or [H or 1, c, D]."""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ... import _core
+from ...vq import _block
+from .. import _tensors as T
+
+
+def _options(key_padding_mask, causal, scale, tau, block):
+    return dict(causal=causal, scale=scale, key_mask=T.keep_mask(key_padding_mask), tau=tau,
+                block=block)
+
+
+@torch.library.custom_op("favor::vq_attention", mutates_args=(), device_types="cpu")
+def vq_attention_op(q: Tensor, k: Tensor, v: Tensor, codebook: Tensor,
+                    key_padding_mask: Optional[Tensor], causal: bool, scale: Optional[float],
+                    tau: float, block: int) -> Tensor:
+    T.follow_torch_threads()
+    y, _ = _core.vq_attention(T.view(q), T.view(k), T.view(v), T.view(codebook),
+                              **_options(key_padding_mask, causal, scale, tau, block))
+    return T.tensor(y)
+
+
+@vq_attention_op.register_fake
+def _(q, k, v, codebook, key_padding_mask, causal, scale, tau, block):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("favor::vq_attention_backward", mutates_args=(), device_types="cpu")
+def vq_attention_backward_op(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, codebook: Tensor,
+                             key_padding_mask: Optional[Tensor], causal: bool,
+                             scale: Optional[float], tau: float, block: int,
+                             codebook_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dcodebook); dcodebook is empty unless codebook_grad."""
+    T.follow_torch_threads()
+    dq, dk, dv, dc = _core.vq_attention_backward(
+        T.view(q), T.view(k), T.view(v), T.view(dy), T.view(codebook),
+        codebook_grad=codebook_grad, **_options(key_padding_mask, causal, scale, tau, block))
+    return (T.tensor(dq), T.tensor(dk), T.tensor(dv),
+            T.tensor(dc) if codebook_grad else T.empty())
+
+
+@vq_attention_backward_op.register_fake
+def _(dy, q, k, v, codebook, key_padding_mask, causal, scale, tau, block, codebook_grad):
+    like = lambda t, shape: t.new_empty(shape, dtype=torch.float32)
+    return (like(q, q.shape), like(k, k.shape), like(v, v.shape),
+            like(codebook, codebook.shape if codebook_grad else 0))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, codebook, key_padding_mask, causal, scale, tau, block = inputs
+    ctx.save_for_backward(q, k, v, codebook, key_padding_mask)
+    ctx.options = (causal, scale, tau, block)
+
+
+def _backward(ctx, dy):
+    q, k, v, codebook, key_padding_mask = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dq, dk, dv, dc = vq_attention_backward_op(dy.to(torch.float32), q, k, v, codebook,
+                                              key_padding_mask, *ctx.options, bool(need[3]))
+    return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
+            dc if need[3] else None, None, None, None, None, None)
+
+
+vq_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def check_codebook(codebook):
+    T.check_tensor(codebook, "codebook")
+    if codebook.dim() not in (2, 3):
+        raise _core.Error(f"codebook: shape {list(codebook.shape)} must be [c, D] or "
+                          "[H or 1, c, D]")
+
+
+def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mask=None,
+                 tau=0.0, block=None):
+    """Differentiable Transformer-VQ attention on torch tensors (favor.vq_attention), through
+    the op favor::vq_attention.
+
+    q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] (or [N, D]) -> [B, H, Nq, Dv] in the
+    dtype of q (float64/float16/bfloat16 are computed in float32: a cast copy); codebook
+    [c, D] or [H or 1, c, D]. tau = 0: hard VQ, tau > 0: soft VQ. key_padding_mask [B, Nk]:
+    torch's convention, True (or -inf) = ignore the key. Gradients (favor's backward): dq and
+    dv exact; dk straight-through for hard VQ (the gradient of the quantised key) and exact
+    for soft VQ; the codebook receives dL/dC when it requires grad (learning the codebook by
+    gradient instead of EMA). The backward uses the codebook's values at the time of the
+    forward only if they are not changed in between: pass a clone of a codebook you update in
+    place (VQAttention does).
+    """
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        T.check_tensor(t, name)
+    check_codebook(codebook)
+    out_dtype = q.dtype
+    y = vq_attention_op(T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v"),
+                        T.as_float32(codebook, "codebook"), T.check_mask(key_padding_mask),
+                        bool(causal), None if scale is None else float(scale), float(tau),
+                        _block(block))
+    return y if out_dtype == torch.float32 else y.to(out_dtype)

@@ -1,0 +1,325 @@
+"""favor's torch ops (favor/ops): torch.library.opcheck for every op, torch.compile with
+fullgraph=True and torch.export of models using them, equal to eager; dtypes; the device
+switch.
+
+Tolerances: the compiled graphs call the same C++ kernels as eager, so with the aot_eager
+backend (no code generation) forward and gradients are bit-identical and are compared
+exactly. Inductor generates its own code for the linear layers around favor's op: their
+float32 rounding differs from eager by at most a few units of float32's rounding (u = 2^-24)
+times the reduction length and the magnitudes summed (docs/numerics.md's bound for a
+float32 dot product: |err| <= n u sum |a_i b_i|); the attention op itself then propagates
+that difference with a gain of order 1 for these well-conditioned inputs. The bound used is
+4 n u max|x| max|w| n-terms, computed from the tensors.
+"""
+import pytest
+import torch
+
+import favor
+import favor.torch as ft
+from favor.ops.attention.op import attention_backward_op, attention_op
+from favor.ops.exact.op import exact_attention_backward_op, exact_attention_op
+from favor.ops.projection import projection_op
+from favor.ops.vq.op import vq_attention_backward_op, vq_attention_op
+
+U = 2.0 ** -24
+
+
+def randn(*shape, seed=0, dtype=torch.float32, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(*shape, generator=g, dtype=dtype)
+    return t.requires_grad_(requires_grad)
+
+
+def qkv(b=2, h=2, n=12, d=8, dv=8, requires_grad=True, seed=0):
+    return ((randn(b, h, n, d, seed=seed) * 0.5).requires_grad_(requires_grad),
+            (randn(b, h, n, d, seed=seed + 1) * 0.5).requires_grad_(requires_grad),
+            randn(b, h, n, dv, seed=seed + 2, requires_grad=requires_grad))
+
+
+W = favor.make_projection(8, "orthogonal", features=16, seed=3)
+
+
+def w_tensor(requires_grad=False):
+    return torch.from_numpy(W.matrix.copy()).requires_grad_(requires_grad)
+
+
+# ---- opcheck: schema, autograd registration, fake tensors, AOT dispatch (dynamic shapes) ----
+
+def attention_args(kernel="positive", causal=False, save=True, mask=False, learned=False,
+                   decay=False, fit=False):
+    q, k, v = qkv()
+    weights = bias = lam = gamma = None
+    if learned:
+        weights = randn(2, 16, 8, seed=7, requires_grad=True) * 0.3
+        bias = randn(2, 16, seed=8, requires_grad=True) * 0.1
+        lam = (1 + 0.1 * randn(2, 16, seed=9)).requires_grad_(True)
+    if decay:
+        gamma = torch.tensor([0.9, 0.8], dtype=torch.float64, requires_grad=True)
+    kpm = None
+    if mask:
+        kpm = torch.zeros(2, 12, dtype=torch.bool)
+        kpm[0, -3:] = True
+    fit_a = fit_basis = None
+    if fit:
+        fit_a = torch.full((1, 8), -0.05, dtype=torch.float64)
+        fit_basis = torch.eye(8, dtype=torch.float64)[None]
+    return (q, k, v, w_tensor(True), weights, bias, lam, gamma, kpm, fit_a, fit_basis, kernel,
+            causal, None, save and not causal)
+
+
+ATTENTION_CASES = {
+    "positive": dict(),
+    "trig": dict(kernel="trig"),
+    "hyperbolic": dict(kernel="hyperbolic"),
+    "favorpp_fit": dict(kernel="favorpp", fit=True),
+    "favorpp_selffit": dict(kernel="favorpp"),
+    "favorsharp": dict(kernel="favorsharp"),
+    "causal": dict(causal=True),
+    "masked": dict(mask=True),
+    "hedgehog_learned": dict(kernel="hedgehog", learned=True),
+    "learned_decay": dict(learned=True, decay=True, causal=True),
+    "no_context": dict(save=False),
+}
+
+
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_opcheck_attention(case):
+    torch.library.opcheck(attention_op, attention_args(**ATTENTION_CASES[case]))
+
+
+@pytest.mark.parametrize("case", ["positive", "causal", "hedgehog_learned", "learned_decay"])
+def test_opcheck_attention_backward(case):
+    args = attention_args(**ATTENTION_CASES[case])
+    y, states, maxima, fp = (t.detach() for t in attention_op(*args))
+    dy = randn(*y.shape, seed=11)
+    detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args[:11]]
+    torch.library.opcheck(attention_backward_op,
+                          (dy, *detached, states, maxima, fp, *args[11:14], True))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", [False, True])
+def test_opcheck_exact(causal, mask):
+    q, k, v = qkv()
+    kpm = None
+    if mask:
+        kpm = torch.zeros(2, 12)
+        kpm[1, :2] = float("-inf")
+    torch.library.opcheck(exact_attention_op, (q, k, v, kpm, causal, 0.3))
+    dy = randn(2, 2, 12, 8, seed=5)
+    torch.library.opcheck(exact_attention_backward_op,
+                          (dy, q.detach(), k.detach(), v.detach(), kpm, causal, 0.3))
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.5])
+@pytest.mark.parametrize("causal", [False, True])
+def test_opcheck_vq(tau, causal):
+    q, k, v = qkv()
+    codebook = randn(2, 5, 8, seed=4, requires_grad=True)
+    torch.library.opcheck(vq_attention_op, (q, k, v, codebook, None, causal, None, tau, 4))
+    dy = randn(2, 2, 12, 8, seed=6)
+    torch.library.opcheck(vq_attention_backward_op,
+                          (dy, q.detach(), k.detach(), v.detach(), codebook.detach(), None,
+                           causal, None, tau, 4, True))
+
+
+def test_opcheck_projection():
+    torch.library.opcheck(projection_op, ("orthogonal", 16, 8, "chi", 3))
+    assert torch.equal(projection_op("orthogonal", 16, 8, "chi", 3), w_tensor())
+
+
+# ---- the ops equal the C++ calls they wrap ----
+
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_attention_op_gradients_equal_the_numpy_api(case):
+    """Forward and every gradient of the op (through autograd) equal favor.attention and
+    favor.attention_backward on the same float32 values, bit for bit (same C++ calls)."""
+    spec = ATTENTION_CASES[case]
+    args = attention_args(**spec)
+    q, k, v, w = args[:4]
+    y = attention_op(*args)[0]
+    dy = randn(*y.shape, seed=11)
+    y.backward(dy)
+    if spec.get("learned") or spec.get("decay"):
+        return  # the map path: compared against the numpy API in test_torch_gradients.py
+    proj = favor._core.Projection.from_matrix(w.detach().numpy())
+    fit = None
+    if spec.get("fit"):
+        fit = favor.KernelFit(args[9].numpy(), args[10].numpy())
+    keep = None if args[8] is None else (~args[8]).numpy()
+    opts = dict(kernel=args[11], causal=args[12], key_mask=keep, fit=fit)
+    y_ref = favor._core.attention(q.detach().numpy(), k.detach().numpy(), v.detach().numpy(),
+                                  proj, **opts)[0]
+    assert torch.equal(y.detach(), torch.from_numpy(y_ref))
+    g = favor._core.attention_backward(q.detach().numpy(), k.detach().numpy(),
+                                       v.detach().numpy(), dy.numpy(), proj,
+                                       projection_grad=True, **opts)
+    for t, ref in zip((q, k, v, w), g):
+        assert torch.equal(t.grad, torch.from_numpy(ref))
+
+
+# ---- torch.compile(fullgraph=True) and torch.export ----
+
+def grads_of(model, x, dy):
+    model.zero_grad()
+    x = x.detach().requires_grad_(True)
+    out = model(x)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(dy)
+    return out.detach(), x.grad, [p.grad.clone() for p in model.parameters()
+                                  if p.grad is not None]
+
+
+class Wrapped(torch.nn.Module):
+    """favor.torch.attention called functionally inside a model."""
+
+    def __init__(self, **options):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 48)
+        self.options = options
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.lin(x).view(b, n, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return ft.attention(q, k, v, **self.options).transpose(1, 2).reshape(b, n, 16)
+
+
+class MHASelf(torch.nn.Module):
+    def __init__(self, **options):
+        super().__init__()
+        self.mha = ft.MultiheadAttention(16, 2, batch_first=True, **options)
+
+    def forward(self, x):
+        return self.mha(x, x, x, need_weights=False, is_causal=True)[0]
+
+
+MODELS = {
+    "FavorAttention": lambda: ft.FavorAttention(16, 2, features=16, seed=1),
+    "FavorAttention_causal_favorpp": lambda: ft.FavorAttention(16, 2, features=16, causal=True,
+                                                                kernel="favorpp", fit=-0.05),
+    "FavorAttention_hedgehog": lambda: ft.FavorAttention(16, 2, features=16, kernel="hedgehog",
+                                                         learn_features=True),
+    "FavorAttention_decay": lambda: ft.FavorAttention(16, 2, features=16, causal=True,
+                                                      feature_weights=True, decay=0.9,
+                                                      learn_decay=True),
+    "FavorAttention_exact": lambda: ft.FavorAttention(16, 2, method="exact", causal=True),
+    "MultiheadAttention": lambda: MHASelf(features=16),
+    "attention": lambda: Wrapped(features=16, causal=False),
+    "attention_trig_causal": lambda: Wrapped(features=16, kernel="trig", causal=True),
+    "attention_exact": lambda: Wrapped(method="exact"),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_compile_fullgraph_equals_eager(name):
+    """aot_eager runs the traced graph with eager kernels: forward and every gradient
+    bit-identical to eager, and fullgraph=True proves there is no graph break."""
+    torch.manual_seed(0)
+    model = MODELS[name]()
+    x, dy = randn(2, 10, 16, seed=1), randn(2, 10, 16, seed=2)
+    eager = grads_of(model, x, dy)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    got = grads_of(compiled, x, dy)
+    assert torch.equal(eager[0], got[0])
+    assert torch.equal(eager[1], got[1])
+    assert len(eager[2]) == len(got[2]) > 0
+    for a, b in zip(eager[2], got[2]):
+        assert torch.equal(a, b)
+
+
+def test_compile_inductor_within_derived_bound():
+    """The default backend (inductor, C++ code generation for the linear layers): forward
+    and input gradient within the float32 dot-product bound of the layers around favor."""
+    torch.manual_seed(0)
+    model = ft.FavorAttention(16, 2, features=16, causal=True)
+    x, dy = randn(2, 10, 16, seed=1), randn(2, 10, 16, seed=2)
+    eager = grads_of(model, x, dy)
+    torch._dynamo.reset()
+    got = grads_of(torch.compile(model, fullgraph=True), x, dy)
+    n = 16  # the reduction length of each linear layer
+    wmax = max(float(p.detach().abs().max()) for p in model.parameters())
+    scale = float(x.abs().max()) * wmax * n
+    bound = 4 * n * U * scale * 4  # in projection, attention (gain ~1), out projection
+    assert float((eager[0] - got[0]).abs().max()) <= bound * max(1.0, float(eager[0].abs().max()))
+    gbound = 4 * n * U * float(dy.abs().max()) * wmax * n * 4
+    assert float((eager[1] - got[1]).abs().max()) <= gbound * max(1.0, float(eager[1].abs().max()))
+
+
+@pytest.mark.parametrize("name", ["FavorAttention", "FavorAttention_causal_favorpp",
+                                  "MultiheadAttention", "attention"])
+def test_export_inference_model(name):
+    torch.manual_seed(0)
+    model = MODELS[name]().eval()
+    x = randn(2, 10, 16, seed=1)
+    with torch.no_grad():
+        want = model(x)
+        want = want[0] if isinstance(want, tuple) else want
+        exported = torch.export.export(model, (x,))
+        got = exported.module()(x)
+        got = got[0] if isinstance(got, tuple) else got
+    assert torch.equal(want, got)
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert any(t.startswith("favor.") for t in targets), targets
+
+
+# ---- dtypes, the device switch ----
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("method", ["favor", "exact"])
+def test_other_dtypes_compute_in_float32(dtype, method):
+    """bf16 / fp16 / f64 inputs: computed in float32 from the rounded inputs, returned in
+    their dtype: equal to the float32 call on the same values, rounded once to dtype."""
+    q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in qkv())
+    y = ft.attention(q, k, v, features=16, method=method)
+    assert y.dtype == dtype
+    q32, k32, v32 = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    y32 = ft.attention(q32, k32, v32, features=16, method=method)
+    assert torch.equal(y, y32.to(dtype))
+    dy = randn(*y.shape, seed=3).to(dtype)
+    y.backward(dy)
+    y32.backward(dy.float())
+    for t, t32 in ((q, q32), (k, k32), (v, v32)):
+        assert t.grad.dtype == dtype
+        assert torch.equal(t.grad, t32.grad.to(dtype))
+
+
+def test_vq_bf16():
+    q, k, v = (t.detach().to(torch.bfloat16) for t in qkv())
+    codebook = randn(2, 5, 8, seed=4)
+    y = ft.vq_attention(q, k, v, codebook, causal=True)
+    assert y.dtype == torch.bfloat16
+    want = ft.vq_attention(q.float(), k.float(), v.float(), codebook, causal=True)
+    assert torch.equal(y, want.to(torch.bfloat16))
+
+
+def test_device_switch_names_the_device():
+    q, k, v = qkv(requires_grad=False)
+    meta = q.to("meta")
+    with pytest.raises(favor.Error, match=r"q: tensor on device 'meta'; favor has no kernels "
+                                          r"for 'meta'"):
+        ft.attention(meta, k, v)
+    with pytest.raises(favor.Error, match=r"k: tensor on device 'meta'"):
+        ft.vq_attention(q, k.to("meta"), v, randn(5, 8))
+
+
+def test_mha_need_weights_rule():
+    mha = ft.MultiheadAttention(16, 2, batch_first=True, features=16)
+    x = randn(2, 5, 16)
+    out, weights = mha(x, x, x)  # torch's default need_weights=True: nothing is read
+    assert weights is None and out.shape == (2, 5, 16)
+    with pytest.raises(favor.Error, match="need_weights: True asks for the L x S attention "
+                                          "weights.*need_weights=False"):
+        mha(x, x, x, need_weights=True)
+
+
+def test_mha_is_causal_without_reading_the_mask():
+    mha = ft.MultiheadAttention(16, 2, batch_first=True, features=16)
+    x = randn(2, 5, 16)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(5)
+    a = mha(x, x, x, need_weights=False, attn_mask=causal, is_causal=True)[0]
+    b = mha(x, x, x, need_weights=False, is_causal=True)[0]
+    assert torch.equal(a, b)
+    with pytest.raises(favor.Error, match="attn_mask: a mask of shape \\[5, 5\\] without "
+                                          "is_causal=True"):
+        mha(x, x, x, need_weights=False, attn_mask=causal)

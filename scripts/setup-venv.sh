@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Makes the project's Python environment, ${FAVOR_VENV:-.venv}, when it is missing or
+# requirements.txt changed since: a venv of Debian's /usr/bin/python3 (python3-venv,
+# python3-dev from scripts/install-deps.sh) with no system site packages, holding exactly the
+# versions of requirements.txt (PyPI; torch is the CPU build). Safe to run again: does
+# nothing when the venv matches. FAVOR_PYTHON_BASE picks another base interpreter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${FAVOR_VENV:-.venv}
+base=${FAVOR_PYTHON_BASE:-/usr/bin/python3}
+stamp="$venv/.requirements.sha256"
+want=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "setup-venv: making $venv from $base and requirements.txt"
+[ -x "$venv/bin/python" ] || "$base" -m venv "$venv"
+# torch first, and only as a wheel of exactly the pinned CPU build: nothing else may pull a
+# CUDA torch in.
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --only-binary=torch \
+  "$(grep -E '^torch==' requirements.txt)"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -r requirements.txt
+"$venv/bin/python" - <<'PY'
+import torch
+assert torch.__version__.endswith("+cpu"), f"setup-venv: torch {torch.__version__} is not the CPU build"
+PY
+echo "$want" > "$stamp"
