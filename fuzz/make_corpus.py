@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes the seed corpora of the fuzz targets (fuzz/corpus/<target>/), reproducibly.
 
-Run from anywhere with Debian's interpreter: /usr/bin/python3 fuzz/make_corpus.py
+Run from anywhere with the project venv: .venv/bin/python fuzz/make_corpus.py
 The outputs are committed; `make fuzz` copies them into build-fuzz/ and lets libFuzzer grow
 the copy, never these files.
 """

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Markdown tables from `favor accuracy --out` JSON files (used for docs/accuracy.md).
 
 usage: accuracy_tables.py ACC.json [ACC2.json ...] [--m 256]

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Bars of held-out attention error per feature map (favor accuracy --sections maps).
 
 usage: plot_maps.py OUT.png RECORDS.json [RECORDS.json ...]

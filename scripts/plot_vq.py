@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The figures of docs/vq.md.
 
   accuracy: `favor accuracy --sections vq` results (one JSON per data setting, codebooks

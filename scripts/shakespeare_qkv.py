@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Queries, keys and values from real text, for `favor accuracy --q --k --v`.
 
 Characters of a text (default: tinyshakespeare) get 48-dimensional embeddings from the

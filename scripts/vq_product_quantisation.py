@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Does product quantisation pay in Transformer-VQ attention? (docs/vq.md, seed 002 eq. 38)
 
 Product quantisation (PQ) splits each key into G groups of D/G dimensions and quantises each

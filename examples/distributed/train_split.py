@@ -3,8 +3,8 @@ over P processes: each process ("rank") holds a contiguous slice of the sequence
 attention layers are favor.distributed.attention (causal), and only per-head states cross
 between the ranks, whatever the sequence length.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/distributed/train_split.py --procs 2
-    PYTHONPATH=build/python /usr/bin/python3 examples/distributed/train_split.py --procs 2 --steps 2 --check
+    PYTHONPATH=build/python .venv/bin/python examples/distributed/train_split.py --procs 2
+    PYTHONPATH=build/python .venv/bin/python examples/distributed/train_split.py --procs 2 --steps 2 --check
     PYTHONPATH=build/python torchrun --nproc_per_node 2 examples/distributed/train_split.py
 
 (Debian's torchrun 1.13 on Python 3.11 needs --redirects 2 --tee 2 before --nproc_per_node:

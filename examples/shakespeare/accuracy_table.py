@@ -3,9 +3,9 @@
 error of the attention output against exact attention at equal state size F (features per
 query/key; VQ: codes).
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/dump_qkv.py \
+    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/dump_qkv.py \
         examples/shakespeare/checkpoints/exact.pt --out runs/qkv
-    PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/accuracy_table.py runs/qkv
+    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/accuracy_table.py runs/qkv
 
 Writes QKV/accuracy_{MODE}_layer{L}.json (favor accuracy --json) and QKV/accuracy_{MODE}.md
 (MODE: causal with --causal, the model's attention, else bidirectional); prints the

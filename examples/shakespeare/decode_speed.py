@@ -3,7 +3,7 @@ to position --length (default 16384), for favor's streaming decoder (a fixed-siz
 layer) and for exact attention with a key-value cache (preallocated, doubled when full), in
 one run on the same model weights.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/decode_speed.py \
+    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/decode_speed.py \
         --out runs/decode.json --plot runs/decode.png
 
 The model is the shipped baseline (sinusoidal positions: every position is reachable) as

@@ -1,7 +1,7 @@
 """Dump the queries, keys and values of every attention layer and head of a checkpoint on
 held-out text, as .npy files that `favor accuracy --q --k --v` reads.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/dump_qkv.py \
+    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/dump_qkv.py \
         examples/shakespeare/checkpoints/exact.pt --out runs/qkv
     build/tools/favor accuracy --q runs/qkv/layer0_q.npy --k runs/qkv/layer0_k.npy \
         --v runs/qkv/layer0_v.npy

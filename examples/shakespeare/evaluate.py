@@ -1,6 +1,6 @@
 """Validation bits per character of a checkpoint, optionally converted to another attention.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/evaluate.py runs/exact.pt
+    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/evaluate.py runs/exact.pt
     ... runs/exact.pt --attention favor-orth-256          # right after conversion
 """
 import argparse
@@ -26,7 +26,7 @@ def main(argv=None):
     p.add_argument("--data", default=DATA)
     a = p.parse_args(argv)
     setup(a.threads)
-    ck = torch.load(a.checkpoint, map_location="cpu")
+    ck = torch.load(a.checkpoint, map_location="cpu", weights_only=False)
     data = CharData.from_file(a.data, chars=ck.get("chars"))
     context = ck["config"]["context"]
     calib = calibration_windows(data, context, a.seed)

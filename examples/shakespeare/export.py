@@ -1,7 +1,7 @@
 """Export the weights of a training checkpoint (no optimizer or RNG state): the file a fresh
 clone ships and evaluate.py / generate.py load.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/export.py runs/exact.pt \
+    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/export.py runs/exact.pt \
         examples/shakespeare/checkpoints/exact.pt [--val-bpc 2.01]
 """
 import argparse
@@ -17,7 +17,7 @@ def main(argv=None):
     p.add_argument("out", help="the weights-only file to write")
     p.add_argument("--val-bpc", type=float, help="record the measured validation bpc")
     a = p.parse_args(argv)
-    ck = torch.load(a.checkpoint, map_location="cpu")
+    ck = torch.load(a.checkpoint, map_location="cpu", weights_only=False)
     out = dict(config=ck["config"], model=ck["model"], step=ck.get("step"), seed=ck.get("seed"),
                train=ck.get("train"), chars=ck.get("chars"))
     if a.val_bpc is not None:

@@ -1,7 +1,7 @@
 """Generate text from a checkpoint, streamed token by token (favor's decoders; a key-value
 cache for exact attention).
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/generate.py runs/exact.pt \
+    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/generate.py runs/exact.pt \
         --prompt "ROMEO:" -n 500 --temperature 0.8 --seed 0
 """
 import argparse
@@ -29,7 +29,7 @@ def main(argv=None):
     p.add_argument("--data", default=DATA, help="the calibration text of --attention")
     a = p.parse_args(argv)
     setup(a.threads)
-    ck = torch.load(a.checkpoint, map_location="cpu")
+    ck = torch.load(a.checkpoint, map_location="cpu", weights_only=False)
     chars = ck.get("chars")
     calib = None
     if a.attention:

@@ -2,7 +2,7 @@
 validation bits per character right after conversion and along a short fine-tune, and
 FAVOR+ and Transformer-VQ trained from scratch with the baseline's budget.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/study.py --out runs/study
+    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/study.py --out runs/study
     ... --only favor-orth-256,hedgehog-128 --no-scratch      # a subset
     ... --table-only                                         # the table and plots from results
 
@@ -49,7 +49,7 @@ def log(*args):
 
 def load_data(a):
     """The text with the baseline's vocabulary (its checkpoint's `chars`)."""
-    ck = torch.load(a.baseline, map_location="cpu")
+    ck = torch.load(a.baseline, map_location="cpu", weights_only=False)
     return CharData.from_file(a.data, chars=ck.get("chars"))
 
 

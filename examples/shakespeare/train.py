@@ -1,6 +1,6 @@
 """Train a character-level transformer on tinyshakespeare with favor's attention layers.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/shakespeare/train.py --out runs/exact.pt
+    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/train.py --out runs/exact.pt
     ... --resume --out runs/exact.pt                       # continue an interrupted run
     ... --attention favorsharp-256 --init runs/exact.pt --steps 360 --out runs/ft.pt
                                                            # convert the baseline, fine-tune

@@ -13,9 +13,9 @@ GIL is released while favor computes. PyTorch: ``favor.torch``. One sequence spl
 processes (torch.distributed or mpi4py): ``favor.distributed``. Docs: docs/python.md.
 """
 from . import _core
-from ._core import AttentionContext, Error, KernelFit, Projection, build_info, kernel_info
+from ._core import AttentionContext, Error, KernelFit, Projection, kernel_info
 from ._core import num_threads, optimal_a, relative_frobenius_error
-from ._threads import set_num_threads
+from ._threads import build_info, set_num_threads
 from .api import (AttentionOutput, Decoder, FeatureMapGrads, Grads, attention,
                   attention_backward, exact_attention, exact_attention_backward, features,
                   fit_kernel, kernel_mse, make_projection)

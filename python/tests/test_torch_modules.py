@@ -55,8 +55,13 @@ def test_drop_in_self_attention_unbatched_and_causal_masks():
         causal_float = nn.Transformer.generate_square_subsequent_mask(9)
         want, _ = ref(xb, xb, xb, attn_mask=causal_bool, need_weights=False)
         for mask in (causal_bool, causal_float, causal_float.expand(2 * 4, 9, 9)):
-            got, _ = ours(xb, xb, xb, attn_mask=mask, need_weights=False)
+            # torch 2.x's contract: is_causal=True says attn_mask is the causal mask
+            got, _ = ours(xb, xb, xb, attn_mask=mask, need_weights=False, is_causal=True)
             assert rel(got, want) < 1e-5
+            assert ft.is_causal_mask(mask)
+            with pytest.raises(ValueError, match="attn_mask: a mask of shape .* without "
+                                                 "is_causal=True"):
+                ours(xb, xb, xb, attn_mask=mask, need_weights=False)
         got, _ = ours(xb, xb, xb, is_causal=True, need_weights=False)
         assert rel(got, want) < 1e-5
 
@@ -65,7 +70,8 @@ def test_drop_in_refuses_what_favor_cannot_do():
     _, ours = _mha_pair(batch_first=True)
     x = torch.randn(2, 6, 16)
     with pytest.raises(ValueError, match="need_weights"):
-        ours(x, x, x)
+        ours(x, x, x, need_weights=True)
+    assert ours(x, x, x)[1] is None  # torch's default need_weights=True reads no weights
     band = torch.ones(6, 6, dtype=torch.bool).triu(2)  # not the causal mask
     with pytest.raises(ValueError, match="attn_mask"):
         ours(x, x, x, attn_mask=band, need_weights=False)

@@ -118,7 +118,7 @@ def load_model(path, attention=None, calibration=None, seed=0):
     in eval mode, with its saved FAVOR++/# fits. `attention` converts it: a method name of
     favor.models.conversion (fitted on `calibration` ids where the method needs it, with
     `seed`) or a spec dict (convert_attention; VQ codebooks by k-means on `calibration`)."""
-    ck = torch.load(path, map_location="cpu")
+    ck = torch.load(path, map_location="cpu", weights_only=False)
     model = CharTransformer(**ck["config"])
     model.load_state_dict(ck["model"])
     apply_kernel_fits(model, ck.get("fits"))
@@ -177,7 +177,7 @@ class Trainer:
 
     @classmethod
     def resume(cls, path, data):
-        ck = torch.load(path, map_location="cpu")
+        ck = torch.load(path, map_location="cpu", weights_only=False)
         model = CharTransformer(**ck["config"])
         model.load_state_dict(ck["model"])
         apply_kernel_fits(model, ck.get("fits"))

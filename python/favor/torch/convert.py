@@ -63,6 +63,13 @@ def convert(model, *, init=None, **options):
                 replaced[qualified] = child
                 if child.dropout > 0:
                     dropped.append(qualified)
+    # torch 2.x's nn.TransformerEncoder decides at construction, from its first layer's
+    # attention, whether to pack padded batches into nested tensors in eval (its fast path);
+    # favor's module takes dense tensors, so an encoder whose attention was replaced keeps
+    # them dense (use_nested_tensor is the attribute its forward reads).
+    for module in model.modules():
+        if isinstance(module, nn.TransformerEncoder) and replaced:
+            module.use_nested_tensor = False
     if dropped:
         warnings.warn(f"favor.torch.convert: attention-weight dropout is not applied by favor "
                       f"(it never forms the weights) in {', '.join(dropped)}", stacklevel=2)
