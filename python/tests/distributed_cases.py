@@ -1,6 +1,6 @@
-"""The cases of test_distributed.py, run inside every rank by distributed_worker.py
-(torch.distributed, gloo) and distributed_mpi_worker.py (mpirun, mpi4py); the Transformer-VQ
-ones are in distributed_vq_cases.py.
+"""The cases of test_distributed_gloo.py and test_distributed_mpi.py, run inside every rank
+by distributed_worker.py (torch.distributed, gloo) and distributed_mpi_worker.py (mpirun,
+mpi4py); the Transformer-VQ ones are in distributed_vq_cases.py.
 
 Each attention case draws the whole sequence (fixed seeds, the same on every rank), runs
 single-process favor.torch.attention on it as the reference, then favor.distributed.attention

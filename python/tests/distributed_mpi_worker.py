@@ -1,4 +1,4 @@
-"""One rank of test_distributed.py's mpirun run: favor.distributed over mpi4py
+"""One rank of test_distributed_mpi.py's mpirun run: favor.distributed over mpi4py
 (MPIExchange), distributed_cases.run_all, then what MPIExchange frees (free_case), results
 as JSON (OUT_PREFIX.RANK.json).
 

@@ -1,5 +1,6 @@
-"""The Transformer-VQ cases of test_distributed.py, run inside every rank by the workers
-through distributed_cases.run_all (torch.distributed with gloo, and mpirun with mpi4py).
+"""The Transformer-VQ cases of test_distributed_gloo.py and test_distributed_mpi.py, run
+inside every rank by the workers through distributed_cases.run_all (torch.distributed with
+gloo, and mpirun with mpi4py).
 
 Each case draws the whole sequence and a codebook (fixed seeds, the same on every rank), runs
 single-process favor.torch.vq_attention on it as the reference, then

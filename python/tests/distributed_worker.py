@@ -1,4 +1,4 @@
-"""One rank of test_distributed.py's torch.distributed runs: joins a gloo group through a
+"""One rank of test_distributed_gloo.py's torch.distributed runs: joins a gloo group through a
 file:// rendezvous (no network port is chosen by hand), runs distributed_cases.run_all and
 writes its results as JSON.
 

@@ -1,0 +1,54 @@
+// favor bench's section table (tools/bench_sections.hpp).
+#include "bench_sections.hpp"
+
+#include <algorithm>
+
+namespace favor::cli {
+
+// One function per section; the file that defines it on its right.
+void section_sweep(BenchRunner& bench);        // bench_forward.cpp
+void section_long(BenchRunner& bench);         // bench_forward.cpp
+void section_scaling(BenchRunner& bench);      // bench_forward.cpp
+void section_backward(BenchRunner& bench);     // bench_backward.cpp
+void section_estimators(BenchRunner& bench);   // bench_estimators.cpp
+void section_maps(BenchRunner& bench);         // bench_maps.cpp
+void section_vq(BenchRunner& bench);           // bench_vq.cpp
+void section_distributed(BenchRunner& bench);  // bench_process_sections.cpp
+void section_io(BenchRunner& bench);           // bench_process_sections.cpp
+void section_decode(BenchRunner& bench);       // bench_decode.cpp
+
+const std::vector<BenchSection>& bench_sections() {
+  static const std::vector<BenchSection> table{
+      {"sweep", section_sweep, "N x causal, favor and exact"},
+      {"long", section_long, "B*H = 1 at the longest N"},
+      {"scaling", section_scaling, "1 thread vs all"},
+      {"backward", section_backward, "favor and exact backward at --backward-lengths"},
+      {"estimators", section_estimators, "each --estimators kernel vs positive"},
+      {"maps", section_maps, "feature weights, learned and Hedgehog maps, decay vs FAVOR+"},
+      {"vq", section_vq, "Transformer-VQ vs FAVOR+ and exact, forward and backward"},
+      {"distributed", section_distributed,
+       "sequence-parallel attention over mpirun's ranks: strong and weak scaling"},
+      {"io", section_io,
+       "favor attention as a whole process on .npy files vs the same call in process"},
+      {"decode", section_decode, "decoder steps at --decode-positions"},
+  };
+  return table;
+}
+
+std::string bench_sections_help(const std::vector<std::string>& defaults) {
+  std::string text = "which rows, run in this order: ";
+  std::vector<std::string> others;
+  for (const BenchSection& s : bench_sections()) {
+    if (&s != &bench_sections().front()) text += ", ";
+    text += std::string(s.name) + " (" + s.description + ")";
+    if (std::find(defaults.begin(), defaults.end(), s.name) == defaults.end())
+      others.push_back(s.name);
+  }
+  if (others.empty()) return text + "; all run by default";
+  text += "; ";
+  for (size_t i = 0; i < others.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == others.size() ? " and " : ", ") + others[i];
+  return text + (others.size() == 1 ? " is" : " are") + " not in the default run";
+}
+
+}  // namespace favor::cli
