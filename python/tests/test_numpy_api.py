@@ -532,3 +532,17 @@ def test_num_threads(single_thread):
     assert favor.num_threads() == 1
     favor.set_num_threads(2)
     assert favor.num_threads() == 2
+
+
+def test_default_projection_is_drawn_once_per_kind_d_m_seed():
+    """The numpy API draws a projection once per (kind, D, m, norms, seed) and shares it:
+    calls with the default projection do not redraw it (docs/python.md, "The default
+    projection"); other arguments give other draws."""
+    a = favor.make_projection(64)
+    assert a is favor.make_projection(64, "orthogonal", features=256, norms="chi", seed=0)
+    assert a.m == 256 and a.d == 64
+    assert favor.make_projection(64, seed=1) is not a
+    assert favor.make_projection(32) is not a
+    assert not a.matrix.flags.writeable  # shared, so it cannot be changed in place
+    fresh = favor.Projection.draw(256, 64, kind="orthogonal", norms="chi", seed=0)
+    assert np.array_equal(a.matrix, fresh.matrix)
