@@ -250,10 +250,12 @@ def tables(records):
     if calls:
         out.append(bh.markdown(
             ["mask", "N", "C++ timer us", "_core.attention us", "favor.attention us",
-             "favor.torch us", "SDPA us", "torch - C++ us", "torch - numpy us"],
+             "favor.torch us", "SDPA us", "torch - C++ us", "torch - numpy us",
+             "torch - C++ us (of minima)"],
             [["causal" if r["causal"] else "bidir", r["n"]]
              + [f"{r[k + '_us']:.1f}" for k in ("cpp", "core", "numpy", "torch", "sdpa")]
-             + [f"{r['torch_overhead_us']:.1f}", f"{r['torch_over_numpy_us']:.1f}"]
+             + [f"{r['torch_overhead_us']:.1f}", f"{r['torch_over_numpy_us']:.1f}",
+                f"{r['torch_min_us'] - r['cpp_min_us']:.1f}"]
              for r in calls]))
     return "\n\n".join(out)
 
