@@ -14,6 +14,8 @@ N = 1..64, against the C++ call: favor._core.time_attention (timed inside C++),
 favor._core.attention (the pybind11 call) and favor.attention (numpy); SDPA on the same
 tensors as torch's own floor. Medians over interleaved rounds.
 """
+import sys
+
 import numpy as np
 import torch
 
@@ -43,6 +45,11 @@ def add_arguments(p):
 
 def finish_args(a):
     a.call_loop_s = 0.01
+    a.has_sdpa = hasattr(torch.nn.functional, "scaled_dot_product_attention")
+    if not a.has_sdpa and "sdpa" in a.sections:  # torch < 2.0
+        a.sections.remove("sdpa")
+        print(f"favor.bench: torch {torch.__version__} has no scaled_dot_product_attention; "
+              "section sdpa skipped", file=sys.stderr)
     if a.quick:
         a.sdpa_lengths, a.exact_max_n, a.point_seconds = [64, 128], 128, 0.05
         a.call_lengths, a.call_rounds, a.call_loop_s = [1, 8], 3, 0.002
@@ -192,8 +199,9 @@ def call_rows(args, log):
                                                                projection=proj)),
                 "torch": bh.timed_loop(lambda: ftorch.attention(qt, kt, vt, causal=causal,
                                                                 features=FEATURES)),
-                "sdpa": bh.timed_loop(lambda: sdpa(qt, kt, vt, causal)),
             }
+            if args.has_sdpa:
+                loops["sdpa"] = bh.timed_loop(lambda: sdpa(qt, kt, vt, causal))
             with torch.no_grad():
                 for loop in loops.values():  # warm-up; the slowest sets the loop length
                     loop(3)
@@ -213,8 +221,7 @@ def call_rows(args, log):
             rec["numpy_overhead_us"] = rec["numpy_us"] - rec["cpp_us"]
             rows.append(rec)
             log(f"  call N={n} causal={causal}: C++ {rec['cpp_us']:.1f} us, numpy "
-                f"{rec['numpy_us']:.1f} us, torch {rec['torch_us']:.1f} us, sdpa "
-                f"{rec['sdpa_us']:.1f} us")
+                f"{rec['numpy_us']:.1f} us, torch {rec['torch_us']:.1f} us")
     return rows
 
 
@@ -253,7 +260,8 @@ def tables(records):
              "favor.torch us", "SDPA us", "torch - C++ us", "torch - numpy us",
              "torch - C++ us (of minima)"],
             [["causal" if r["causal"] else "bidir", r["n"]]
-             + [f"{r[k + '_us']:.1f}" for k in ("cpp", "core", "numpy", "torch", "sdpa")]
+             + [f"{r[k + '_us']:.1f}" if k + "_us" in r else "-"
+                for k in ("cpp", "core", "numpy", "torch", "sdpa")]
              + [f"{r['torch_overhead_us']:.1f}", f"{r['torch_over_numpy_us']:.1f}",
                 f"{r['torch_min_us'] - r['cpp_min_us']:.1f}"]
              for r in calls]))
