@@ -1,4 +1,4 @@
-"""python3 -m favor.bench: one attention layer timed three ways in one run.
+"""python3 -m favor.bench: one attention layer timed several ways in one run.
 
 favor.torch.attention, the same FAVOR+ in plain torch ops (favor.torch.plain.favor_plus,
 same projection matrix) and torch's softmax attention (scaled_dot_product_attention where
@@ -10,6 +10,9 @@ model (favor/bench_helpers.py, = bench/cost_model.hpp); tokens/s = B H N / secon
 groups of heads whose scores fit --softmax-budget-gb. Then favor's Python overhead per
 call against favor._core.time_attention (the C++ call timed in C++), and favor.torch at
 favor threads = torch threads against favor forced to more threads (oversubscription).
+Sections sdpa and call (favor/bench_sdpa.py): torch 2.x's fused scaled_dot_product_attention
+as the exact baseline (crossover, ratios at 4k and 16k) and the per-call overhead of
+favor.torch at N = 1..64. --sections picks some; all run by default.
 """
 import argparse
 import json
@@ -26,10 +29,12 @@ import favor.torch as ftorch
 from favor.torch import plain
 
 from . import bench_helpers as bh
+from . import bench_sdpa
 
 BATCH, HEADS, DIM, FEATURES = 2, 4, 64, 256
 PLAIN_CHUNK = 64  # plain.favor_plus's default chunk (a Python loop: longer chunks suit it)
 IMPLS = ("favor", "torch_favor_plus", "softmax")
+SECTIONS = ("attention", "overhead", "oversubscription", "sdpa", "call")
 
 
 def parse(argv):
@@ -46,6 +51,8 @@ def parse(argv):
     p.add_argument("--out", help="write the JSON document to this file")
     p.add_argument("--plot", help="write time vs N (PNG) to this file")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
+    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    bench_sdpa.add_arguments(p)
     a = p.parse_args(argv)
     if a.repeats < 1 or a.threads < 1 or a.oversubscribe < 1 or min(a.lengths) < 1:
         p.error("--repeats, --threads, --oversubscribe and --lengths must be >= 1")
@@ -54,6 +61,7 @@ def parse(argv):
         a.lengths, a.repeats, a.overhead_lengths, a.oversub_n = [64, 128], 1, [16, 64], 256
         a.call_loop_s = 0.01
     a.masks = {"both": [False, True], "causal": [True], "bidirectional": [False]}[a.mask]
+    bench_sdpa.finish_args(a)
     return a
 
 
@@ -224,12 +232,12 @@ def tables(doc):
                      f"{s['gflop_per_s']:.1f}" if "seconds" in s else "-",
                      bh.fmt_ratio(f.get("speedup_vs_torch_favor_plus")),
                      bh.fmt_ratio(f.get("speedup_vs_softmax")), f"{f['tokens_per_s']:.3g}"])
-    out.append(bh.markdown(["mask", "pass", "N", "favor ms", "plain-torch FAVOR+ ms",
+    out.append(rows and bh.markdown(["mask", "pass", "N", "favor ms", "plain-torch FAVOR+ ms",
                             "softmax ms", "favor GFLOP/s", "plain GFLOP/s", "softmax GFLOP/s",
                             "favor speed-up vs plain", "favor speed-up vs softmax",
                             "favor tokens/s"], rows))
     ov = [r for r in doc["records"] if r["section"] == "overhead"]
-    out.append(bh.markdown(
+    out.append(ov and bh.markdown(
         ["mask", "N", "C++ (time_attention) us", "favor.attention us", "favor.torch us",
          "numpy overhead us", "torch overhead us"],
         [["causal" if r["causal"] else "bidir", r["n"], f"{r['cpp_us']:.1f}",
@@ -237,14 +245,15 @@ def tables(doc):
           f"{r['torch_us']:.1f}", f"{r['numpy_overhead_us']:.1f}", f"{r['torch_overhead_us']:.1f}"]
          for r in ov]))
     os_ = [r for r in doc["records"] if r["section"] == "oversubscription"]
-    out.append(bh.markdown(
+    out.append(os_ and bh.markdown(
         ["mask", "N", "torch threads", "favor threads", "ms", "favor threads (forced)", "ms",
          "slowdown"],
         [["causal" if r["causal"] else "bidir", r["n"], r["torch_threads"], r["favor_threads"],
           bh.fmt_ms(r["seconds"]), r["oversubscribed_threads"],
           bh.fmt_ms(r["oversubscribed_seconds"]),
           f"{r['slowdown']:.2f}"] for r in os_]))
-    return "\n\n".join(out)
+    out.append(bench_sdpa.tables(doc["records"]))
+    return "\n\n".join(t for t in out if t)
 
 
 def main(argv=None):
@@ -262,7 +271,10 @@ def main(argv=None):
                 softmax_budget_gb=args.softmax_budget_gb, b=BATCH, h=HEADS, d=DIM, dv=DIM,
                 m=FEATURES, projection="orthogonal, seed 0", repeats=args.repeats, warmup=1,
                 favor_chunk=favor.kernel_info()["causal_chunk"], plain_chunk=PLAIN_CHUNK,
-                time=time.strftime("%Y-%m-%d %H:%M:%S %z"), loadavg_start=os.getloadavg())
+                time=time.strftime("%Y-%m-%d %H:%M:%S %z"), loadavg_start=os.getloadavg(),
+                sections=args.sections)
+    if "sdpa" in args.sections:
+        meta.update(bench_sdpa.meta(args))
     log(f"favor.bench: torch {torch.__version__}, {meta['torch_threads']} torch threads, "
         f"{meta['favor_threads']} favor threads; {meta['build_info']}")
     records = []
@@ -274,12 +286,19 @@ def main(argv=None):
             with open(args.out, "w", encoding="utf-8") as f:
                 json.dump(doc, f, indent=1)
 
-    for causal in args.masks:
+    on = set(args.sections)
+    for causal in args.masks if "attention" in on else []:
         for n in args.lengths:
             records += attention_rows(args, proj, w, n, causal, softmax)
             save(False)
-    records += overhead_rows(args, proj)
-    records += oversubscription_rows(args, proj)
+    for causal in args.masks if "sdpa" in on else []:
+        for n in args.sdpa_lengths:
+            records += bench_sdpa.sdpa_rows(args, n, causal, log)
+            save(False)
+    records += bench_sdpa.sdpa_summary(records)
+    records += overhead_rows(args, proj) if "overhead" in on else []
+    records += bench_sdpa.call_rows(args, log) if "call" in on else []
+    records += oversubscription_rows(args, proj) if "oversubscription" in on else []
     save(True)
     if args.plot:
         bh.plot([r for r in records if r["section"] == "attention"], args.plot,
@@ -292,7 +311,11 @@ def main(argv=None):
           f"torch {torch.__version__} ({meta['torch_threads']} threads); {meta['build_info']}")
     print(f"softmax: {softmax[0]}; run over head groups whose N x N float32 scores fit "
           f"{args.softmax_budget_gb:g} GB; tokens/s = B H N / s; medians of {args.repeats} "
-          f"(1 warm-up); fwd under torch.no_grad(); overhead: best of interleaved rounds\n")
+          f"(1 warm-up); fwd under torch.no_grad(); overhead: best of interleaved rounds")
+    print(f"sdpa section: {bench_sdpa.SDPA_NAME} ({meta.get('sdpa_kernels')}); medians of "
+          f"up to {args.repeats} runs totalling {args.point_seconds:g} s; call section: "
+          f"[1, 1, N, {DIM}], medians of {args.call_rounds} interleaved rounds; load average "
+          f"{meta['loadavg_start']} at the start, {meta['loadavg_end']} at the end\n")
     print(tables(doc))
 
 

@@ -74,6 +74,43 @@ def median_seconds(fn, repeats, warmup=1):
     return statistics.median(times), times
 
 
+def budget_seconds(fn, repeats, budget_s):
+    """(median, times, warm-ups, last result) of fn(): one warm-up call, then up to
+    `repeats` timed calls, stopping once they total budget_s (at least one). A warm-up longer
+    than budget_s is kept as the only sample (its one-time costs, page faults and thread
+    start-up, are small next to it): warm-ups 0 says so."""
+    t0 = time.perf_counter()
+    last = fn()
+    warm = time.perf_counter() - t0
+    if warm > budget_s:
+        return warm, [warm], 0, last
+    times = []
+    while len(times) < repeats and (not times or sum(times) < budget_s):
+        t0 = time.perf_counter()
+        last = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times, 1, last
+
+
+def crossover(points):
+    """Where the ratio t_baseline / t_favor of sorted (N, ratio) points crosses 1 for the
+    last time: (N, note). N is interpolated linearly in log N and log ratio between the
+    last point where favor is slower and the next one; (None, note) when favor is faster at
+    every N or slower up to the longest."""
+    if not points:
+        return None, "no points"
+    slower = [i for i, (_, r) in enumerate(points) if r < 1.0]
+    if not slower:
+        return None, f"favor faster at every N (from N = {points[0][0]})"
+    j = slower[-1]
+    if j == len(points) - 1:
+        return None, f"none up to N = {points[-1][0]}"
+    (n0, r0), (n1, r1) = points[j], points[j + 1]
+    t = -math.log(r0) / (math.log(r1) - math.log(r0))
+    n = math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0)))
+    return n, f"~{n:.0f} (interpolated between N = {n0} and {n1})"
+
+
 def timed_loop(fn):
     """loop(calls) -> wall seconds of `calls` calls of fn()."""
     def loop(calls):

@@ -1,6 +1,7 @@
 """python3 -m favor.bench --quick --json: the document's structure and that every figure is
 finite (and positive, except the overheads, which are differences of two timings). No
-assertion on the timings themselves: the machine may be busy."""
+assertion on the timings themselves: the machine may be busy. Then the helpers of the sdpa
+section (crossover, the budgeted timer) on synthetic inputs."""
 import json
 import math
 import os
@@ -9,9 +10,14 @@ import sys
 
 import pytest
 
+from favor import bench_helpers as bh
+
 IMPLS = {"favor", "torch_favor_plus", "softmax"}
 PASSES = {"fwd", "fwd+bwd"}
-DIFFERENCES = {"numpy_overhead_us", "torch_overhead_us"}
+DIFFERENCES = {"numpy_overhead_us", "torch_overhead_us", "torch_over_numpy_us"}
+NONNEGATIVE = {"warmup"}  # 0: a warm-up longer than the budget was the only run
+SDPA_IMPLS = {"sdpa", "favor", "favor_exact"}
+CALL_IMPLS = ("cpp", "core", "numpy", "torch", "sdpa")
 
 
 @pytest.fixture(scope="module")
@@ -75,5 +81,92 @@ def test_every_figure_is_finite_and_positive(doc):
     for r in doc["records"]:
         for key, x in numbers(r):
             assert math.isfinite(x), (key, r)
-            if key not in DIFFERENCES:
+            if key in NONNEGATIVE:
+                assert x >= 0, (key, r)
+            elif key not in DIFFERENCES:
                 assert x > 0, (key, r)
+
+
+def test_sdpa_meta_names_the_kernel_that_ran(doc):
+    meta = doc["meta"]
+    assert meta["sdpa"] == "torch.nn.functional.scaled_dot_product_attention"
+    assert set(meta["sdpa_kernels"]) == {"bidir", "causal"}
+    for ops in meta["sdpa_kernels"].values():
+        assert set(ops) == {"fwd", "fwd+bwd"}
+        assert all(any("scaled_dot_product" in o for o in names) for names in ops.values())
+    assert "seeds" in meta and meta["sdpa_sizes"]["b"] * meta["sdpa_sizes"]["h"] == 8
+
+
+def test_sdpa_records_cover_every_case(doc):
+    att = [r for r in doc["records"] if r["section"] == "sdpa"]
+    lengths = {r["n"] for r in att}
+    assert len(lengths) >= 2
+    seen = {(r["impl"], r["pass"], r["causal"], r["n"]) for r in att}
+    assert seen == {(i, p, c, n) for i in SDPA_IMPLS for p in PASSES for c in (False, True)
+                    for n in lengths}  # --quick runs favor's exact kernel at every N
+    for r in att:
+        assert r["bh"] == r["b"] * r["h"] == 8 and r["d"] == 64
+        assert r["threads"] == 2 and r["favor_threads"] == 2
+        assert 1 <= len(r["times"]) <= doc["meta"]["repeats"]
+        assert r["gflop_per_s"] > 0 and r["tokens_per_s"] > 0
+        if r["impl"] == "sdpa":
+            assert r["backend"] in (None, "FLASH_ATTENTION", "MATH")
+        else:
+            assert r["speedup_vs_sdpa"] > 0
+            if r["pass"] == "fwd" and r["impl"] == "favor_exact":  # the same inputs
+                assert r["rel_error_vs_sdpa"] < 1e-4  # (FAVOR+'s is large on N(0, 1) q, k)
+
+
+def test_sdpa_summary_per_mask_and_pass(doc):
+    summ = [r for r in doc["records"] if r["section"] == "sdpa_summary"]
+    assert {(r["causal"], r["pass"]) for r in summ} == {(c, p) for c in (False, True)
+                                                        for p in PASSES}
+    for r in summ:
+        assert isinstance(r["crossover"], str) and r["crossover"]
+        assert r["crossover_n"] is None or r["crossover_n"] > 0
+        assert "ratio_4096" in r and "ratio_16384" in r  # None: not in the --quick sweep
+
+
+def test_call_records(doc):
+    calls = [r for r in doc["records"] if r["section"] == "call"]
+    assert {(r["causal"], r["n"]) for r in calls} == {(c, n) for c in (False, True)
+                                                      for n in (1, 8)}
+    for r in calls:
+        assert r["shape"] == [1, 1, r["n"], 64]
+        for impl in CALL_IMPLS:
+            assert r[impl + "_us"] > 0 and r[impl + "_min_us"] <= r[impl + "_us"]
+        assert r["torch_overhead_us"] == pytest.approx(r["torch_us"] - r["cpp_us"])
+
+
+def test_tables_print_every_section():
+    run = subprocess.run([sys.executable, "-m", "favor.bench", "--quick", "--sections", "sdpa",
+                          "call", "--mask", "causal"],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert run.returncode == 0, run.stderr
+    for header in ("| mask | pass | N | SDPA ms |", "crossover N", "| mask | N | C++ timer us"):
+        assert header in run.stdout, run.stdout
+    assert "plain-torch FAVOR+" not in run.stdout  # the attention section did not run
+
+
+@pytest.mark.parametrize("points, n, note", [
+    ([(256, 0.5), (512, 2.0)], 362.04, "interpolated between N = 256 and 512"),
+    ([(256, 0.5), (512, 2.0), (1024, 0.9), (2048, 1.1)], None, "between N = 1024 and 2048"),
+    ([(256, 1.5), (512, 2.0)], None, "favor faster at every N (from N = 256)"),
+    ([(256, 0.5), (512, 0.8)], None, "none up to N = 512"),
+    ([], None, "no points"),
+])
+def test_crossover(points, n, note):
+    got, text = bh.crossover(points)
+    assert note in text
+    if n is not None:
+        assert got == pytest.approx(n, rel=1e-4)
+    if len(points) == 4:  # the last crossing counts: favor stays faster above it
+        assert 1024 < got < 2048
+
+
+def test_budget_seconds_keeps_a_long_warmup_as_the_only_run():
+    calls = []
+    med, times, warm, last = bh.budget_seconds(lambda: calls.append(1) or len(calls), 5, 0.0)
+    assert (len(times), warm, last, len(calls)) == (1, 0, 1, 1) and med == times[0]
+    med, times, warm, last = bh.budget_seconds(lambda: calls.append(1) or len(calls), 3, 1e9)
+    assert (len(times), warm, last) == (3, 1, 5) and med > 0
