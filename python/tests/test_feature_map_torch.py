@@ -260,12 +260,12 @@ def test_multihead_attention_decay_applies_to_causal_calls_only():
         want, _ = without(x, key, key, need_weights=False)
         assert torch.equal(got, want)
     mask = nn.Transformer.generate_square_subsequent_mask(7)
-    got, _ = with_decay(x, x, x, need_weights=False, attn_mask=mask)
+    got, _ = with_decay(x, x, x, need_weights=False, attn_mask=mask, is_causal=True)
     q, k, v = (t.view(2, 7, 2, 8).transpose(1, 2) for t in with_decay._in_projection(x, x, x))
     core = ft.attention(q, k, v, causal=True, features=M, projection=with_decay.projection,
                         decay=0.9)
     assert torch.equal(got, with_decay.out_proj(core.transpose(1, 2).reshape(2, 7, 16)))
-    plain_causal, _ = without(x, x, x, need_weights=False, attn_mask=mask)
+    plain_causal, _ = without(x, x, x, need_weights=False, attn_mask=mask, is_causal=True)
     assert not torch.equal(got, plain_causal)
     # a learned decay trains through the causal calls only
     learned = _mha_with_decay([0.9, 0.8], learn_decay=True)
@@ -286,9 +286,17 @@ def test_convert_with_decay_runs_a_decoder_layer():
     g = torch.Generator().manual_seed(21)
     tgt, memory = torch.randn(2, 7, 16, generator=g), torch.randn(2, 5, 16, generator=g)
     mask = nn.Transformer.generate_square_subsequent_mask(7)
-    y = layer(tgt, memory, tgt_mask=mask)
+    # torch 2.x's causal hint: favor does not read (or recognise) the L x L mask
+    y = layer(tgt, memory, tgt_mask=mask, tgt_is_causal=True)
     assert y.shape == (2, 7, 16) and bool(torch.isfinite(y).all())
-    assert not torch.equal(y, plain_layer(tgt, memory, tgt_mask=mask))
+    assert not torch.equal(y, plain_layer(tgt, memory, tgt_mask=mask, tgt_is_causal=True))
+    with pytest.raises(ValueError, match="attn_mask: a mask of shape \\[7, 7\\] without "
+                                         "is_causal=True"):
+        layer(tgt, memory, tgt_mask=mask)
+    # the decoder stack detects the causal mask itself and passes the hint
+    stack = nn.TransformerDecoder(layer, 1)
+    assert torch.equal(stack(tgt, memory, tgt_mask=mask),
+                       stack(tgt, memory, tgt_mask=mask, tgt_is_causal=True))
     # the cross-attention module alone: no decay on its (non-causal) call
     x = torch.randn(2, 7, 16, generator=g)
     got, _ = layer.multihead_attn(x, memory, memory, need_weights=False)

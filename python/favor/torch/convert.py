@@ -21,7 +21,8 @@ def convert(model, *, init=None, **options):
     from favor.fit_features; heads 1 or num_heads), whose kernel, features and scale become
     the defaults. The map's parameters are trainable (model.parameters() holds them).
     decay (and learn_decay) applies to the causal calls of the converted modules (e.g. a
-    decoder's self-attention with its causal tgt_mask); their non-causal calls (an
+    decoder's self-attention called with tgt_is_causal=True, which nn.TransformerDecoder
+    passes when its tgt_mask is the causal mask); their non-causal calls (an
     encoder's unmasked self-attention, cross-attention) run without decay.
     method='vq' puts in favor.torch.VQMultiheadAttention instead, with its keywords (codes,
     tau, decay, dead_after, beta, learn_codebook, scale, block, seed): each codebook is

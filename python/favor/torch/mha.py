@@ -45,14 +45,15 @@ class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
     (favor.torch.convert does that for a whole model). forward(query, key, value,
     key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True,
     is_causal=False) returns (output, None). What favor cannot do is refused with a clear
-    error, never approximated silently: need_weights=True (favor never forms the weights:
-    pass need_weights=False), an attn_mask other than the causal one (which is recognised
-    and runs causal FAVOR), add_bias_kv and add_zero_attn. dropout on the attention weights
+    error, never approximated silently: an explicit need_weights=True (favor never forms
+    the weights: pass need_weights=False; torch's default is ignored), an attn_mask without
+    is_causal=True (torch 2.x's hint that it is the causal mask; favor does not read the
+    L x S mask) on a non-causal module, add_bias_kv and add_zero_attn. dropout on the attention weights
     has no FAVOR equivalent: it is kept as an attribute and not applied (a warning says so).
     learn_features, feature_weights, decay, learn_decay, feature_init: the learned feature
     map and decay, as in favor.torch.FavorAttention (Parameters map_weight, map_bias,
     map_lambda, decay_logit). decay applies to causal calls only (causal=True, or a call
-    with the causal attn_mask or is_causal): the others (cross-attention, unmasked
+    with is_causal=True): the others (cross-attention, unmasked
     self-attention) run without it, and a learned decay trains through the causal calls.
     """
 

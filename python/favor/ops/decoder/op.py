@@ -1,0 +1,76 @@
+"""favor::decode_step: append keys and values to a FAVOR decoder state, then query it.
+
+The state is the one favor._core.Decoder.state() returns, as tensors: sums [B, H, F, Dv + 1]
+float32 ([S | s] relative to exp(log_max)), log_max [B, H] float64, row_positions [B] int64
+(each row's decay clock), position [1] int64. The op is functional: it returns a new state
+and leaves its inputs as they were, so a compiled or exported generation loop can carry the
+state as tensors (a Hugging Face cache, a device move). One token per step (T = 1) gives
+row i of causal attention after tokens 0..i; with T > 1 every query reads the state after
+all T appends (prefill with causal attention, then append).
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ... import _core
+from .. import _tensors as T
+
+
+def _decoder(batch, heads, dv, w, kernel, scale, fit_a, fit_basis):
+    proj = _core.Projection.from_matrix(T.array(w))
+    fit = None if fit_a is None else _core.KernelFit(T.array(fit_a), T.array(fit_basis))
+    return _core.Decoder(batch, heads, dv, proj, kernel=kernel, scale=scale, fit=fit)
+
+
+@torch.library.custom_op("favor::decode_step", mutates_args=(), device_types="cpu")
+def decode_step_op(sums: Tensor, log_max: Tensor, row_positions: Tensor, position: Tensor,
+                   q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], w: Tensor,
+                   kernel: str, scale: Optional[float], fit_a: Optional[Tensor],
+                   fit_basis: Optional[Tensor]
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(y [B, H, T, Dv] float32, sums, log_max, row_positions, position) after appending
+    k [B, H, T, D], v [B, H, T, Dv] (key_mask [B, T]: nonzero = the token takes part) and
+    querying q [B, H, T, D]."""
+    T.follow_torch_threads()
+    b, h, _, dv = v.shape
+    dec = _decoder(b, h, dv, w, kernel, scale, fit_a, fit_basis)
+    dec.load_state(sums=T.array(sums), log_max=T.array(log_max),
+                   row_positions=T.array(row_positions), position=int(position[0]))
+    keep = None if key_mask is None else T.array(key_mask.to(torch.bool))
+    dec.append(T.view(k), T.view(v), key_mask=keep)
+    y = T.tensor(dec.query(T.view(q)))
+    st = dec.state()
+    return (y, T.tensor(st["sums"]), T.tensor(st["log_max"]), T.tensor(st["row_positions"]),
+            torch.tensor([st["position"]], dtype=torch.int64))
+
+
+@decode_step_op.register_fake
+def _(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel, scale, fit_a,
+      fit_basis):
+    return (q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32),
+            torch.empty_like(sums), torch.empty_like(log_max), torch.empty_like(row_positions),
+            torch.empty_like(position))
+
+
+def empty_state(batch, heads, dv, features):
+    """The state of a decoder with nothing appended: (sums, log_max, row_positions,
+    position); features = F (favor._core.feature_count(kernel, m))."""
+    return (torch.zeros(batch, heads, features, dv + 1),
+            torch.full((batch, heads), float("-inf"), dtype=torch.float64),
+            torch.zeros(batch, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+
+
+def decode_step(state, q, k, v, projection, *, kernel="positive", scale=None, fit=None,
+                key_mask=None):
+    """One decoder step on tensors: (y, new_state) for state = (sums, log_max, row_positions,
+    position) (empty_state() to start), q/k/v [B, H, T, D or Dv] (float32 or cast to it),
+    projection a float [m, D] tensor, fit None or (a, basis) float64 tensors (FAVOR++ /
+    FAVOR#), key_mask [B, T] (nonzero = the token takes part; left padding). No autograd."""
+    for t, name in ((q, "q"), (k, "k"), (v, "v"), (projection, "projection")):
+        T.check_tensor(t, name)
+    fit_a, fit_basis = (None, None) if fit is None else fit
+    y, *new = decode_step_op(*state, q.float(), k.float(), v.float(), key_mask,
+                             projection.float(), kernel, None if scale is None else float(scale),
+                             fit_a, fit_basis)
+    return y, tuple(new)
