@@ -33,6 +33,37 @@ struct TokenBuffers {
       : x(d), a(m), phi(F), vx(dv + 1), s(F), log_s(F), yx(dv + 1) {}
 };
 
+// The tokens of one head that take part in a masked prefill, gathered contiguous: the key
+// pass then runs over them exactly as over an unpadded input (same tiles, same positions).
+struct KeptTokens {
+  std::vector<float> k, v;
+  KeptTokens(int64_t T, int64_t d, int64_t dv) : k(T * d), v(T * dv) {}
+
+  // Params of an input with batch and head strides 0 holding the tokens j of head (b, h) with
+  // keep(j), in order.
+  template <class Keep>
+  cpu::AttentionParams gather(const cpu::AttentionParams& p, int64_t b, int64_t h, Keep keep) {
+    const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
+    const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
+    int64_t n = 0;
+    for (int64_t j = 0; j < p.nk; ++j) {
+      if (!keep(j)) continue;
+      for (int64_t x = 0; x < p.d; ++x)
+        k[n * p.d + x] = kh[j * p.k_strides[2] + x * p.k_strides[3]];
+      for (int64_t x = 0; x < p.dv; ++x)
+        v[n * p.dv + x] = vh[j * p.v_strides[2] + x * p.v_strides[3]];
+      ++n;
+    }
+    cpu::AttentionParams one = p;
+    one.k = k.data();
+    one.k_strides = {0, 0, p.d, 1};
+    one.v = v.data();
+    one.v_strides = {0, 0, p.dv, 1};
+    one.nk = n;
+    return one;
+  }
+};
+
 // a = W x from W^T (d x m, row-major): a = sum_t x_t W^T[t, :], whole SIMD rows, no
 // horizontal sums.
 void project(const float* wt, const float* bias, int64_t d, int64_t m, const float* x, float* a) {
@@ -68,30 +99,35 @@ Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, FeatureMap map,
         wt_[static_cast<size_t>((g * d + t) * m + i)] = fp.w[(g * m + i) * d + t];
   S_.assign(static_cast<size_t>(batch * heads * features_ * (dv + 1)), 0.0f);
   max_.assign(static_cast<size_t>(batch * heads), -INFINITY);
+  row_pos_.assign(static_cast<size_t>(batch), 0);
 }
 
 void Decoder::reset() {
   std::fill(S_.begin(), S_.end(), 0.0f);
   std::fill(max_.begin(), max_.end(), -INFINITY);
+  std::fill(row_pos_.begin(), row_pos_.end(), 0);
   position_ = 0;
 }
 
-void Decoder::append(TensorView k, TensorView v) {
+void Decoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask) {
   detail::check_step(k, batch_, heads_, w_.d(), "k", "D");
   detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
   if (k.shape[2] != v.shape[2]) {
     throw Error("k " + shape_string(k.shape) + ", v " + shape_string(v.shape) +
                 ": same token count T");
   }
+  if (key_mask) detail::check_key_mask(*key_mask, batch_, k.shape[2], "T");
   const int64_t m = w_.m(), d = w_.d(), F = features_, T = k.shape[2], heads = batch_ * heads_;
   const int threads =
       cpu::threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_), num_threads());
   // Buffers are allocated before the parallel region (allocation failures throw here).
   std::vector<TokenBuffers> buffers;
   std::vector<cpu::KeyTile> tiles;
+  std::vector<KeptTokens> kept;
   for (int t = 0; t < threads; ++t) {
-    if (T == 1) buffers.emplace_back(d, m, F, dv_);
+    if (T == 1 || key_mask) buffers.emplace_back(d, m, F, dv_);
     if (T > 1) tiles.emplace_back(d, m, F, dv_);
+    if (T > 1 && key_mask) kept.emplace_back(T, d, dv_);
   }
   cpu::AttentionParams p{};
   p.k = k.data;
@@ -104,9 +140,9 @@ void Decoder::append(TensorView k, TensorView v) {
   p.d = d;
   p.dv = dv_;
   p.map = map_->params();
-  p.first_position = position_;
   const cpu::FeatureParams& fp = p.map;
   auto head_wt = [&](int64_t bh) { return wt_.data() + (bh % fp.w_sets) * d * m; };
+  auto takes_part = [&](int64_t b, int64_t j) { return !key_mask || key_mask->at(b, j); };
 #pragma omp parallel num_threads(threads)
   {
     cpu::blas_on_calling_thread();
@@ -115,25 +151,43 @@ void Decoder::append(TensorView k, TensorView v) {
     for (int64_t bh = 0; bh < heads; ++bh) {
       const int64_t b = bh / heads_, h = bh % heads_;
       cpu::HeadState state{S_.data() + bh * F * (dv_ + 1), F, dv_, max_[bh]};
-      if (T > 1) {  // prefill: the tiled key pass
-        cpu::accumulate_keys(p, b, h, 0, T, tiles[tid], state);
-      } else {
+      const int64_t row_pos = row_pos_[static_cast<size_t>(b)];
+      // One token: a projection, one feature row and a rank-1 update of [S | s].
+      auto add_token = [&](const float* kj, int64_t k_stride, const float* vj, int64_t v_stride) {
         TokenBuffers& buf = buffers[tid];
         double half_norm2 = 0.0;  // |y|^2 / 2 accumulated in double, as in the batch kernels
-        cpu::gather_rows(&k.at(b, h, 0, 0), 0, k.strides[3], 1, d, fp.sqrt_scale, buf.x.data(),
-                         &half_norm2);
-        cpu::gather_values(&v.at(b, h, 0, 0), 0, v.strides[3], 1, dv_, buf.vx.data());
+        cpu::gather_rows(kj, 0, k_stride, 1, d, fp.sqrt_scale, buf.x.data(), &half_norm2);
+        cpu::gather_values(vj, 0, v_stride, 1, dv_, buf.vx.data());
         project(head_wt(bh), fp.head_bias(bh), d, m, buf.x.data(), buf.a.data());
-        const double g = fp.key_log_weight(half_norm2, bh, position_);
+        const double g = fp.key_log_weight(half_norm2, bh, row_pos);
         const double row_max = cpu::key_log_max(fp, bh, buf.a.data(), g);
         if (row_max > state.max) state.raise_max(row_max);
         cpu::key_features(fp, bh, buf.a.data(), g - state.max, buf.phi.data());
         cpu::rank1_update(state.Sx, buf.phi.data(), buf.vx.data(), F,
                           dv_ + 1);  // [S | s] += phi [v | 1]
+      };
+      if (T == 1) {
+        if (takes_part(b, 0))
+          add_token(&k.at(b, h, 0, 0), k.strides[3], &v.at(b, h, 0, 0), v.strides[3]);
+      } else if (!key_mask) {  // prefill: the tiled key pass
+        cpu::AttentionParams ph = p;
+        ph.first_position = row_pos;
+        cpu::accumulate_keys(ph, b, h, 0, T, tiles[tid], state);
+      } else {  // masked prefill: the kept tokens, as an unmasked append of them would
+        KeptTokens& kt = kept[tid];
+        cpu::AttentionParams ph = kt.gather(p, b, h, [&](int64_t j) { return takes_part(b, j); });
+        ph.first_position = row_pos;
+        if (ph.nk == 1) {
+          add_token(kt.k.data(), 1, kt.v.data(), 1);
+        } else if (ph.nk > 1) {  // batch and head strides 0: (b, h) picks the map parameters
+          cpu::accumulate_keys(ph, b, h, 0, ph.nk, tiles[tid], state);
+        }
       }
       max_[bh] = state.max;
     }
   }
+  for (int64_t b = 0; b < batch_; ++b)
+    for (int64_t j = 0; j < T; ++j) row_pos_[static_cast<size_t>(b)] += takes_part(b, j) ? 1 : 0;
   position_ += T;
 }
 
