@@ -17,10 +17,10 @@
 namespace favor {
 namespace {
 
-cpu::AttentionParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                                 const MutableTensorView& out, const detail::AttentionShape& s,
-                                 double scale, const std::optional<KeyMaskView>& mask) {
-  cpu::AttentionParams p = detail::attention_params(q, k, v, s, scale, mask);
+kernels::AttentionParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const MutableTensorView& out, const detail::AttentionShape& s,
+                                     double scale, const std::optional<KeyMaskView>& mask) {
+  kernels::AttentionParams p = detail::attention_params(q, k, v, s, scale, mask);
   p.out = out.data;
   p.out_strides = out.strides;
   return p;
@@ -74,7 +74,7 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
   detail::check_projection(map.projection, s.d, "q and k");
   detail::check_output(out, output_shape(s), "out", {q, k, v});
   const detail::ResolvedMap resolved = detail::resolve_map(map, s, q, k, options);
-  cpu::AttentionParams p = make_params(q, k, v, out, s, resolved.scale, options.key_mask);
+  kernels::AttentionParams p = make_params(q, k, v, out, s, resolved.scale, options.key_mask);
   p.map = resolved.params();
   if (context) {
     *context = AttentionContext{};
@@ -88,7 +88,8 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
     }
   }
   AttentionStats stats;
-  stats.zero_rows = options.causal ? cpu::favor_causal(p) : cpu::favor_bidirectional(p);
+  stats.zero_rows = options.causal ? cpu::favor_causal(p, cpu::runtime_config())
+                                   : cpu::favor_bidirectional(p, cpu::runtime_config());
   return stats;
 }
 
@@ -117,13 +118,13 @@ void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView
   const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
   detail::check_output(out, output_shape(s), "out", {q, k, v});
   const double scale = detail::resolve_scale(options.scale, s.d);
-  const cpu::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
+  const kernels::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
   // Inputs whose float32 logits or sums could overflow take the double path whatever the
   // option (the f32 path would return inf or NaN for finite inputs; docs/numerics.md).
   if (options.accumulation == Accumulation::f64 || f32_may_overflow(q, k, v, scale)) {
-    cpu::exact_attention_f64(p, options.causal);
+    cpu::exact_attention_f64(p, options.causal, cpu::runtime_config());
   } else {
-    cpu::exact_attention_f32(p, options.causal);
+    cpu::exact_attention_f32(p, options.causal, cpu::runtime_config());
   }
 }
 

@@ -42,7 +42,8 @@ struct KeptTokens {
   // Params of an input with batch and head strides 0 holding the tokens j of head (b, h) with
   // keep(j), in order.
   template <class Keep>
-  cpu::AttentionParams gather(const cpu::AttentionParams& p, int64_t b, int64_t h, Keep keep) {
+  kernels::AttentionParams gather(const kernels::AttentionParams& p, int64_t b, int64_t h,
+                                  Keep keep) {
     const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
     const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
     int64_t n = 0;
@@ -54,7 +55,7 @@ struct KeptTokens {
         v[n * p.dv + x] = vh[j * p.v_strides[2] + x * p.v_strides[3]];
       ++n;
     }
-    cpu::AttentionParams one = p;
+    kernels::AttentionParams one = p;
     one.k = k.data();
     one.k_strides = {0, 0, p.d, 1};
     one.v = v.data();
@@ -90,7 +91,7 @@ Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, FeatureMap map,
   map_ = std::make_shared<const detail::ResolvedMap>(
       detail::resolve_fixed_map(map, batch, heads, options.decay));
   features_ = map.features();
-  const cpu::FeatureParams fp = map_->params();
+  const kernels::FeatureParams fp = map_->params();
   const int64_t m = fp.m, d = fp.d;
   wt_.resize(static_cast<size_t>(fp.w_sets * m * d));
   for (int64_t g = 0; g < fp.w_sets; ++g)
@@ -129,7 +130,7 @@ void Decoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView
     if (T > 1) tiles.emplace_back(d, m, F, dv_);
     if (T > 1 && key_mask) kept.emplace_back(T, d, dv_);
   }
-  cpu::AttentionParams p{};
+  kernels::AttentionParams p{};
   p.k = k.data;
   p.k_strides = k.strides;
   p.v = v.data;
@@ -140,7 +141,7 @@ void Decoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView
   p.d = d;
   p.dv = dv_;
   p.map = map_->params();
-  const cpu::FeatureParams& fp = p.map;
+  const kernels::FeatureParams& fp = p.map;
   auto head_wt = [&](int64_t bh) { return wt_.data() + (bh % fp.w_sets) * d * m; };
   auto takes_part = [&](int64_t b, int64_t j) { return !key_mask || key_mask->at(b, j); };
 #pragma omp parallel num_threads(threads)
@@ -170,12 +171,13 @@ void Decoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView
         if (takes_part(b, 0))
           add_token(&k.at(b, h, 0, 0), k.strides[3], &v.at(b, h, 0, 0), v.strides[3]);
       } else if (!key_mask) {  // prefill: the tiled key pass
-        cpu::AttentionParams ph = p;
+        kernels::AttentionParams ph = p;
         ph.first_position = row_pos;
         cpu::accumulate_keys(ph, b, h, 0, T, tiles[tid], state);
       } else {  // masked prefill: the kept tokens, as an unmasked append of them would
         KeptTokens& kt = kept[tid];
-        cpu::AttentionParams ph = kt.gather(p, b, h, [&](int64_t j) { return takes_part(b, j); });
+        kernels::AttentionParams ph =
+            kt.gather(p, b, h, [&](int64_t j) { return takes_part(b, j); });
         ph.first_position = row_pos;
         if (ph.nk == 1) {
           add_token(kt.k.data(), 1, kt.v.data(), 1);
@@ -199,7 +201,7 @@ void Decoder::query(TensorView q, MutableTensorView out) const {
       cpu::threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_), num_threads());
   std::vector<TokenBuffers> buffers;
   for (int t = 0; t < threads; ++t) buffers.emplace_back(d, m, F, dv_);
-  const cpu::FeatureParams fp = map_->params();
+  const kernels::FeatureParams fp = map_->params();
   auto head_wt = [&](int64_t bh) { return wt_.data() + (bh % fp.w_sets) * d * m; };
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t bh = 0; bh < heads; ++bh) {

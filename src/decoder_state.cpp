@@ -26,7 +26,7 @@ void Decoder::select(const std::vector<int64_t>& indices) {
   detail::check_row_indices(indices, batch_);
   // Parameter sets are picked by bh % sets (cpu/feature_params.hpp): 1 or H sets follow
   // any batch, B * H sets (B > 1) belong to the old rows.
-  const cpu::FeatureParams fp = map_->params();
+  const kernels::FeatureParams fp = map_->params();
   const int64_t per_row = batch_ * heads_;
   if (batch_ > 1 && (fp.w_sets == per_row || fp.bias_sets == per_row || fp.lambda_sets == per_row ||
                      fp.decay_sets == per_row)) {

@@ -21,12 +21,13 @@ VQStats vq_attention(TensorView q, TensorView k, TensorView v, TensorView codebo
                      MutableTensorView out, const VQOptions& options) {
   std::vector<float> codebook_copy;
   detail::AttentionShape s{};
-  cpu::VQParams p = detail::vq_params(q, k, v, codebook, options, codebook_copy, &s);
+  kernels::VQParams p = detail::vq_params(q, k, v, codebook, options, codebook_copy, &s);
   detail::check_output(out, {s.batch, s.heads, s.nq, s.dv}, "out", {q, k, v, codebook});
   p.base.out = out.data;
   p.base.out_strides = out.strides;
   VQStats stats;
-  stats.zero_rows = options.causal ? cpu::vq_causal(p) : cpu::vq_bidirectional(p);
+  stats.zero_rows = options.causal ? cpu::vq_causal(p, cpu::runtime_config())
+                                   : cpu::vq_bidirectional(p, cpu::runtime_config());
   return stats;
 }
 
