@@ -9,10 +9,9 @@
 #include "core/fingerprint.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
-#include "cpu/attention_params.hpp"
-#include "cpu/exact_attention.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 namespace {
@@ -88,8 +87,8 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
     }
   }
   AttentionStats stats;
-  stats.zero_rows = options.causal ? cpu::favor_causal(p, cpu::runtime_config())
-                                   : cpu::favor_bidirectional(p, cpu::runtime_config());
+  kernels::Backend& be = kernels::backend();
+  stats.zero_rows = options.causal ? be.favor_causal(p) : be.favor_bidirectional(p);
   return stats;
 }
 
@@ -121,11 +120,9 @@ void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView
   const kernels::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
   // Inputs whose float32 logits or sums could overflow take the double path whatever the
   // option (the f32 path would return inf or NaN for finite inputs; docs/numerics.md).
-  if (options.accumulation == Accumulation::f64 || f32_may_overflow(q, k, v, scale)) {
-    cpu::exact_attention_f64(p, options.causal, cpu::runtime_config());
-  } else {
-    cpu::exact_attention_f32(p, options.causal, cpu::runtime_config());
-  }
+  const bool in_double =
+      options.accumulation == Accumulation::f64 || f32_may_overflow(q, k, v, scale);
+  kernels::backend().exact_attention(p, options.causal, in_double);
 }
 
 Tensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOptions& options) {

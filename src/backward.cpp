@@ -10,10 +10,9 @@
 #include "core/parameter_grads.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
-#include "cpu/attention_params.hpp"
-#include "cpu/exact_attention.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 namespace {
@@ -79,9 +78,9 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
   }
   detail::ParameterGrads pg(resolved, map, s, with_parameter_grads, bp);
   if (options.causal) {
-    cpu::favor_backward_causal(bp, cpu::runtime_config());
+    kernels::backend().favor_backward_causal(bp);
   } else {
-    cpu::favor_backward_bidirectional(bp, cpu::runtime_config());
+    kernels::backend().favor_backward_bidirectional(bp);
   }
   pg.finish(map, g);
   return g;
@@ -100,7 +99,7 @@ AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v
   const Checked c = check_backward(q, k, v, dy, options.causal, options.key_mask, options.scale);
   AttentionGrads g;
   const kernels::BackwardParams bp = make_params(q, k, v, dy, c, options.key_mask, g);
-  cpu::exact_attention_backward(bp, options.causal, cpu::runtime_config());
+  kernels::backend().exact_attention_backward(bp, options.causal);
   return g;
 }
 

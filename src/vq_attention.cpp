@@ -10,10 +10,10 @@
 #include "cpu/schedule.hpp"
 #include "cpu/tiles.hpp"
 #include "cpu/vq_assign.hpp"
-#include "cpu/vq_params.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
 #include "favor/vq.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 
@@ -26,8 +26,8 @@ VQStats vq_attention(TensorView q, TensorView k, TensorView v, TensorView codebo
   p.base.out = out.data;
   p.base.out_strides = out.strides;
   VQStats stats;
-  stats.zero_rows = options.causal ? cpu::vq_causal(p, cpu::runtime_config())
-                                   : cpu::vq_bidirectional(p, cpu::runtime_config());
+  kernels::Backend& be = kernels::backend();
+  stats.zero_rows = options.causal ? be.vq_causal(p) : be.vq_bidirectional(p);
   return stats;
 }
 

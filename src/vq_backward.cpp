@@ -5,9 +5,9 @@
 #include "core/validate.hpp"
 #include "core/vq_validate.hpp"
 #include "cpu/vq_grad_tile.hpp"
-#include "cpu/vq_params.hpp"
 #include "favor/error.hpp"
 #include "favor/vq.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 
@@ -35,9 +35,9 @@ VQGrads vq_attention_backward(TensorView q, TensorView k, TensorView v, TensorVi
     bp.dcodebook = g.dcodebook.data();
   }
   if (options.causal) {
-    cpu::vq_backward_causal(bp, cpu::runtime_config());
+    kernels::backend().vq_backward_causal(bp);
   } else {
-    cpu::vq_backward_bidirectional(bp, cpu::runtime_config());
+    kernels::backend().vq_backward_bidirectional(bp);
   }
   return g;
 }
