@@ -4,6 +4,7 @@
 
 #include "cpu/attention_params.hpp"
 #include "cpu/config.hpp"
+#include "cpu/decoder_step.hpp"
 #include "cpu/exact_attention.hpp"
 #include "cpu/vq_params.hpp"
 
@@ -41,6 +42,8 @@ class CpuBackend final : public kernels::Backend {
   void vq_backward_causal(const VQBackwardParams& p) override {
     cpu::vq_backward_causal(p, runtime_config());
   }
+  void decoder_append(const DecoderAppend& p) override { cpu::decoder_append(p, runtime_config()); }
+  void decoder_query(const DecoderQuery& p) override { cpu::decoder_query(p, runtime_config()); }
 };
 
 }  // namespace

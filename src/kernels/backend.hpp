@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/attention_params.hpp"
+#include "kernels/decoder_params.hpp"
 #include "kernels/vq_params.hpp"
 
 namespace favor::kernels {
@@ -29,6 +30,9 @@ class Backend {
   /// Gradients of Transformer-VQ attention.
   virtual void vq_backward_bidirectional(const VQBackwardParams& p) = 0;
   virtual void vq_backward_causal(const VQBackwardParams& p) = 0;
+  /// One step of a streaming FAVOR decoder (kernels/decoder_params.hpp).
+  virtual void decoder_append(const DecoderAppend& p) = 0;
+  virtual void decoder_query(const DecoderQuery& p) = 0;
 };
 
 /// The backend the facades call. One entry today: the CPU (src/cpu/backend.cpp), with
