@@ -9,18 +9,17 @@
 #include "core/fingerprint.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
-#include "cpu/attention_params.hpp"
-#include "cpu/exact_attention.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 namespace {
 
-cpu::AttentionParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                                 const MutableTensorView& out, const detail::AttentionShape& s,
-                                 double scale, const std::optional<KeyMaskView>& mask) {
-  cpu::AttentionParams p = detail::attention_params(q, k, v, s, scale, mask);
+kernels::AttentionParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const MutableTensorView& out, const detail::AttentionShape& s,
+                                     double scale, const std::optional<KeyMaskView>& mask) {
+  kernels::AttentionParams p = detail::attention_params(q, k, v, s, scale, mask);
   p.out = out.data;
   p.out_strides = out.strides;
   return p;
@@ -74,7 +73,7 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
   detail::check_projection(map.projection, s.d, "q and k");
   detail::check_output(out, output_shape(s), "out", {q, k, v});
   const detail::ResolvedMap resolved = detail::resolve_map(map, s, q, k, options);
-  cpu::AttentionParams p = make_params(q, k, v, out, s, resolved.scale, options.key_mask);
+  kernels::AttentionParams p = make_params(q, k, v, out, s, resolved.scale, options.key_mask);
   p.map = resolved.params();
   if (context) {
     *context = AttentionContext{};
@@ -88,7 +87,8 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
     }
   }
   AttentionStats stats;
-  stats.zero_rows = options.causal ? cpu::favor_causal(p) : cpu::favor_bidirectional(p);
+  kernels::Backend& be = kernels::backend();
+  stats.zero_rows = options.causal ? be.favor_causal(p) : be.favor_bidirectional(p);
   return stats;
 }
 
@@ -117,14 +117,12 @@ void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView
   const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
   detail::check_output(out, output_shape(s), "out", {q, k, v});
   const double scale = detail::resolve_scale(options.scale, s.d);
-  const cpu::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
+  const kernels::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
   // Inputs whose float32 logits or sums could overflow take the double path whatever the
   // option (the f32 path would return inf or NaN for finite inputs; docs/numerics.md).
-  if (options.accumulation == Accumulation::f64 || f32_may_overflow(q, k, v, scale)) {
-    cpu::exact_attention_f64(p, options.causal);
-  } else {
-    cpu::exact_attention_f32(p, options.causal);
-  }
+  const bool in_double =
+      options.accumulation == Accumulation::f64 || f32_may_overflow(q, k, v, scale);
+  kernels::backend().exact_attention(p, options.causal, in_double);
 }
 
 Tensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOptions& options) {

@@ -10,10 +10,9 @@
 #include "core/parameter_grads.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
-#include "cpu/attention_params.hpp"
-#include "cpu/exact_attention.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 namespace {
@@ -31,10 +30,10 @@ Checked check_backward(const TensorView& q, const TensorView& k, const TensorVie
   return {s, detail::resolve_scale(scale, s.d)};
 }
 
-cpu::BackwardParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& dy, const Checked& c,
-                                const std::optional<KeyMaskView>& mask, AttentionGrads& g) {
-  cpu::BackwardParams bp{};
+kernels::BackwardParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& dy, const Checked& c,
+                                    const std::optional<KeyMaskView>& mask, AttentionGrads& g) {
+  kernels::BackwardParams bp{};
   bp.fwd = detail::attention_params(q, k, v, c.s, c.scale, mask);
   bp.dy = dy.data;
   bp.dy_strides = dy.strides;
@@ -59,7 +58,7 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
   detail::check_projection(map.projection, s.d, "q and k");
   const detail::ResolvedMap resolved = detail::resolve_map(map, s, q, k, options);
   AttentionGrads g;
-  cpu::BackwardParams bp =
+  kernels::BackwardParams bp =
       make_params(q, k, v, dy, Checked{s, resolved.scale}, options.key_mask, g);
   bp.fwd.map = resolved.params();
   if (context) {
@@ -79,9 +78,9 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
   }
   detail::ParameterGrads pg(resolved, map, s, with_parameter_grads, bp);
   if (options.causal) {
-    cpu::favor_backward_causal(bp);
+    kernels::backend().favor_backward_causal(bp);
   } else {
-    cpu::favor_backward_bidirectional(bp);
+    kernels::backend().favor_backward_bidirectional(bp);
   }
   pg.finish(map, g);
   return g;
@@ -99,8 +98,8 @@ AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v
                                         const ExactOptions& options) {
   const Checked c = check_backward(q, k, v, dy, options.causal, options.key_mask, options.scale);
   AttentionGrads g;
-  const cpu::BackwardParams bp = make_params(q, k, v, dy, c, options.key_mask, g);
-  cpu::exact_attention_backward(bp, options.causal);
+  const kernels::BackwardParams bp = make_params(q, k, v, dy, c, options.key_mask, g);
+  kernels::backend().exact_attention_backward(bp, options.causal);
   return g;
 }
 

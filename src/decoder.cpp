@@ -1,48 +1,16 @@
-// Streaming decoding. One token per head costs a projection (m dot products), one feature
-// row, a rank-1 update of S and an axpy into s; a query costs a projection, one feature
-// row, S^T phi and a dot with s: O(F (D + Dv)) whatever the position, all in SIMD lanes
-// (cpu/vec_math.hpp), with heads spread over threads. Appending T > 1 tokens (prefill)
-// goes through the tiled key pass of the batch kernels (GEMMs). Stabilisation follows the
-// batch kernels (cpu/feature_tile.hpp): keys against the running max, queries shifted by
-// max_f (L_f + log s_f).
+// Streaming decoding: checks, the state and its bookkeeping (positions); the steps run in
+// the backend (kernels/decoder_params.hpp; on the CPU, cpu/decoder_step.cpp).
 #include "favor/decoder.hpp"
-
-#include <omp.h>
 
 #include <cmath>
 #include <vector>
 
 #include "core/feature_map_params.hpp"
 #include "core/validate.hpp"
-#include "cpu/blas.hpp"
-#include "cpu/feature_tile.hpp"
-#include "cpu/head_state.hpp"
-#include "cpu/key_state.hpp"
-#include "cpu/schedule.hpp"
-#include "cpu/vec_math.hpp"
 #include "favor/error.hpp"
-#include "favor/runtime.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
-namespace {
-
-// Per-thread buffers of the token path.
-struct TokenBuffers {
-  std::vector<float> x, a, phi, vx, s, log_s, yx;
-  TokenBuffers(int64_t d, int64_t m, int64_t F, int64_t dv)
-      : x(d), a(m), phi(F), vx(dv + 1), s(F), log_s(F), yx(dv + 1) {}
-};
-
-// a = W x from W^T (d x m, row-major): a = sum_t x_t W^T[t, :], whole SIMD rows, no
-// horizontal sums.
-void project(const float* wt, const float* bias, int64_t d, int64_t m, const float* x, float* a) {
-  cpu::transposed_matvec(wt, x, d, m, a);
-  if (bias) {
-    for (int64_t f = 0; f < m; ++f) a[f] += bias[f];
-  }
-}
-
-}  // namespace
 
 Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, Projection w,
                  const DecoderOptions& options)
@@ -59,7 +27,7 @@ Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, FeatureMap map,
   map_ = std::make_shared<const detail::ResolvedMap>(
       detail::resolve_fixed_map(map, batch, heads, options.decay));
   features_ = map.features();
-  const cpu::FeatureParams fp = map_->params();
+  const kernels::FeatureParams fp = map_->params();
   const int64_t m = fp.m, d = fp.d;
   wt_.resize(static_cast<size_t>(fp.w_sets * m * d));
   for (int64_t g = 0; g < fp.w_sets; ++g)
@@ -68,32 +36,27 @@ Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, FeatureMap map,
         wt_[static_cast<size_t>((g * d + t) * m + i)] = fp.w[(g * m + i) * d + t];
   S_.assign(static_cast<size_t>(batch * heads * features_ * (dv + 1)), 0.0f);
   max_.assign(static_cast<size_t>(batch * heads), -INFINITY);
+  row_pos_.assign(static_cast<size_t>(batch), 0);
 }
 
 void Decoder::reset() {
   std::fill(S_.begin(), S_.end(), 0.0f);
   std::fill(max_.begin(), max_.end(), -INFINITY);
+  std::fill(row_pos_.begin(), row_pos_.end(), 0);
   position_ = 0;
 }
 
-void Decoder::append(TensorView k, TensorView v) {
+void Decoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask) {
   detail::check_step(k, batch_, heads_, w_.d(), "k", "D");
   detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
   if (k.shape[2] != v.shape[2]) {
     throw Error("k " + shape_string(k.shape) + ", v " + shape_string(v.shape) +
                 ": same token count T");
   }
-  const int64_t m = w_.m(), d = w_.d(), F = features_, T = k.shape[2], heads = batch_ * heads_;
-  const int threads =
-      cpu::threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_), num_threads());
-  // Buffers are allocated before the parallel region (allocation failures throw here).
-  std::vector<TokenBuffers> buffers;
-  std::vector<cpu::KeyTile> tiles;
-  for (int t = 0; t < threads; ++t) {
-    if (T == 1) buffers.emplace_back(d, m, F, dv_);
-    if (T > 1) tiles.emplace_back(d, m, F, dv_);
-  }
-  cpu::AttentionParams p{};
+  if (key_mask) detail::check_key_mask(*key_mask, batch_, k.shape[2], "T");
+  const int64_t T = k.shape[2];
+  kernels::DecoderAppend da{};
+  kernels::AttentionParams& p = da.step;
   p.k = k.data;
   p.k_strides = k.strides;
   p.v = v.data;
@@ -101,75 +64,43 @@ void Decoder::append(TensorView k, TensorView v) {
   p.batch = batch_;
   p.heads = heads_;
   p.nk = T;
-  p.d = d;
+  p.d = w_.d();
   p.dv = dv_;
   p.map = map_->params();
-  p.first_position = position_;
-  const cpu::FeatureParams& fp = p.map;
-  auto head_wt = [&](int64_t bh) { return wt_.data() + (bh % fp.w_sets) * d * m; };
-#pragma omp parallel num_threads(threads)
-  {
-    cpu::blas_on_calling_thread();
-    const auto tid = static_cast<size_t>(omp_get_thread_num());
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < heads; ++bh) {
-      const int64_t b = bh / heads_, h = bh % heads_;
-      cpu::HeadState state{S_.data() + bh * F * (dv_ + 1), F, dv_, max_[bh]};
-      if (T > 1) {  // prefill: the tiled key pass
-        cpu::accumulate_keys(p, b, h, 0, T, tiles[tid], state);
-      } else {
-        TokenBuffers& buf = buffers[tid];
-        double half_norm2 = 0.0;  // |y|^2 / 2 accumulated in double, as in the batch kernels
-        cpu::gather_rows(&k.at(b, h, 0, 0), 0, k.strides[3], 1, d, fp.sqrt_scale, buf.x.data(),
-                         &half_norm2);
-        cpu::gather_values(&v.at(b, h, 0, 0), 0, v.strides[3], 1, dv_, buf.vx.data());
-        project(head_wt(bh), fp.head_bias(bh), d, m, buf.x.data(), buf.a.data());
-        const double g = fp.key_log_weight(half_norm2, bh, position_);
-        const double row_max = cpu::key_log_max(fp, bh, buf.a.data(), g);
-        if (row_max > state.max) state.raise_max(row_max);
-        cpu::key_features(fp, bh, buf.a.data(), g - state.max, buf.phi.data());
-        cpu::rank1_update(state.Sx, buf.phi.data(), buf.vx.data(), F,
-                          dv_ + 1);  // [S | s] += phi [v | 1]
-      }
-      max_[bh] = state.max;
-    }
+  if (key_mask) {
+    p.mask = key_mask->data;
+    p.mask_stride_b = key_mask->stride_b;
+    p.mask_stride_n = key_mask->stride_n;
   }
+  da.wt = wt_.data();
+  da.sums = S_.data();
+  da.log_max = max_.data();
+  da.row_positions = row_pos_.data();
+  kernels::backend().decoder_append(da);
+  for (int64_t b = 0; b < batch_; ++b)
+    for (int64_t j = 0; j < T; ++j)
+      row_pos_[static_cast<size_t>(b)] += !key_mask || key_mask->at(b, j) ? 1 : 0;
   position_ += T;
 }
 
 void Decoder::query(TensorView q, MutableTensorView out) const {
   detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
   detail::check_output(out, {batch_, heads_, q.shape[2], dv_}, "out", {q});
-  const int64_t m = w_.m(), d = w_.d(), F = features_, T = q.shape[2], heads = batch_ * heads_;
-  const int threads =
-      cpu::threads_for(heads, double(T) * (2.0 * d * m + 2.0 * F * dv_), num_threads());
-  std::vector<TokenBuffers> buffers;
-  for (int t = 0; t < threads; ++t) buffers.emplace_back(d, m, F, dv_);
-  const cpu::FeatureParams fp = map_->params();
-  auto head_wt = [&](int64_t bh) { return wt_.data() + (bh % fp.w_sets) * d * m; };
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t bh = 0; bh < heads; ++bh) {
-    const int64_t b = bh / heads_, h = bh % heads_;
-    TokenBuffers& buf = buffers[static_cast<size_t>(omp_get_thread_num())];
-    const float* Sx = S_.data() + bh * F * (dv_ + 1);  // [S | s]
-    if (cpu::positive_family(fp.kernel)) {
-      for (int64_t f = 0; f < F; ++f) buf.s[f] = Sx[f * (dv_ + 1) + dv_];
-      cpu::log_or_neg_inf(buf.s.data(), buf.log_s.data(), F);
-    }
-    for (int64_t t = 0; t < T; ++t) {
-      cpu::gather_rows(&q.at(b, h, t, 0), 0, q.strides[3], 1, d, fp.sqrt_scale, buf.x.data(),
-                       nullptr);
-      project(head_wt(bh), fp.head_bias(bh), d, m, buf.x.data(), buf.a.data());
-      const float c = cpu::query_shift(fp.kernel, buf.a.data(), m, buf.log_s.data());
-      if (std::isinf(c)) {  // -inf: nothing appended for this head yet; den 0 gives zeros
-        std::fill(buf.yx.begin(), buf.yx.end(), 0.0f);
-      } else {
-        cpu::query_features(fp.kernel, buf.a.data(), m, c, buf.log_s.data(), buf.phi.data());
-        cpu::transposed_matvec(Sx, buf.phi.data(), F, dv_ + 1, buf.yx.data());  // [y | den]
-      }
-      cpu::write_rows(buf.yx.data(), 1, dv_, &out.at(b, h, t, 0), 0, out.strides[3]);
-    }
-  }
+  kernels::DecoderQuery dq{};
+  kernels::AttentionParams& p = dq.step;
+  p.q = q.data;
+  p.q_strides = q.strides;
+  p.out = out.data;
+  p.out_strides = out.strides;
+  p.batch = batch_;
+  p.heads = heads_;
+  p.nq = q.shape[2];
+  p.d = w_.d();
+  p.dv = dv_;
+  p.map = map_->params();
+  dq.wt = wt_.data();
+  dq.sums = S_.data();
+  kernels::backend().decoder_query(dq);
 }
 
 Tensor Decoder::query(TensorView q) const {

@@ -70,7 +70,7 @@ Tensor features(TensorView x, const FeatureMap& map) {
   }
   const detail::ResolvedMap resolved = detail::resolve_fixed_map(map, x.shape[0], x.shape[1], {});
   // The unweighted map: lambda multiplies the rows below (key_features would apply lambda^2).
-  cpu::FeatureParams fp = resolved.params();
+  kernels::FeatureParams fp = resolved.params();
   fp.key_logw = nullptr;
   const int64_t m = fp.m, d = fp.d, F = fp.features();
   const auto& adapted = resolved.adapted;

@@ -153,9 +153,10 @@ Call prepare(const TensorView& q, const TensorView& k, const TensorView& v, cons
   return std::move(c);
 }
 
-cpu::AttentionParams kernel_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                                   const Call& c, const AttentionOptions& options, int64_t offset) {
-  cpu::AttentionParams p =
+kernels::AttentionParams kernel_params(const TensorView& q, const TensorView& k,
+                                       const TensorView& v, const Call& c,
+                                       const AttentionOptions& options, int64_t offset) {
+  kernels::AttentionParams p =
       detail::attention_params(q, k, v, c.s, c.resolved.scale, options.key_mask);
   p.map = c.resolved.params();
   p.first_position = offset;  // decay weights keys by their position in the whole sequence
@@ -195,7 +196,7 @@ struct States {
 
 // This rank's key states, combined over ranks: bidirectional, the total (allreduce); causal,
 // the prefix of the earlier ranks (exclusive scan). Points p at them.
-States key_states_over_ranks(cpu::AttentionParams& p, const Call& c,
+States key_states_over_ranks(kernels::AttentionParams& p, const Call& c,
                              const AttentionOptions& options, bool distance, Exchange& ex,
                              SequenceParallelStats& st) {
   const int64_t F = c.map.features();
@@ -203,7 +204,7 @@ States key_states_over_ranks(cpu::AttentionParams& p, const Call& c,
   // A causal scan never reads the last rank's own state: it skips its key pass.
   const bool unread = options.causal && ex.rank() == ex.size() - 1;
   if (c.s.nk > 0 && !unread) {
-    cpu::key_states(p, states.values.data(), states.maxima.data(),
+    cpu::key_states(p, cpu::runtime_config(), states.values.data(), states.maxima.data(),
                     distance ? states.distance.data() : nullptr);
   }
   StateBlock block = states.block(static_cast<double>(c.s.nk));
@@ -230,12 +231,13 @@ SequenceParallelStats sequence_parallel_attention(TensorView q, TensorView k, Te
   SequenceParallelStats st;
   Call c = prepare(q, k, v, nullptr, &out, map, options, false, exchange,
                    "sequence_parallel_attention", st);
-  cpu::AttentionParams p = kernel_params(q, k, v, c, options, st.offset);
+  kernels::AttentionParams p = kernel_params(q, k, v, c, options, st.offset);
   p.out = out.data;
   p.out_strides = out.strides;
   const States states = key_states_over_ranks(p, c, options, false, exchange, st);
   if (c.s.nq > 0)
-    st.zero_rows = options.causal ? cpu::favor_causal(p) : cpu::favor_bidirectional(p);
+    st.zero_rows = options.causal ? cpu::favor_causal(p, cpu::runtime_config())
+                                  : cpu::favor_bidirectional(p, cpu::runtime_config());
   return st;
 }
 
@@ -264,7 +266,7 @@ AttentionGrads sequence_parallel_attention_backward(TensorView q, TensorView k, 
   Call c = prepare(q, k, v, &dy, nullptr, map, options, with_parameter_grads, exchange,
                    "sequence_parallel_attention_backward", st, reserve);
   const int64_t heads = c.s.batch * c.s.heads, F = c.map.features(), ld = c.s.dv + 1;
-  cpu::BackwardParams bp{};
+  kernels::BackwardParams bp{};
   bp.fwd = kernel_params(q, k, v, c, options, st.offset);
   bp.dy = dy.data;
   bp.dy_strides = dy.strides;
@@ -281,16 +283,16 @@ AttentionGrads sequence_parallel_attention_backward(TensorView q, TensorView k, 
     bp.ctx_maxima = states.maxima.data();
     bp.fwd.init_states = nullptr;
     bp.r_out = r.data();
-    if (c.s.nq > 0) cpu::favor_backward_bidirectional(bp);
+    if (c.s.nq > 0) cpu::favor_backward_bidirectional(bp, cpu::runtime_config());
     exchange.allreduce_sum(r.data(), static_cast<int64_t>(r.size()));
     ++st.collectives;
     st.payload_bytes += static_cast<int64_t>(r.size() * sizeof(float));
     bp.r_out = nullptr;
     bp.r_in = r.data();
-    if (c.s.nk > 0) cpu::favor_backward_bidirectional(bp);
+    if (c.s.nk > 0) cpu::favor_backward_bidirectional(bp, cpu::runtime_config());
   } else {
     // Forward sweep (dq, and the slice's R), R summed over the later ranks, reverse sweep.
-    cpu::favor_backward_causal_phase_a(bp, store);
+    cpu::favor_backward_causal_phase_a(bp, cpu::runtime_config(), store);
     States suffix(heads, F * ld, false);
     for (int64_t h = 0; h < heads; ++h) {   // R's reference is its starting max: negated, so
       const double start = store.r_max[h];  // that the later ranks' smaller one wins
@@ -306,7 +308,8 @@ AttentionGrads sequence_parallel_attention_backward(TensorView q, TensorView k, 
     for (int64_t h = 0; h < heads; ++h) {
       ref[h] = std::isinf(suffix.maxima[h]) ? kEmpty : -suffix.maxima[h];
     }
-    cpu::favor_backward_causal_phase_b(bp, store, suffix.values.data(), ref.data());
+    cpu::favor_backward_causal_phase_b(bp, cpu::runtime_config(), store, suffix.values.data(),
+                                       ref.data());
   }
   pg.finish(c.map, g);
   if (stats) *stats = st;

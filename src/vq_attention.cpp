@@ -10,10 +10,10 @@
 #include "cpu/schedule.hpp"
 #include "cpu/tiles.hpp"
 #include "cpu/vq_assign.hpp"
-#include "cpu/vq_params.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
 #include "favor/vq.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 
@@ -21,12 +21,13 @@ VQStats vq_attention(TensorView q, TensorView k, TensorView v, TensorView codebo
                      MutableTensorView out, const VQOptions& options) {
   std::vector<float> codebook_copy;
   detail::AttentionShape s{};
-  cpu::VQParams p = detail::vq_params(q, k, v, codebook, options, codebook_copy, &s);
+  kernels::VQParams p = detail::vq_params(q, k, v, codebook, options, codebook_copy, &s);
   detail::check_output(out, {s.batch, s.heads, s.nq, s.dv}, "out", {q, k, v, codebook});
   p.base.out = out.data;
   p.base.out_strides = out.strides;
   VQStats stats;
-  stats.zero_rows = options.causal ? cpu::vq_causal(p) : cpu::vq_bidirectional(p);
+  kernels::Backend& be = kernels::backend();
+  stats.zero_rows = options.causal ? be.vq_causal(p) : be.vq_bidirectional(p);
   return stats;
 }
 

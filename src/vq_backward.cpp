@@ -5,9 +5,9 @@
 #include "core/validate.hpp"
 #include "core/vq_validate.hpp"
 #include "cpu/vq_grad_tile.hpp"
-#include "cpu/vq_params.hpp"
 #include "favor/error.hpp"
 #include "favor/vq.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 
@@ -16,7 +16,7 @@ VQGrads vq_attention_backward(TensorView q, TensorView k, TensorView v, TensorVi
                               bool with_codebook_grad) {
   std::vector<float> codebook_copy;
   detail::AttentionShape s;
-  cpu::VQBackwardParams bp{};
+  kernels::VQBackwardParams bp{};
   bp.fwd = detail::vq_params(q, k, v, codebook, options, codebook_copy, &s);
   detail::check_dy(dy, s);
   // The backward's own default block: its hard-VQ moment update is a GEMM with K = L.
@@ -35,9 +35,9 @@ VQGrads vq_attention_backward(TensorView q, TensorView k, TensorView v, TensorVi
     bp.dcodebook = g.dcodebook.data();
   }
   if (options.causal) {
-    cpu::vq_backward_causal(bp);
+    kernels::backend().vq_backward_causal(bp);
   } else {
-    cpu::vq_backward_bidirectional(bp);
+    kernels::backend().vq_backward_bidirectional(bp);
   }
   return g;
 }

@@ -76,13 +76,14 @@ void VQDecoder::reset() {
   position_ = 0;
 }
 
-void VQDecoder::append(TensorView k, TensorView v) {
+void VQDecoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask) {
   detail::check_step(k, batch_, heads_, d_, "k", "D");
   detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
   if (k.shape[2] != v.shape[2]) {
     throw Error("k " + shape_string(k.shape) + ", v " + shape_string(v.shape) +
                 ": same token count T");
   }
+  if (key_mask) detail::check_key_mask(*key_mask, batch_, k.shape[2], "T");
   const int64_t T = k.shape[2], c = codes_, d = d_, dv = dv_, heads = batch_ * heads_;
   const bool soft = options_.tau > 0.0;
   const float tau = static_cast<float>(options_.tau);
@@ -96,12 +97,29 @@ void VQDecoder::append(TensorView k, TensorView v) {
     const cpu::CodeTable& table = (*tables_)[g];
     float* sums = sums_.data() + bh * c * dv;
     float* counts = counts_.data() + bh * c;
-    for (int64_t t0 = 0; t0 < T; t0 += rows) {
-      const int64_t n = std::min(rows, T - t0);
-      cpu::gather_rows(&k.at(b, h, t0, 0), k.strides[2], k.strides[3], n, d, 1.0f, ws.x.data(),
-                       nullptr);
-      cpu::gather_rows(&v.at(b, h, t0, 0), v.strides[2], v.strides[3], n, dv, 1.0f, ws.v.data(),
-                       nullptr);
+    // The tokens that take part, in tiles: a masked token is skipped, so a masked append
+    // equals an append of the kept tokens alone (same tiles).
+    int64_t next = 0;
+    while (next < T) {
+      int64_t n = 0;
+      if (!key_mask) {
+        n = std::min(rows, T - next);
+        cpu::gather_rows(&k.at(b, h, next, 0), k.strides[2], k.strides[3], n, d, 1.0f, ws.x.data(),
+                         nullptr);
+        cpu::gather_rows(&v.at(b, h, next, 0), v.strides[2], v.strides[3], n, dv, 1.0f, ws.v.data(),
+                         nullptr);
+        next += n;
+      } else {
+        for (; n < rows && next < T; ++next) {
+          if (!key_mask->at(b, next)) continue;
+          cpu::gather_rows(&k.at(b, h, next, 0), 0, k.strides[3], 1, d, 1.0f, ws.x.data() + n * d,
+                           nullptr);
+          cpu::gather_rows(&v.at(b, h, next, 0), 0, v.strides[3], 1, dv, 1.0f, ws.v.data() + n * dv,
+                           nullptr);
+          ++n;
+        }
+        if (n == 0) break;
+      }
       float* p = ws.scores.data();
       cpu::assign_rows(ws.x.data(), n, table, tau, ws.z.data(), p);
       if (!soft) {  // one row add per token: O(Dv)

@@ -53,7 +53,7 @@ const std::vector<detail::AgreedField> kAgreed = {{"batch B", true},
 struct Call {
   detail::AttentionShape s{};
   std::vector<float> codebook;
-  cpu::VQParams p{};
+  kernels::VQParams p{};
 };
 
 std::vector<int64_t> call_fields(const Call& c, const VQOptions& options, int64_t codebook_heads,
@@ -154,11 +154,11 @@ void exscan_sums(std::vector<float>& sums, int64_t heads, int64_t size, bool rev
 
 // Per head [Vsum | n] of this rank's keys combined over ranks: bidirectional, of every rank's
 // keys (allreduce); causal, of the earlier ranks' keys (exclusive scan).
-std::vector<float> key_sums_over_ranks(const cpu::VQParams& p, const Call& c, bool causal,
+std::vector<float> key_sums_over_ranks(const kernels::VQParams& p, const Call& c, bool causal,
                                        Exchange& ex, SequenceParallelStats& st) {
   const int64_t heads = c.s.batch * c.s.heads, size = p.codes * (c.s.dv + 1);
   std::vector<float> sums(static_cast<size_t>(heads * size), 0.0f);
-  if (c.s.nk > 0) cpu::vq_key_states(p, sums.data());
+  if (c.s.nk > 0) cpu::vq_key_states(p, cpu::runtime_config(), sums.data());
   if (causal) {
     exscan_sums(sums, heads, size, false, static_cast<double>(c.s.nk), ex, st);
   } else {
@@ -180,7 +180,9 @@ SequenceParallelStats sequence_parallel_vq_attention(TensorView q, TensorView k,
   c.p.base.out_strides = out.strides;
   const std::vector<float> keys = key_sums_over_ranks(c.p, c, options.causal, exchange, st);
   c.p.init_states = keys.data();
-  if (c.s.nq > 0) st.zero_rows = options.causal ? cpu::vq_causal(c.p) : cpu::vq_bidirectional(c.p);
+  if (c.s.nq > 0)
+    st.zero_rows = options.causal ? cpu::vq_causal(c.p, cpu::runtime_config())
+                                  : cpu::vq_bidirectional(c.p, cpu::runtime_config());
   return st;
 }
 
@@ -198,7 +200,7 @@ VQGrads sequence_parallel_vq_attention_backward(TensorView q, TensorView k, Tens
   };
   Call c =
       prepare(q, k, v, &dy, nullptr, codebook, options, with_codebook_grad, exchange, st, reserve);
-  cpu::VQBackwardParams bp{};
+  kernels::VQBackwardParams bp{};
   bp.fwd = c.p;
   // vq_attention_backward's default block: its hard-VQ moment update is a GEMM with K = L.
   if (options.block == 0) bp.fwd.block = cpu::kVQGradTile;
@@ -220,9 +222,9 @@ VQGrads sequence_parallel_vq_attention_backward(TensorView q, TensorView k, Tens
   bp.code_sums_out = sums.data();
   if (c.s.nq > 0) {
     if (options.causal) {
-      cpu::vq_backward_causal(bp);
+      cpu::vq_backward_causal(bp, cpu::runtime_config());
     } else {
-      cpu::vq_backward_bidirectional(bp);
+      cpu::vq_backward_bidirectional(bp, cpu::runtime_config());
     }
   }
   bp.code_sums_out = nullptr;
@@ -233,7 +235,7 @@ VQGrads sequence_parallel_vq_attention_backward(TensorView q, TensorView k, Tens
     ++st.collectives;
     st.payload_bytes += static_cast<int64_t>(sums.size() * sizeof(float));
   }
-  if (c.s.nk > 0) cpu::vq_backward_keys(bp, sums.data());
+  if (c.s.nk > 0) cpu::vq_backward_keys(bp, cpu::runtime_config(), sums.data());
   if (stats) *stats = st;
   return g;
 }

@@ -21,13 +21,14 @@ Tensor causal_with_chunk(const Tensor& q, const Tensor& k, const Tensor& v, cons
   const auto s = detail::check_attention_inputs(q.view(), k.view(), v.view(), true, o.key_mask);
   const detail::ResolvedMap resolved = detail::resolve_map(map, s, q.view(), k.view(), o);
   Tensor out({s.batch, s.heads, s.nq, s.dv});
-  cpu::AttentionParams p =
+  kernels::AttentionParams p =
       detail::attention_params(q.view(), k.view(), v.view(), s, resolved.scale, o.key_mask);
   p.out = out.data();
   p.out_strides = out.view().strides;
   p.map = resolved.params();
-  p.chunk = chunk;
-  cpu::favor_causal(p);
+  cpu::Config config = cpu::runtime_config();
+  config.chunk = chunk;
+  cpu::favor_causal(p, config);
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "favor/decoder_state.hpp"
 #include "favor/feature_map.hpp"
 #include "favor/features.hpp"
 #include "favor/projection.hpp"
@@ -40,8 +41,13 @@ class Decoder {
   Decoder(int64_t batch, int64_t heads, int64_t dv, FeatureMap map,
           const DecoderOptions& options = {});
 
-  /// Appends T tokens: k [B, H, T, D], v [B, H, T, Dv].
-  void append(TensorView k, TensorView v);
+  /// Appends T tokens: k [B, H, T, D], v [B, H, T, Dv]. With key_mask [B, T] (nonzero =
+  /// the token takes part) a masked token of row b leaves row b's state as it was: it adds
+  /// no key and, with decay, does not decay the state either (the row's decay clock,
+  /// row_positions, counts unmasked tokens only). Appending a left-padded batch with its
+  /// mask thus equals appending each row's tokens alone; position() still counts every
+  /// token.
+  void append(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask = {});
   /// Attends each of T queries q [B, H, T, D] to the current state; out [B, H, T, Dv].
   /// A head with no appended token yields zeros.
   void query(TensorView q, MutableTensorView out) const;
@@ -49,16 +55,31 @@ class Decoder {
 
   /// Tokens appended so far.
   int64_t position() const { return position_; }
-  /// Bytes held by the state (S, s and the stabilisers): fixed at construction, whatever
-  /// the position.
+  /// Bytes held by the state (S, s, the stabilisers and the row positions): fixed at
+  /// construction (and select), whatever the position.
   int64_t state_bytes() const {
-    return static_cast<int64_t>(S_.size() * sizeof(float) + max_.size() * sizeof(double));
+    return static_cast<int64_t>(S_.size() * sizeof(float) + max_.size() * sizeof(double) +
+                                row_pos_.size() * sizeof(int64_t));
   }
   void reset();
+
+  /// A copy of the state (decoder_state.hpp).
+  DecoderState state() const;
+  /// Replaces the state by `state`, checked against this decoder's batch, heads, features
+  /// and dv (favor::Error naming the field otherwise). Loading the state() of a decoder
+  /// built with the same map gives bit-identical outputs from then on.
+  void load_state(const DecoderState& state);
+  /// Keeps batch rows indices[0], indices[1], ... in that order (rows may repeat or be
+  /// dropped): the new batch is indices.size(), as a beam-search cache reorders. Each index
+  /// in [0, batch). A map with per-(batch, head) parameters (a fit of batch * heads heads,
+  /// batch > 1) cannot be reordered and throws.
+  void select(const std::vector<int64_t>& indices);
 
   int64_t batch() const { return batch_; }
   int64_t heads() const { return heads_; }
   int64_t dv() const { return dv_; }
+  /// F: the features per token (the rows of S).
+  int64_t features() const { return features_; }
   const Projection& projection() const { return w_; }
 
  private:
@@ -67,8 +88,9 @@ class Decoder {
   std::shared_ptr<const detail::ResolvedMap> map_;  // the resolved feature map
   std::vector<float> wt_;  // [w_sets][d][m]: W^T per parameter set, the per-token projection
   int64_t position_ = 0;
-  std::vector<float> S_;     // [B*H][F][Dv]
-  std::vector<double> max_;  // running key log-max per (b, h)
+  std::vector<float> S_;          // [B*H][F][Dv]
+  std::vector<double> max_;       // running key log-max per (b, h)
+  std::vector<int64_t> row_pos_;  // [B]: unmasked tokens per batch row (the decay clock)
 };
 
 }  // namespace favor

@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "favor/decoder_state.hpp"
 #include "favor/tensor.hpp"
 
 namespace favor {
@@ -27,8 +28,11 @@ class VQDecoder {
   VQDecoder(int64_t batch, int64_t heads, int64_t dv, TensorView codebook,
             const VQDecoderOptions& options = {});
 
-  /// Appends T tokens: k [B, H, T, D], v [B, H, T, Dv].
-  void append(TensorView k, TensorView v);
+  /// Appends T tokens: k [B, H, T, D], v [B, H, T, Dv]. With key_mask [B, T] (nonzero =
+  /// the token takes part) a masked token of row b adds nothing to row b's state: appending
+  /// a left-padded batch with its mask equals appending each row's tokens alone; position()
+  /// still counts every token.
+  void append(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask = {});
   /// Attends each of T queries q [B, H, T, D] to the current state; out [B, H, T, Dv].
   /// A head with no appended token yields zeros.
   void query(TensorView q, MutableTensorView out) const;
@@ -40,6 +44,17 @@ class VQDecoder {
     return static_cast<int64_t>((sums_.size() + counts_.size()) * sizeof(float));
   }
   void reset();
+
+  /// A copy of the state (decoder_state.hpp).
+  VQDecoderState state() const;
+  /// Replaces the state by `state`, checked against this decoder's batch, heads, codes and
+  /// dv (favor::Error naming the field otherwise). Loading the state() of a decoder built
+  /// with the same codebook and options gives bit-identical outputs from then on.
+  void load_state(const VQDecoderState& state);
+  /// Keeps batch rows indices[0], indices[1], ... in that order (rows may repeat or be
+  /// dropped): the new batch is indices.size(), as a beam-search cache reorders. Each index
+  /// in [0, batch).
+  void select(const std::vector<int64_t>& indices);
 
   int64_t batch() const { return batch_; }
   int64_t heads() const { return heads_; }

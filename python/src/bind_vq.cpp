@@ -194,7 +194,38 @@ void bind_vq_decoder(py::module_& m) {
            }),
            py::arg("batch"), py::arg("heads"), py::arg("dv"), py::arg("codebook"),
            py::arg("scale") = py::none(), py::arg("tau") = 0.0)
-      .def_property_readonly("codes", [](PyVQDecoder& s) { return s.decoder.codes(); });
+      .def_property_readonly("codes", [](PyVQDecoder& s) { return s.decoder.codes(); })
+      .def(
+          "state",
+          [](PyVQDecoder& self) {
+            VQDecoderState st;
+            {
+              std::lock_guard<std::mutex> lock(self.mutex);
+              st = self.decoder.state();
+            }
+            py::dict d;
+            d["sums"] = state_array(st.sums, {st.batch, st.heads, st.codes, st.dv});
+            d["counts"] = state_array(st.counts, {st.batch, st.heads, st.codes});
+            d["position"] = st.position;
+            return d;
+          },
+          "A copy of the state: {'sums': float32 [B, H, c, Dv] (per code, the sum of its keys' "
+          "values), 'counts': float32 [B, H, c] (per code, its key count), 'position': int}.")
+      .def(
+          "load_state",
+          [](PyVQDecoder& self, const py::handle& sums, const py::handle& counts,
+             int64_t position) {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            const VQDecoder& dec = self.decoder;
+            const int64_t B = dec.batch(), H = dec.heads(), c = dec.codes(), Dv = dec.dv();
+            VQDecoderState st{B, H, c, Dv, position, {}, {}};
+            state_input(sums, {B, H, c, Dv}, "sums", "[batch, heads, codes, dv]", st.sums);
+            state_input(counts, {B, H, c}, "counts", "[batch, heads, codes]", st.counts);
+            self.decoder.load_state(st);
+          },
+          py::arg("sums"), py::arg("counts"), py::arg("position"),
+          "Replaces the state by arrays shaped as state() returns them (load_state(**state())); "
+          "shapes and values are checked, favor.Error naming the argument otherwise.");
 }
 
 void bind_reference(py::module_& m) {

@@ -1,8 +1,14 @@
 #pragma once
 // What favor.Decoder and favor.VQDecoder share: the GIL is released while a decoder
 // computes, so a mutex keeps two Python threads from using one decoder at once (neither
-// favor::Decoder nor favor::VQDecoder is thread-safe).
+// favor::Decoder nor favor::VQDecoder is thread-safe). The state arrays cross as numpy
+// arrays (state_array, state_input); favor::detail checks them against the decoder.
+#include <pybind11/stl.h>
+
+#include <cstring>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "arrays.hpp"
 
@@ -15,22 +21,56 @@ struct Locked {
   std::mutex mutex;
 };
 
-/// The class `name` with append(k, v), query(q), reset() and the properties position,
-/// batch, heads, dv and state_bytes; the caller adds the constructor and what differs.
+/// A state vector copied into a new numpy array of the given shape.
+template <typename T>
+py::array_t<T> state_array(const std::vector<T>& values, const std::vector<py::ssize_t>& shape) {
+  py::array_t<T> a(shape);
+  std::memcpy(a.mutable_data(), values.data(), sizeof(T) * values.size());
+  return a;
+}
+
+/// A state argument `name` read as a C-contiguous array of T whose shape must be `shape`
+/// (`rule` names the extents in the message); its values are copied into `values`.
+template <typename T>
+void state_input(const py::handle& obj, const std::vector<py::ssize_t>& shape, const char* name,
+                 const char* rule, std::vector<T>& values) {
+  const auto a = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(obj);
+  if (!a) throw Error(std::string(name) + ": cannot be read as an array");
+  bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
+  for (py::ssize_t i = 0; ok && i < a.ndim(); ++i) ok = a.shape(i) == shape[size_t(i)];
+  if (!ok) {
+    std::string got = "[";
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+      if (i > 0) got += ',';
+      got += std::to_string(a.shape(i));
+    }
+    throw Error(std::string(name) + ": shape " + got + "] must be " + rule);
+  }
+  values.assign(a.data(), a.data() + a.size());
+}
+
+/// The class `name` with append(k, v, key_mask), query(q), reset(), select(indices) and the
+/// properties position, batch, heads, dv and state_bytes; the caller adds the constructor,
+/// state() and load_state() and what differs.
 template <typename D>
 py::class_<Locked<D>> bind_streaming_decoder(py::module_& m, const char* name) {
   using Self = Locked<D>;
   py::class_<Self> cls(m, name);
   cls.def(
          "append",
-         [](Self& self, const py::handle& k, const py::handle& v) {
+         [](Self& self, const py::handle& k, const py::handle& v, const py::handle& key_mask) {
            const Input ki = as_input(k, "k"), vi = as_input(v, "v");
            check_same_rank({&ki, &vi}, "k, v");
+           const std::optional<Mask> mask =
+               as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
            py::gil_scoped_release release;
            std::lock_guard<std::mutex> lock(self.mutex);
-           self.decoder.append(ki.view, vi.view);
+           self.decoder.append(ki.view, vi.view, mask_view(mask));
          },
-         py::arg("k"), py::arg("v"))
+         py::arg("k"), py::arg("v"), py::arg("key_mask") = py::none(),
+         "Appends T tokens k [B, H, T, D], v [B, H, T, Dv]; key_mask [B, T] (nonzero = the "
+         "token takes part): a masked token leaves its row's state as it was (no key, no "
+         "decay step).")
       .def(
           "query",
           [](Self& self, const py::handle& q) {
@@ -52,6 +92,15 @@ py::class_<Locked<D>> bind_streaming_decoder(py::module_& m, const char* name) {
              std::lock_guard<std::mutex> lock(self.mutex);
              self.decoder.reset();
            })
+      .def(
+          "select",
+          [](Self& self, const std::vector<int64_t>& indices) {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            self.decoder.select(indices);
+          },
+          py::arg("indices"),
+          "Keeps batch rows indices[0], indices[1], ... in that order (rows may repeat or be "
+          "dropped); the new batch is len(indices), as a beam-search cache reorders.")
       .def_property_readonly("position", [](Self& s) { return s.decoder.position(); })
       .def_property_readonly("batch", [](Self& s) { return s.decoder.batch(); })
       .def_property_readonly("heads", [](Self& s) { return s.decoder.heads(); })

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "cpu/attention_params.hpp"
 #include "favor/attention.hpp"
 #include "favor/estimators.hpp"
 #include "favor/projection.hpp"
+#include "kernels/attention_params.hpp"
 
 namespace favor::detail {
 

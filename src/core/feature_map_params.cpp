@@ -22,10 +22,10 @@ uint64_t mix(uint64_t h, const std::vector<T>& values) {
   return mix(h, &n, sizeof n);
 }
 
-cpu::KeyNorm key_norm(Kernel kernel) {
-  if (kernel == Kernel::trig) return cpu::KeyNorm::plus_half;
-  if (kernel == Kernel::hedgehog) return cpu::KeyNorm::none;
-  return cpu::KeyNorm::minus_half;
+kernels::KeyNorm key_norm(Kernel kernel) {
+  if (kernel == Kernel::trig) return kernels::KeyNorm::plus_half;
+  if (kernel == Kernel::hedgehog) return kernels::KeyNorm::none;
+  return kernels::KeyNorm::minus_half;
 }
 
 // Everything but the FAVOR++ / FAVOR# projection (set by the callers).
@@ -76,8 +76,8 @@ uint64_t ResolvedMap::fingerprint() const {
   return h;
 }
 
-cpu::FeatureParams ResolvedMap::params() const {
-  cpu::FeatureParams p;
+kernels::FeatureParams ResolvedMap::params() const {
+  kernels::FeatureParams p;
   p.kernel = kernel;
   p.m = m;
   p.d = d;

@@ -8,10 +8,10 @@
 
 #include "core/adapted.hpp"
 #include "core/validate.hpp"
-#include "cpu/feature_params.hpp"
 #include "favor/attention.hpp"
 #include "favor/decoder.hpp"
 #include "favor/feature_map.hpp"
+#include "kernels/feature_params.hpp"
 
 namespace favor::detail {
 
@@ -30,7 +30,7 @@ struct ResolvedMap {
   std::vector<double> decay_rate;  // [decay_sets]: -log gamma, or empty (no decay)
   int64_t decay_sets = 1;
 
-  cpu::FeatureParams params() const;
+  kernels::FeatureParams params() const;
   /// A hash of every parameter above, for saved contexts (computed on demand: it reads all
   /// the parameters, so calls without a context do not pay for it).
   uint64_t fingerprint() const;

@@ -20,7 +20,7 @@ std::vector<float> reduce_sets(const std::vector<float>& per_bh, int64_t batch_h
 }  // namespace
 
 ParameterGrads::ParameterGrads(const ResolvedMap& resolved, const FeatureMap& map,
-                               const AttentionShape& s, bool wanted, cpu::BackwardParams& bp)
+                               const AttentionShape& s, bool wanted, kernels::BackwardParams& bp)
     : resolved_(resolved), batch_heads_(s.batch * s.heads), wanted_(wanted) {
   if (!wanted) return;
   const int64_t m = resolved.m, d = resolved.d, bhs = batch_heads_;

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "core/feature_map_params.hpp"
-#include "cpu/attention_params.hpp"
 #include "favor/backward.hpp"
+#include "kernels/attention_params.hpp"
 
 namespace favor::detail {
 
@@ -15,7 +15,7 @@ class ParameterGrads {
   /// Points bp's gradient outputs at buffers for what `map` and the decay have (nothing when
   /// `wanted` is false).
   ParameterGrads(const ResolvedMap& resolved, const FeatureMap& map, const AttentionShape& s,
-                 bool wanted, cpu::BackwardParams& bp);
+                 bool wanted, kernels::BackwardParams& bp);
   /// Reduces the buffers into g (chain rules: FAVOR++ / FAVOR# transform, lambda from
   /// log lambda^2, gamma from -log gamma).
   void finish(const FeatureMap& map, AttentionGrads& g) const;

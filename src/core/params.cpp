@@ -2,14 +2,12 @@
 
 #include <cmath>
 
-#include "favor/runtime.hpp"
-
 namespace favor::detail {
 
-cpu::AttentionParams attention_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                                      const AttentionShape& s, double scale,
-                                      const std::optional<KeyMaskView>& mask) {
-  cpu::AttentionParams p{};
+kernels::AttentionParams attention_params(const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const AttentionShape& s,
+                                          double scale, const std::optional<KeyMaskView>& mask) {
+  kernels::AttentionParams p{};
   p.q = q.data;
   p.q_strides = q.strides;
   p.k = k.data;
@@ -28,7 +26,6 @@ cpu::AttentionParams attention_params(const TensorView& q, const TensorView& k, 
     p.mask_stride_b = mask->stride_b;
     p.mask_stride_n = mask->stride_n;
   }
-  p.threads = num_threads();
   return p;
 }
 

@@ -4,14 +4,14 @@
 #include <optional>
 
 #include "core/validate.hpp"
-#include "cpu/attention_params.hpp"
+#include "kernels/attention_params.hpp"
 
 namespace favor::detail {
 
-/// q, k, v views, sizes, sqrt(scale), the mask and the thread count; the caller adds the
+/// q, k, v views, sizes, sqrt(scale) and the mask; the caller adds the
 /// output, the projection and the kernel.
-cpu::AttentionParams attention_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                                      const AttentionShape& s, double scale,
-                                      const std::optional<KeyMaskView>& mask);
+kernels::AttentionParams attention_params(const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const AttentionShape& s,
+                                          double scale, const std::optional<KeyMaskView>& mask);
 
 }  // namespace favor::detail

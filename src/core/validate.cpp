@@ -155,6 +155,16 @@ AttentionShape check_slice_inputs(const TensorView& q, const TensorView& k, cons
   return check_inputs(q, k, v, causal, mask, true);
 }
 
+void check_key_mask(const KeyMaskView& mask, int64_t batch, int64_t n, const char* n_name) {
+  if (mask.data == nullptr && n > 0) throw Error("key_mask: data pointer is null");
+  if (mask.batch != batch || mask.n != n) {
+    throw Error("key_mask: shape [" + std::to_string(mask.batch) + ',' + std::to_string(mask.n) +
+                "] must be [B, " + n_name + "] = [" + std::to_string(batch) + ',' +
+                std::to_string(n) + ']');
+  }
+  if (mask.stride_b < 0 || mask.stride_n < 0) throw Error("key_mask: strides must be non-negative");
+}
+
 AttentionShape check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                             bool causal, const std::optional<KeyMaskView>& mask, bool empty_n) {
   check_view(q, "q", empty_n);
@@ -175,16 +185,7 @@ AttentionShape check_inputs(const TensorView& q, const TensorView& k, const Tens
   if (causal && q.shape[2] != k.shape[2]) {
     throw Error("q " + qs + ", k " + ks + ": causal attention needs Nq == Nk");
   }
-  if (mask) {
-    if (mask->data == nullptr && k.shape[2] > 0) throw Error("key_mask: data pointer is null");
-    if (mask->batch != k.shape[0] || mask->n != k.shape[2]) {
-      throw Error("key_mask: shape [" + std::to_string(mask->batch) + ',' +
-                  std::to_string(mask->n) + "] must be [B, Nk] = [" + std::to_string(k.shape[0]) +
-                  ',' + std::to_string(k.shape[2]) + ']');
-    }
-    if (mask->stride_b < 0 || mask->stride_n < 0)
-      throw Error("key_mask: strides must be non-negative");
-  }
+  if (mask) check_key_mask(*mask, k.shape[0], k.shape[2], "Nk");
   check_finite(q, "q");
   check_finite(k, "k");
   check_finite(v, "v");

@@ -23,6 +23,9 @@ void check_output(const MutableTensorView& out, const Shape4& expected, const st
 /// dim_name names the last extent in the message ("D", "Dv").
 void check_step(const TensorView& t, int64_t batch, int64_t heads, int64_t dim,
                 const std::string& name, const std::string& dim_name);
+/// A key mask [batch, n] (n_name names n in the message: "Nk", "T"): non-null data when
+/// n > 0, non-negative strides.
+void check_key_mask(const KeyMaskView& mask, int64_t batch, int64_t n, const char* n_name);
 /// The output [B, H, Nq, Dv] of an attention call that allocates it, from q and v (each
 /// checked as a view; the callee validates the rest).
 Tensor attention_output(const TensorView& q, const TensorView& v);

@@ -47,15 +47,15 @@ void check_vq_options(double tau, int64_t block) {
   }
 }
 
-cpu::VQParams vq_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                        const TensorView& codebook, const VQOptions& options,
-                        std::vector<float>& codebook_copy, AttentionShape* shape, bool slices) {
+kernels::VQParams vq_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& codebook, const VQOptions& options,
+                            std::vector<float>& codebook_copy, AttentionShape* shape, bool slices) {
   const AttentionShape s = check_inputs(q, k, v, options.causal, options.key_mask, slices);
   check_codebook(codebook, s.heads, s.d);
   check_vq_options(options.tau, options.block);
   const double scale = resolve_scale(options.scale, s.d);
   codebook_copy = contiguous_codebook(codebook);
-  cpu::VQParams p{};
+  kernels::VQParams p{};
   p.base = attention_params(q, k, v, s, scale, options.key_mask);
   p.codebook = codebook_copy.data();
   p.codes = codebook.shape[2];

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "core/validate.hpp"
-#include "cpu/vq_params.hpp"
 #include "favor/vq.hpp"
+#include "kernels/vq_params.hpp"
 
 namespace favor::detail {
 
@@ -25,9 +25,9 @@ void check_vq_options(double tau, int64_t block);
 /// Validates q, k, v, the mask, the codebook and the options together; fills the params
 /// (the codebook pointing into `codebook_copy`, which the caller keeps alive). The caller
 /// adds the output. With slices, Nq = 0 and Nk = 0 are allowed (sequence-parallel attention).
-cpu::VQParams vq_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                        const TensorView& codebook, const VQOptions& options,
-                        std::vector<float>& codebook_copy, AttentionShape* shape = nullptr,
-                        bool slices = false);
+kernels::VQParams vq_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& codebook, const VQOptions& options,
+                            std::vector<float>& codebook_copy, AttentionShape* shape = nullptr,
+                            bool slices = false);
 
 }  // namespace favor::detail

@@ -139,11 +139,11 @@ int64_t run_block(const AttentionParams& p, bool causal, int64_t b, int64_t h, i
 }
 
 template <class T>
-int64_t run(const AttentionParams& p, bool causal) {
+int64_t run(const AttentionParams& p, bool causal, int max_threads) {
   // Work items are (head, query block) pairs, so one long head also uses every thread.
   const int64_t qblocks = (p.nq + kQueryBlock - 1) / kQueryBlock;
   const int64_t items = p.batch * p.heads * qblocks;
-  const int threads = static_cast<int>(std::min<int64_t>(p.threads, items));
+  const int threads = static_cast<int>(std::min<int64_t>(max_threads, items));
   std::vector<Workspace<T>> spaces = make_workspaces<Workspace<T>>(threads, p.d, p.dv);
   int64_t empty_rows = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : empty_rows)
@@ -161,11 +161,11 @@ int64_t run(const AttentionParams& p, bool causal) {
 
 }  // namespace
 
-int64_t exact_attention_f32(const AttentionParams& p, bool causal) {
-  return run<float>(p, causal);
+int64_t exact_attention_f32(const AttentionParams& p, bool causal, const Config& config) {
+  return run<float>(p, causal, config.threads);
 }
-int64_t exact_attention_f64(const AttentionParams& p, bool causal) {
-  return run<double>(p, causal);
+int64_t exact_attention_f64(const AttentionParams& p, bool causal, const Config& config) {
+  return run<double>(p, causal, config.threads);
 }
 
 }  // namespace favor::cpu

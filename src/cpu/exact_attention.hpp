@@ -6,9 +6,9 @@
 namespace favor::cpu {
 
 /// Returns the number of rows with no visible key (written as zeros).
-int64_t exact_attention_f32(const AttentionParams& p, bool causal);
-int64_t exact_attention_f64(const AttentionParams& p, bool causal);
+int64_t exact_attention_f32(const AttentionParams& p, bool causal, const Config& config);
+int64_t exact_attention_f64(const AttentionParams& p, bool causal, const Config& config);
 /// Gradients of exact attention (float32, blockwise, from the row log-sum-exp).
-void exact_attention_backward(const BackwardParams& p, bool causal);
+void exact_attention_backward(const BackwardParams& p, bool causal, const Config& config);
 
 }  // namespace favor::cpu

@@ -170,12 +170,12 @@ void key_block(const BackwardParams& bp, bool causal, int64_t b, int64_t h, Rows
 
 }  // namespace
 
-void exact_attention_backward(const BackwardParams& bp, bool causal) {
+void exact_attention_backward(const BackwardParams& bp, bool causal, const Config& config) {
   const AttentionParams& p = bp.fwd;
   const int64_t heads = p.batch * p.heads;
   const int64_t qblocks = (p.nq + kBlock - 1) / kBlock, kblocks = (p.nk + kBlock - 1) / kBlock;
   const int threads =
-      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.threads, heads * qblocks)));
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(config.threads, heads * qblocks)));
   std::vector<Workspace> spaces = make_workspaces<Workspace>(threads, p.d, p.dv);
   std::vector<float> lse(static_cast<size_t>(heads * p.nq)), dd(static_cast<size_t>(heads * p.nq));
 #pragma omp parallel num_threads(threads)

@@ -138,10 +138,10 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& ws) {
 
 }  // namespace
 
-void favor_backward_bidirectional(const BackwardParams& bp) {
+void favor_backward_bidirectional(const BackwardParams& bp, const Config& config) {
   const AttentionParams& p = bp.fwd;
   backward_over_heads<Workspace>(
-      p.batch * p.heads, p.threads,
+      p.batch * p.heads, config.threads,
       [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d,
       p.map.m, p.map.features(), p.dv);
 }

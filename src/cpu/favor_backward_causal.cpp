@@ -271,10 +271,10 @@ HeadStore store_of(const BackwardParams& bp, CausalBackwardStore& store, int64_t
 
 }  // namespace
 
-void favor_backward_causal(const BackwardParams& bp) {
+void favor_backward_causal(const BackwardParams& bp, const Config& config) {
   const AttentionParams& p = bp.fwd;
   backward_over_heads<Workspace>(
-      p.batch * p.heads, p.threads,
+      p.batch * p.heads, config.threads,
       [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d,
       p.map.m, p.map.features(), p.dv, p.nq, bp.drate != nullptr);
 }
@@ -288,7 +288,8 @@ void CausalBackwardStore::reserve(int64_t heads, int64_t n, int64_t features, in
   r_max.assign(static_cast<size_t>(heads), -INFINITY);
 }
 
-void favor_backward_causal_phase_a(const BackwardParams& bp, CausalBackwardStore& store) {
+void favor_backward_causal_phase_a(const BackwardParams& bp, const Config& config,
+                                   CausalBackwardStore& store) {
   const AttentionParams& p = bp.fwd;
   const int64_t heads = p.batch * p.heads, F = p.map.features(), ld = p.dv + 1;
   store.reserve(heads, p.nq, F, p.dv);
@@ -297,7 +298,7 @@ void favor_backward_causal_phase_a(const BackwardParams& bp, CausalBackwardStore
   }
   if (p.nq == 0) return;
   backward_over_heads<Workspace>(
-      heads, p.threads,
+      heads, config.threads,
       [&](int64_t bh, Workspace& ws) {
         sweep_a(bp, bh / p.heads, bh % p.heads, ws, store_of(bp, store, bh),
                 store.r.data() + bh * F * ld);
@@ -305,13 +306,14 @@ void favor_backward_causal_phase_a(const BackwardParams& bp, CausalBackwardStore
       p.d, p.map.m, F, p.dv, int64_t{0}, bp.drate != nullptr);
 }
 
-void favor_backward_causal_phase_b(const BackwardParams& bp, CausalBackwardStore& store,
-                                   const float* suffix_r, const double* suffix_ref) {
+void favor_backward_causal_phase_b(const BackwardParams& bp, const Config& config,
+                                   CausalBackwardStore& store, const float* suffix_r,
+                                   const double* suffix_ref) {
   const AttentionParams& p = bp.fwd;
   const int64_t F = p.map.features(), ld = p.dv + 1;
   if (p.nq == 0) return;
   backward_over_heads<Workspace>(
-      p.batch * p.heads, p.threads,
+      p.batch * p.heads, config.threads,
       [&](int64_t bh, Workspace& ws) {
         sweep_b(bp, bh / p.heads, bh % p.heads, ws, store_of(bp, store, bh), suffix_r + bh * F * ld,
                 suffix_ref[bh]);

@@ -102,9 +102,9 @@ int64_t attend_queries(const AttentionParams& p, int64_t b, int64_t h, int64_t b
 
 }  // namespace
 
-int64_t favor_bidirectional(const AttentionParams& p) {
+int64_t favor_bidirectional(const AttentionParams& p, const Config& config) {
   const int64_t F = p.map.features();
-  const Schedule plan = make_schedule(p.batch * p.heads, p.threads);
+  const Schedule plan = make_schedule(p.batch * p.heads, config.threads);
   std::vector<Workspace> spaces = make_workspaces<Workspace>(plan.team, p.d, p.map.m, F, p.dv);
   if (plan.parts == 1) {
     return for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {

@@ -1,4 +1,4 @@
-// Causal FAVOR attention in chunks of C = kChunk tokens (p.chunk), per (batch, head):
+// Causal FAVOR attention in chunks of C = kChunk tokens (Config::chunk), per (batch, head):
 //   [Y_c | den_c] = [phi(Q_c) | tril(phi(Q_c) phi(K_c)^T)] [S_{<c} | s_{<c} ; V_c | 1]
 //   [S | s]_{<c+1} = [S | s]_{<c} + phi(K_c)^T [V_c | 1]
 // The chunk's augmented values sit right below the state in one buffer, so the inter- and
@@ -47,16 +47,16 @@ constexpr double kKeyPassCost = 0.43;
 // Causal sweep over rows [begin, end) of head (b, h), starting from the state in ws.sv
 // (the keys before `begin`, relative to `max`), which it advances. Returns the rows written
 // as zeros.
-int64_t sweep(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end,
-              double& max, ChunkWorkspace& ws) {
+int64_t sweep(const AttentionParams& p, int64_t chunk, int64_t b, int64_t h, int64_t begin,
+              int64_t end, double& max, ChunkWorkspace& ws) {
   const int64_t F = ws.F, dv = p.dv;
   float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
   HeadState state = ws.state();
   state.max = max;
   float* vx = ws.sv.data() + F * (dv + 1);  // the chunk's [V_c | 1], right below the state
   int64_t zero_rows = 0;
-  for (int64_t c0 = begin; c0 < end; c0 += p.chunk) {
-    const int64_t rows = std::min(p.chunk, end - c0);
+  for (int64_t c0 = begin; c0 < end; c0 += chunk) {
+    const int64_t rows = std::min(chunk, end - c0);
     load_chunk(p, b, h, c0, rows, vx, ws);
     const bool moved = chunk_key_features(p, rows, state.max, ws);
     state.copy_normaliser(ws.s.data());
@@ -127,16 +127,16 @@ std::vector<int64_t> segment_bounds(int64_t n, int64_t parts) {
 
 }  // namespace
 
-int64_t favor_causal(const AttentionParams& p) {
+int64_t favor_causal(const AttentionParams& p, const Config& config) {
   const int64_t F = p.map.features();
-  const Schedule plan = make_schedule(p.batch * p.heads, p.threads);
+  const Schedule plan = make_schedule(p.batch * p.heads, config.threads);
   std::vector<ChunkWorkspace> spaces =
       make_workspaces<ChunkWorkspace>(plan.team, p.d, p.map.m, F, p.dv);
   if (plan.parts == 1) {
     return for_each_head(plan, spaces, [&](int64_t bh, ChunkWorkspace& ws) {
       HeadState state = ws.state();
       initial_state(p, bh, state);
-      return sweep(p, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
+      return sweep(p, config.chunk, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
     });
   }
 
@@ -167,7 +167,7 @@ int64_t favor_causal(const AttentionParams& p) {
         state.add(local);
       }
       published.publish(task, state);
-      zero_rows += sweep(p, b, h, bounds[seg], bounds[seg + 1], state.max, ws);
+      zero_rows += sweep(p, config.chunk, b, h, bounds[seg], bounds[seg + 1], state.max, ws);
     }
   }
   return zero_rows;

@@ -10,7 +10,7 @@
 // formed), and their feature weights' log weights (KeyRows).
 #include <cstdint>
 
-#include "cpu/feature_params.hpp"
+#include "cpu/contract.hpp"
 #include "favor/features.hpp"
 
 namespace favor::cpu {

@@ -9,7 +9,7 @@
 // denominator below by 1.
 #include <cstdint>
 
-#include "cpu/feature_params.hpp"
+#include "cpu/contract.hpp"
 #include "favor/features.hpp"
 
 namespace favor::cpu {

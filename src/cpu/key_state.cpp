@@ -103,9 +103,10 @@ struct KeyStateSpace {
 
 }  // namespace
 
-void key_states(const AttentionParams& p, float* states, double* maxima, float* distance) {
+void key_states(const AttentionParams& p, const Config& config, float* states, double* maxima,
+                float* distance) {
   const int64_t F = p.map.features(), ld = p.dv + 1;
-  const Schedule plan = heads_only(p.batch * p.heads, p.threads);
+  const Schedule plan = heads_only(p.batch * p.heads, config.threads);
   std::vector<KeyStateSpace> spaces =
       make_workspaces<KeyStateSpace>(plan.team, p.d, p.map.m, F, p.dv, distance != nullptr);
   for_each_head(plan, spaces, [&](int64_t bh, KeyStateSpace& ws) {

@@ -183,11 +183,12 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
 
 }  // namespace
 
-void vq_backward_bidirectional(const VQBackwardParams& bp) {
+void vq_backward_bidirectional(const VQBackwardParams& bp, const Config& config) {
   const VQParams& p = bp.fwd;
   const std::vector<CodeTable> tables = all_code_tables(p);
   vq_backward_over_heads<Workspace>(
-      bp, [&](int64_t bh, Workspace& ws, float* dC) { run_head(bp, tables, bh, ws, dC); }, p.codes,
+      bp, config.threads,
+      [&](int64_t bh, Workspace& ws, float* dC) { run_head(bp, tables, bh, ws, dC); }, p.codes,
       p.base.d, p.base.dv, p.tau == 0.0f, p.base.nk, bp.code_sums_out != nullptr);
 }
 
@@ -196,12 +197,12 @@ int64_t vq_code_sums_size(const VQParams& p) {
   return c * (dv + 1) + (p.tau == 0.0f ? c * d * (dv + 1) : 0);
 }
 
-void vq_backward_keys(const VQBackwardParams& bp, const float* sums) {
+void vq_backward_keys(const VQBackwardParams& bp, const Config& config, const float* sums) {
   const VQParams& p = bp.fwd;
   const std::vector<CodeTable> tables = all_code_tables(p);
   const int64_t size = vq_code_sums_size(p);
   vq_backward_over_heads<Workspace>(
-      bp,
+      bp, config.threads,
       [&](int64_t bh, Workspace& ws, float* dC) {
         ws.routes.reset();  // every code on the moment route, numbered as in the codebook
         ws.routes.finish();

@@ -230,12 +230,13 @@ void run_head(const VQBackwardParams& bp, const std::vector<CodeTable>& tables, 
 
 }  // namespace
 
-void vq_backward_causal(const VQBackwardParams& bp) {
+void vq_backward_causal(const VQBackwardParams& bp, const Config& config) {
   const VQParams& p = bp.fwd;
   const std::vector<CodeTable> tables = all_code_tables(p);
   const int64_t L = std::min(p.block, std::max<int64_t>(p.base.nq, 1));
   vq_backward_over_heads<Workspace>(
-      bp, [&](int64_t bh, Workspace& ws, float* dC) { run_head(bp, tables, bh, ws, dC); }, p.codes,
+      bp, config.threads,
+      [&](int64_t bh, Workspace& ws, float* dC) { run_head(bp, tables, bh, ws, dC); }, p.codes,
       p.base.d, p.base.dv, p.tau == 0.0f, L, p.base.nq, bp.code_sums_out != nullptr);
 }
 

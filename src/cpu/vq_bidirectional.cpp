@@ -58,10 +58,10 @@ int64_t attend_queries(const VQParams& p, int64_t b, int64_t h, const float* cod
 
 }  // namespace
 
-int64_t vq_bidirectional(const VQParams& p) {
+int64_t vq_bidirectional(const VQParams& p, const Config& config) {
   const int64_t size = p.codes * (p.base.dv + 1);
   return vq_forward_over_heads(
-      p, kRowTile,
+      p, config.threads, kRowTile,
       [&](int64_t b, int64_t h, const float* codebook, const CodeTable& table, VQWorkspace& ws) {
         if (p.init_states) {  // every rank's keys, summed by the caller
           const float* given = p.init_states + (b * p.base.heads + h) * size;
@@ -73,10 +73,10 @@ int64_t vq_bidirectional(const VQParams& p) {
       });
 }
 
-void vq_key_states(const VQParams& p, float* states) {
+void vq_key_states(const VQParams& p, const Config& config, float* states) {
   const int64_t size = p.codes * (p.base.dv + 1);
   vq_forward_over_heads(
-      p, kRowTile,
+      p, config.threads, kRowTile,
       [&](int64_t b, int64_t h, const float*, const CodeTable& table, VQWorkspace& ws) {
         key_state(p, b, h, table, ws);
         std::copy(ws.state(), ws.state() + size, states + (b * p.base.heads + h) * size);

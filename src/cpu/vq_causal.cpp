@@ -98,9 +98,9 @@ int64_t head(const VQParams& p, int64_t b, int64_t h, const float* codebook, con
 
 }  // namespace
 
-int64_t vq_causal(const VQParams& p) {
+int64_t vq_causal(const VQParams& p, const Config& config) {
   return vq_forward_over_heads(
-      p, std::min(p.block, p.base.nq),
+      p, config.threads, std::min(p.block, p.base.nq),
       [&](int64_t b, int64_t h, const float* codebook, const CodeTable& table, VQWorkspace& ws) {
         return head(p, b, h, codebook, table, ws);
       });

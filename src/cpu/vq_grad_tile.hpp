@@ -73,14 +73,15 @@ void load_code_sums(const VQParams& p, const float* sums, Workspace& ws) {
 }
 
 /// The backward kernels' driver: run_head(bh, workspace, dC) for every (batch, head), heads
-/// spread over the threads. dC is the head's own slice of dL/dC (null when not asked); the
-/// slices are summed into bp.dcodebook afterwards in head order, so the result is the same
-/// for any thread count (the price: B H c d floats while the codebook gradient is asked).
+/// spread over up to `threads` threads. dC is the head's own slice of dL/dC (null when not asked);
+/// the slices are summed into bp.dcodebook afterwards in head order, so the result is the same for
+/// any thread count (the price: B H c d floats while the codebook gradient is asked).
 template <class Workspace, class RunHead, class... Args>
-void vq_backward_over_heads(const VQBackwardParams& bp, RunHead run_head, const Args&... args) {
+void vq_backward_over_heads(const VQBackwardParams& bp, int threads, RunHead run_head,
+                            const Args&... args) {
   const AttentionParams& a = bp.fwd.base;
   const int64_t heads = a.batch * a.heads, slice = bp.fwd.codes * a.d;
-  const Schedule plan = heads_only(heads, a.threads);
+  const Schedule plan = heads_only(heads, threads);
   std::vector<Workspace> spaces = make_workspaces<Workspace>(plan.team, args...);
   std::vector<float> dc(bp.dcodebook ? static_cast<size_t>(heads * slice) : 0);
   for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {

@@ -1,69 +1,32 @@
 #pragma once
-// The params structs of the Transformer-VQ kernels: the attention params (q, k, v, out,
-// sizes, mask, threads) plus the codebook. The facades (src/vq_attention.cpp,
-// src/vq_backward.cpp) validate and fill them; kernels never throw.
+// The CPU Transformer-VQ kernels: the contract's params (kernels/vq_params.hpp) and the CPU
+// configuration (cpu/config.hpp).
 #include <cstdint>
 
 #include "cpu/attention_params.hpp"
+#include "kernels/vq_params.hpp"
 
 namespace favor::cpu {
 
-struct VQParams {
-  AttentionParams base;   // w, m, kernel, sqrt_scale unused
-  const float* codebook;  // [Hc][c][d], C-contiguous (the facade copies a strided view)
-  int64_t codes;
-  int64_t codebook_head_stride;  // c * d, or 0 when one codebook is shared by all heads
-  float scale;                   // logits are scale * q . C_s
-  float tau;                     // 0: hard VQ
-  int64_t block;                 // causal block length L >= 1
-  // Sequence-parallel attention (favor/sequence_parallel.hpp): per head the per-code sums
-  // [Vsum | n] (B*H x c x (dv + 1)): bidirectional, of every rank's keys (the key pass is
-  // skipped); causal, of the keys before key 0 (the earlier ranks' keys). Plain sums of key
-  // weights in [0, 1]: no stabiliser.
-  const float* init_states = nullptr;
-
-  const float* head_codebook(int64_t bh) const {
-    return codebook + (bh % base.heads) * codebook_head_stride;
-  }
-};
-
-/// The backward pass: the forward's params plus dy and the gradient outputs, C-contiguous
-/// [B, H, N, X] and zero-initialised by the caller.
-struct VQBackwardParams {
-  VQParams fwd;
-  const float* dy;
-  Shape4 dy_strides;
-  float* dq;
-  float* dk;
-  float* dv;
-  float* dcodebook;  // [Hc][c][d], accumulated (summed over batch, and over heads if shared); null
-                     // if not asked
-  // Sequence-parallel backward (favor/sequence_parallel.hpp); fwd.init_states gives the key
-  // sums as in the forward pass. With code_sums_out, every code takes the moment route (hard
-  // VQ) and each head's query-side sums of this call's queries are written there
-  // (vq_code_sums_size floats, [U | r | T | w], cpu/vq_grad_tile.hpp save_code_sums).
-  // Bidirectional, only the query pass runs (dq, the logit part of dC): the keys wait for
-  // vq_backward_keys with the sums of every rank. Causal, both sweeps run (the reverse one
-  // over this call's queries only); the later ranks' part follows by vq_backward_keys.
-  float* code_sums_out = nullptr;
-};
+using kernels::VQBackwardParams;
+using kernels::VQParams;
 
 /// Bidirectional and causal VQ attention; return the number of rows written as zeros.
-int64_t vq_bidirectional(const VQParams& p);
-int64_t vq_causal(const VQParams& p);
+int64_t vq_bidirectional(const VQParams& p, const Config& config);
+int64_t vq_causal(const VQParams& p, const Config& config);
 /// Gradients of bidirectional and causal VQ attention.
-void vq_backward_bidirectional(const VQBackwardParams& p);
-void vq_backward_causal(const VQBackwardParams& p);
+void vq_backward_bidirectional(const VQBackwardParams& p, const Config& config);
+void vq_backward_causal(const VQBackwardParams& p, const Config& config);
 
 /// Sequence-parallel pieces (favor/sequence_parallel.hpp). Per head, [Vsum | n] of every
 /// visible key (B*H x c x (dv + 1)).
-void vq_key_states(const VQParams& p, float* states);
+void vq_key_states(const VQParams& p, const Config& config, float* states);
 /// Floats per head of the query-side sums: U (c x dv) and r (c); hard VQ adds the moments
 /// T (c x d x dv) and w (c x d) of every code.
 int64_t vq_code_sums_size(const VQParams& p);
 /// The key pass for given query-side sums (per head, vq_code_sums_size floats, from queries
 /// that see every key of the call): adds their part to dv, dk and the assignment part of
 /// dcodebook (soft VQ).
-void vq_backward_keys(const VQBackwardParams& p, const float* sums);
+void vq_backward_keys(const VQBackwardParams& p, const Config& config, const float* sums);
 
 }  // namespace favor::cpu

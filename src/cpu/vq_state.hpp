@@ -73,13 +73,13 @@ void add_to_state(const VQParams& p, int64_t rows, const float* vx, const char* 
 float code_weights(const float* L, const float* log_n, int64_t codes, float* x);
 
 /// The forward kernels' driver: run_head(b, h, codebook, table, ws) for every (batch, head),
-/// one task per head (heads_only), workspaces of `rows` rows; returns the sum of run_head's
-/// results (rows written as zeros).
+/// one task per head (heads_only, up to `threads`), workspaces of `rows` rows; returns the sum of
+/// run_head's results (rows written as zeros).
 template <class RunHead>
-int64_t vq_forward_over_heads(const VQParams& p, int64_t rows, RunHead run_head) {
+int64_t vq_forward_over_heads(const VQParams& p, int threads, int64_t rows, RunHead run_head) {
   const AttentionParams& a = p.base;
   const std::vector<CodeTable> tables = all_code_tables(p);
-  const Schedule plan = heads_only(a.batch * a.heads, a.threads);
+  const Schedule plan = heads_only(a.batch * a.heads, threads);
   std::vector<VQWorkspace> spaces =
       make_workspaces<VQWorkspace>(plan.team, a.d, p.codes, a.dv, rows);
   return for_each_head(plan, spaces, [&](int64_t bh, VQWorkspace& ws) {

@@ -1,7 +1,8 @@
 #pragma once
-// The feature map as the kernels see it: one plain struct of pointers and counts, filled by
-// the facades from a validated favor::FeatureMap (core/feature_map_params.hpp). Every kernel
-// (bidirectional, causal, backward, decoder) reads the map only through it.
+// The feature map as the kernels see it, part of the device-neutral kernel contract
+// (src/kernels/): one plain struct of pointers and counts, filled by the facades from a
+// validated favor::FeatureMap (core/feature_map_params.hpp). Every kernel (bidirectional,
+// causal, backward, decoder) of every backend reads the map only through it.
 //
 // Per-head parameters come in sets of 1, H or B*H; head bh = b * H + h uses set bh % sets
 // (bh % H = h, bh % (B*H) = bh, bh % 1 = 0).
@@ -9,7 +10,7 @@
 
 #include "favor/features.hpp"
 
-namespace favor::cpu {
+namespace favor::kernels {
 
 /// The per-key log weight that does not depend on the projection: -|y|^2/2 (positive family),
 /// +|y|^2/2 (trig) or none (hedgehog, a learned map).
@@ -51,4 +52,4 @@ struct FeatureParams {
   }
 };
 
-}  // namespace favor::cpu
+}  // namespace favor::kernels

@@ -1,0 +1,38 @@
+#pragma once
+/// \file decoder_state.hpp
+/// The streaming state of a Decoder or VQDecoder as plain arrays: read with state(), written
+/// back with load_state() (checked), e.g. to save a generation cache or move it elsewhere.
+#include <cstdint>
+#include <vector>
+
+namespace favor {
+
+/// A favor::Decoder's state. Arrays are row-major; head bh = b * heads + h.
+struct DecoderState {
+  int64_t batch = 0, heads = 0, features = 0, dv = 0;
+  /// Tokens appended so far, masked ones included (Decoder::position()).
+  int64_t position = 0;
+  /// [batch]: unmasked tokens appended to each batch row, the row's decay clock (key j of
+  /// row b is weighted gamma^-row_positions[b] at its append). In [0, position].
+  std::vector<int64_t> row_positions;
+  /// [batch][heads][features][dv + 1]: [S | s] = sum phi(k) [v | 1]^T relative to
+  /// exp(log_max); finite.
+  std::vector<float> sums;
+  /// [batch][heads]: the stabiliser: the true sums are exp(log_max) * sums. -inf: no key
+  /// yet (sums of that head all zero); never NaN or +inf.
+  std::vector<double> log_max;
+};
+
+/// A favor::VQDecoder's state. Arrays are row-major; head bh = b * heads + h.
+struct VQDecoderState {
+  int64_t batch = 0, heads = 0, codes = 0, dv = 0;
+  /// Tokens appended so far, masked ones included (VQDecoder::position()).
+  int64_t position = 0;
+  /// [batch][heads][codes][dv]: per code, the sum of the values of its keys (soft VQ:
+  /// weighted by p(s|k)); finite.
+  std::vector<float> sums;
+  /// [batch][heads][codes]: per code, its key count (soft VQ: sum of p(s|k)); finite, >= 0.
+  std::vector<float> counts;
+};
+
+}  // namespace favor

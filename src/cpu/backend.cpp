@@ -1,0 +1,59 @@
+// The CPU entry of the kernel seam (kernels/backend.hpp): each kernel with the configuration
+// of favor's runtime, read at every call (set_num_threads takes effect at once).
+#include "kernels/backend.hpp"
+
+#include "cpu/attention_params.hpp"
+#include "cpu/config.hpp"
+#include "cpu/decoder_step.hpp"
+#include "cpu/exact_attention.hpp"
+#include "cpu/vq_params.hpp"
+
+namespace favor::cpu {
+namespace {
+
+class CpuBackend final : public kernels::Backend {
+ public:
+  int64_t favor_bidirectional(const AttentionParams& p) override {
+    return cpu::favor_bidirectional(p, runtime_config());
+  }
+  int64_t favor_causal(const AttentionParams& p) override {
+    return cpu::favor_causal(p, runtime_config());
+  }
+  void favor_backward_bidirectional(const BackwardParams& p) override {
+    cpu::favor_backward_bidirectional(p, runtime_config());
+  }
+  void favor_backward_causal(const BackwardParams& p) override {
+    cpu::favor_backward_causal(p, runtime_config());
+  }
+  int64_t exact_attention(const AttentionParams& p, bool causal, bool in_double) override {
+    return in_double ? exact_attention_f64(p, causal, runtime_config())
+                     : exact_attention_f32(p, causal, runtime_config());
+  }
+  void exact_attention_backward(const BackwardParams& p, bool causal) override {
+    cpu::exact_attention_backward(p, causal, runtime_config());
+  }
+  int64_t vq_bidirectional(const VQParams& p) override {
+    return cpu::vq_bidirectional(p, runtime_config());
+  }
+  int64_t vq_causal(const VQParams& p) override { return cpu::vq_causal(p, runtime_config()); }
+  void vq_backward_bidirectional(const VQBackwardParams& p) override {
+    cpu::vq_backward_bidirectional(p, runtime_config());
+  }
+  void vq_backward_causal(const VQBackwardParams& p) override {
+    cpu::vq_backward_causal(p, runtime_config());
+  }
+  void decoder_append(const DecoderAppend& p) override { cpu::decoder_append(p, runtime_config()); }
+  void decoder_query(const DecoderQuery& p) override { cpu::decoder_query(p, runtime_config()); }
+};
+
+}  // namespace
+}  // namespace favor::cpu
+
+namespace favor::kernels {
+
+Backend& backend() {
+  static cpu::CpuBackend cpu_backend;
+  return cpu_backend;
+}
+
+}  // namespace favor::kernels

@@ -1,0 +1,75 @@
+#pragma once
+// The kernel contract, device-neutral: the plain structs the attention kernels of every
+// backend take (raw pointers, element strides per axis, sizes and precomputed scalars). The
+// facades validate and fill them; kernels never throw. How a backend runs them (threads,
+// chunk length on the CPU: cpu/config.hpp) is the backend's configuration, not part of the
+// contract.
+#include <cstdint>
+
+#include "favor/tensor.hpp"
+#include "kernels/feature_params.hpp"
+
+namespace favor::kernels {
+
+struct AttentionParams {
+  const float* q;
+  Shape4 q_strides;
+  const float* k;
+  Shape4 k_strides;
+  const float* v;
+  Shape4 v_strides;
+  float* out;
+  Shape4 out_strides;
+  int64_t batch, heads, nq, nk, d, dv;
+  FeatureParams map;           // the feature map (cpu/feature_params.hpp)
+  int64_t first_position = 0;  // position of key 0 (decay): the decoder's tokens so far
+  const uint8_t* mask;         // [B, Nk], nonzero = key takes part; null = no mask
+  int64_t mask_stride_b, mask_stride_n;
+  float* ctx_states = nullptr;   // bidirectional: save [S | s] per head here (B*H x F x (dv + 1))
+  double* ctx_maxima = nullptr;  // ... and its max per head
+  // Sequence-parallel attention (favor/sequence_parallel.hpp), per head [S | s] (B*H x F x
+  // (dv + 1)) and its max: bidirectional, the complete key state of every rank (the key pass
+  // is skipped); causal, the state of the keys before key 0 (the earlier ranks' keys).
+  const float* init_states = nullptr;
+  const double* init_maxima = nullptr;
+  // Causal backward with decay gradients: the distance state of the keys before key 0,
+  // sum_{j < 0} (0 - j) phi(k_j) [v_j | 1] relative to init_maxima (B*H x F x (dv + 1)).
+  const float* init_distance = nullptr;
+};
+
+/// The backward pass: the forward's params plus dy and the gradient outputs, which are
+/// C-contiguous [B, H, N, X] and zero-initialised by the caller.
+struct BackwardParams {
+  AttentionParams fwd;
+  const float* dy;
+  Shape4 dy_strides;
+  float* dq;
+  float* dk;
+  float* dv;
+  // dL/dW_h of head bh's projection (map.head_w(bh)) and dL/db_h of its bias, one slice per
+  // (batch, head): [B*H][m][d] and [B*H][m], accumulated; null when not requested. The facade
+  // sums the slices into the parameter sets in head order (core/parameter_grads.hpp), so the
+  // result does not depend on which thread ran which head.
+  float* dw = nullptr;
+  float* dbias = nullptr;
+  // dL/d(log lambda^2) of the feature weights and dL/d(rate) of the decay (rate = -log gamma),
+  // one slice per (batch, head): [B*H][m] and [B*H]; null when not requested. The facade
+  // sums them into the map's parameter sets.
+  float* dlogw = nullptr;
+  double* drate = nullptr;
+  const float* ctx_states = nullptr;  // bidirectional: the forward's saved [S | s] per head
+  const double* ctx_maxima = nullptr;
+  // Sequence-parallel bidirectional backward in two phases: with r_out, only the query pass
+  // runs (dq) and writes each head's R = phi(Q)^T gx (B*H x F x (dv + 1), zeroed by the
+  // caller); with r_in, only the key pass runs (dk, dv) with the given R (summed over ranks).
+  // Positive-family kernels exchange R'_f = s_f R_f, scaled by the (global) key sums
+  // (favor_backward.cpp), so that R' fits float.
+  float* r_out = nullptr;
+  const float* r_in = nullptr;
+
+  /// Head bh's slices of dW and dbias (null when not requested).
+  float* head_dw(int64_t bh) const { return dw ? dw + bh * fwd.map.m * fwd.map.d : nullptr; }
+  float* head_dbias(int64_t bh) const { return dbias ? dbias + bh * fwd.map.m : nullptr; }
+};
+
+}  // namespace favor::kernels

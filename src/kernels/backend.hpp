@@ -1,0 +1,42 @@
+#pragma once
+// The one seam between the facades and a device: the kernels a backend provides, each taking
+// the contract's params (kernels/attention_params.hpp, kernels/vq_params.hpp). The facades
+// validate, fill the params and call backend(); how a backend runs a kernel (the CPU's
+// threads and chunk length) stays inside it. The pattern of favor::Exchange, which keeps MPI
+// out of the sequence-parallel algorithm. Kernels never throw.
+#include <cstdint>
+
+#include "kernels/attention_params.hpp"
+#include "kernels/decoder_params.hpp"
+#include "kernels/vq_params.hpp"
+
+namespace favor::kernels {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// FAVOR attention; return the number of rows written as zeros.
+  virtual int64_t favor_bidirectional(const AttentionParams& p) = 0;
+  virtual int64_t favor_causal(const AttentionParams& p) = 0;
+  /// Gradients of FAVOR attention.
+  virtual void favor_backward_bidirectional(const BackwardParams& p) = 0;
+  virtual void favor_backward_causal(const BackwardParams& p) = 0;
+  /// Exact softmax attention in float or double accumulation; returns the zero rows.
+  virtual int64_t exact_attention(const AttentionParams& p, bool causal, bool in_double) = 0;
+  virtual void exact_attention_backward(const BackwardParams& p, bool causal) = 0;
+  /// Transformer-VQ attention; return the number of rows written as zeros.
+  virtual int64_t vq_bidirectional(const VQParams& p) = 0;
+  virtual int64_t vq_causal(const VQParams& p) = 0;
+  /// Gradients of Transformer-VQ attention.
+  virtual void vq_backward_bidirectional(const VQBackwardParams& p) = 0;
+  virtual void vq_backward_causal(const VQBackwardParams& p) = 0;
+  /// One step of a streaming FAVOR decoder (kernels/decoder_params.hpp).
+  virtual void decoder_append(const DecoderAppend& p) = 0;
+  virtual void decoder_query(const DecoderQuery& p) = 0;
+};
+
+/// The backend the facades call. One entry today: the CPU (src/cpu/backend.cpp), with
+/// favor's runtime configuration (num_threads()).
+Backend& backend();
+
+}  // namespace favor::kernels

@@ -1,0 +1,30 @@
+#pragma once
+// The kernel contract of one streaming FAVOR decoder step (favor::Decoder), device-neutral.
+// The state is, per head bh = b * heads + h, [S | s] (features x (dv + 1)) relative to
+// exp(log_max[bh]). The facade (src/decoder.cpp) validates and fills; kernels never throw.
+#include <cstdint>
+
+#include "kernels/attention_params.hpp"
+
+namespace favor::kernels {
+
+/// Appends step.nk = T tokens step.k, step.v (step.mask: masked tokens are skipped) to the
+/// state. Key j of row b that takes part gets the decay position row_positions[b] + (its
+/// rank among the row's kept tokens of the step).
+struct DecoderAppend {
+  AttentionParams step;          // batch, heads, d, dv, map, k, v, nk, mask
+  const float* wt;               // [map.w_sets][d][m]: W^T per parameter set
+  float* sums;                   // [B*H][F][dv + 1]
+  double* log_max;               // [B*H]
+  const int64_t* row_positions;  // [B]: each row's kept tokens before the step
+};
+
+/// Attends step.nq = T queries step.q to the state, into step.out [B, H, T, dv]; a head with
+/// no key yet gives zeros.
+struct DecoderQuery {
+  AttentionParams step;  // batch, heads, d, dv, map, q, nq, out
+  const float* wt;       // [map.w_sets][d][m]
+  const float* sums;     // [B*H][F][dv + 1]
+};
+
+}  // namespace favor::kernels
