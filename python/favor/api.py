@@ -368,14 +368,29 @@ class _Streaming:
     """What Decoder and favor.VQDecoder share: calls and properties of the _core decoder
     held in self._d."""
 
-    def append(self, k, v):
-        self._d.append(k, v)
+    def append(self, k, v, key_mask=None):
+        """Adds T tokens; key_mask [B, T] (nonzero = the token takes part) leaves a masked
+        token's row as it was: left-padded batches."""
+        self._d.append(k, v, key_mask=key_mask)
 
     def query(self, q):
         return self._d.query(q)
 
     def reset(self):
         self._d.reset()
+
+    def state(self):
+        """A copy of the state as numpy arrays: {'sums', 'log_max', 'row_positions',
+        'position'} (docs/api.md, "Decoder state"); load_state(**state) restores it."""
+        return self._d.state()
+
+    def load_state(self, **state):
+        self._d.load_state(**state)
+
+    def select(self, indices):
+        """Keeps batch rows indices (in that order; rows may repeat or go): a beam-search
+        reorder."""
+        self._d.select(list(indices))
 
     position = property(lambda self: self._d.position, doc="tokens appended so far")
     batch = property(lambda self: self._d.batch)

@@ -6,14 +6,16 @@ is its oracle in plain torch operations.
     favor::attention, ::attention_backward   ops/attention    FAVOR, every kernel and map
     favor::exact_attention(_backward)        ops/exact        exact softmax attention
     favor::vq_attention(_backward)           ops/vq           Transformer-VQ
+    favor::decode_step                       ops/decoder      one streaming decoder step
 
 The one device switch is ops/_tensors.py's backend(): CPU tensors go to the C++ kernels;
 another device is refused with an error naming it, until a device-generic path exists.
 Layers (favor.torch) import these, never the reverse.
 """
 from .attention import attention
+from .decoder import decode_step, empty_state
 from .exact import exact_attention
 from .projection import projection
 from .vq import vq_attention
 
-__all__ = ["attention", "exact_attention", "projection", "vq_attention"]
+__all__ = ["attention", "decode_step", "empty_state", "exact_attention", "projection", "vq_attention"]

@@ -10,9 +10,14 @@ class _Streaming:
     """What Decoder and VQDecoder share: calls of the _core decoder held in self._d with
     torch tensors (float32 views in, a tensor sharing the result's memory out)."""
 
-    def append(self, k, v):
+    def append(self, k, v, key_mask=None):
+        """Adds T tokens; key_mask [B, T] (nonzero = the token takes part) leaves a masked
+        token's row as it was, so left-padded batches generate."""
         T.follow_torch_threads()
-        self._d.append(T.view(T.as_float32(k, "k")), T.view(T.as_float32(v, "v")))
+        keep = key_mask.detach().cpu().ne(0).numpy() if isinstance(key_mask, torch.Tensor) \
+            else key_mask
+        self._d.append(T.view(T.as_float32(k, "k")), T.view(T.as_float32(v, "v")),
+                       key_mask=keep)
 
     def query(self, q):
         T.follow_torch_threads()
@@ -21,7 +26,29 @@ class _Streaming:
     def reset(self):
         self._d.reset()
 
+    def state(self):
+        """A copy of the state as CPU tensors and the int 'position' (Decoder: sums, log_max,
+        row_positions; VQDecoder: sums, counts; docs/api.md, "Decoder state"); load_state(**state) restores it, on
+        this decoder or a fresh one of the same shape (bit for bit)."""
+        return {name: value if name == "position" else T.tensor(value)
+                for name, value in self._d.state().items()}
+
+    def load_state(self, **state):
+        """Replaces the state by tensors or arrays as state() returns them (checked; a tensor
+        on another device is copied to the CPU)."""
+        self._d.load_state(**{name: value.detach().cpu().contiguous().numpy()
+                              if isinstance(value, torch.Tensor) else value
+                              for name, value in state.items()})
+
+    def select(self, indices):
+        """Keeps batch rows indices (a list or an int tensor), in that order: the reorder of a
+        beam search (rows may repeat or be dropped)."""
+        if isinstance(indices, torch.Tensor):
+            indices = indices.detach().cpu().reshape(-1).tolist()
+        self._d.select(list(indices))
+
     position = property(lambda self: self._d.position, doc="tokens appended so far")
+    batch = property(lambda self: self._d.batch)
     state_bytes = property(lambda self: self._d.state_bytes)
 
 
