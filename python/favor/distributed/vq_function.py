@@ -12,7 +12,7 @@ from torch.autograd.function import once_differentiable
 from .. import _core
 from ..torch import _tensors as T
 from ..torch.vq_function import _Spec, check_codebook
-from ..vq import _block
+from .._args import block_length
 from ._agreement import agreed, flag
 from .function import _record, resolve_exchange
 
@@ -86,7 +86,7 @@ def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mas
         check_codebook(codebook)
         T.follow_torch_threads()
         spec = _Spec(flag(causal, "causal"), None if scale is None else float(scale),
-                     T.keep_mask(key_padding_mask), float(tau), _block(block))
+                     T.keep_mask(key_padding_mask), float(tau), block_length(block))
         return (T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v"),
                 T.as_float32(codebook, "codebook"), spec)
 
