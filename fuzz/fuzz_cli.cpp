@@ -57,7 +57,7 @@ std::string f32(const std::vector<int64_t>& shape) {
   for (const int64_t s : shape) n *= s;
   std::vector<float> x(static_cast<size_t>(n));
   for (size_t i = 0; i < x.size(); ++i) x[i] = 0.25f * static_cast<float>((i * 7) % 11) - 1.0f;
-  return favor::cli::encode_npy_f32(shape, x.data());
+  return favor::io::encode_npy_f32(shape, x.data());
 }
 
 std::vector<File> make_files() {
@@ -67,19 +67,19 @@ std::vector<File> make_files() {
     files.push_back({std::string(n) + "2.npy", f32({4, 3})});
   }
   const uint8_t mask[4] = {1, 0, 1, 1};
-  files.push_back({"mask.npy", favor::cli::encode_npy("|b1", {1, 4}, mask, 4)});
-  files.push_back({"mask2.npy", favor::cli::encode_npy("|b1", {4}, mask, 4)});
+  files.push_back({"mask.npy", favor::io::encode_npy("|b1", {1, 4}, mask, 4)});
+  files.push_back({"mask2.npy", favor::io::encode_npy("|b1", {4}, mask, 4)});
   files.push_back({"w.npy", f32({4, 3})});
   files.push_back({"cb.npy", f32({2, 3})});
   files.push_back({"cb3.npy", f32({2, 2, 3})});
   const float lw[4] = {1.0f, 0.5f, 2.0f, -1.0f};
-  files.push_back({"lw.npy", favor::cli::encode_npy_f32({4}, lw)});
+  files.push_back({"lw.npy", favor::io::encode_npy_f32({4}, lw)});
   std::vector<double> d(12);
   for (size_t i = 0; i < d.size(); ++i) d[i] = 0.1 * static_cast<double>(i) - 0.5;
-  files.push_back({"f64.npy", favor::cli::encode_npy("<f8", {4, 3}, d.data(), d.size() * 8)});
+  files.push_back({"f64.npy", favor::io::encode_npy("<f8", {4, 3}, d.data(), d.size() * 8)});
   favor::FeatureMap map(favor::Projection::draw(4, 3, {}), favor::Kernel::positive);
   map.learnable(2);
-  files.push_back({"map.npz", favor::cli::encode_map_file(map)});
+  files.push_back({"map.npz", favor::io::encode_map_file(map)});
   return files;
 }
 
@@ -168,7 +168,7 @@ void parse(std::vector<std::string> args) {
     // holds no control byte and only valid UTF-8
     // (regressions/cli/unescaped_path_in_message.argv).
     if (printable_args) favor::fuzz::require_printable("fuzz_cli", e.what());
-    favor::fuzz::require_terminal_safe("fuzz_cli", favor::cli::terminal_safe(e.what()));
+    favor::fuzz::require_terminal_safe("fuzz_cli", favor::io::terminal_safe(e.what()));
   } catch (const Skipped&) {
   }
 }

@@ -48,11 +48,11 @@ bool same_map(const favor::FeatureMap& a, const favor::FeatureMap& b) {
 void load_map(const std::string& bytes) {
   std::optional<favor::FeatureMap> map;
   expect_error_or_value(
-      [&] { map = favor::cli::decode_map_file(bytes, "fuzz.npz", "--feature-map"); });
+      [&] { map = favor::io::decode_map_file(bytes, "fuzz.npz", "--feature-map"); });
   if (!map) return;
   // A map that loads is valid: it encodes, and reads back unchanged.
   try {
-    const favor::FeatureMap again = favor::cli::decode_map_file(favor::cli::encode_map_file(*map),
+    const favor::FeatureMap again = favor::io::decode_map_file(favor::io::encode_map_file(*map),
                                                                 "again.npz", "--feature-map");
     if (!same_map(*map, again)) unexpected_exception("fuzz_npz", "map changed in a round trip");
   } catch (const std::exception& e) {
@@ -68,7 +68,7 @@ void load_paths(const std::string& bytes, uint8_t pick) {
   pick /= 5;
   std::vector<int64_t> shape;  // of the array, when it decodes
   try {
-    shape = favor::cli::decode_float_npy(bytes, "fuzz.npy", "--q").shape;
+    shape = favor::io::decode_float_npy(bytes, "fuzz.npy", "--q").shape;
   } catch (const std::exception&) {
   }
   const int64_t off = (pick & 1) ? 1 : 0;
@@ -85,7 +85,7 @@ void load_paths(const std::string& bytes, uint8_t pick) {
   if (loader == 1)
     expect_error_or_value([&] {
       int64_t sets = 0;
-      favor::cli::read_feature_weights(path, "--feature-weights", dim(0),
+      favor::io::read_feature_weights(path, "--feature-weights", dim(0),
                                        shape.size() == 2 ? shape[0] : 1, sets);
     });
   if (loader == 2)
@@ -110,7 +110,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (bytes.rfind("PK", 0) == 0) {
     std::map<std::string, std::string> members;
     expect_error_or_value(
-        [&] { members = favor::cli::decode_npz(bytes, "fuzz.npz", "--feature-map"); });
+        [&] { members = favor::io::decode_npz(bytes, "fuzz.npz", "--feature-map"); });
     load_map(bytes);
     for (const auto& [name, member] : members) load_paths(member, pick);
   } else {

@@ -80,7 +80,7 @@ void require_terminal_safe(const char* target, const std::string& line) {
       std::abort();
     }
   }
-  if (favor::cli::terminal_safe(line) != line) {
+  if (favor::io::terminal_safe(line) != line) {
     std::fprintf(stderr, "%s: broken UTF-8 in the printed line: %s\n", target, line.c_str());
     std::abort();
   }

@@ -35,7 +35,7 @@ def npz(members, compressed=False):
 
 
 def fit_map(heads=2, m=4, d=3, kernel="hedgehog", seed=0):
-    """A map file as favor writes it (tools/map_file.hpp): np.savez of these members."""
+    """A map file as favor writes it (src/io/map_file.hpp): np.savez of these members."""
     rng = np.random.RandomState(seed)
     return {
         "kernel": np.array(kernel, dtype="<U16"),

@@ -11,6 +11,7 @@
 #include "cpu/tiles.hpp"
 #include "cpu/vec_math.hpp"
 #include "favor/error.hpp"
+#include "favor/kernel_rules.hpp"
 
 namespace favor {
 
@@ -32,13 +33,19 @@ std::string to_string(Kernel kernel) {
   return "?";
 }
 
+const std::vector<std::pair<std::string, Kernel>>& kernel_names() {
+  static const std::vector<std::pair<std::string, Kernel>> names{
+      {"positive", Kernel::positive}, {"trig", Kernel::trig},
+      {"hyperbolic", Kernel::hyperbolic}, {"favorpp", Kernel::favorpp},
+      {"favorsharp", Kernel::favorsharp}, {"hedgehog", Kernel::hedgehog},
+      {"favor++", Kernel::favorpp}, {"favor#", Kernel::favorsharp}};
+  return names;
+}
+
 Kernel parse_kernel(const std::string& text, const std::string& argument) {
-  if (text == "positive") return Kernel::positive;
-  if (text == "trig") return Kernel::trig;
-  if (text == "hyperbolic") return Kernel::hyperbolic;
-  if (text == "favorpp" || text == "favor++") return Kernel::favorpp;
-  if (text == "favorsharp" || text == "favor#") return Kernel::favorsharp;
-  if (text == "hedgehog") return Kernel::hedgehog;
+  for (const auto& [name, kernel] : kernel_names()) {
+    if (text == name) return kernel;
+  }
   throw Error(argument + ": '" + text +
               "' is not a kernel; use positive, trig, hyperbolic, favorpp, favorsharp or hedgehog");
 }
@@ -51,6 +58,18 @@ int64_t feature_count(Kernel kernel, int64_t m) {
 
 bool data_adapted(Kernel kernel) {
   return kernel == Kernel::favorpp || kernel == Kernel::favorsharp;
+}
+
+void check_fit_kernel(Kernel kernel, bool constant, const std::string& fit_argument,
+                      const std::string& kernel_argument, const std::string& calibration) {
+  if (!data_adapted(kernel)) {
+    throw Error(fit_argument + ": only the favorpp and favorsharp kernels take a fit (" +
+                kernel_argument + " is " + to_string(kernel) + ")");
+  }
+  if (constant && kernel != Kernel::favorpp) {
+    throw Error(fit_argument + ": one A for every direction is FAVOR++; favorsharp needs " +
+                calibration);
+  }
 }
 
 Tensor features(TensorView x, const Projection& w, const FeatureOptions& options) {

@@ -40,10 +40,10 @@ class CliTest : public ::testing::Test {
     const auto& s = t.shape();
     const std::vector<int64_t> shape =
         rank2 ? std::vector<int64_t>{s[2], s[3]} : std::vector<int64_t>{s[0], s[1], s[2], s[3]};
-    write_bytes(name, cli::encode_npy_f32(shape, t.data()));
+    write_bytes(name, io::encode_npy_f32(shape, t.data()));
   }
   Tensor read(const std::string& name) const {
-    cli::NpyArray a = cli::read_float_npy(path(name), "test");
+    io::NpyArray a = io::read_float_npy(path(name), "test");
     Shape4 s = a.shape.size() == 2 ? Shape4{1, 1, a.shape[0], a.shape[1]}
                                    : Shape4{a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
     return Tensor(s, a.values);

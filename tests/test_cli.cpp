@@ -99,7 +99,7 @@ TEST_F(Cli, TwoDimensionalInputsAndMasks) {
   write("k.npy", k2, true);
   write("v.npy", v2, true);
   // A bool mask [Nk] and the same as int64: identical results, equal to the library's.
-  std::string bool_mask = cli::encode_npy_f32({30}, std::vector<float>(30).data());
+  std::string bool_mask = io::encode_npy_f32({30}, std::vector<float>(30).data());
   std::vector<uint8_t> flags(30);
   for (int j = 0; j < 30; ++j) flags[j] = j % 4 != 0;
   {
@@ -127,7 +127,7 @@ TEST_F(Cli, TwoDimensionalInputsAndMasks) {
       run("attention " + qkv() + " --out " + path("y8.npy") + " --key-mask " + path("mask8.npy"))
           .code,
       0);
-  const cli::NpyArray raw = cli::read_float_npy(path("y.npy"), "t");
+  const io::NpyArray raw = io::read_float_npy(path("y.npy"), "t");
   EXPECT_EQ(raw.shape, (std::vector<int64_t>{30, 2}));
   AttentionOptions o;
   o.key_mask = KeyMaskView::contiguous(flags.data(), 1, 30);
@@ -163,7 +163,7 @@ TEST_F(Cli, MutatedHeadersAreEscapedOnTheTerminal) {
   const std::string dict =
       "{'descr': '\x1b]0;pwned\x07\x1b[2J<f4', 'fortran_order': False, 'shape': (2, 3, 40, 8), }\n";
   const std::string header = std::string("\x93NUMPY\x01\x00", 8) + char(dict.size()) + '\0' + dict;
-  write_bytes("evil.npy", header + cli::encode_npy_f32({2, 3, 40, 8}, q.data()).substr(128));
+  write_bytes("evil.npy", header + io::encode_npy_f32({2, 3, 40, 8}, q.data()).substr(128));
   const std::string out = " --out " + path("y.npy");
   const std::string args =
       "attention --q " + path("evil.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out;
@@ -234,7 +234,7 @@ TEST_F(Cli, ErrorsExitTwoWithOneLineAndNoOutput) {
   expect_failure("attention --q " + path("empty.npy") + " --k " + path("k.npy") + " --v " +
                      path("v.npy") + out,
                  "empty file");
-  const std::string full = cli::encode_npy_f32({2, 3, 40, 8}, q.data());
+  const std::string full = io::encode_npy_f32({2, 3, 40, 8}, q.data());
   write_bytes("trunc.npy", full.substr(0, full.size() - 10));
   expect_failure("attention --q " + path("trunc.npy") + " --k " + path("k.npy") + " --v " +
                      path("v.npy") + out,
@@ -243,13 +243,13 @@ TEST_F(Cli, ErrorsExitTwoWithOneLineAndNoOutput) {
   expect_failure(
       "attention --q " + path("text.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out,
       "bad magic");
-  std::string ints = cli::encode_npy_f32({2, 3, 40, 8}, q.data());
+  std::string ints = io::encode_npy_f32({2, 3, 40, 8}, q.data());
   ints.replace(ints.find("<f4"), 3, "<i4");
   write_bytes("ints.npy", ints);
   expect_failure(
       "attention --q " + path("ints.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out,
       "dtype '<i4' is not supported");
-  write_bytes("r3.npy", cli::encode_npy_f32({6, 40, 8}, q.data()));
+  write_bytes("r3.npy", io::encode_npy_f32({6, 40, 8}, q.data()));
   expect_failure(
       "attention --q " + path("r3.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out,
       "has rank 3");
@@ -267,12 +267,12 @@ TEST_F(Cli, ErrorsExitTwoWithOneLineAndNoOutput) {
   expect_failure("attention --q " + path("q2.npy") + " --k " + path("k.npy") + " --v " +
                      path("v.npy") + out + " --causal",
                  "Nq == Nk");
-  write_bytes("mask.npy", cli::encode_npy_f32({2, 40}, std::vector<float>(80).data()));
+  write_bytes("mask.npy", io::encode_npy_f32({2, 40}, std::vector<float>(80).data()));
   expect_failure("attention " + qkv() + out + " --key-mask " + path("mask.npy"),
                  "a mask is bool or 0/1 integers");
   expect_failure("attention " + qkv() + " --out " + path("no/such/dir/y.npy"),
                  "cannot create output", "no/such/dir/y.npy");
-  write_bytes("w.npy", cli::encode_npy_f32({4, 7}, std::vector<float>(28, 1.0f).data()));
+  write_bytes("w.npy", io::encode_npy_f32({4, 7}, std::vector<float>(28, 1.0f).data()));
   expect_failure("attention " + qkv() + out + " --projection-file " + path("w.npy"), "has D = 7");
   // An existing output file is left as it was when a later command fails.
   ASSERT_EQ(run("attention " + qkv() + out).code, 0);

@@ -70,7 +70,7 @@ TEST_F(FitCli, FitWritesTheLibrarysMapAndAttentionUsesIt) {
     const FitResult expected = fit_features(
         {batches(q, 0, 3), batches(k, 0, 3), batches(v, 0, 3), std::nullopt},
         {batches(q, 3, 1), batches(k, 3, 1), batches(v, 3, 1), std::nullopt}, start, o);
-    const FeatureMap map = cli::read_map_file(path("map.npz"), "test");
+    const FeatureMap map = io::read_map_file(path("map.npz"), "test");
     EXPECT_EQ(map.kernel, Kernel::hedgehog);
     EXPECT_EQ(map.heads, 3);
     EXPECT_EQ(map.scale, 1.0 / std::sqrt(8.0));
@@ -111,7 +111,7 @@ TEST_F(FitCli, JsonHeldoutFilesAndTwoDimensionalInputs) {
   EXPECT_EQ(j["kernel"], "positive");
   EXPECT_DOUBLE_EQ(j["ratio"].get<double>(), j["final_heldout_error"].get<double>() /
                                                  j["initial_heldout_error"].get<double>());
-  const FeatureMap map = cli::read_map_file(path("map.npz"), "test");
+  const FeatureMap map = io::read_map_file(path("map.npz"), "test");
   EXPECT_EQ(map.kernel, Kernel::positive);
   EXPECT_EQ(map.heads, 1);
   EXPECT_TRUE(map.weights.empty() && map.bias.empty());
@@ -125,8 +125,8 @@ TEST_F(FitCli, FeatureWeightsAndDecayEqualTheLibrary) {
   const Projection w = Projection::draw(7, 8, {ProjectionKind::orthogonal, NormMode::chi, 2});
   const Tensor lambda = random_tensor({1, 1, 3, 7}, 11);
   std::vector<float> shared(lambda.values().begin(), lambda.values().begin() + 7);
-  write_bytes("w1.npy", cli::encode_npy_f32({7}, shared.data()));
-  write_bytes("w3.npy", cli::encode_npy_f32({3, 7}, lambda.data()));
+  write_bytes("w1.npy", io::encode_npy_f32({7}, shared.data()));
+  write_bytes("w3.npy", io::encode_npy_f32({3, 7}, lambda.data()));
   for (const auto& [file, sets] : {std::pair{"w1.npy", 1}, std::pair{"w3.npy", 3}})
     for (const std::string& decay : {"", "0.9", "0.9,0.8,1"}) {
       const bool causal = !decay.empty();
@@ -189,10 +189,10 @@ TEST_F(FitCli, AttentionMapOptionFailuresExitTwo) {
   expect_failure(base + " --causal --decay 0.9,0.8", "--decay: 2 values; give 1 or one per head");
   expect_failure(base + " --causal --decay 1.5", "--decay: 1.5 must lie in (0, 1]");
   expect_failure(base + " --method exact --causal --decay 0.9", "--decay: only --method favor");
-  write_bytes("w.npy", cli::encode_npy_f32({5}, std::vector<float>(5, 1.0f).data()));
+  write_bytes("w.npy", io::encode_npy_f32({5}, std::vector<float>(5, 1.0f).data()));
   expect_failure(base + " --features 4 --feature-weights " + path("w.npy"),
                  "has shape [5]; [m] = [4] or [H, m] = [3, 4] expected");
-  write_bytes("w0.npy", cli::encode_npy_f32({4}, std::vector<float>(4, 0.0f).data()));
+  write_bytes("w0.npy", io::encode_npy_f32({4}, std::vector<float>(4, 0.0f).data()));
   expect_failure(base + " --features 4 --feature-weights " + path("w0.npy"), "finite and nonzero");
   expect_failure(base + " --kernel favorpp --features 4 --feature-weights " + path("w.npy"),
                  "--feature-weights: a favorpp map takes its weights from its fit");

@@ -1,4 +1,4 @@
-// The feature-map file (tools/map_file.hpp) and the .npz container under it (tools/npz.hpp):
+// The feature-map file (src/io/map_file.hpp) and the .npz container under it (src/io/npz.hpp):
 // maps round-trip bit for bit; the reader takes what numpy writes (np.savez_compressed:
 // deflate, zip64 extra fields); every truncated or corrupted file throws favor::Error
 // naming the file (never another exception, never a crash); the members are checked.
@@ -135,24 +135,24 @@ void expect_same_map(const FeatureMap& a, const FeatureMap& b) {
 // Every member bit for bit; optional members absent stay absent; the scale is resolved.
 TEST_F(MapFile, RoundTripsEveryMember) {
   const FeatureMap map = learned_map();
-  expect_same_map(cli::read_map_file(write("m.npz", cli::encode_map_file(map)), "--feature-map"),
+  expect_same_map(io::read_map_file(write("m.npz", io::encode_map_file(map)), "--feature-map"),
                   map);
   for (Kernel kernel : {Kernel::positive, Kernel::trig, Kernel::hyperbolic}) {
     FeatureMap plain(Projection::draw(4, 9), kernel);
     const FeatureMap back =
-        cli::read_map_file(write("p.npz", cli::encode_map_file(plain)), "--feature-map");
+        io::read_map_file(write("p.npz", io::encode_map_file(plain)), "--feature-map");
     plain.scale = 1.0 / 3.0;  // written resolved: 1/sqrt(9)
     expect_same_map(back, plain);
     EXPECT_FALSE(back.learned());
   }
-  expect_error([] { cli::encode_map_file(FeatureMap(Projection::draw(4, 3), Kernel::favorpp)); },
+  expect_error([] { io::encode_map_file(FeatureMap(Projection::draw(4, 3), Kernel::favorpp)); },
                "favorpp map is defined by its fit");
 }
 
 // What numpy writes: deflated members with zip64 extra fields in their local headers.
 TEST_F(MapFile, ReadsNumpySavezCompressed) {
   const FeatureMap map =
-      cli::read_map_file(write("np.npz", unhex(kNumpyDeflated)), "--feature-map");
+      io::read_map_file(write("np.npz", unhex(kNumpyDeflated)), "--feature-map");
   EXPECT_EQ(map.kernel, Kernel::hedgehog);
   EXPECT_EQ(map.scale, 0.5);
   EXPECT_EQ(map.heads, 1);
@@ -166,28 +166,28 @@ TEST_F(MapFile, ReadsNumpySavezCompressed) {
 // (or, for a byte no check covers, such as a version field, a valid map); nothing else.
 TEST_F(MapFile, MalformedFilesThrowNamingTheFile) {
   const std::string p = (dir / "m.npz").string();
-  for (const std::string& bytes : {cli::encode_map_file(learned_map()), unhex(kNumpyDeflated)}) {
+  for (const std::string& bytes : {io::encode_map_file(learned_map()), unhex(kNumpyDeflated)}) {
     for (size_t n = 0; n < bytes.size(); ++n) {
-      expect_error([&] { cli::decode_map_file(bytes.substr(0, n), p, "--feature-map"); },
+      expect_error([&] { io::decode_map_file(bytes.substr(0, n), p, "--feature-map"); },
                    "--feature-map: " + p);
     }
     for (size_t i = 0; i < bytes.size(); ++i) {
       std::string bad = bytes;
       bad[i] = static_cast<char>(bad[i] ^ 0x5a);
       try {
-        cli::decode_map_file(bad, p, "--feature-map");
+        io::decode_map_file(bad, p, "--feature-map");
       } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("--feature-map: " + p), std::string::npos) << e.what();
       }
     }
   }
-  std::string crc = cli::encode_map_file(learned_map());
+  std::string crc = io::encode_map_file(learned_map());
   crc[200] = static_cast<char>(crc[200] ^ 1);  // inside the first member's data
   const std::string file = write("crc.npz", crc);
-  expect_error([&] { cli::read_map_file(file, "--feature-map"); },
+  expect_error([&] { io::read_map_file(file, "--feature-map"); },
                "--feature-map: " + file +
                    ": not a valid .npz archive: CRC-32 mismatch in member 'kernel.npy'");
-  expect_error([&] { cli::read_map_file((dir / "missing.npz").string(), "--feature-map"); },
+  expect_error([&] { io::read_map_file((dir / "missing.npz").string(), "--feature-map"); },
                "cannot open");
 }
 
@@ -195,47 +195,47 @@ TEST_F(MapFile, MalformedFilesThrowNamingTheFile) {
 TEST_F(MapFile, ChecksTheMembers) {
   const FeatureMap map = learned_map();
   const std::vector<float>& w = map.projection.matrix();
-  auto file = [&](std::vector<cli::NpzMember> members) {
-    return write("m.npz", cli::encode_npz(members));
+  auto file = [&](std::vector<io::NpzMember> members) {
+    return write("m.npz", io::encode_npz(members));
   };
-  const cli::NpzMember kernel{"kernel", cli::encode_npy_unicode("hedgehog", 16)},
-      scale{"scale", cli::encode_npy_f64_scalar(0.3)},
-      projection{"projection", cli::encode_npy_f32({5, 3}, w.data())},
-      heads{"heads", cli::encode_npy_i64_scalar(2)};
-  auto expect_bad = [&](std::vector<cli::NpzMember> members, const std::string& fragment) {
+  const io::NpzMember kernel{"kernel", io::encode_npy_unicode("hedgehog", 16)},
+      scale{"scale", io::encode_npy_f64_scalar(0.3)},
+      projection{"projection", io::encode_npy_f32({5, 3}, w.data())},
+      heads{"heads", io::encode_npy_i64_scalar(2)};
+  auto expect_bad = [&](std::vector<io::NpzMember> members, const std::string& fragment) {
     const std::string p = file(members);
-    expect_error([&] { cli::read_map_file(p, "--feature-map"); }, "--feature-map: " + p);
-    expect_error([&] { cli::read_map_file(p, "--feature-map"); }, fragment);
+    expect_error([&] { io::read_map_file(p, "--feature-map"); }, "--feature-map: " + p);
+    expect_error([&] { io::read_map_file(p, "--feature-map"); }, fragment);
   };
-  EXPECT_FALSE(cli::read_map_file(file({kernel, scale, projection, heads}), "m").learned());
+  EXPECT_FALSE(io::read_map_file(file({kernel, scale, projection, heads}), "m").learned());
   expect_bad({scale, projection, heads}, "no member 'kernel'");
   expect_bad({kernel, projection, heads}, "no member 'scale'");
   expect_bad({kernel, scale, heads}, "no member 'projection'");
   expect_bad({kernel, scale, projection}, "no member 'heads'");
-  expect_bad({{"kernel", cli::encode_npy_unicode("favorpp", 16)}, scale, projection, heads},
+  expect_bad({{"kernel", io::encode_npy_unicode("favorpp", 16)}, scale, projection, heads},
              "kernel favorpp needs its fit");
-  expect_bad({{"kernel", cli::encode_npy_unicode("cosine", 16)}, scale, projection, heads},
+  expect_bad({{"kernel", io::encode_npy_unicode("cosine", 16)}, scale, projection, heads},
              "member 'kernel' is 'cosine'");
-  expect_bad({{"kernel", cli::encode_npy_f64_scalar(1.0)}, scale, projection, heads}, "'<U')");
-  expect_bad({kernel, {"scale", cli::encode_npy_f64_scalar(-1.0)}, projection, heads},
+  expect_bad({{"kernel", io::encode_npy_f64_scalar(1.0)}, scale, projection, heads}, "'<U')");
+  expect_bad({kernel, {"scale", io::encode_npy_f64_scalar(-1.0)}, projection, heads},
              "member 'scale' is -1");
-  expect_bad({kernel, scale, projection, {"heads", cli::encode_npy_i64_scalar(0)}},
+  expect_bad({kernel, scale, projection, {"heads", io::encode_npy_i64_scalar(0)}},
              "member 'heads' is 0");
-  expect_bad({kernel, scale, {"projection", cli::encode_npy_f32({15}, w.data())}, heads},
+  expect_bad({kernel, scale, {"projection", io::encode_npy_f32({15}, w.data())}, heads},
              "must be 2-D [m, d]");
   expect_bad({kernel,
               scale,
               projection,
               heads,
-              {"weights", cli::encode_npy_f32({2, 3, 5}, map.weights.data())}},
+              {"weights", io::encode_npy_f32({2, 3, 5}, map.weights.data())}},
              "member 'weights' has shape [2, 3, 5]; [heads, m, d] = [2, 5, 3] expected");
   expect_bad(
-      {kernel, scale, projection, heads, {"bias", cli::encode_npy_f32({1, 5}, map.bias.data())}},
+      {kernel, scale, projection, heads, {"bias", io::encode_npy_f32({1, 5}, map.bias.data())}},
       "member 'bias' has shape [1, 5]");
   std::vector<float> zero = map.lambda;
   zero[3] = 0.0f;
   expect_bad(
-      {kernel, scale, projection, heads, {"lambda", cli::encode_npy_f32({2, 5}, zero.data())}},
+      {kernel, scale, projection, heads, {"lambda", io::encode_npy_f32({2, 5}, zero.data())}},
       "map.lambda[3]");
   expect_bad({kernel, scale, projection, heads, heads}, "member 'heads.npy' appears twice");
 }
@@ -243,18 +243,18 @@ TEST_F(MapFile, ChecksTheMembers) {
 // Integer and unicode scalars: sign extension, NUL padding, non-ASCII refused.
 TEST(Npy, ScalarsAndUnicode) {
   const int32_t minus = -7;
-  EXPECT_EQ(cli::decode_int_scalar_npy(cli::encode_npy("<i4", {}, &minus, 4), "x", "a"), -7);
+  EXPECT_EQ(io::decode_int_scalar_npy(io::encode_npy("<i4", {}, &minus, 4), "x", "a"), -7);
   const uint16_t big = 65535;
-  EXPECT_EQ(cli::decode_int_scalar_npy(cli::encode_npy("<u2", {1}, &big, 2), "x", "a"), 65535);
-  EXPECT_EQ(cli::decode_float_scalar_npy(cli::encode_npy_f64_scalar(0.1), "x", "a"), 0.1);
-  EXPECT_EQ(cli::decode_unicode_npy(cli::encode_npy_unicode("trig", 16), "x", "a"), "trig");
-  expect_error([] { cli::encode_npy_unicode(std::string(17, 'a'), 16); }, "longer than 16");
+  EXPECT_EQ(io::decode_int_scalar_npy(io::encode_npy("<u2", {1}, &big, 2), "x", "a"), 65535);
+  EXPECT_EQ(io::decode_float_scalar_npy(io::encode_npy_f64_scalar(0.1), "x", "a"), 0.1);
+  EXPECT_EQ(io::decode_unicode_npy(io::encode_npy_unicode("trig", 16), "x", "a"), "trig");
+  expect_error([] { io::encode_npy_unicode(std::string(17, 'a'), 16); }, "longer than 16");
   const uint32_t accent[2] = {0x68, 0xe9};
-  expect_error([&] { cli::decode_unicode_npy(cli::encode_npy("<U2", {}, accent, 8), "x", "a"); },
+  expect_error([&] { io::decode_unicode_npy(io::encode_npy("<U2", {}, accent, 8), "x", "a"); },
                "a: x: holds a character outside printable ASCII");
   const double two[2] = {1, 2};
   expect_error(
-      [&] { cli::decode_float_scalar_npy(cli::encode_npy("<f8", {2}, two, 16), "x", "a"); },
+      [&] { io::decode_float_scalar_npy(io::encode_npy("<f8", {2}, two, 16), "x", "a"); },
       "must hold one value");
 }
 

@@ -63,7 +63,7 @@ std::string error_of(F&& f) {
 }
 
 std::string decode_error(const std::string& bytes) {
-  return error_of([&] { cli::decode_float_npy(bytes, "f.npy", "--q"); });
+  return error_of([&] { io::decode_float_npy(bytes, "f.npy", "--q"); });
 }
 
 class NpyFile : public ::testing::Test {
@@ -92,17 +92,17 @@ TEST(Npy, HeaderVariantsNumpyWritesAreRead) {
         std::string("{\"descr\": \"<f4\", \"shape\": (2L, 3L), \"fortran_order\": False}"),
         std::string("{ 'shape' : ( 2 , 3 , ) , 'fortran_order' : False , 'descr' : '<f4' , }")}) {
     for (int version : {1, 2, 3}) {
-      const cli::NpyArray a = cli::decode_float_npy(npy(dict, data, version), "f.npy", "--q");
+      const io::NpyArray a = io::decode_float_npy(npy(dict, data, version), "f.npy", "--q");
       EXPECT_EQ(a.shape, (std::vector<int64_t>{2, 3})) << dict;
       EXPECT_EQ(a.values, (std::vector<float>{1, 2, 3, 4, 5, 6})) << dict;
     }
   }
   // 0-d and 1-d shapes.
   EXPECT_EQ(
-      cli::decode_float_scalar_npy(npy(dict_of("<f8", "()"), bytes_of<double>({2.5})), "s", "--a"),
+      io::decode_float_scalar_npy(npy(dict_of("<f8", "()"), bytes_of<double>({2.5})), "s", "--a"),
       2.5);
   EXPECT_EQ(
-      cli::decode_float_npy(npy(dict_of("<f4", "(3,)"), bytes_of<float>({1, 2, 3})), "f", "--q")
+      io::decode_float_npy(npy(dict_of("<f4", "(3,)"), bytes_of<float>({1, 2, 3})), "f", "--q")
           .shape,
       (std::vector<int64_t>{3}));
 }
@@ -148,7 +148,7 @@ TEST(Npy, MalformedHeadersNameTheRule) {
 TEST(Npy, EveryFloatDtypeAndByteOrderConvertsExactly) {
   // Values exact in float16: normal, subnormal (2^-24, 3 * 2^-20), signed zero, Inf.
   const std::vector<double> values{1.5, -2.25, 0x1p-24, 3 * 0x1p-20, -0.0, 65504.0, INFINITY};
-  const auto expect_values = [&](const cli::NpyArray& a, const std::string& what) {
+  const auto expect_values = [&](const io::NpyArray& a, const std::string& what) {
     ASSERT_EQ(a.values.size(), values.size()) << what;
     for (size_t i = 0; i < values.size(); ++i) {
       EXPECT_EQ(std::bit_cast<uint32_t>(a.values[i]),
@@ -159,21 +159,21 @@ TEST(Npy, EveryFloatDtypeAndByteOrderConvertsExactly) {
   const std::string shape = "(" + std::to_string(values.size()) + ",)";
   for (bool big : {false, true}) {
     const std::string order = big ? ">" : "<";
-    expect_values(cli::decode_float_npy(
+    expect_values(io::decode_float_npy(
                       npy(dict_of(order + "f8", shape), bytes_of<double>(values, big)), "f", "a"),
                   order + "f8");
     std::vector<float> f(values.begin(), values.end());
     expect_values(
-        cli::decode_float_npy(npy(dict_of(order + "f4", shape), bytes_of<float>(f, big)), "f", "a"),
+        io::decode_float_npy(npy(dict_of(order + "f4", shape), bytes_of<float>(f, big)), "f", "a"),
         order + "f4");
     // binary16 bit patterns of the same values.
     const std::vector<uint16_t> h{0x3e00, 0xc080, 0x0001, 0x0030, 0x8000, 0x7bff, 0x7c00};
-    expect_values(cli::decode_float_npy(
+    expect_values(io::decode_float_npy(
                       npy(dict_of(order + "f2", shape), bytes_of<uint16_t>(h, big)), "f", "a"),
                   order + "f2");
   }
   const auto nan =
-      cli::decode_float_npy(npy(dict_of("<f2", "(1,)"), bytes_of<uint16_t>({0x7e00})), "f", "a");
+      io::decode_float_npy(npy(dict_of("<f2", "(1,)"), bytes_of<uint16_t>({0x7e00})), "f", "a");
   EXPECT_TRUE(std::isnan(nan.values[0]));  // NaN is carried; the library refuses it when used
 }
 
@@ -197,8 +197,8 @@ TEST(Npy, FortranOrderOfEveryRankIsTransposedToC) {
     std::string tuple = "(";
     for (int64_t s : shape) tuple += std::to_string(s) + ",";
     tuple += ")";
-    const cli::NpyArray a =
-        cli::decode_float_npy(npy(dict_of(">f8", tuple, true), bytes_of(fortran, true)), "f", "a");
+    const io::NpyArray a =
+        io::decode_float_npy(npy(dict_of(">f8", tuple, true), bytes_of(fortran, true)), "f", "a");
     EXPECT_EQ(a.shape, shape);
     for (int64_t c = 0; c < n; ++c) ASSERT_EQ(a.values[static_cast<size_t>(c)], float(c)) << tuple;
   }
@@ -239,23 +239,23 @@ TEST(Npy, LimitsAreCheckedBeforeAnyAllocation) {
 TEST_F(NpyFile, Float32CIsUsedInPlaceOthersAreConvertedOnce) {
   const std::vector<float> v{1, 2, 3, 4, 5, 6};
   const auto f =
-      cli::map_float_npy(write("a.npy", npy(dict_of("<f4", "(2, 3)"), bytes_of(v))), "--q");
+      io::map_float_npy(write("a.npy", npy(dict_of("<f4", "(2, 3)"), bytes_of(v))), "--q");
   EXPECT_TRUE(f.in_place);
   EXPECT_EQ(std::vector<float>(f.data, f.data + 6), v);
-  const auto g = cli::map_float_npy(
+  const auto g = io::map_float_npy(
       write("b.npy", npy(dict_of("<f4", "(2, 3)", true), bytes_of<float>({1, 4, 2, 5, 3, 6}))),
       "--q");
   EXPECT_FALSE(g.in_place);
   EXPECT_EQ(std::vector<float>(g.data, g.data + 6), v);
   const auto h =
-      cli::map_float_npy(write("c.npy", npy(dict_of(">f4", "(6,)"), bytes_of(v, true))), "--q");
+      io::map_float_npy(write("c.npy", npy(dict_of(">f4", "(6,)"), bytes_of(v, true))), "--q");
   EXPECT_FALSE(h.in_place);
   EXPECT_EQ(std::vector<float>(h.data, h.data + 6), v);
   // A file whose data does not start at a multiple of 4 bytes is copied, not misread.
   std::string odd = npy(dict_of("<f4", "(6,)"), "");
   odd.insert(odd.size() - 1, " ");  // one more blank: data offset 65 (odd)
   odd[8] = char(odd[8] + 1);
-  const auto o = cli::map_float_npy(write("d.npy", odd + bytes_of(v)), "--q");
+  const auto o = io::map_float_npy(write("d.npy", odd + bytes_of(v)), "--q");
   EXPECT_FALSE(o.in_place);
   EXPECT_EQ(std::vector<float>(o.data, o.data + 6), v);
 }
@@ -266,29 +266,29 @@ TEST_F(NpyFile, PipesDirectoriesAndMissingFiles) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   std::thread writer(
       [&] { std::ofstream(fifo, std::ios::binary) << npy(dict_of("<f4", "(3,)"), bytes_of(v)); });
-  const auto f = cli::map_float_npy(fifo, "--q");
+  const auto f = io::map_float_npy(fifo, "--q");
   writer.join();
   EXPECT_EQ(std::vector<float>(f.data, f.data + 3), v);
-  EXPECT_NE(error_of([&] { cli::map_float_npy(dir.string(), "--q"); }).find("is a directory"),
+  EXPECT_NE(error_of([&] { io::map_float_npy(dir.string(), "--q"); }).find("is a directory"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
-              cli::map_float_npy((dir / "none.npy").string(), "--q");
+              io::map_float_npy((dir / "none.npy").string(), "--q");
             }).find("cannot open (No such file"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { cli::map_float_npy(write("e.npy", ""), "--q"); }).find("empty file"),
+  EXPECT_NE(error_of([&] { io::map_float_npy(write("e.npy", ""), "--q"); }).find("empty file"),
             std::string::npos);
 }
 
 TEST_F(NpyFile, MasksOfEveryIntegerDtypeAndByteOrder) {
   const std::string p =
       write("m.npy", npy(dict_of(">i4", "(2, 2)", true), bytes_of<int32_t>({0, 256, 1, 0}, true)));
-  const cli::NpyArray m = cli::read_mask_npy(p, "--key-mask");
+  const io::NpyArray m = io::read_mask_npy(p, "--key-mask");
   EXPECT_EQ(m.flags, (std::vector<uint8_t>{0, 1, 1, 0}));  // Fortran: [0][1] = 1, [1][0] = 256
-  EXPECT_EQ(cli::decode_int_scalar_npy(npy(dict_of(">i2", "()"), bytes_of<int16_t>({-3}, true)),
+  EXPECT_EQ(io::decode_int_scalar_npy(npy(dict_of(">i2", "()"), bytes_of<int16_t>({-3}, true)),
                                        "s", "a"),
             -3);
   EXPECT_EQ(
-      cli::decode_int_scalar_npy(npy(dict_of("<u8", "()"), bytes_of<uint64_t>({7})), "s", "a"), 7);
+      io::decode_int_scalar_npy(npy(dict_of("<u8", "()"), bytes_of<uint64_t>({7})), "s", "a"), 7);
 }
 
 TEST(Npy, QuotedBytesAreEscaped) {
@@ -296,22 +296,22 @@ TEST(Npy, QuotedBytesAreEscaped) {
       "{'descr': '\x1b[31m\x07', 'fortran_order': False, 'shape': (1,)}", bytes_of<float>({1})));
   EXPECT_NE(message.find("\\x1b[31m\\x07"), std::string::npos) << message;
   for (char c : message) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << message;
-  EXPECT_EQ(cli::printable("a\\b\n\xff"), "a\\\\b\\x0a\\xff");
-  EXPECT_EQ(cli::printable(std::string(100, 'x'), 8), "xxxxxxxx...");
+  EXPECT_EQ(io::printable("a\\b\n\xff"), "a\\\\b\\x0a\\xff");
+  EXPECT_EQ(io::printable(std::string(100, 'x'), 8), "xxxxxxxx...");
   // Whole messages: valid UTF-8 kept, control bytes and broken sequences escaped.
-  EXPECT_EQ(cli::terminal_safe("caf\xc3\xa9 \x1b]0;x\x07 \xc3 \xed\xa0\x80"),
+  EXPECT_EQ(io::terminal_safe("caf\xc3\xa9 \x1b]0;x\x07 \xc3 \xed\xa0\x80"),
             "caf\xc3\xa9 \\x1b]0;x\\x07 \\xc3 \\xed\\xa0\\x80");
 }
 
 TEST_F(NpyFile, StagedFloatOutputRoundTripsAndEmptyStagesWork) {
   const std::vector<float> v(1000, 0.5f);
   {
-    cli::StagedOutputs out;
+    io::StagedOutputs out;
     out.stage_f32((dir / "y.npy").string(), {10, 100}, v.data(), "--out");
     out.stage((dir / "empty").string(), "", "--out");
     out.commit();
   }
-  const cli::NpyArray a = cli::read_float_npy((dir / "y.npy").string(), "t");
+  const io::NpyArray a = io::read_float_npy((dir / "y.npy").string(), "t");
   EXPECT_EQ(a.shape, (std::vector<int64_t>{10, 100}));
   EXPECT_EQ(a.values, v);
   EXPECT_EQ(fs::file_size(dir / "empty"), 0u);

@@ -27,7 +27,7 @@ class VQCli : public testing::CliTest {
     const auto& s = c.shape();
     const std::vector<int64_t> shape =
         shared ? std::vector<int64_t>{s[2], s[3]} : std::vector<int64_t>{s[1], s[2], s[3]};
-    write_bytes(name, cli::encode_npy_f32(shape, c.data()));
+    write_bytes(name, io::encode_npy_f32(shape, c.data()));
   }
 };
 
@@ -41,7 +41,7 @@ TEST_F(VQCli, AttentionWithCodebookEqualsLibrary) {
   write_codebook("c1.npy", shared, true);
   std::vector<uint8_t> flags(80, 1);
   for (int j = 0; j < 40; j += 3) flags[j] = 0;
-  std::string mask = cli::encode_npy_f32({2, 40}, std::vector<float>(80).data());
+  std::string mask = io::encode_npy_f32({2, 40}, std::vector<float>(80).data());
   {
     std::string dict = "{'descr': '|u1', 'fortran_order': False, 'shape': (2, 40), }";
     dict.append((64 - (10 + dict.size() + 1) % 64) % 64, ' ');
@@ -82,7 +82,7 @@ TEST_F(VQCli, AttentionLearnsCodebookWithoutOne) {
   ko.iterations = 4;
   ko.seed = 3;
   const Codebook learned = Codebook::kmeans(k, 5, ko);
-  const cli::NpyArray saved = cli::read_float_npy(path("c.npy"), "test");
+  const io::NpyArray saved = io::read_float_npy(path("c.npy"), "test");
   EXPECT_EQ(saved.shape, (std::vector<int64_t>{3, 5, 8}));
   EXPECT_EQ(saved.values, learned.values());
   EXPECT_EQ(read("y.npy").values(), vq_attention(q, k, v, learned.view()).values());
@@ -95,7 +95,7 @@ TEST_F(VQCli, AttentionLearnsCodebookWithoutOne) {
                     " --method vq --codes 20 --save-codebook " + path("c2.npy"))
                 .code,
             0);
-  EXPECT_EQ(cli::read_float_npy(path("c2.npy"), "test").shape, (std::vector<int64_t>{20, 4}));
+  EXPECT_EQ(io::read_float_npy(path("c2.npy"), "test").shape, (std::vector<int64_t>{20, 4}));
   EXPECT_EQ(read("y2.npy").shape(), (Shape4{1, 1, 20, 2}));
 }
 
@@ -128,7 +128,7 @@ TEST_F(VQCli, CodebookCommandWritesKMeansWithFallingError) {
     ko.iterations = 8;
     ko.seed = 1;
     const Codebook c = Codebook::kmeans(k, 6, ko, !shared);
-    const cli::NpyArray saved = cli::read_float_npy(path("c.npy"), "test");
+    const io::NpyArray saved = io::read_float_npy(path("c.npy"), "test");
     EXPECT_EQ(saved.shape, (shared ? std::vector<int64_t>{6, 8} : std::vector<int64_t>{3, 6, 8}));
     EXPECT_EQ(saved.values, c.values());
     EXPECT_NEAR(errors.back(), c.quantisation_error(k), 1e-6 * errors.back());
@@ -145,7 +145,7 @@ TEST_F(VQCli, ErrorsExitTwoWithOneLineAndNoOutput) {
   write_codebook("c.npy", random_tensor({1, 3, 4, 8}, 4), false);
   write_codebook("c2h.npy", random_tensor({1, 2, 4, 8}, 4), false);
   write_codebook("c7.npy", random_tensor({1, 1, 4, 7}, 4), true);
-  write_bytes("c1.npy", cli::encode_npy_f32({32}, random_tensor({1, 1, 4, 8}, 4).data()));
+  write_bytes("c1.npy", io::encode_npy_f32({32}, random_tensor({1, 1, 4, 8}, 4).data()));
   const std::string vq = "attention " + qkv() + " --out " + path("y.npy") + " --method vq ";
   const std::string cb = " --codebook " + path("c.npy");
   expect_failure(vq + "--codes 0", "--codes: 0 must be >= 1");

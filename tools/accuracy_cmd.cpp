@@ -12,7 +12,7 @@
 
 #include "accuracy_sweep.hpp"
 #include "commands.hpp"
-#include "npy.hpp"
+#include "io_names.hpp"
 #include "plot_runner.hpp"
 
 namespace favor::cli {

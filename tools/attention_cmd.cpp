@@ -7,7 +7,7 @@
 
 #include "attention_args.hpp"
 #include "commands.hpp"
-#include "map_file.hpp"
+#include "io_names.hpp"
 
 namespace favor::cli {
 

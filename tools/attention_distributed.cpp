@@ -27,7 +27,7 @@
 #include "commands.hpp"
 #include "favor/distributed.hpp"
 #include "npy_slice.hpp"
-#include "printable.hpp"
+#include "io_names.hpp"
 
 namespace favor::cli {
 namespace {

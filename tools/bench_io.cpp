@@ -12,7 +12,7 @@
 #include <fstream>
 
 #include "favor/favor.hpp"
-#include "npy.hpp"
+#include "io_names.hpp"
 #include "workload.hpp"
 
 extern char** environ;

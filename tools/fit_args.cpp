@@ -17,19 +17,10 @@ std::optional<KernelFit> make_fit(const FitArgs& args, Kernel kernel, std::optio
                                   int64_t d) {
   const bool files = !args.q.empty() || !args.k.empty();
   if (!args.a && !files) return std::nullopt;
-  if (!data_adapted(kernel)) {
-    throw Error(std::string(args.a ? "--fit-a" : "--fit-q/--fit-k") +
-                ": only the favorpp and favorsharp kernels take a fit (--kernel is " +
-                to_string(kernel) + ")");
-  }
+  check_fit_kernel(kernel, args.a && !files, args.a ? "--fit-a" : "--fit-q/--fit-k", "--kernel",
+                   "--fit-q/--fit-k");
   if (args.a && files) throw Error("--fit-a: give either --fit-a or --fit-q/--fit-k, not both");
-  if (args.a) {
-    if (kernel != Kernel::favorpp) {
-      throw Error(
-          "--fit-a: one A for every direction is FAVOR++; favorsharp needs --fit-q/--fit-k");
-    }
-    return KernelFit::constant(*args.a, d);
-  }
+  if (args.a) return KernelFit::constant(*args.a, d);
   if (args.q.empty() || args.k.empty()) throw Error("--fit-q/--fit-k: give both files");
   const InputTensor q = read_tensor(args.q, "--fit-q"), k = read_tensor(args.k, "--fit-k");
   if (q.shape()[3] != d || k.shape()[3] != d) {

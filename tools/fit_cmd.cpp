@@ -10,7 +10,7 @@
 
 #include "cli_common.hpp"
 #include "commands.hpp"
-#include "map_file.hpp"
+#include "io_names.hpp"
 
 namespace favor::cli {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "commands.hpp"
 #include "favor/favor.hpp"
-#include "printable.hpp"
+#include "io_names.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"favor: fast random-feature attention (FAVOR+) and exact attention on .npy arrays"};
@@ -21,15 +21,15 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "favor: error: " << favor::cli::terminal_safe(e.what()) << " (see favor --help)\n";
+    std::cerr << "favor: error: " << favor::io::terminal_safe(e.what()) << " (see favor --help)\n";
     return 2;
   } catch (const favor::cli::AlreadyReported&) {  // favor attention --distributed
     return 2;
   } catch (const favor::Error& e) {
-    std::cerr << "favor: error: " << favor::cli::terminal_safe(e.what()) << '\n';
+    std::cerr << "favor: error: " << favor::io::terminal_safe(e.what()) << '\n';
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "favor: error: " << favor::cli::terminal_safe(e.what()) << '\n';
+    std::cerr << "favor: error: " << favor::io::terminal_safe(e.what()) << '\n';
     return 2;
   }
   return 0;

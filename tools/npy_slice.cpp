@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "favor/error.hpp"
-#include "printable.hpp"
+#include "io_names.hpp"
 
 namespace favor::cli {
 namespace {

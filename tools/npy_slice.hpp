@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "favor/tensor.hpp"
-#include "npy.hpp"
+#include "io_names.hpp"
 
 namespace favor::cli {
 

@@ -4,7 +4,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "npy.hpp"
+#include "io_names.hpp"
 
 namespace favor::cli {
 

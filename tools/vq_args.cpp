@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "npy.hpp"
+#include "io_names.hpp"
 
 namespace favor::cli {
 

@@ -20,6 +20,7 @@
 #include "favor/error.hpp"
 #include "favor/feature_map.hpp"
 #include "favor/features.hpp"
+#include "favor/kernel_rules.hpp"
 #include "favor/fit.hpp"
 #include "favor/metrics.hpp"
 #include "favor/projection.hpp"

@@ -5,19 +5,20 @@ Shapes: q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] -> [B, H, Nq, Dv]; or
 nonzero = the key takes part (the CLI's --key-mask; torch's key_padding_mask is the
 opposite and is handled in favor.torch).
 """
-import functools
-import operator
 import os
 from collections import namedtuple
 
 import numpy as np
 
 from . import _core
-from .feature_map import FeatureMap, _check_set_count, _check_values, _sets
+from ._args import (DEFAULT_FEATURES, DRAW_DEFAULTS, KERNEL_NAMES, Streaming,  # noqa: F401
+                    batch_heads, check_map_defaults, check_set_count, check_values, decay_values,
+                    fit_for, head_dim, integer, kernel_name, make_projection, parameter_sets)
+from .feature_map import FeatureMap
 
-DEFAULT_FEATURES = 256
-KERNEL_NAMES = ("positive", "trig", "hyperbolic", "favorpp", "favorsharp", "hedgehog", "favor++",
-                "favor#")
+# The names favor.torch and favor.distributed import from here (they live in _args now).
+_batch_heads, _check_map_defaults, _decay = batch_heads, check_map_defaults, decay_values
+_fit, _head_dim, _DRAW_DEFAULTS = fit_for, head_dim, DRAW_DEFAULTS
 
 AttentionOutput = namedtuple("AttentionOutput", ["y", "context", "zero_rows"])
 AttentionOutput.__doc__ = """attention(..., full_output=True): the output y, the saved key
@@ -33,104 +34,6 @@ dL/dW of the shared projection, [m, D]), dbias and dlambda [heads, m] (None when
 no bias / lambda), ddecay (float64, one per decay value; None without decay)."""
 
 
-def make_projection(d, projection="orthogonal", *, features=None, norms="chi", seed=0):
-    """The projection an attention call uses: `projection` itself if it is a
-    favor.Projection (then `features`, if given, must equal its m), else
-    Projection.draw(features or 256, d, kind=projection, norms=norms, seed=seed): the same
-    bits as the CLI's --projection/--features/--norms/--seed."""
-    if isinstance(projection, _core.Projection):
-        if features is not None and features != projection.m:
-            raise _core.Error(f"features: {features} differs from the given projection's "
-                              f"m = {projection.m}")
-        if projection.d != d:
-            raise _core.Error(f"projection: has d = {projection.d}, the inputs have D = {d}")
-        return projection
-    if not isinstance(projection, str):
-        raise _core.Error("projection: must be a kind (iid, orthogonal, radial, qmc, sorf, "
-                          f"simplex, dct) or a favor.Projection, not {type(projection).__name__}")
-    m = check_features(DEFAULT_FEATURES if features is None else features)
-    s = check_seed(seed)
-    try:
-        return _drawn(projection, m, operator.index(d), norms, s)
-    except _core.Error as e:  # Projection.draw calls the kind `kind`; here it is `projection`
-        if str(e).startswith("kind:"):
-            raise _core.Error("projection:" + str(e)[len("kind:"):]) from None
-        raise
-
-
-@functools.lru_cache(maxsize=128)
-def _drawn(kind, m, d, norms, seed):
-    """The drawn projection of (kind, m, d, norms, seed), drawn once: a projection is a
-    function of these alone, and a favor.Projection is immutable (its matrix is a read-only
-    view), so every call with the same arguments shares it (a draw costs ~1.4 ms at
-    m = 256, D = 64; a cache hit ~1 us)."""
-    return _core.Projection.draw(m, d, kind=kind, norms=norms, seed=seed)
-
-
-def check_features(features):
-    """features (m) as an int >= 1, else favor.Error naming it."""
-    m = _integer(features)
-    if m is None or m < 1:
-        raise _core.Error(f"features: {features!r} must be an integer >= 1")
-    return m
-
-
-def check_seed(seed):
-    """seed as an int in [0, 2^64), else favor.Error naming it."""
-    s = _integer(seed)
-    if s is None or not 0 <= s < 2**64:
-        raise _core.Error(f"seed: {seed!r} must be an integer in [0, 2^64)")
-    return s
-
-
-def _integer(x):
-    """x as an int (Python or numpy integers; not bool), else None."""
-    if isinstance(x, bool):
-        return None
-    try:
-        return operator.index(x)
-    except TypeError:
-        return None
-
-
-def _fit(fit, kernel, d, inputs=None):
-    """A KernelFit, or a float A (FAVOR++ with one A for every head: the CLI's --fit-a).
-    inputs=(B, H) of the call: a fit with one entry per head (H of them, e.g. fitted on
-    calibration data of shape [1, H, N, D]) is repeated over the batch to B*H entries."""
-    if fit is None:
-        return None
-    if kernel in ("positive", "trig", "hyperbolic"):
-        raise _core.Error(f"fit: only the favorpp and favorsharp kernels take a fit "
-                          f"(kernel is '{kernel}')")
-    if isinstance(fit, _core.KernelFit):
-        if inputs is not None and inputs[0] > 1 and fit.heads == inputs[1] > 1:
-            b = inputs[0]
-            return _core.KernelFit(np.tile(np.asarray(fit.a), (b, 1)),
-                                   np.tile(np.asarray(fit.basis), (b, 1, 1)))
-        return fit
-    if isinstance(fit, (int, float)):
-        if kernel not in ("favorpp", "favor++"):
-            raise _core.Error("fit: one A for every direction is FAVOR++ (kernel='favorpp'); "
-                              "favorsharp needs a KernelFit from fit_kernel")
-        return _core.KernelFit.constant(float(fit), d)
-    raise _core.Error(f"fit: must be a favor.KernelFit or a float A, not {type(fit).__name__}")
-
-
-def _decay(decay):
-    """decay (None, a float or one gamma per head) as a list of floats; [] for none."""
-    if decay is None:
-        return []
-    try:
-        a = np.asarray(decay, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise _core.Error(f"decay: {decay!r} must be a float or a sequence of floats "
-                          "(one gamma in (0, 1] per head)") from None
-    if a.ndim > 1:
-        raise _core.Error(f"decay: shape {list(a.shape)} must be a float or 1-D (one gamma per "
-                          "head)")
-    return [float(x) for x in a.ravel()]
-
-
 def _lambda(feature_weights):
     """feature_weights (an array [m] / [heads, m] or a .npy path) as float32 [heads, m], its
     values finite and nonzero (errors name feature_weights)."""
@@ -143,30 +46,9 @@ def _lambda(feature_weights):
         if not isinstance(feature_weights, np.ndarray):
             raise _core.Error("feature_weights: a .npz file is a whole map; pass it as "
                               "feature_map=")
-    lam = _sets(feature_weights, "feature_weights", 1, None)
-    _check_values(lam, "feature_weights", nonzero=True)
+    lam = parameter_sets(feature_weights, "feature_weights", 1, None)
+    check_values(lam, "feature_weights", nonzero=True)
     return lam
-
-
-_DRAW_DEFAULTS = (("kernel", "positive"), ("features", None), ("projection", "orthogonal"),
-                  ("norms", "chi"), ("seed", 0), ("scale", None), ("fit", None))
-
-
-def _check_map_defaults(draw):
-    """With a feature_map, the drawing options (dict name -> value: kernel, features,
-    projection, norms, seed, scale, fit) must keep their defaults: the map carries them. An
-    explicit default value cannot be told from the default and passes."""
-    for name, default in _DRAW_DEFAULTS:
-        value = draw[name]
-        if value is not default and not (isinstance(value, (str, int)) and value == default):
-            raise _core.Error(f"{name}: the feature_map carries the kernel, projection, scale "
-                              "and fit; leave " + ", ".join(n for n, _ in _DRAW_DEFAULTS)
-                              + " at their defaults")
-
-
-def _batch_heads(x):
-    """(B, H) of a 4-D [B, H, N, D] input; (1, 1) for 2-D [N, D]."""
-    return (int(x.shape[0]), int(x.shape[1])) if len(x.shape) == 4 else (1, 1)
 
 
 def _core_map(d, feature_map, feature_weights, decay, draw, force=False, inputs=None):
@@ -177,7 +59,7 @@ def _core_map(d, feature_map, feature_weights, decay, draw, force=False, inputs=
     call, which the feature_weights' sets are checked against (errors name feature_weights,
     not the map made from them)."""
     if feature_map is not None:
-        _check_map_defaults(draw)
+        check_map_defaults(draw)
         if feature_weights is not None:
             raise _core.Error("feature_weights: the feature_map carries its own lambda; give one "
                               "or the other")
@@ -202,20 +84,13 @@ def _core_map(d, feature_map, feature_weights, decay, draw, force=False, inputs=
         if lam.shape[1] != w.m:
             raise _core.Error(f"feature_weights: has {lam.shape[1]} weights per set; the "
                               f"projection has m = {w.m} rows (one weight per row)")
-        if inputs is not None and all(_integer(x) is not None and x >= 1 for x in inputs):
-            _check_set_count(lam.shape[0], "feature_weights", *inputs)
+        if inputs is not None and all(integer(x) is not None and x >= 1 for x in inputs):
+            check_set_count(lam.shape[0], "feature_weights", *inputs)
     kernel = draw["kernel"]
-    ok = inputs is not None and all(_integer(x) is not None for x in inputs)
-    fit = _fit(draw["fit"], kernel, d, tuple(inputs) if ok else None)
+    ok = inputs is not None and all(integer(x) is not None for x in inputs)
+    fit = fit_for(draw["fit"], kernel, d, tuple(inputs) if ok else None)
     return _core.FeatureMap(w, kernel=kernel, scale=draw["scale"], fit=fit,
                             heads=1 if lam is None else lam.shape[0], lambda_=lam)
-
-
-def _head_dim(x, name):
-    shape = getattr(x, "shape", None)
-    if shape is None or len(shape) not in (2, 4):
-        raise _core.Error(f"{name}: must be a 2-D [N, D] or 4-D [B, H, N, D] array")
-    return int(shape[-1])
 
 
 def attention(q, k, v, *, method="favor", causal=False, kernel="positive", features=None,
@@ -255,31 +130,30 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
         if codebook is None:
             raise _core.Error("codebook: method='vq' needs a codebook ([c, D], [H, c, D] or a "
                               "favor.Codebook)")
-        from .vq import vq_attention  # vq imports this module
+        from .vq import vq_attention  # deferred: `import favor.api` alone need not load vq
         y, zero_rows = vq_attention(q, k, v, codebook, causal=causal, scale=scale,
                                     key_mask=key_mask, tau=tau, block=block, full_output=True)
         return AttentionOutput(y, None, zero_rows) if full_output else y
     if method == "exact":
-        if kernel not in KERNEL_NAMES:  # the CLI parses --kernel whatever the method
-            raise _core.Error(f"kernel: '{kernel}' is not a kernel; use one of "
-                              + ", ".join(KERNEL_NAMES[:6]))
+        kernel_name(kernel)  # the CLI parses --kernel whatever the method
         y = _core.exact_attention(q, k, v, causal=causal, scale=scale, key_mask=key_mask,
                                   accumulate=accumulate)
         return AttentionOutput(y, None, 0) if full_output else y
     if method != "favor":
         raise _core.Error(f"method: '{method}' is not a method; use favor, exact or vq")
-    d = _head_dim(q, "q")
+    d = head_dim(q, "q")
     draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
                 seed=seed, scale=scale, fit=fit)
-    fm = _core_map(d, feature_map, feature_weights, decay, draw, inputs=_batch_heads(q))
+    fm = _core_map(d, feature_map, feature_weights, decay, draw, inputs=batch_heads(q))
     if fm is not None:
         y, zero_rows, context = _core.attention_map(q, k, v, fm, causal=causal, key_mask=key_mask,
-                                                    decay=_decay(decay), save_context=full_output)
+                                                    decay=decay_values(decay),
+                                                    save_context=full_output)
         return AttentionOutput(y, context, zero_rows) if full_output else y
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
     y, zero_rows, context = _core.attention(q, k, v, w, kernel=kernel, causal=causal,
                                             scale=scale, key_mask=key_mask,
-                                            fit=_fit(fit, kernel, d, _batch_heads(q)),
+                                            fit=fit_for(fit, kernel, d, batch_heads(q)),
                                             save_context=full_output)
     return AttentionOutput(y, context, zero_rows) if full_output else y
 
@@ -305,14 +179,14 @@ def attention_backward(q, k, v, dy, *, causal=False, kernel="positive", features
     if context is not None and not isinstance(context, _core.AttentionContext):
         raise _core.Error(f"context: must be the AttentionContext of attention(..., "
                           f"full_output=True), not {type(context).__name__}")
-    d = _head_dim(q, "q")
+    d = head_dim(q, "q")
     draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
                 seed=seed, scale=scale, fit=fit)
     fm = _core_map(d, feature_map, feature_weights, decay, draw, force=parameter_grads,
-                   inputs=_batch_heads(q))
+                   inputs=batch_heads(q))
     if fm is not None:
         g = _core.attention_map_backward(q, k, v, dy, fm, causal=causal, key_mask=key_mask,
-                                         decay=_decay(decay),
+                                         decay=decay_values(decay),
                                          parameter_grads=parameter_grads or projection_grad,
                                          context=context)
         if parameter_grads:
@@ -321,7 +195,7 @@ def attention_backward(q, k, v, dy, *, causal=False, kernel="positive", features
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
     return Grads(*_core.attention_backward(q, k, v, dy, w, kernel=kernel, causal=causal,
                                            scale=scale, key_mask=key_mask,
-                                           fit=_fit(fit, kernel, d, _batch_heads(q)),
+                                           fit=fit_for(fit, kernel, d, batch_heads(q)),
                                            projection_grad=projection_grad, context=context))
 
 
@@ -339,14 +213,14 @@ def features(x, *, kernel="positive", features=None, projection="orthogonal", no
     With a feature_map (or feature_weights: lambda), its phi: each feature of row f times
     lambda_f (favor.FeatureMap). Raises if a feature overflows float32 (attention()
     stabilises; this map does not)."""
-    d = _head_dim(x, "x")
+    d = head_dim(x, "x")
     draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
                 seed=seed, scale=scale, fit=fit)
-    fm = _core_map(d, feature_map, feature_weights, None, draw, inputs=_batch_heads(x))
+    fm = _core_map(d, feature_map, feature_weights, None, draw, inputs=batch_heads(x))
     if fm is not None:
         return _core.features_map(x, fm)
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
-    return _core.features(x, w, kernel=kernel, scale=scale, fit=_fit(fit, kernel, d))
+    return _core.features(x, w, kernel=kernel, scale=scale, fit=fit_for(fit, kernel, d))
 
 
 def fit_kernel(kernel, q, k, *, scale=None, key_mask=None):
@@ -359,46 +233,12 @@ def kernel_mse(x, y, *, kernel="positive", features=None, projection="orthogonal
                seed=0, scale=None, fit=None):
     """Mean over all pairs of (phi(x_i).phi(y_j) - exp(scale x_i.y_j))^2, in double, for
     x [Nx, D] and y [Ny, D]. O(Nx Ny F): small problems only."""
-    d = _head_dim(x, "x")
+    d = head_dim(x, "x")
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
-    return _core.kernel_mse(x, y, w, kernel=kernel, scale=scale, fit=_fit(fit, kernel, d))
+    return _core.kernel_mse(x, y, w, kernel=kernel, scale=scale, fit=fit_for(fit, kernel, d))
 
 
-class _Streaming:
-    """What Decoder and favor.VQDecoder share: calls and properties of the _core decoder
-    held in self._d."""
-
-    def append(self, k, v, key_mask=None):
-        """Adds T tokens; key_mask [B, T] (nonzero = the token takes part) leaves a masked
-        token's row as it was: left-padded batches."""
-        self._d.append(k, v, key_mask=key_mask)
-
-    def query(self, q):
-        return self._d.query(q)
-
-    def reset(self):
-        self._d.reset()
-
-    def state(self):
-        """A copy of the state as numpy arrays: {'sums', 'log_max', 'row_positions',
-        'position'} (docs/api.md, "Decoder state"); load_state(**state) restores it."""
-        return self._d.state()
-
-    def load_state(self, **state):
-        self._d.load_state(**state)
-
-    def select(self, indices):
-        """Keeps batch rows indices (in that order; rows may repeat or go): a beam-search
-        reorder."""
-        self._d.select(list(indices))
-
-    position = property(lambda self: self._d.position, doc="tokens appended so far")
-    batch = property(lambda self: self._d.batch)
-    heads = property(lambda self: self._d.heads)
-    dv = property(lambda self: self._d.dv)
-
-
-class Decoder(_Streaming):
+class Decoder(Streaming):
     """Streaming (autoregressive) FAVOR decoding with a fixed-size state per (batch, head).
 
     Decoder(batch, heads, dv, projection, kernel='positive', scale=None, fit=None,
@@ -418,20 +258,20 @@ class Decoder(_Streaming):
                 raise _core.Error("projection: the feature_map carries the projection; give one "
                                   "or the other")
             fm = _core_map(None, feature_map, feature_weights, decay,
-                           dict(_DRAW_DEFAULTS, kernel=kernel, scale=scale, fit=fit))
-            self._d = _core.Decoder(batch, heads, dv, feature_map=fm, decay=_decay(decay))
+                           dict(DRAW_DEFAULTS, kernel=kernel, scale=scale, fit=fit))
+            self._d = _core.Decoder(batch, heads, dv, feature_map=fm, decay=decay_values(decay))
             return
         if not isinstance(projection, _core.Projection):
             raise _core.Error("projection: Decoder needs a favor.Projection (its d sets D) or "
                               "a feature_map")
         if feature_weights is not None or decay is not None:
             fm = _core_map(projection.d, None, feature_weights, decay,
-                           dict(_DRAW_DEFAULTS, kernel=kernel, scale=scale, fit=fit,
+                           dict(DRAW_DEFAULTS, kernel=kernel, scale=scale, fit=fit,
                                 projection=projection), inputs=(batch, heads))
-            self._d = _core.Decoder(batch, heads, dv, feature_map=fm, decay=_decay(decay))
+            self._d = _core.Decoder(batch, heads, dv, feature_map=fm, decay=decay_values(decay))
             return
         self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
-                                fit=_fit(fit, kernel, projection.d, (batch, heads)))
+                                fit=fit_for(fit, kernel, projection.d, (batch, heads)))
 
     projection = property(lambda self: self._d.projection)
     state_bytes = property(lambda self: self._d.state_bytes,

@@ -20,61 +20,10 @@ import os
 import numpy as np
 
 from . import _core
+from ._args import KERNELS, data_adapted, float_array, kernel_name, make_projection
+from ._args import parameter_sets as _sets
 
-KERNELS = ("positive", "trig", "hyperbolic", "hedgehog", "favorpp", "favorsharp")
-_ALIASES = {"favor++": "favorpp", "favor#": "favorsharp"}
-
-
-def _kernel_name(kernel):
-    if not isinstance(kernel, str):
-        raise _core.Error(f"kernel: must be a string, not {type(kernel).__name__}")
-    name = _ALIASES.get(kernel, kernel)
-    if name not in KERNELS:
-        raise _core.Error(f"kernel: '{kernel}' is not a kernel; use one of " + ", ".join(KERNELS))
-    return name
-
-
-def _float_array(x, name):
-    a = np.asarray(x)
-    if a.dtype.kind != "f":
-        raise _core.Error(f"{name}: dtype {a.dtype} is not a float type")
-    return np.array(a, dtype=np.float32, order="C")  # a copy the map owns (writable)
-
-
-def _sets(x, name, per_set_rank, heads):
-    """x as [heads, ...] float32: a parameter without the heads axis is one set."""
-    if x is None:
-        return None
-    a = _float_array(x, name)
-    if a.ndim == per_set_rank:
-        a = a[None]
-    if a.ndim != per_set_rank + 1:
-        layout = "[heads, m, d] (or [m, d])" if per_set_rank == 2 else "[heads, m] (or [m])"
-        raise _core.Error(f"{name}: shape {list(a.shape)} must be {layout}")
-    if heads is not None and a.shape[0] != heads:
-        raise _core.Error(f"{name}: has {a.shape[0]} sets along axis 0 but heads = {heads}")
-    return a
-
-
-def _check_values(a, name, nonzero=False):
-    """The C++ check of a parameter's values (finite; nonzero for feature weights), naming
-    the caller's argument: `name[i] = x` with i the flat index, as the C++ message."""
-    a = np.asarray(a)
-    bad = ~np.isfinite(a)
-    if nonzero:
-        bad |= a == 0
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        what = "feature weights must be finite and nonzero" if nonzero else "not finite"
-        raise _core.Error(f"{name}[{i}] = {a.reshape(-1)[i]:g}: {what}")
-
-
-def _check_set_count(sets, name, batch, heads):
-    """A parameter with `sets` sets along axis 0 against inputs with `batch` sequences of
-    `heads` heads: 1, H or B*H (head (b, h) uses set (b H + h) % sets)."""
-    if sets not in (1, heads, batch * heads):
-        raise _core.Error(f"{name}: has {sets} parameter sets along axis 0; the inputs need 1, "
-                          f"H = {heads} or B*H = {batch * heads}")
+__all__ = ["FeatureMap", "KERNELS"]
 
 
 class FeatureMap:
@@ -100,10 +49,10 @@ class FeatureMap:
                  bias=None, lambda_=None, fit=None):
         if isinstance(projection, _core.Projection):
             projection = projection.matrix
-        p = _float_array(projection, "projection")
+        p = float_array(projection, "projection")
         if p.ndim != 2:
             raise _core.Error(f"projection: shape {list(p.shape)} must be [m, d]")
-        self.kernel = _kernel_name(kernel)
+        self.kernel = kernel_name(kernel)
         self.projection = p
         self.scale = None if scale is None else float(scale)
         self.fit = fit
@@ -132,7 +81,7 @@ class FeatureMap:
     @property
     def features(self):
         """Features per row F: 2m for trig, hyperbolic and hedgehog, m for the others."""
-        return 2 * self.m if self.kernel in ("trig", "hyperbolic", "hedgehog") else self.m
+        return _core.feature_count(self.kernel, self.m)
 
     @property
     def resolved_scale(self):
@@ -165,10 +114,9 @@ class FeatureMap:
         """A map to train: the projection drawn (kind `projection`, m x d, `norms`, `seed`:
         the CLI's draw) and, with `heads` sets each, weights = copies of it, bias = 0 and
         lambda = 1 for those asked for (the C++ FeatureMap::learnable)."""
-        if _kernel_name(kernel) in ("favorpp", "favorsharp"):
+        if data_adapted(kernel):
             raise _core.Error(f"kernel: {kernel} takes its parameters from its fit; learn a "
                               "positive or hedgehog map instead")
-        from .api import make_projection  # api imports this module
         w = make_projection(d, projection, features=m, norms=norms, seed=seed).matrix
         if not isinstance(heads, int) or heads < 1:
             raise _core.Error(f"heads: {heads!r} must be an integer >= 1")
@@ -199,62 +147,43 @@ class FeatureMap:
     # -- the .npz file -----------------------------------------------------------------
 
     def save(self, path):
-        """Writes the map as .npz (np.savez; numpy adds '.npz' to a path without it):
-        kernel (0-d '<U16'), scale (0-d float64, the scale in use), projection (float32
-        [m, d]), heads (0-d int64) and, when set, weights (float32 [heads, m, d]), bias and
-        lambda (float32 [heads, m]). A map with a KernelFit cannot be saved (the fit is not
-        part of the format). Returns the path written."""
-        if self.fit is not None:
-            raise _core.Error("fit: a KernelFit is not part of the .npz map format; save a "
-                              "map without one (favorpp / favorsharp fit at every call)")
-        members = dict(kernel=np.array(self.kernel, dtype="<U16"),
-                       scale=np.array(self.resolved_scale, dtype="<f8"),
-                       projection=self.projection.astype("<f4"),
-                       heads=np.array(self.heads, dtype="<i8"))
-        for name, a in (("weights", self.weights), ("bias", self.bias), ("lambda", self.lambda_)):
-            if a is not None:
-                members[name] = a.astype("<f4")
+        """Writes the map as .npz with the C++ writer the CLI uses (src/io/map_file.hpp;
+        '.npz' is added to a path without it, as np.savez does): kernel (0-d '<U16'), scale
+        (0-d float64, the scale in use), projection (float32 [m, d]), heads (0-d int64) and,
+        when set, weights (float32 [heads, m, d]), bias and lambda (float32 [heads, m]).
+        FAVOR++ / FAVOR# maps cannot be saved (their fit is not part of the format).
+        Returns the path written."""
         path = os.fspath(path)
-        np.savez(path, **members)
-        return path if path.endswith(".npz") else path + ".npz"
+        if not path.endswith(".npz"):
+            path += ".npz"
+        _core.write_map_file(path, self.core())
+        return path
 
     @classmethod
     def load(cls, path, *, projection=None, kernel="positive", scale=None):
         """Reads a map written by save() or by the C++ library / CLI (.npz, stored or
-        deflated). A bare .npy of float [m] or [heads, m] is the feature weights lambda
+        deflated) with the CLI's reader (src/io/map_file.hpp: malformed files raise
+        favor.Error naming the file and the member; members other than the format's are
+        ignored). A bare .npy of float [m] or [heads, m] is the feature weights lambda
         alone: give the projection (a favor.Projection or an [m, d] array), kernel and scale
-        it goes with. Malformed files raise favor.Error naming the member. Members other
-        than the format's are ignored, as the C++ reader (the CLI) ignores them."""
+        it goes with."""
         path = os.fspath(path)
-        try:
-            data = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise _core.Error(f"path: cannot read '{path}' as .npz or .npy ({e})") from None
-        if isinstance(data, np.ndarray):
+        if _is_npy(path):
+            try:
+                lam = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as e:
+                raise _core.Error(f"path: cannot read '{path}' as .npy ({e})") from None
             if projection is None:
                 raise _core.Error(f"projection: '{path}' holds feature weights (lambda) alone; "
                                   "give the projection (and kernel, scale) they belong to")
-            lam = _sets(data, "lambda", 1, None)
-            return cls(projection, kernel=kernel, scale=scale, lambda_=lam)
-        with data:
-            if projection is not None or kernel != "positive" or scale is not None:
-                raise _core.Error(f"projection: '{path}' is a whole map (.npz); projection, "
-                                  "kernel and scale come from the file")
-            for name in ("kernel", "scale", "projection", "heads"):
-                if name not in data.files:
-                    raise _core.Error(f"{name}: member missing from '{path}'")
-            k = data["kernel"]
-            if k.ndim != 0 or k.dtype.kind != "U":
-                raise _core.Error(f"kernel: must be a 0-d unicode string, not {k.dtype} "
-                                  f"{list(k.shape)}")
-            s, h = data["scale"], data["heads"]
-            if s.ndim != 0 or s.dtype.kind != "f":
-                raise _core.Error(f"scale: must be a 0-d float, not {s.dtype} {list(s.shape)}")
-            if h.ndim != 0 or h.dtype.kind not in "iu":
-                raise _core.Error(f"heads: must be a 0-d integer, not {h.dtype} {list(h.shape)}")
-            get = lambda name: data[name] if name in data.files else None
-            return cls(data["projection"], kernel=str(k), scale=float(s), heads=int(h),
-                       weights=get("weights"), bias=get("bias"), lambda_=get("lambda"))
+            return cls(projection, kernel=kernel, scale=scale,
+                       lambda_=_sets(lam, "lambda", 1, None))
+        if projection is not None or kernel != "positive" or scale is not None:
+            raise _core.Error(f"projection: '{path}' is a whole map (.npz); projection, "
+                              "kernel and scale come from the file")
+        m = _core.read_map_file(path)
+        return cls(m.projection.matrix, kernel=m.kernel, scale=m.scale, heads=m.heads,
+                   weights=m.weights, bias=m.bias, lambda_=m.lambda_)
 
     def __repr__(self):
         parts = [f"kernel='{self.kernel}'", f"m={self.m}", f"d={self.d}", f"heads={self.heads}"]
@@ -263,3 +192,13 @@ class FeatureMap:
         parts += [n for n, a in (("weights", self.weights), ("bias", self.bias),
                                  ("lambda", self.lambda_)) if a is not None]
         return "favor.FeatureMap(" + ", ".join(parts) + ")"
+
+
+def _is_npy(path):
+    """True when the file at `path` starts as a .npy file does (else it is read as a map
+    .npz, whose reader says what is wrong with it)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(6) == b"\x93NUMPY"
+    except OSError:
+        return False

@@ -25,11 +25,13 @@ import time
 import numpy as np
 
 from . import _core
+from ._args import KERNELS
+from .api import exact_attention
 from .feature_map import FeatureMap
 
 LEARNABLE = ("weights", "bias", "lambda")
 OBJECTIVES = ("output", "kl")
-FITTABLE = ("positive", "trig", "hyperbolic", "hedgehog")
+FITTABLE = tuple(k for k in KERNELS if not _core.data_adapted(k))  # not favorpp, favorsharp
 
 
 def _as4(x, name):
@@ -270,8 +272,6 @@ def fit_features(q, k, v, *, kernel="hedgehog", features=64, steps=200, lr=1e-2,
     """
     import torch
 
-    from . import api
-
     learn = _check(kernel if start is None else getattr(start, "kernel", kernel), features,
                    steps, lr, objective, learn, kl_block, lambda_floor)
     if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 0:
@@ -284,7 +284,7 @@ def fit_features(q, k, v, *, kernel="hedgehog", features=64, steps=200, lr=1e-2,
                           "and Dv with the training data")
     fm = _start_map(start, kernel, features, d, heads, seed, projection, norms, scale)
     params = _Parameters(fm, heads, learn)
-    exact = lambda a, b, c: torch.from_numpy(api.exact_attention(
+    exact = lambda a, b, c: torch.from_numpy(exact_attention(
         a.numpy(), b.numpy(), c.numpy(), causal=causal, scale=params.scale))
     target, held_target = exact(tq, tk, tv), exact(hq, hk, hv)
     held_norm = float(torch.linalg.norm(held_target.double()))

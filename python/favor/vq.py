@@ -11,7 +11,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import _core
-from .api import _Streaming
+from ._args import Streaming, block_length, mix_seed
 
 VQGrads = namedtuple("VQGrads", ["dq", "dk", "dv", "dcodebook"])
 VQGrads.__doc__ = """dL/dq, dL/dv (exact), dL/dk (straight-through for hard VQ: the gradient of
@@ -28,14 +28,6 @@ def _values(codebook):
     return codebook.values if isinstance(codebook, Codebook) else codebook
 
 
-def _block(block):
-    if block is None:
-        return 0
-    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
-        raise _core.Error(f"block: {block!r} must be None (favor's default) or an integer >= 1")
-    return int(block)
-
-
 def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_mask=None, tau=0.0,
                  block=None, full_output=False):
     """Transformer-VQ attention: softmax(scale q.k^) v over the quantised keys k^ (hard
@@ -48,7 +40,8 @@ def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_mask=None, 
     the key takes part. Rows with no visible key are zeros (full_output=True returns
     VQOutput(y, zero_rows))."""
     y, zero_rows = _core.vq_attention(q, k, v, _values(codebook), causal=causal, scale=scale,
-                                      key_mask=key_mask, tau=float(tau), block=_block(block))
+                                      key_mask=key_mask, tau=float(tau),
+                                      block=block_length(block))
     return VQOutput(y, zero_rows) if full_output else y
 
 
@@ -58,7 +51,7 @@ def vq_attention_backward(q, k, v, dy, codebook, *, causal=False, scale=None, ke
     Causal gradients are exact through the whole prefix (no truncation at blocks)."""
     return VQGrads(*_core.vq_attention_backward(
         q, k, v, dy, _values(codebook), causal=causal, scale=scale, key_mask=key_mask,
-        tau=float(tau), block=_block(block), codebook_grad=codebook_grad))
+        tau=float(tau), block=block_length(block), codebook_grad=codebook_grad))
 
 
 def vq_assign(k, codebook, *, distances=False):
@@ -73,11 +66,6 @@ def commitment_loss(k, codebook, beta=0.25, key_mask=None):
     gradient with respect to k (zero for masked keys)."""
     return Commitment(*_core.commitment_loss(k, _values(codebook), beta=float(beta),
                                              key_mask=key_mask))
-
-
-def _mix_seed(seed, n):
-    """The seed of EMA update n: distinct for every (seed, n) pair."""
-    return (int(seed) * 0x9E3779B97F4A7C15 + n) % 2**64
 
 
 class Codebook:
@@ -143,7 +131,7 @@ class Codebook:
         """One EMA step on keys k [B, H, N, D]; returns the number of codes re-seeded."""
         reset = _core.codebook_ema_update(self._values, self._sum, self._count, self._unused, k,
                                           decay=decay, dead_after=dead_after,
-                                          seed=_mix_seed(self.seed, self.updates),
+                                          seed=mix_seed(self.seed, self.updates),
                                           key_mask=key_mask)
         self.updates += 1
         return reset
@@ -175,7 +163,7 @@ class Codebook:
                 f"updates={self.updates})")
 
 
-class VQDecoder(_Streaming):
+class VQDecoder(Streaming):
     """Streaming Transformer-VQ decoding: per (batch, head) a per-code value sum and count.
 
     VQDecoder(batch, heads, dv, codebook, *, scale=None, tau=0.0) (the codebook is copied);

@@ -85,16 +85,6 @@ void bind_attention(py::module_& m) {
           },
           py::arg("states"), py::arg("maxima"), py::arg("fingerprint"));
 
-  // The feature count F of a kernel with m projection rows (trig, hyperbolic and hedgehog: 2m;
-  // the others m): the shape rule of the saved key state.
-  m.def(
-      "feature_count",
-      [](const std::string& kernel, int64_t m) {
-        if (m < 1) throw Error("m: " + std::to_string(m) + " must be >= 1");
-        return favor::feature_count(parse_kernel(kernel, "kernel"), m);
-      },
-      py::arg("kernel"), py::arg("m"));
-
   m.def(
       "attention",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const Projection& w,

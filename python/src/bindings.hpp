@@ -13,5 +13,6 @@ void bind_vq(pybind11::module_& m);  // Transformer-VQ, codebooks, VQDecoder (af
 void bind_exchange(pybind11::module_& m);  // Exchange, StateBlock, combine_states, stats
 // sequence_parallel_attention(_map)(_backward) (after bind_exchange, bind_feature_map)
 void bind_sequence_parallel(pybind11::module_& m);
+void bind_rules(pybind11::module_& m);  // kernel names, fit rules, map files (after bind_feature_map)
 
 }  // namespace favor::python

@@ -18,4 +18,5 @@ PYBIND11_MODULE(_core, m) {
   favor::python::bind_vq(m);  // adds to the reference submodule bind_runtime made
   favor::python::bind_exchange(m);
   favor::python::bind_sequence_parallel(m);
+  favor::python::bind_rules(m);
 }

@@ -213,17 +213,63 @@ def test_features_with_fit_files_and_projection_files(favor_cli, tmp_path):
     assert np.array_equal(favor.features(x, kernel="trig", projection=w), np.load(out))
 
 
-def test_cli_and_api_refuse_the_same_fit(favor_cli, tmp_path):
-    # A fit for a kernel that takes none is refused by both (exit code 2 / favor.Error).
-    q, k, v = inputs(seed=81)
+# The CLI's option names and what the same rule calls them in Python.
+CLI_NAMES = {"--fit-a": "fit", "--kernel": "kernel", "--method": "method", "--feature-map": "path",
+             "--fit-q/--fit-k": "a KernelFit from fit_kernel"}
+
+
+def cli_error(favor_cli, tmp_path, q, k, v, *options):
+    """The message `favor attention` prints for a refused call, its option names written as
+    Python's arguments; checks that the call failed with exit code 2 and wrote nothing."""
     paths = [save(tmp_path, f"{n}.npy", x) for n, x in (("q", q), ("k", k), ("v", v))]
+    out = tmp_path / "y.npy"
     done = subprocess.run([favor_cli, "attention", "--q", paths[0], "--k", paths[1], "--v",
-                           paths[2], "--out", tmp_path / "y.npy", "--fit-a", "-0.1"],
+                           paths[2], "--out", out, *map(str, options)],
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "--fit-a" in done.stderr
-    assert not (tmp_path / "y.npy").exists()
-    with pytest.raises(favor.Error, match="fit"):
-        favor.attention(q, k, v, fit=-0.1)
+    assert done.returncode == 2, done.stderr
+    assert not out.exists()
+    prefix = "favor: error: "
+    assert done.stderr.startswith(prefix), done.stderr
+    message = done.stderr[len(prefix):].strip()
+    for option, argument in CLI_NAMES.items():
+        message = message.replace(option, argument)
+    return message
+
+
+# (CLI options, favor.attention keywords) that both refuse, by the same C++ rule
+REFUSED = {
+    # the drifted case of issue 24: Python said "one A for every direction is FAVOR++"
+    "hedgehog-fit-a": (["--kernel", "hedgehog", "--fit-a", 0.1], dict(kernel="hedgehog", fit=0.1)),
+    "positive-fit-a": (["--fit-a", -0.1], dict(fit=-0.1)),
+    "trig-fit-a": (["--kernel", "trig", "--fit-a", 0.1], dict(kernel="trig", fit=0.1)),
+    "favorsharp-fit-a": (["--kernel", "favorsharp", "--fit-a", 0.1],
+                         dict(kernel="favorsharp", fit=0.1)),
+    "unknown-kernel": (["--kernel", "gaussian"], dict(kernel="gaussian")),
+    "unknown-kernel-exact": (["--method", "exact", "--kernel", "gaussian"],
+                             dict(method="exact", kernel="gaussian")),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_cli_and_api_refuse_with_the_same_message(favor_cli, tmp_path, case):
+    options, kwargs = REFUSED[case]
+    q, k, v = inputs(seed=81)
+    expected = cli_error(favor_cli, tmp_path, q, k, v, *options)
+    with pytest.raises(favor.Error) as e:
+        favor.attention(q, k, v, **kwargs)
+    assert str(e.value) == expected
+
+
+def test_the_drifted_fit_message(favor_cli, tmp_path):
+    # favor.attention(q, q, q, kernel="hedgehog", fit=0.1), the case issue 24 reports, word
+    # for word.
+    q = inputs(seed=82)[0]
+    with pytest.raises(favor.Error) as e:
+        favor.attention(q, q, q, kernel="hedgehog", fit=0.1)
+    assert str(e.value) == ("fit: only the favorpp and favorsharp kernels take a fit "
+                            "(kernel is hedgehog)")
+    assert cli_error(favor_cli, tmp_path, q, q, q, "--kernel", "hedgehog", "--fit-a", 0.1) \
+        == str(e.value)
 
 
 # Feature maps (.npz) cross between Python and the CLI: a map saved by favor.FeatureMap runs
@@ -261,3 +307,28 @@ def test_cli_fit_map_loads_in_python(favor_cli, tmp_path):
     assert fm.kernel == "hedgehog" and fm.weights.shape == (q.shape[1], 8, q.shape[-1])
     y_cli = cli_attention(favor_cli, tmp_path, q, k, v, "--feature-map", out)
     assert np.array_equal(y_cli, favor.attention(q, k, v, feature_map=fm))
+
+
+@pytest.mark.parametrize("change", ["kernel", "heads", "lambda", "missing"])
+def test_malformed_map_file_gives_the_clis_message(favor_cli, tmp_path, change):
+    # One reader (src/io/map_file.hpp) for `favor attention --feature-map` and
+    # favor.FeatureMap.load: the same message for the same bad file.
+    q, k, v = inputs()
+    m, d = 6, q.shape[-1]
+    z = dict(kernel=np.array("positive", "<U16"), scale=np.array(0.4, "<f8"),
+             projection=np.ones((m, d), "<f4"), heads=np.array(1, "<i8"))
+    if change == "kernel":
+        z["kernel"] = np.array("gaussian", "<U16")
+    elif change == "heads":
+        z["heads"] = np.array(0, "<i8")
+    elif change == "lambda":
+        z["lambda"] = np.zeros((1, m), "<f4")
+    else:
+        del z["scale"]
+    path = tmp_path / "bad.npz"
+    np.savez(path, **z)
+    expected = cli_error(favor_cli, tmp_path, q, k, v, "--feature-map", path)
+    with pytest.raises(favor.Error) as e:
+        favor.FeatureMap.load(path)
+    assert str(e.value) == expected
+

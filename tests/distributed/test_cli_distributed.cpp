@@ -73,10 +73,10 @@ TEST_F(CliDistributed, OutputEqualsSingleProcess) {
   std::vector<int64_t> mask_shape{2, 40};
   std::vector<uint8_t> mask(80);
   for (size_t j = 0; j < mask.size(); ++j) mask[j] = j % 7 != 2;
-  write_bytes("m.npy", cli::encode_npy("|b1", mask_shape, mask.data(), mask.size()));
+  write_bytes("m.npy", io::encode_npy("|b1", mask_shape, mask.data(), mask.size()));
   write("q25.npy", random_tensor({2, 3, 25, 8}, 4, 1.0));
   const std::vector<double> v64(v.values().begin(), v.values().end());  // float64 values
-  write_bytes("v64.npy", cli::encode_npy("<f8", {2, 3, 40, 5}, v64.data(), 8 * v64.size()));
+  write_bytes("v64.npy", io::encode_npy("<f8", {2, 3, 40, 5}, v64.data(), 8 * v64.size()));
   expect_same_as_single_process(qkv() + " --key-mask " + path("m.npy"));
   expect_same_as_single_process(qkv() + " --causal --decay 0.9,0.95,1 --kernel hyperbolic");
   expect_same_as_single_process(qkv() + " --kernel favorsharp --features 32");  // fit over ranks
@@ -85,7 +85,7 @@ TEST_F(CliDistributed, OutputEqualsSingleProcess) {
   write("q2.npy", q, true);  // 2-D inputs [N, D]
   write("k2.npy", k, true);
   write("v2.npy", v, true);
-  write_bytes("m2.npy", cli::encode_npy("|b1", {40}, mask.data(), 40));  // [Nk]
+  write_bytes("m2.npy", io::encode_npy("|b1", {40}, mask.data(), 40));  // [Nk]
   expect_same_as_single_process("--q " + path("q2.npy") + " --k " + path("k2.npy") + " --v " +
                                 path("v2.npy") + " --causal --scale 0.5 --key-mask " +
                                 path("m2.npy"));
@@ -98,11 +98,11 @@ TEST_F(CliDistributed, OutputEqualsSingleProcessVQ) {
   const Tensor book = random_tensor({1, 3, 6, 8}, 8, 1.0),
                shared = random_tensor({1, 1, 6, 8}, 9, 1.0);
   ASSERT_EQ(vq_near_ties(k, book), 0);
-  write_bytes("c.npy", cli::encode_npy_f32({3, 6, 8}, book.data()));  // [H, c, D]
-  write_bytes("c2.npy", cli::encode_npy_f32({6, 8}, shared.data()));  // [c, D], every head
+  write_bytes("c.npy", io::encode_npy_f32({3, 6, 8}, book.data()));  // [H, c, D]
+  write_bytes("c2.npy", io::encode_npy_f32({6, 8}, shared.data()));  // [c, D], every head
   std::vector<uint8_t> mask(80);
   for (size_t j = 0; j < mask.size(); ++j) mask[j] = j % 7 != 2;
-  write_bytes("m.npy", cli::encode_npy("|b1", {2, 40}, mask.data(), mask.size()));
+  write_bytes("m.npy", io::encode_npy("|b1", {2, 40}, mask.data(), mask.size()));
   const std::string vq = qkv() + " --method vq --codebook ";
   expect_same_as_single_process(vq + path("c.npy") + " --causal --key-mask " + path("m.npy"));
   expect_same_as_single_process(vq + path("c2.npy") + " --vq-tau 0.5 --key-mask " + path("m.npy"));
@@ -132,7 +132,7 @@ TEST_F(CliDistributed, ErrorsExitTwoOnEveryRankAndLeaveNoFile) {
   // vq: a codebook is required (no k-means over the slices), with the keys' D.
   expect_failure(qkv() + " --method vq --codes 4", "--distributed vq needs a codebook file");
   const Tensor book = random_tensor({1, 1, 4, 7}, 8);
-  write_bytes("c7.npy", cli::encode_npy_f32({4, 7}, book.data()));
+  write_bytes("c7.npy", io::encode_npy_f32({4, 7}, book.data()));
   expect_failure(qkv() + " --method vq --codebook " + path("c7.npy"), "has D = 7");
   expect_failure(qkv() + " --method vq --codebook " + path("c7.npy") + " --decay 0.9",
                  "--decay: only --method favor takes it");
@@ -162,7 +162,7 @@ TEST_F(CliDistributed, OneRankFailsEveryRankExitsTwo) {
   // float64 files: a finite value beyond float32's range is refused too, on rank 0.
   std::vector<double> v64(v.values().begin(), v.values().end());
   v64[2 * 5] = 1e300;  // [0,0,2,0]
-  write_bytes("v64.npy", cli::encode_npy("<f8", {2, 3, 40, 5}, v64.data(), 8 * v64.size()));
+  write_bytes("v64.npy", io::encode_npy("<f8", {2, 3, 40, 5}, v64.data(), 8 * v64.size()));
   expect_failure("--q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v64.npy"),
                  "element [0,0,2,0] is 1e+300 (beyond float32's range); inputs must be finite "
                  "(no NaN or Inf) (rank 0 of 3)");
@@ -174,7 +174,7 @@ TEST_F(CliDistributed, OneRankFailsEveryRankExitsTwo) {
   write("k2.npy", k, true);
   write("v2.npy", v, true);
   const Tensor book = random_tensor({1, 1, 4, 8}, 8);
-  write_bytes("c.npy", cli::encode_npy_f32({4, 8}, book.data()));
+  write_bytes("c.npy", io::encode_npy_f32({4, 8}, book.data()));
   expect_failure("--q " + path("bad_q2.npy") + " --k " + path("k2.npy") + " --v " + path("v2.npy") +
                      " --method vq --codebook " + path("c.npy"),
                  "element [30,6] is -inf; inputs must be finite (no NaN or Inf) (rank 2 of 3)");

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 from .. import _core
-from ..api import _fit, make_projection
-from ..feature_map import FeatureMap, _check_values
-from ..api import _check_map_defaults
+from .._args import check_map_defaults, fit_for, make_projection
+from .._args import check_values as _check_values
+from ..feature_map import FeatureMap
 from ..ops import _tensors as T
 from ..ops.attention import check_parameters
 
@@ -88,7 +88,7 @@ def _map_inputs(inputs, d, projection, features, norms, seed, kernel, scale, fit
         if not isinstance(feature_map, FeatureMap):
             raise _core.Error(f"feature_map: must be a favor.FeatureMap, not "
                               f"{type(feature_map).__name__}")
-        _check_map_defaults(dict(kernel=kernel, features=features, projection=projection,
+        check_map_defaults(dict(kernel=kernel, features=features, projection=projection,
                                  norms=norms, seed=seed, scale=scale, fit=fit))
         if any(t is not None for t in (weights, bias, feature_weights)):
             raise _core.Error("feature_map: carries its own weights, bias and lambda; give the "
@@ -122,4 +122,4 @@ def _map_inputs(inputs, d, projection, features, norms, seed, kernel, scale, fit
         lam = lam[None]  # [m]: one set, as in favor.attention
     _check_parameters(inputs, d, proj.m, (("weights", w if w is not None and w.dim() == 3
                                            else None), ("bias", b), ("feature_weights", lam)))
-    return (proj, kernel, scale, _fit(fit, kernel, d, inputs)), w, b, lam
+    return (proj, kernel, scale, fit_for(fit, kernel, d, inputs)), w, b, lam

@@ -11,7 +11,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _core
-from ..api import _batch_heads, _decay
+from .._args import batch_heads, decay_values
 from ..ops import _tensors as T
 from ._map_spec import _map_inputs, _MapSpec
 from ._agreement import agreed, check_exchange, flag, refuse
@@ -120,13 +120,13 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
         q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")
         keep = T.keep_mask(key_padding_mask)
         (proj, kern, sc, ft), w, b, lam = _map_inputs(
-            _batch_heads(q), q.shape[-1], projection, features, norms, seed, kernel, scale, fit,
+            batch_heads(q), q.shape[-1], projection, features, norms, seed, kernel, scale, fit,
             feature_map, weights, bias, feature_weights)
         gamma = None
         if isinstance(decay, torch.Tensor):
             T.check_tensor(decay, "decay")
             gamma = decay
-        constant = None if gamma is not None else _decay(decay)
+        constant = None if gamma is not None else decay_values(decay)
         spec = _MapSpec(proj, kern, sc, ft, flag(causal, "causal"), keep, constant)
         return (q32, k32, v32, w, b, lam, gamma, spec, spec.core_map(w, b, lam))
 

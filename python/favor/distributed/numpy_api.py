@@ -3,8 +3,9 @@ favor.vq_attention / vq_attention_backward on this rank's slice, with an exchang
 needed with an MPIExchange). What a rank does before the C++ call runs inside
 _agreement.agreed: its errors reach the other ranks, who are in the call."""
 from .. import _core
-from ..api import (FeatureMapGrads, Grads, _batch_heads, _core_map, _decay, _head_dim)
-from ..vq import VQGrads, _block, _values
+from .._args import batch_heads, block_length, decay_values, head_dim
+from ..api import FeatureMapGrads, Grads, _core_map
+from ..vq import VQGrads, _values
 from ._agreement import agreed, check_exchange, flag
 
 
@@ -13,9 +14,9 @@ def _map(q, kernel, features, projection, norms, seed, scale, fit, feature_map,
     """(the favor._core.FeatureMap of the call, its decay list)."""
     draw = dict(kernel=kernel, features=features, projection=projection, norms=norms,
                 seed=seed, scale=scale, fit=fit)
-    fm = _core_map(_head_dim(q, "q"), feature_map, feature_weights, decay, draw, force=True,
-                   inputs=_batch_heads(q))
-    return fm, _decay(decay)
+    fm = _core_map(head_dim(q, "q"), feature_map, feature_weights, decay, draw, force=True,
+                   inputs=batch_heads(q))
+    return fm, decay_values(decay)
 
 
 def attention_numpy(q, k, v, *, exchange, causal=False, kernel="positive", features=None,
@@ -62,7 +63,7 @@ def _vq_options(codebook, scale, tau, block, full_output):
     """(the codebook's values, scale, tau, the block length as the binding takes them, and
     full_output)."""
     return (_values(codebook), None if scale is None else float(scale), float(tau),
-            _block(block), flag(full_output, "full_output"))
+            block_length(block), flag(full_output, "full_output"))
 
 
 def vq_attention_numpy(q, k, v, codebook, *, exchange, causal=False, scale=None, key_mask=None,

@@ -10,9 +10,9 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _core
+from .._args import block_length
 from ..ops import _tensors as T
 from ..ops.vq import check_codebook
-from ..vq import _block
 from ._agreement import agreed, flag
 from .function import _record, resolve_exchange
 
@@ -97,7 +97,7 @@ def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mas
         check_codebook(codebook)
         T.follow_torch_threads()
         spec = _Spec(flag(causal, "causal"), None if scale is None else float(scale),
-                     T.keep_mask(key_padding_mask), float(tau), _block(block))
+                     T.keep_mask(key_padding_mask), float(tau), block_length(block))
         return (T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v"),
                 T.as_float32(codebook, "codebook"), spec)
 

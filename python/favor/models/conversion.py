@@ -16,7 +16,7 @@ F x (head_dim + 1)):
   distillation against the layer's exact attention on the calibration text
   (favor.fit_features, output objective, causal), then trains on with the model;
 - vq-C: Transformer-VQ with C codes, codebooks by k-means on the calibration keys;
-- anything favor.models.training.attention_preset names (no calibration needed).
+- anything favor.models.presets.attention_preset names (no calibration needed).
 """
 import re
 
@@ -27,6 +27,7 @@ from .. import _core
 from ..fit import fit_features
 from ..api import fit_kernel
 from .char_transformer import convert_attention
+from .presets import attention_preset
 
 FIT_STEPS = 300
 FIT_LR = 1e-2
@@ -82,7 +83,6 @@ def parse_method(name):
     m = re.fullmatch(r"(favorpp|favorsharp|hedgehog|positive-fit|wpff)-(\d+)", name)
     if m:
         return m.group(1), int(m.group(2))
-    from .training import attention_preset
     attention_preset(name)  # raises for an unknown name
     return None, None
 
@@ -94,7 +94,6 @@ def convert_method(model, name, calibration=None, heldout=None, seed=0, verbose=
     VQ) and, for the learned maps, checked on `heldout` ids (default: the last quarter of
     the calibration windows). Returns (model, info) where info records the fits (for the
     learned maps, each layer's held-out error before and after)."""
-    from .training import attention_preset
     family, size = parse_method(name)
     if family is None:
         spec = attention_preset(name)

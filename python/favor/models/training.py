@@ -1,4 +1,4 @@
-"""Training a CharTransformer: attention presets, the learning-rate schedule, checkpoints
+"""Training a CharTransformer: the model presets, the learning-rate schedule, checkpoints
 (written atomically; resumable bit for bit) and a Trainer that steps the model.
 
     model = CharTransformer(**MODEL_PRESETS["shakespeare"], vocab=data.vocab)
@@ -10,7 +10,6 @@
 import dataclasses
 import math
 import os
-import re
 
 import numpy as np
 import torch
@@ -18,6 +17,8 @@ from torch.nn import functional as F
 
 from .. import _core
 from .char_transformer import CharTransformer, attention_spec, convert_attention
+from .conversion import convert_method
+from .presets import attention_preset  # noqa: F401 (favor.models.training.attention_preset)
 
 # The model the baseline trains (examples/shakespeare/train.py's default): chosen so that
 # TrainConfig's steps take about 25 minutes on 2 cores (examples/shakespeare/README.md).
@@ -25,33 +26,6 @@ MODEL_PRESETS = {
     "shakespeare": dict(d_model=128, heads=4, layers=4, context=256, dropout=0.0),
     "tiny": dict(d_model=32, heads=2, layers=2, context=32, dropout=0.0),
 }
-
-
-def attention_preset(name):
-    """An attention spec from a preset name or a JSON object:
-    exact; favor-orth-M / favor-iid-M (FAVOR+, positive features, M of them);
-    trig-orth-M; hedgehog-M (learned hedgehog map, M features); vq-C (Transformer-VQ, C
-    codes); or '{"method": "favor", "kernel": "favorpp", "features": 64, "fit": 0.1}'."""
-    name = name.strip()
-    if name.startswith("{"):
-        return attention_spec(name)
-    if name == "exact":
-        return {"method": "exact"}
-    m = re.fullmatch(r"(favor|trig)-(orth|iid)-(\d+)", name)
-    if m:
-        kernel = "positive" if m.group(1) == "favor" else "trig"
-        projection = "orthogonal" if m.group(2) == "orth" else "iid"
-        return {"method": "favor", "kernel": kernel, "features": int(m.group(3)),
-                "projection": projection}
-    m = re.fullmatch(r"hedgehog-(\d+)", name)
-    if m:
-        return {"method": "favor", "kernel": "hedgehog", "features": int(m.group(1)),
-                "learn_features": True}
-    m = re.fullmatch(r"vq-(\d+)", name)
-    if m:
-        return {"method": "vq", "codes": int(m.group(1))}
-    raise _core.Error(f"attention: unknown preset {name!r}; use exact, favor-orth-M, "
-                      "favor-iid-M, trig-orth-M, hedgehog-M, vq-C or a JSON object")
 
 
 @dataclasses.dataclass
@@ -124,7 +98,6 @@ def load_model(path, attention=None, calibration=None, seed=0):
     apply_kernel_fits(model, ck.get("fits"))
     model.eval()
     if isinstance(attention, str):
-        from .conversion import convert_method
         model, _ = convert_method(model, attention, calibration, seed=seed)
         model.eval()
     elif attention is not None:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .. import _core
-from ..api import _decay
+from .._args import decay_values
 from ..feature_map import FeatureMap
 
 _PARAMETERS = ("map_weight", "map_bias", "map_lambda", "decay_logit")
@@ -63,7 +63,7 @@ class FeatureMapMixin:
                                                  .expand(heads, -1).clone())
         else:
             self.register_parameter("map_lambda", None)
-        gammas = _decay(decay) if decay is not None else None
+        gammas = decay_values(decay) if decay is not None else None
         if gammas is not None and len(gammas) not in (1, heads):
             raise _core.Error(f"decay: has {len(gammas)} values; give 1 or one per head ({heads})")
         if gammas is not None and not all(0.0 < g <= 1.0 for g in gammas):

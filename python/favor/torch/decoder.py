@@ -2,7 +2,7 @@
 import torch
 
 from .. import _core, api
-from ..api import _fit
+from .._args import fit_for
 from . import _tensors as T
 
 
@@ -28,8 +28,9 @@ class _Streaming:
 
     def state(self):
         """A copy of the state as CPU tensors and the int 'position' (Decoder: sums, log_max,
-        row_positions; VQDecoder: sums, counts; docs/api.md, "Decoder state"); load_state(**state) restores it, on
-        this decoder or a fresh one of the same shape (bit for bit)."""
+        row_positions; VQDecoder: sums, counts; docs/api.md, "Decoder state");
+        load_state(**state) restores it, on this decoder or a fresh one of the same shape
+        (bit for bit)."""
         return {name: value if name == "position" else T.tensor(value)
                 for name, value in self._d.state().items()}
 
@@ -80,6 +81,6 @@ class Decoder(_Streaming):
                                   fit=fit, feature_map=feature_map, decay=decay)._d
             return
         self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
-                                fit=_fit(fit, kernel, projection.d, (batch, heads)))
+                                fit=fit_for(fit, kernel, projection.d, (batch, heads)))
 
     projection = property(lambda self: self._d.projection)

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import _core
-from ..api import _fit
+from .._args import fit_for
 from . import _tensors as T
 from ._feature_map import FeatureMapMixin, check_method, describe
 from ._projection import ProjectionMixin
@@ -71,7 +71,7 @@ class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
         self._init_torch(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim,
                          vdim, batch_first, device, dtype, warn_dropout)
         self.kernel, self.method, self.causal, self.scale = kernel, method, causal, scale
-        self.fit = _fit(fit, kernel, self.head_dim)
+        self.fit = fit_for(fit, kernel, self.head_dim)
         self._init_projection(features, self.head_dim, projection, norms, seed,
                               learn_projection, feature_redraw_interval, device, dtype)
         self._init_feature_map(kernel, learn_features, feature_weights, decay, learn_decay,

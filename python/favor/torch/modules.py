@@ -1,6 +1,6 @@
 """favor.torch.FavorAttention: multi-head FAVOR attention as a module."""
 from .. import _core
-from ..api import _fit
+from .._args import fit_for
 from ._feature_map import FeatureMapMixin, check_method, describe
 from ._multihead import MultiHeadModule
 from ._projection import ProjectionMixin
@@ -48,7 +48,7 @@ class FavorAttention(FeatureMapMixin, ProjectionMixin, MultiHeadModule):
                               "module has causal=False, so every forward would refuse it; set "
                               "causal=True or leave decay (and learn_decay) unset")
         self.kernel, self.method, self.scale = kernel, method, scale
-        self.fit = _fit(fit, kernel, self.head_dim)
+        self.fit = fit_for(fit, kernel, self.head_dim)
         self._init_projection(features, self.head_dim, projection, norms, seed,
                               learn_projection, feature_redraw_interval, device, dtype)
         self._init_feature_map(kernel, learn_features, feature_weights, decay, learn_decay,

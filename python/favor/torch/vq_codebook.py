@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .. import _core
-from ..vq import _block, _mix_seed
+from .._args import block_length, mix_seed
 from . import _tensors as T
 from .vq_function import VQDecoder, vq_attention
 
@@ -38,7 +38,7 @@ class CodebookMixin:
             raise _core.Error(f"tau: {tau} must be finite and >= 0 (0: hard VQ)")
         self.codes, self.tau, self.decay, self.dead_after = codes, float(tau), decay, dead_after
         self.beta, self.learn_codebook, self.seed = beta, learn_codebook, seed
-        _block(block)  # validates now; vq_attention takes None or the length
+        block_length(block)  # validates now; vq_attention takes None or the length
         self.block, self.kmeans_iterations = block, kmeans_iterations
         shape = (self.num_heads, codes, self.head_dim)
         book = torch.zeros(shape, device=device, dtype=torch.float32)
@@ -140,7 +140,7 @@ class CodebookMixin:
         reset = _core.codebook_ema_update(
             *[T.view(x) for x in views], T.view(self.unused), T.view(k.detach().float()),
             decay=self.decay, dead_after=self.dead_after,
-            seed=_mix_seed(self.seed, int(self.updates)), key_mask=keep)
+            seed=mix_seed(self.seed, int(self.updates)), key_mask=keep)
         for b, x in zip(bufs, views):
             if x is not b:
                 b.copy_(x)
@@ -160,7 +160,7 @@ class CodebookMixin:
         self.unused.copy_(torch.where(counts > 0, torch.zeros_like(self.unused), self.unused + 1))
         if self.dead_after == 0:
             return
-        g = torch.Generator().manual_seed(_mix_seed(self.seed, int(self.updates)) % 2**63)
+        g = torch.Generator().manual_seed(mix_seed(self.seed, int(self.updates)) % 2**63)
         for head in range(h):
             dead = (self.unused[head] >= self.dead_after).nonzero().flatten().tolist()
             if not dead:

@@ -10,8 +10,9 @@ parameters, a float mask of 0 / -inf) run inside the ops, in C++ where C++ knows
 import numpy as np
 import torch
 
-from ... import _core, api
-from ...feature_map import FeatureMap, _check_set_count
+from ... import _args, _core
+from ..._args import check_set_count as _check_set_count
+from ...feature_map import FeatureMap
 from .. import _tensors as T
 from ..exact.op import exact_attention
 from ..projection import projection as draw_projection
@@ -34,9 +35,9 @@ def projection_tensor(projection, d, features, norms, seed):
                               f"[m, {d}] (D = {d})")
         return T.as_float32(projection, "projection")
     if isinstance(projection, str):
-        return draw_projection(projection, api.DEFAULT_FEATURES if features is None else features,
+        return draw_projection(projection, _args.DEFAULT_FEATURES if features is None else features,
                                d, norms, seed)
-    p = api.make_projection(d, projection, features=features, norms=norms, seed=seed)
+    p = _args.make_projection(d, projection, features=features, norms=norms, seed=seed)
     return torch.from_numpy(np.array(p.matrix))
 
 
@@ -49,7 +50,7 @@ def fit_tensors(fit, kernel, d, inputs):
     if isinstance(fit, tuple):
         a, basis = fit
     else:
-        kf = api._fit(fit, kernel, d)
+        kf = _args.fit_for(fit, kernel, d)
         a, basis = torch.from_numpy(np.asarray(kf.a)), torch.from_numpy(np.asarray(kf.basis))
     b, h = inputs
     if b > 1 and h > 1 and a.shape[0] == h:
@@ -100,7 +101,7 @@ def _decay_tensor(decay):
     if isinstance(decay, torch.Tensor):
         T.check_tensor(decay, "decay")
         return decay.to(torch.float64).reshape(-1)
-    gammas = api._decay(decay)
+    gammas = _args.decay_values(decay)
     return torch.tensor(gammas, dtype=torch.float64) if gammas else None
 
 
@@ -113,7 +114,7 @@ def _map_tensors(inputs, d, projection, features, norms, seed, kernel, scale, fi
         if not isinstance(feature_map, FeatureMap):
             raise _core.Error(f"feature_map: must be a favor.FeatureMap, not "
                               f"{type(feature_map).__name__}")
-        api._check_map_defaults(dict(kernel=kernel, features=features, projection=projection,
+        _args.check_map_defaults(dict(kernel=kernel, features=features, projection=projection,
                                      norms=norms, seed=seed, scale=scale, fit=fit))
         if any(t is not None for t in (weights, bias, feature_weights)):
             raise _core.Error("feature_map: carries its own weights, bias and lambda; give the "
@@ -189,7 +190,7 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
                               "feature_weights or decay")
         y = exact_attention(q32, k32, v32, mask, bool(causal), scale)
     elif method == "favor":
-        d, inputs = q.shape[-1], api._batch_heads(q)
+        d, inputs = q.shape[-1], _args.batch_heads(q)
         if any(x is not None for x in map_args):
             w, wt, b, lam, kernel, scale, fit = _map_tensors(
                 inputs, d, projection, features, norms, seed, kernel, scale, fit, feature_map,

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ... import _core
-from ...feature_map import _check_values
+from ..._args import check_values as _check_values
 from .. import _tensors as T
 
 # The fingerprint of a context is a uint64; tensors hold it as int64 (two's complement).

@@ -5,7 +5,7 @@ import functools
 import torch
 from torch import Tensor
 
-from ... import api
+from ... import _args, _core
 
 _U64 = 1 << 64
 
@@ -14,7 +14,7 @@ _U64 = 1 << 64
 def _drawn(kind, m, d, norms, seed):
     """The drawn matrix, once per (kind, m, d, norms, seed): favor.make_projection checks the
     options and names the argument in its errors."""
-    w = api.make_projection(d, kind, features=m, norms=norms, seed=seed)
+    w = _args.make_projection(d, kind, features=m, norms=norms, seed=seed)
     return torch.from_numpy(w.matrix.copy())
 
 
@@ -33,11 +33,11 @@ def _(kind, m, d, norms, seed):
 def projection(kind, m, d, norms="chi", seed=0):
     """The drawn projection as a float32 tensor [m, d] (favor.make_projection's matrix).
     Errors are favor.Error naming the argument (features for m)."""
-    m = api.check_features(m)
-    s = api.check_seed(seed)
+    m = _args.check_features(m)
+    s = _args.check_seed(seed)
     if not isinstance(kind, str):
-        raise api._core.Error("projection: must be a kind (iid, orthogonal, radial, qmc, sorf, "
+        raise _core.Error("projection: must be a kind (iid, orthogonal, radial, qmc, sorf, "
                               f"simplex, dct) or a favor.Projection, not {type(kind).__name__}")
     if not isinstance(norms, str):
-        raise api._core.Error(f"norms: {norms!r} must be a string (chi, fixed or quantile)")
+        raise _core.Error(f"norms: {norms!r} must be a string (chi, fixed or quantile)")
     return projection_op(kind, m, int(d), norms, s - _U64 if s >= _U64 // 2 else s)

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from ... import _core
-from ...vq import _block
+from ..._args import block_length
 from .. import _tensors as T
 
 
@@ -98,5 +98,5 @@ def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mas
     y = vq_attention_op(T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v"),
                         T.as_float32(codebook, "codebook"), T.check_mask(key_padding_mask),
                         bool(causal), None if scale is None else float(scale), float(tau),
-                        _block(block))
+                        block_length(block))
     return y if out_dtype == torch.float32 else y.to(out_dtype)

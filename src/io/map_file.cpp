@@ -7,7 +7,7 @@
 #include "npy.hpp"
 #include "npz.hpp"
 
-namespace favor::cli {
+namespace favor::io {
 namespace {
 
 constexpr size_t kKernelWidth = 16;  // '<U16'
@@ -150,4 +150,4 @@ std::vector<float> read_feature_weights(const std::string& path, const std::stri
   return std::move(a.values);
 }
 
-}  // namespace favor::cli
+}  // namespace favor::io

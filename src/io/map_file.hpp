@@ -13,7 +13,7 @@
 
 #include "favor/favor.hpp"
 
-namespace favor::cli {
+namespace favor::io {
 
 /// The .npz bytes of `map`. Throws favor::Error for FAVOR++ / FAVOR# maps (their fit is not
 /// part of the format).
@@ -32,4 +32,4 @@ FeatureMap decode_map_file(const std::string& bytes, const std::string& path,
 std::vector<float> read_feature_weights(const std::string& path, const std::string& argument,
                                         int64_t m, int64_t heads, int64_t& sets);
 
-}  // namespace favor::cli
+}  // namespace favor::io

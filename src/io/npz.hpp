@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace favor::cli {
+namespace favor::io {
 
 struct NpzMember {
   std::string name;   // without ".npy"
@@ -26,4 +26,4 @@ std::map<std::string, std::string> decode_npz(const std::string& bytes, const st
 /// decode_npz of the file at `path`.
 std::map<std::string, std::string> read_npz(const std::string& path, const std::string& argument);
 
-}  // namespace favor::cli
+}  // namespace favor::io

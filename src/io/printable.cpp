@@ -1,6 +1,6 @@
 #include "printable.hpp"
 
-namespace favor::cli {
+namespace favor::io {
 namespace {
 
 void escape(std::string& out, unsigned char c) {
@@ -77,4 +77,4 @@ std::string terminal_safe(std::string_view message) {
   return out;
 }
 
-}  // namespace favor::cli
+}  // namespace favor::io

@@ -11,7 +11,7 @@
 #include "npy.hpp"
 #include "printable.hpp"
 
-namespace favor::cli {
+namespace favor::io {
 namespace {
 
 // Zip record signatures and sizes (PKWARE APPNOTE 4.3).
@@ -277,4 +277,4 @@ std::map<std::string, std::string> read_npz(const std::string& path, const std::
   return decode_npz(read_file(path, argument), path, argument);
 }
 
-}  // namespace favor::cli
+}  // namespace favor::io

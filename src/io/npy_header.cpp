@@ -13,7 +13,7 @@
 #include "npy.hpp"
 #include "printable.hpp"
 
-namespace favor::cli {
+namespace favor::io {
 namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
@@ -239,4 +239,4 @@ NpyHeader read_npy_header(const std::string& path, const std::string& argument) 
   return h;
 }
 
-}  // namespace favor::cli
+}  // namespace favor::io

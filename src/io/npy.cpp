@@ -11,7 +11,7 @@
 #include "favor/runtime.hpp"
 #include "printable.hpp"
 
-namespace favor::cli {
+namespace favor::io {
 namespace {
 
 [[noreturn]] void fail(const std::string& argument, const std::string& where,
@@ -266,4 +266,4 @@ std::string decode_unicode_npy(std::string_view bytes, const std::string& where,
   return text;
 }
 
-}  // namespace favor::cli
+}  // namespace favor::io

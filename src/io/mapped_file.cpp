@@ -10,7 +10,7 @@
 
 #include "favor/error.hpp"
 
-namespace favor::cli {
+namespace favor::io {
 namespace {
 
 [[noreturn]] void fail(const std::string& argument, const std::string& path,
@@ -72,4 +72,4 @@ MappedFile::~MappedFile() {
   if (mapped_) ::munmap(const_cast<char*>(data_), size_);
 }
 
-}  // namespace favor::cli
+}  // namespace favor::io

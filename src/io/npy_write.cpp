@@ -10,7 +10,7 @@
 #include "favor/error.hpp"
 #include "npy.hpp"
 
-namespace favor::cli {
+namespace favor::io {
 namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
@@ -132,4 +132,4 @@ void StagedOutputs::commit() {
   entries_.clear();
 }
 
-}  // namespace favor::cli
+}  // namespace favor::io

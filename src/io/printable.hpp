@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace favor::cli {
+namespace favor::io {
 
 /// `text` with every byte outside printable ASCII written as \xNN (backslash as \\), cut
 /// after `max_bytes` input bytes with "..." appended.
@@ -16,4 +16,4 @@ std::string printable(std::string_view text, size_t max_bytes = 64);
 /// UTF-8 (paths with accents) kept as it is.
 std::string terminal_safe(std::string_view message);
 
-}  // namespace favor::cli
+}  // namespace favor::io

@@ -1,5 +1,6 @@
 #pragma once
-// Reading and writing NumPy .npy files (format versions 1-3), for the favor CLI.
+// Reading and writing NumPy .npy files (format versions 1-3), for the favor CLI and the Python
+// package (favor_io).
 // Files are mapped, not read through a stream: a little-endian float32 C-order array is used
 // in place; float16/32/64 of either byte order and Fortran order are converted to float32 C
 // order in one pass. Every malformed, empty, truncated, oversized or unsupported file throws
@@ -15,7 +16,7 @@
 
 #include "mapped_file.hpp"
 
-namespace favor::cli {
+namespace favor::io {
 
 /// Limits on what a header may declare, checked before anything is allocated. The data a
 /// header announces must also be present in the file, so reading allocates at most 4 bytes
@@ -125,4 +126,4 @@ class StagedOutputs {
   std::vector<Entry> entries_;
 };
 
-}  // namespace favor::cli
+}  // namespace favor::io

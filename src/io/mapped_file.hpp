@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-namespace favor::cli {
+namespace favor::io {
 
 class MappedFile {
  public:
@@ -26,4 +26,4 @@ class MappedFile {
   std::string read_;  // the bytes of a file that could not be mapped
 };
 
-}  // namespace favor::cli
+}  // namespace favor::io
