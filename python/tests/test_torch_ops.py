@@ -11,12 +11,16 @@ float32 dot product: |err| <= n u sum |a_i b_i|); the attention op itself then p
 that difference with a gain of order 1 for these well-conditioned inputs. The bound used is
 4 n u max|x| max|w| n-terms, computed from the tensors.
 """
+import copy
+
 import pytest
 import torch
 
 import favor
 import favor.torch as ft
 from favor.ops.attention.op import attention_backward_op, attention_op
+from favor.ops.codebook import (codebook_ema_update_op, codebook_initialise_op,
+                                codebook_track_usage_op, vq_assign_op)
 from favor.ops.exact.op import exact_attention_backward_op, exact_attention_op
 from favor.ops.projection import projection_op
 from favor.ops.vq.op import vq_attention_backward_op, vq_attention_op
@@ -128,6 +132,97 @@ def test_opcheck_projection():
     assert torch.equal(projection_op("orthogonal", 16, 8, "chi", 3), w_tensor())
 
 
+def codebook_state(h=2, c=5, d=8, seed=4):
+    """(codebook, ema_sum, ema_count, unused) as CodebookMixin holds them after k-means."""
+    book = randn(h, c, d, seed=seed)
+    book[:, -1] += 1e3  # code c-1 of every head: no key chooses it, ...
+    unused = torch.zeros(h, c, dtype=torch.int64)
+    unused[:, -1] = 2  # ... nor did for 2 batches so far
+    return book, book.clone(), torch.ones(h, c), unused
+
+
+def padding(kind, b=2, n=12):
+    """None, or a key_padding_mask ignoring the last 3 keys of the first sequence (bool
+    True, or float -inf)."""
+    if kind is None:
+        return None
+    pad = torch.zeros(b, n, dtype=torch.bool)
+    pad[0, -3:] = True
+    return pad if kind == "bool" else torch.zeros(b, n).masked_fill(pad, float("-inf"))
+
+
+def test_opcheck_vq_assign():
+    _, k, _ = qkv(requires_grad=False)
+    book = codebook_state()[0]
+    torch.library.opcheck(vq_assign_op, (k, book))
+    z = vq_assign_op(k, book)
+    want = favor.reference.vq_assign(k.numpy(), book.numpy())
+    assert z.dtype == torch.int64 and torch.equal(z, torch.from_numpy(want).long())
+
+
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+@pytest.mark.parametrize("keys", [12, 2])  # 2 x 2 = 4 keys < 5 codes: topped up
+@pytest.mark.parametrize("initialised", [False, True])
+def test_opcheck_codebook_initialise(mask, keys, initialised):
+    _, k, _ = qkv(n=keys, requires_grad=False)
+    state = [torch.zeros(2, 5, 8), torch.zeros(2, 5, 8), torch.zeros(2, 5),
+             torch.ones(2, 5, dtype=torch.int64), torch.tensor(initialised)]
+    args = (k, padding(mask, n=keys), *state, 25, 3, False)
+    torch.library.opcheck(codebook_initialise_op, args)
+    codebook_initialise_op(*args)
+    assert bool(state[4])
+    if initialised:  # nothing done
+        assert not state[0].any() and not state[2].any() and state[3].all()
+        return
+    assert torch.equal(state[0], state[1]) and state[0].abs().sum() > 0
+    assert torch.equal(state[2], torch.ones(2, 5)) and not state[3].any()
+    if keys == 12 and mask is None:  # favor.Codebook.kmeans on the keys of each head
+        rows = k.permute(1, 0, 2, 3).reshape(1, 2, -1, 8).contiguous().numpy()
+        want = favor.Codebook.kmeans(rows, 5, iterations=25, seed=3).values
+        assert torch.equal(state[0], torch.from_numpy(want.copy()))
+
+
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+@pytest.mark.parametrize("dead_after", [0, 2])
+def test_opcheck_codebook_ema_update(mask, dead_after):
+    _, k, _ = qkv(requires_grad=False)
+    state = codebook_state()
+    args = (*state, k, padding(mask), torch.tensor(3), 0.9, dead_after, 7)
+    torch.library.opcheck(codebook_ema_update_op, args)
+    # The same step as favor.Codebook's EMA update through _core (seed mix_seed(7, 3)).
+    want = [t.clone() for t in state]
+    keep = None if mask is None else favor.ops._tensors.keep_mask(padding(mask))
+    reset = favor._core.codebook_ema_update(*[t.numpy() for t in want], k.numpy(), decay=0.9,
+                                            dead_after=dead_after,
+                                            seed=favor._args.mix_seed(7, 3), key_mask=keep)
+    got = codebook_ema_update_op(*args)
+    assert got.dtype == torch.int64 and int(got) == reset
+    assert (reset > 0) == (dead_after > 0)  # code 4 reached dead_after = 2
+    for a, b in zip(state, want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+@pytest.mark.parametrize("dead_after", [0, 2])
+def test_opcheck_codebook_track_usage(mask, dead_after):
+    _, k, _ = qkv(requires_grad=False)
+    book, _, _, unused = codebook_state()
+    z = vq_assign_op(k, book)
+    args = (book, unused, k, z, padding(mask), torch.tensor(3), dead_after, 7)
+    torch.library.opcheck(codebook_track_usage_op, args)
+    before = book.clone()
+    moved = codebook_track_usage_op(*args)
+    assert moved.dtype == torch.int64 and unused[:, -1].tolist() == [0 if dead_after else 3] * 2
+    assert int(moved) == (2 if dead_after else 0)
+    if dead_after:  # the last code of each head now sits on one of its head's unmasked keys
+        for head in range(2):
+            rows = k[:, head].reshape(-1, 8)
+            if mask is not None:
+                rows = rows[favor.ops._tensors.keep_tensor(padding(mask)).reshape(-1)]
+            assert (rows == book[head, -1]).all(-1).any()
+    assert torch.equal(book[:, :-1], before[:, :-1])
+
+
 # ---- the ops equal the C++ calls they wrap ----
 
 @pytest.mark.parametrize("case", list(ATTENTION_CASES))
@@ -160,14 +255,25 @@ def test_attention_op_gradients_equal_the_numpy_api(case):
 
 # ---- torch.compile(fullgraph=True) and torch.export ----
 
+def commitment_losses(model):
+    """The commitment losses the VQ modules of model (or of the model compiled) set in their
+    latest forward."""
+    model = getattr(model, "_orig_mod", model)  # a compiled model forwards attributes to it
+    return [m.commitment_loss for m in model.modules()
+            if getattr(m, "commitment_loss", None) is not None]
+
+
 def grads_of(model, x, dy):
+    """(output, input grad, parameter grads, commitment losses) of one step; the loss is
+    <output, dy> plus the commitment losses of VQ modules."""
     model.zero_grad()
     x = x.detach().requires_grad_(True)
     out = model(x)
     out = out[0] if isinstance(out, tuple) else out
-    out.backward(dy)
+    losses = commitment_losses(model)
+    torch.autograd.backward([out, *losses], [dy, *(torch.ones_like(t) for t in losses)])
     return out.detach(), x.grad, [p.grad.clone() for p in model.parameters()
-                                  if p.grad is not None]
+                                  if p.grad is not None], [t.detach() for t in losses]
 
 
 class Wrapped(torch.nn.Module):
@@ -185,12 +291,43 @@ class Wrapped(torch.nn.Module):
 
 
 class MHASelf(torch.nn.Module):
-    def __init__(self, **options):
+    def __init__(self, module=ft.MultiheadAttention, is_causal=True, mask=None, **options):
         super().__init__()
-        self.mha = ft.MultiheadAttention(16, 2, batch_first=True, **options)
+        self.mha = module(16, 2, batch_first=True, **options)
+        self.is_causal, self.mask = is_causal, mask
 
     def forward(self, x):
-        return self.mha(x, x, x, need_weights=False, is_causal=True)[0]
+        pad = padding(self.mask, *x.shape[:2])
+        return self.mha(x, x, x, key_padding_mask=pad, need_weights=False,
+                        is_causal=self.is_causal)[0]
+
+
+class Masked(torch.nn.Module):
+    """A module called with padding(mask) as its key_padding_mask (built inside the graph)."""
+
+    def __init__(self, attn, mask):
+        super().__init__()
+        self.attn, self.mask = attn, mask
+
+    def forward(self, x):
+        return self.attn(x, key_padding_mask=padding(self.mask, *x.shape[:2]))
+
+
+# dead_after=1: a code no key of a batch chooses is re-seeded right after it (the reset path
+# runs in the steps the tests take).
+VQ = dict(codes=8, dead_after=1, seed=2)
+VQ_MODELS = {
+    "VQAttention": lambda: ft.VQAttention(16, 2, **VQ),
+    "VQAttention_causal_grad": lambda: ft.VQAttention(16, 2, causal=True, learn_codebook="grad",
+                                                      **VQ),
+    "VQAttention_causal_masked": lambda: Masked(ft.VQAttention(16, 2, causal=True, **VQ),
+                                                "bool"),
+    "VQAttention_grad_soft_float_mask": lambda: Masked(
+        ft.VQAttention(16, 2, tau=0.5, learn_codebook="grad", **VQ), "float"),
+    "VQMultiheadAttention_causal": lambda: MHASelf(ft.VQMultiheadAttention, **VQ),
+    "VQMultiheadAttention_grad_masked": lambda: MHASelf(
+        ft.VQMultiheadAttention, is_causal=False, mask="bool", learn_codebook="grad", **VQ),
+}
 
 
 MODELS = {
@@ -207,25 +344,59 @@ MODELS = {
     "attention": lambda: Wrapped(features=16, causal=False),
     "attention_trig_causal": lambda: Wrapped(features=16, kernel="trig", causal=True),
     "attention_exact": lambda: Wrapped(method="exact"),
+    **VQ_MODELS,
 }
+
+
+def compare_steps(name, training, steps):
+    """The model and a deep copy, one run eagerly and the other compiled with
+    fullgraph=True (no graph break) and the aot_eager backend (the traced graph run with
+    eager kernels): for each step (a new batch) the output, the input and parameter
+    gradients, the commitment losses and afterwards every buffer and parameter (VQ: the
+    codebook, its EMA state, unused, initialised, updates, resets) are bit-identical.
+    Returns the eager model."""
+    torch.manual_seed(0)
+    model = MODELS[name]().train(training)
+    twin = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(twin, fullgraph=True, backend="aot_eager")
+    for step in range(steps):
+        x, dy = randn(2, 10, 16, seed=1 + 2 * step), randn(2, 10, 16, seed=2 + 2 * step)
+        eager, got = grads_of(model, x, dy), grads_of(compiled, x, dy)
+        assert torch.equal(eager[0], got[0]), step
+        assert torch.equal(eager[1], got[1]), step
+        assert len(eager[2]) == len(got[2]) > 0
+        for a, b in zip(eager[2], got[2]):
+            assert torch.equal(a, b), step
+        assert len(eager[3]) == len(got[3])
+        for a, b in zip(eager[3], got[3]):
+            assert torch.equal(a, b), step
+        state = {**dict(twin.named_buffers()), **dict(twin.named_parameters())}
+        for key, value in [*model.named_buffers(), *model.named_parameters()]:
+            assert torch.equal(value, state[key]), (step, key)  # a 'grad' codebook is a Parameter
+    return model
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_compile_fullgraph_equals_eager(name):
-    """aot_eager runs the traced graph with eager kernels: forward and every gradient
-    bit-identical to eager, and fullgraph=True proves there is no graph break."""
-    torch.manual_seed(0)
-    model = MODELS[name]()
-    x, dy = randn(2, 10, 16, seed=1), randn(2, 10, 16, seed=2)
-    eager = grads_of(model, x, dy)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    got = grads_of(compiled, x, dy)
-    assert torch.equal(eager[0], got[0])
-    assert torch.equal(eager[1], got[1])
-    assert len(eager[2]) == len(got[2]) > 0
-    for a, b in zip(eager[2], got[2]):
-        assert torch.equal(a, b)
+    """Training mode, 3 steps: for VQ modules the first initialises the codebook by k-means
+    and each one learns (EMA or gradient tracking, dead-code resets) inside the graph."""
+    model = compare_steps(name, True, 3)
+    vq = [m for m in model.modules() if hasattr(m, "codebook")]
+    for m in vq:
+        assert bool(m.initialised) and int(m.updates) == 3
+    if name in ("VQAttention", "VQAttention_causal_grad"):
+        # The reset path ran (measured: codes re-seeded in these 3 steps).
+        assert sum(m.codes_reset for m in vq) > 0
+
+
+@pytest.mark.parametrize("name", list(VQ_MODELS))
+def test_compile_fullgraph_eval_equals_eager(name):
+    """Eval mode: the first call initialises the codebook (in the graph), then no learning."""
+    model = compare_steps(name, False, 2)
+    for m in model.modules():
+        if hasattr(m, "codebook"):
+            assert bool(m.initialised) and int(m.updates) == 0
 
 
 def test_compile_inductor_within_derived_bound():
@@ -247,12 +418,18 @@ def test_compile_inductor_within_derived_bound():
 
 
 @pytest.mark.parametrize("name", ["FavorAttention", "FavorAttention_causal_favorpp",
-                                  "MultiheadAttention", "attention"])
+                                  "MultiheadAttention", "attention", "VQAttention",
+                                  "VQAttention_causal_masked",
+                                  "VQAttention_grad_soft_float_mask",
+                                  "VQMultiheadAttention_causal"])
 def test_export_inference_model(name):
+    """An eval-mode model (a VQ codebook initialised by one forward first) exports; the
+    exported program gives the eager output bit for bit."""
     torch.manual_seed(0)
     model = MODELS[name]().eval()
     x = randn(2, 10, 16, seed=1)
     with torch.no_grad():
+        model(randn(2, 10, 16, seed=9))  # initialises a VQ codebook (k-means)
         want = model(x)
         want = want[0] if isinstance(want, tuple) else want
         exported = torch.export.export(model, (x,))

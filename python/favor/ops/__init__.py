@@ -7,6 +7,10 @@ is its oracle in plain torch operations.
     favor::exact_attention(_backward)        ops/exact        exact softmax attention
     favor::vq_attention(_backward)           ops/vq           Transformer-VQ
     favor::decode_step                       ops/decoder      one streaming decoder step
+    favor::vq_assign                         ops/codebook     nearest code of every key
+    favor::codebook_initialise               ops/codebook     k-means on the first batch
+    favor::codebook_ema_update               ops/codebook     EMA step, dead-code reset
+    favor::codebook_track_usage              ops/codebook     'grad' learning: usage, reset
 
 The one device switch is ops/_tensors.py's backend(): CPU tensors go to the C++ kernels;
 another device is refused with an error naming it, until a device-generic path exists.

@@ -80,6 +80,16 @@ def keep_mask(key_padding_mask, name="key_padding_mask"):
     return (~ignore).numpy()
 
 
+def keep_tensor(key_padding_mask, name="key_padding_mask"):
+    """keep_mask as a bool tensor computed by torch operations (safe while tracing, reads no
+    values): True = the key takes part. A float mask's values (only 0 and -inf) are checked
+    by the op that reads it (T.keep_mask)."""
+    m = check_mask(key_padding_mask, name)
+    if m is None:
+        return None
+    return ~m if m.dtype == torch.bool else ~torch.isneginf(m)
+
+
 def array(t):
     """A C-contiguous numpy float array of an optional tensor (None stays None)."""
     return None if t is None else np.ascontiguousarray(t.detach().numpy())

@@ -1,15 +1,17 @@
 """The codebook state that favor's Transformer-VQ modules carry (VQAttention, and
 VQMultiheadAttention for convert): buffers, k-means initialisation on the first batch, EMA
 updates with dead-code reset (favor's C++ codebook_ema_update on the buffers), or gradient
-learning, and the commitment loss."""
+learning, and the commitment loss. The learning steps are the ops of favor/ops/codebook, so
+torch.compile(fullgraph=True) and torch.export trace them."""
 import math
 
-import numpy as np
 import torch
 from torch import nn
 
 from .. import _core
-from .._args import block_length, mix_seed
+from .._args import block_length
+from ..ops.codebook import (codebook_ema_update_op, codebook_initialise_op,
+                            codebook_track_usage_op, vq_assign_op)
 from . import _tensors as T
 from .vq_function import VQDecoder, vq_attention
 
@@ -20,7 +22,9 @@ class CodebookMixin:
     """For modules with heads and head_dim; adds the buffers codebook [H, c, head_dim]
     (a Parameter with learn_codebook='grad'), ema_sum, ema_count [H, c], unused [H, c]
     (int64: consecutive training batches each code got no key), initialised and updates.
-    All are in the state_dict, so a trained model reloads without re-initialising."""
+    All are in the state_dict, so a trained model reloads without re-initialising; resets
+    (int64, behind codes_reset) is not. Every step on them is an op (favor/ops/codebook), so
+    torch.compile(fullgraph=True) traces training and eval, and torch.export eval."""
 
     def _init_codebook(self, codes, *, tau, decay, dead_after, beta, learn_codebook, seed,
                        block, kmeans_iterations=25, device=None):
@@ -51,8 +55,9 @@ class CodebookMixin:
         self.register_buffer("unused", torch.zeros(shape[:2], dtype=torch.int64, device=device))
         self.register_buffer("initialised", torch.tensor(False, device=device))
         self.register_buffer("updates", torch.tensor(0, dtype=torch.int64, device=device))
+        self.register_buffer("resets", torch.tensor(0, dtype=torch.int64, device=device),
+                             persistent=False)
         self.commitment_loss = None
-        self.codes_reset = 0
 
     # ------------------------------------------------------------------ initialisation
 
@@ -61,37 +66,25 @@ class CodebookMixin:
         """k-means++ and Lloyd (favor.Codebook.kmeans) on keys k [B, H, N, head_dim], one
         codebook per head; masked keys are left out. With fewer keys than codes the keys are
         topped up with Gaussian draws of the same per-head mean and spread (seeded)."""
-        keys = k.detach().to(torch.float32)
-        keep = T.keep_mask(key_padding_mask)
-        heads = keys.shape[1]
-        rows = keys.permute(1, 0, 2, 3).reshape(heads, -1, keys.shape[-1])   # [H, B*N, D]
-        if keep is not None:
-            rows = rows[:, torch.from_numpy(keep.reshape(-1).copy())]
-        if rows.shape[1] < self.codes:
-            g = torch.Generator().manual_seed(self.seed)
-            extra = self.codes - rows.shape[1]
-            mean = rows.mean(1, keepdim=True) if rows.shape[1] else torch.zeros(heads, 1, rows.shape[2])
-            spread = rows.std(1, keepdim=True) if rows.shape[1] > 1 else torch.ones_like(mean)
-            noise = torch.randn(heads, extra, rows.shape[2], generator=g)
-            rows = torch.cat([rows, mean + spread.clamp_min(1e-3) * noise], 1)
-        book = _core.codebook_kmeans(np.ascontiguousarray(rows.unsqueeze(0).numpy()), self.codes,
-                                     iterations=self.kmeans_iterations, seed=self.seed)[0]
-        values = torch.from_numpy(book).to(self.codebook.device)
-        self.codebook.data.copy_(values)
-        self.ema_sum.copy_(values)
-        self.ema_count.fill_(1.0)
-        self.unused.zero_()
-        self.initialised.fill_(True)
+        self._initialise(k, key_padding_mask, force=True)
 
+    def _initialise(self, k, key_padding_mask, force):
+        # The op (favor::codebook_initialise) decides from the `initialised` buffer: a
+        # compiled graph carries the first-batch initialisation without a branch on data.
+        codebook_initialise_op(k.detach(), T.check_mask(key_padding_mask), self.codebook,
+                               self.ema_sum, self.ema_count, self.unused, self.initialised,
+                               self.kmeans_iterations, self.seed, force)
+
+    @torch.no_grad()
     def _prepare(self, k, key_padding_mask):
-        if not bool(self.initialised):
-            self.initialise_codebook(k, key_padding_mask)
+        self._initialise(k, key_padding_mask, force=False)
 
     # ------------------------------------------------------------------ attention
 
     def attend(self, q, k, v, key_padding_mask=None, causal=None):
         """The attention core on [B, H, N, head_dim] tensors (no in/out projections)."""
-        if not bool(self.initialised):
+        # Traced, forward() has just initialised the codebook (and the check would read data).
+        if not torch.compiler.is_compiling() and not bool(self.initialised):
             raise _core.Error("codebook: not initialised; run a forward pass (k-means on its "
                               "keys) or initialise_codebook(k) first")
         book = self.codebook
@@ -107,76 +100,50 @@ class CodebookMixin:
     # ------------------------------------------------------------------ learning
 
     def _learn(self, k, key_padding_mask):
-        keep = T.keep_mask(key_padding_mask)
-        z = torch.from_numpy(_core.vq_assign(T.view(k.detach().to(torch.float32)),
-                                             T.view(self.codebook.detach().float()))[0]).long()
-        self.commitment_loss = self._commitment(k, z, keep)
+        z = vq_assign_op(k.detach(), self.codebook.detach())
+        if not torch.compiler.is_exporting():
+            # (An exported program has no place for it: torch.export drops the attribute.)
+            self.commitment_loss = self._commitment(k, z, T.keep_tensor(key_padding_mask))
         if self.training:
-            if self.learn_codebook == "ema":
-                self._ema_update(k, keep)
-            else:
-                self._track_usage(k, z, keep)
-            self.updates += 1
+            mask = T.check_mask(key_padding_mask)
+            with torch.no_grad():
+                if self.learn_codebook == "ema":
+                    reset = codebook_ema_update_op(
+                        self.codebook, self.ema_sum, self.ema_count, self.unused, k.detach(),
+                        mask, self.updates, self.decay, self.dead_after, self.seed)
+                else:
+                    reset = codebook_track_usage_op(self.codebook, self.unused, k.detach(), z,
+                                                    mask, self.updates, self.dead_after,
+                                                    self.seed)
+                self.resets += reset
+                self.updates += 1
 
     def _commitment(self, k, z, keep):
         """beta * mean_j |k_j - sg(C_z_j)|^2 (plus, when learning the codebook by gradient,
         the codebook loss mean_j |sg(k_j) - C_z_j|^2 that pulls codes to their keys)."""
         b, h, n, d = k.shape
-        book = self.codebook.to(k.dtype).unsqueeze(0).expand(b, h, -1, -1)
+        book = self.codebook
+        if self.training and self.learn_codebook == "grad":
+            book = book.clone()  # the dead-code reset after this changes the Parameter in place
+        book = book.to(k.dtype).unsqueeze(0).expand(b, h, -1, -1)
         cz = torch.gather(book, 2, z.unsqueeze(-1).expand(b, h, n, d))
         weight = torch.ones(b, 1, n, dtype=k.dtype) if keep is None else \
-            torch.from_numpy(keep).to(k.dtype).unsqueeze(1)
+            keep.to(k.dtype).unsqueeze(1)
         weight = weight.expand(b, h, n) / (weight.sum() * h).clamp_min(1)
         loss = self.beta * (((k - cz.detach()) ** 2).sum(-1) * weight).sum()
         if self.learn_codebook == "grad":
             loss = loss + (((k.detach() - cz) ** 2).sum(-1) * weight).sum()
         return loss
 
-    @torch.no_grad()
-    def _ema_update(self, k, keep):
-        bufs = [self.codebook, self.ema_sum, self.ema_count]
-        views = [b if b.dtype == torch.float32 and b.is_contiguous() else
-                 b.to(torch.float32).contiguous() for b in bufs]
-        reset = _core.codebook_ema_update(
-            *[T.view(x) for x in views], T.view(self.unused), T.view(k.detach().float()),
-            decay=self.decay, dead_after=self.dead_after,
-            seed=mix_seed(self.seed, int(self.updates)), key_mask=keep)
-        for b, x in zip(bufs, views):
-            if x is not b:
-                b.copy_(x)
-        self.codes_reset += reset
+    @property
+    def codes_reset(self):
+        """The codes re-seeded (EMA) or moved (learning by gradient) so far, an int (the
+        non-persistent int64 buffer `resets`, which a compiled graph updates)."""
+        return int(self.resets)
 
-    @torch.no_grad()
-    def _track_usage(self, k, z, keep):
-        """learn_codebook='grad': the unused counters from the assignment, and codes unused
-        for dead_after batches moved onto keys of this batch."""
-        h, c = self.unused.shape
-        counts = torch.zeros(h, c, dtype=torch.int64)
-        for head in range(h):
-            codes = z[:, head].reshape(-1)
-            if keep is not None:
-                codes = codes[torch.from_numpy(keep.reshape(-1).copy())]
-            counts[head] = torch.bincount(codes, minlength=c)
-        self.unused.copy_(torch.where(counts > 0, torch.zeros_like(self.unused), self.unused + 1))
-        if self.dead_after == 0:
-            return
-        g = torch.Generator().manual_seed(mix_seed(self.seed, int(self.updates)) % 2**63)
-        for head in range(h):
-            dead = (self.unused[head] >= self.dead_after).nonzero().flatten().tolist()
-            if not dead:
-                continue
-            # Re-seeded from this batch's unmasked keys, distinct ones while there are enough
-            # (as codebook_ema_update does).
-            rows = k[:, head].detach().reshape(-1, k.shape[-1])
-            if keep is not None:
-                rows = rows[torch.from_numpy(keep.reshape(-1).copy())]
-            if len(rows) == 0:
-                continue
-            order = torch.randperm(len(rows), generator=g)
-            for i, code in enumerate(dead):
-                self.codebook.data[head, code] = rows[order[i % len(rows)]]
-                self.unused[head, code] = 0
-                self.codes_reset += 1
+    @codes_reset.setter
+    def codes_reset(self, value):
+        self.resets.fill_(int(value))
 
     # ------------------------------------------------------------------ inspection, decoding
 

@@ -21,7 +21,9 @@ class VQAttention(CodebookMixin, MultiHeadModule):
     After each forward, `commitment_loss` is beta * mean |k - sg(C_z)|^2 (a differentiable
     scalar; 'grad' adds mean |sg(k) - C_z|^2): add it to the training loss. dead_codes():
     codes no key of the latest training batch chose. tau > 0: soft VQ.
-    For generation: decoder(batch) and step(x, decoder).
+    For generation: decoder(batch) and step(x, decoder). torch.compile(fullgraph=True)
+    traces it in training (initialisation and codebook learning included) and eval mode;
+    torch.export an eval-mode module after one forward (k-means).
     """
 
     def __init__(self, embed_dim, num_heads, codes, *, causal=False, tau=0.0, decay=0.99,
