@@ -248,3 +248,22 @@ def test_errors_name_the_argument(make, name):
     with pytest.raises(ValueError) as e:
         make()
     assert str(e.value).startswith(name + ":"), str(e.value)
+
+
+def test_vq_attention_seed_above_2_63_trains():
+    """favor's seeds are unsigned 64-bit; the codebook ops carry them as int64 (two's
+    complement) and take them back: with a seed >= 2^63 the first forward's codebook is
+    favor.Codebook.kmeans's with that seed, bit for bit, and a training step runs."""
+    seed = 2**64 - 5
+    torch.manual_seed(0)
+    m = ft.VQAttention(16, 2, 4, seed=seed, dead_after=1).eval()
+    x = torch.randn(2, 12, 16)
+    with torch.no_grad():
+        m(x)
+        k = m._heads(m.k_proj(x))
+    want = favor.Codebook.kmeans(np.ascontiguousarray(k.numpy()), 4,
+                                 iterations=m.kmeans_iterations, seed=seed)
+    assert torch.equal(m.codebook, torch.from_numpy(np.asarray(want.values)))
+    m.train()
+    m(x).sum().backward()
+    assert int(m.updates) == 1

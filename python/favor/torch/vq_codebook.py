@@ -11,7 +11,7 @@ from torch import nn
 from .. import _core
 from .._args import block_length
 from ..ops.codebook import (codebook_ema_update_op, codebook_initialise_op,
-                            codebook_track_usage_op, vq_assign_op)
+                            codebook_track_usage_op, int64_seed, vq_assign_op)
 from . import _tensors as T
 from .vq_function import VQDecoder, vq_attention
 
@@ -73,7 +73,7 @@ class CodebookMixin:
         # compiled graph carries the first-batch initialisation without a branch on data.
         codebook_initialise_op(k.detach(), T.check_mask(key_padding_mask), self.codebook,
                                self.ema_sum, self.ema_count, self.unused, self.initialised,
-                               self.kmeans_iterations, self.seed, force)
+                               self.kmeans_iterations, int64_seed(self.seed), force)
 
     @torch.no_grad()
     def _prepare(self, k, key_padding_mask):
@@ -110,11 +110,11 @@ class CodebookMixin:
                 if self.learn_codebook == "ema":
                     reset = codebook_ema_update_op(
                         self.codebook, self.ema_sum, self.ema_count, self.unused, k.detach(),
-                        mask, self.updates, self.decay, self.dead_after, self.seed)
+                        mask, self.updates, self.decay, self.dead_after, int64_seed(self.seed))
                 else:
                     reset = codebook_track_usage_op(self.codebook, self.unused, k.detach(), z,
                                                     mask, self.updates, self.dead_after,
-                                                    self.seed)
+                                                    int64_seed(self.seed))
                 self.resets += reset
                 self.updates += 1
 

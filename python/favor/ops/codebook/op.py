@@ -23,6 +23,13 @@ from torch import Tensor
 
 from ... import _core
 from ..._args import mix_seed
+
+
+def int64_seed(seed):
+    """A seed in [0, 2^64) as the int64 a custom op's schema carries (two's complement); the
+    ops take it back modulo 2^64."""
+    s = int(seed) % 2**64
+    return s - 2**64 if s >= 2**63 else s
 from .. import _tensors as T
 
 
@@ -56,6 +63,7 @@ def codebook_initialise_op(k: Tensor, key_padding_mask: Optional[Tensor], codebo
     there are fewer keys than codes. Does nothing when initialised is set, unless force."""
     if bool(initialised) and not force:
         return
+    seed %= 2**64  # int64 in the schema; favor's seeds are unsigned 64-bit (int64_seed)
     T.follow_torch_threads()
     codes = codebook.shape[1]
     keys = k.detach().to(torch.float32)
@@ -96,6 +104,7 @@ def codebook_ema_update_op(codebook: Tensor, ema_sum: Tensor, ema_count: Tensor,
     dead_after batches re-seeded from keys (seed: mix_seed(seed, updates)). Returns the
     number of codes re-seeded, an int64 scalar."""
     T.follow_torch_threads()
+    seed %= 2**64
     bufs = [codebook, ema_sum, ema_count]
     views = [b if b.dtype == torch.float32 and b.is_contiguous() else
              b.to(torch.float32).contiguous() for b in bufs]
@@ -125,6 +134,7 @@ def codebook_track_usage_op(codebook: Tensor, unused: Tensor, k: Tensor, z: Tens
     batches (0: never) move onto distinct unmasked keys of this batch, drawn with the seed
     mix_seed(seed, updates). Returns the number of codes moved, an int64 scalar."""
     h, c = unused.shape
+    seed %= 2**64
     keep = _keep_rows(T.keep_mask(key_padding_mask))
     counts = torch.zeros(h, c, dtype=torch.int64)
     for head in range(h):
