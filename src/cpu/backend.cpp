@@ -3,6 +3,7 @@
 #include "kernels/backend.hpp"
 
 #include "cpu/attention_params.hpp"
+#include "cpu/backend_info.hpp"
 #include "cpu/config.hpp"
 #include "cpu/decoder_step.hpp"
 #include "cpu/exact_attention.hpp"
@@ -13,6 +14,8 @@ namespace {
 
 class CpuBackend final : public kernels::Backend {
  public:
+  kernels::Tuning tuning() const override { return cpu::tuning(); }
+  std::string describe() const override { return cpu::describe(); }
   int64_t favor_bidirectional(const AttentionParams& p) override {
     return cpu::favor_bidirectional(p, runtime_config());
   }

@@ -5,6 +5,7 @@
 // threads and chunk length) stays inside it. The pattern of favor::Exchange, which keeps MPI
 // out of the sequence-parallel algorithm. Kernels never throw.
 #include <cstdint>
+#include <string>
 
 #include "kernels/attention_params.hpp"
 #include "kernels/decoder_params.hpp"
@@ -12,9 +13,21 @@
 
 namespace favor::kernels {
 
+/// A backend's tile sizes and default block lengths, for cost models, benchmarks and the
+/// facades' defaults (favor::kernel_info(); VQOptions::block = 0).
+struct Tuning {
+  int64_t row_tile;           // rows per feature tile (bidirectional)
+  int64_t causal_chunk;       // chunk length C of causal FAVOR attention
+  int64_t vq_block;           // default causal block length L of VQ attention
+  int64_t vq_backward_block;  // ... and of its backward (and its bidirectional tile)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
+  virtual Tuning tuning() const = 0;
+  /// What favor::build_info() reports of the backend (CPU: "simd ...; blas ... (...)").
+  virtual std::string describe() const = 0;
   /// FAVOR attention; return the number of rows written as zeros.
   virtual int64_t favor_bidirectional(const AttentionParams& p) = 0;
   virtual int64_t favor_causal(const AttentionParams& p) = 0;
