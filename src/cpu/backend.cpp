@@ -7,6 +7,7 @@
 #include "cpu/config.hpp"
 #include "cpu/decoder_step.hpp"
 #include "cpu/exact_attention.hpp"
+#include "cpu/vq_decoder_step.hpp"
 #include "cpu/vq_params.hpp"
 
 namespace favor::cpu {
@@ -47,6 +48,17 @@ class CpuBackend final : public kernels::Backend {
   }
   void decoder_append(const DecoderAppend& p) override { cpu::decoder_append(p, runtime_config()); }
   void decoder_query(const DecoderQuery& p) override { cpu::decoder_query(p, runtime_config()); }
+  std::shared_ptr<const kernels::PreparedCodebook> vq_prepare_codebook(const float* codebook,
+                                                                      int64_t sets, int64_t codes,
+                                                                      int64_t d) override {
+    return prepare_codebook(codebook, sets, codes, d);
+  }
+  void vq_decoder_append(const VQDecoderAppend& p) override {
+    cpu::vq_decoder_append(p, runtime_config());
+  }
+  void vq_decoder_query(const VQDecoderQuery& p) override {
+    cpu::vq_decoder_query(p, runtime_config());
+  }
 };
 
 }  // namespace

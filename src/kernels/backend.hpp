@@ -5,10 +5,12 @@
 // threads and chunk length) stays inside it. The pattern of favor::Exchange, which keeps MPI
 // out of the sequence-parallel algorithm. Kernels never throw.
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "kernels/attention_params.hpp"
 #include "kernels/decoder_params.hpp"
+#include "kernels/vq_decoder_params.hpp"
 #include "kernels/vq_params.hpp"
 
 namespace favor::kernels {
@@ -46,6 +48,13 @@ class Backend {
   /// One step of a streaming FAVOR decoder (kernels/decoder_params.hpp).
   virtual void decoder_append(const DecoderAppend& p) = 0;
   virtual void decoder_query(const DecoderQuery& p) = 0;
+  /// A streaming Transformer-VQ decoder (kernels/vq_decoder_params.hpp): its codebook(s),
+  /// `sets` x codes x d, prepared once; then each step.
+  virtual std::shared_ptr<const PreparedCodebook> vq_prepare_codebook(const float* codebook,
+                                                                      int64_t sets, int64_t codes,
+                                                                      int64_t d) = 0;
+  virtual void vq_decoder_append(const VQDecoderAppend& p) = 0;
+  virtual void vq_decoder_query(const VQDecoderQuery& p) = 0;
 };
 
 /// The backend the facades call. One entry today: the CPU (src/cpu/backend.cpp), with
