@@ -7,6 +7,7 @@
 #include "cpu/config.hpp"
 #include "cpu/decoder_step.hpp"
 #include "cpu/exact_attention.hpp"
+#include "cpu/vq_assign.hpp"
 #include "cpu/vq_decoder_step.hpp"
 #include "cpu/vq_params.hpp"
 
@@ -46,6 +47,7 @@ class CpuBackend final : public kernels::Backend {
   void vq_backward_causal(const VQBackwardParams& p) override {
     cpu::vq_backward_causal(p, runtime_config());
   }
+  void vq_assign(const VQAssignParams& p) override { vq_assign_keys(p, runtime_config()); }
   void decoder_append(const DecoderAppend& p) override { cpu::decoder_append(p, runtime_config()); }
   void decoder_query(const DecoderQuery& p) override { cpu::decoder_query(p, runtime_config()); }
   std::shared_ptr<const kernels::PreparedCodebook> vq_prepare_codebook(const float* codebook,

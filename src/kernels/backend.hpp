@@ -45,6 +45,8 @@ class Backend {
   /// Gradients of Transformer-VQ attention.
   virtual void vq_backward_bidirectional(const VQBackwardParams& p) = 0;
   virtual void vq_backward_causal(const VQBackwardParams& p) = 0;
+  /// The nearest code of every key (favor::vq_assign).
+  virtual void vq_assign(const VQAssignParams& p) = 0;
   /// One step of a streaming FAVOR decoder (kernels/decoder_params.hpp).
   virtual void decoder_append(const DecoderAppend& p) = 0;
   virtual void decoder_query(const DecoderQuery& p) = 0;
