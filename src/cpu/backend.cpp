@@ -7,6 +7,7 @@
 #include "cpu/config.hpp"
 #include "cpu/decoder_step.hpp"
 #include "cpu/exact_attention.hpp"
+#include "cpu/feature_tile.hpp"
 #include "cpu/vq_assign.hpp"
 #include "cpu/vq_decoder_step.hpp"
 #include "cpu/vq_params.hpp"
@@ -29,6 +30,9 @@ class CpuBackend final : public kernels::Backend {
   }
   void favor_backward_causal(const BackwardParams& p) override {
     cpu::favor_backward_causal(p, runtime_config());
+  }
+  kernels::FeatureOverflow features(const kernels::FeaturesParams& p) override {
+    return exact_features(p);
   }
   int64_t exact_attention(const AttentionParams& p, bool causal, bool in_double) override {
     return in_double ? exact_attention_f64(p, causal, runtime_config())

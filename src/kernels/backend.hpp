@@ -36,6 +36,8 @@ class Backend {
   /// Gradients of FAVOR attention.
   virtual void favor_backward_bidirectional(const BackwardParams& p) = 0;
   virtual void favor_backward_causal(const BackwardParams& p) = 0;
+  /// The exact features of favor::features; the first row that overflows, if any.
+  virtual FeatureOverflow features(const FeaturesParams& p) = 0;
   /// Exact softmax attention in float or double accumulation; returns the zero rows.
   virtual int64_t exact_attention(const AttentionParams& p, bool causal, bool in_double) = 0;
   virtual void exact_attention_backward(const BackwardParams& p, bool causal) = 0;
