@@ -4,10 +4,12 @@
 
 #include "cpu/attention_params.hpp"
 #include "cpu/backend_info.hpp"
+#include "cpu/blas.hpp"
 #include "cpu/config.hpp"
 #include "cpu/decoder_step.hpp"
 #include "cpu/exact_attention.hpp"
 #include "cpu/feature_tile.hpp"
+#include "cpu/kernel_moments.hpp"
 #include "cpu/vq_assign.hpp"
 #include "cpu/vq_decoder_step.hpp"
 #include "cpu/vq_params.hpp"
@@ -33,6 +35,14 @@ class CpuBackend final : public kernels::Backend {
   }
   kernels::FeatureOverflow features(const kernels::FeaturesParams& p) override {
     return exact_features(p);
+  }
+  void kernel_moments(const MomentsParams& p) override {
+    cpu::kernel_moments(p, runtime_config());
+  }
+  void dgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
+             const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C,
+             int64_t ldc) override {
+    gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   int64_t exact_attention(const AttentionParams& p, bool causal, bool in_double) override {
     return in_double ? exact_attention_f64(p, causal, runtime_config())

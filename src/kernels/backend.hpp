@@ -10,6 +10,7 @@
 
 #include "kernels/attention_params.hpp"
 #include "kernels/decoder_params.hpp"
+#include "kernels/moments_params.hpp"
 #include "kernels/vq_decoder_params.hpp"
 #include "kernels/vq_params.hpp"
 
@@ -38,6 +39,13 @@ class Backend {
   virtual void favor_backward_causal(const BackwardParams& p) = 0;
   /// The exact features of favor::features; the first row that overflows, if any.
   virtual FeatureOverflow features(const FeaturesParams& p) = 0;
+  /// The sums of a FAVOR++ / FAVOR# fit (favor::kernel_moments).
+  virtual void kernel_moments(const MomentsParams& p) = 0;
+  /// C = alpha op(A) op(B) + beta C in double, row-major, on host memory: the small dense
+  /// products of the FAVOR++ / FAVOR# projections (src/estimators.cpp).
+  virtual void dgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
+                     const double* A, int64_t lda, const double* B, int64_t ldb, double beta,
+                     double* C, int64_t ldc) = 0;
   /// Exact softmax attention in float or double accumulation; returns the zero rows.
   virtual int64_t exact_attention(const AttentionParams& p, bool causal, bool in_double) = 0;
   virtual void exact_attention_backward(const BackwardParams& p, bool causal) = 0;
