@@ -5,6 +5,7 @@
 #include "cpu/attention_params.hpp"
 #include "cpu/backend_info.hpp"
 #include "cpu/blas.hpp"
+#include "cpu/codebook_ops.hpp"
 #include "cpu/config.hpp"
 #include "cpu/decoder_step.hpp"
 #include "cpu/exact_attention.hpp"
@@ -64,6 +65,19 @@ class CpuBackend final : public kernels::Backend {
   void vq_assign(const VQAssignParams& p) override { vq_assign_keys(p, runtime_config()); }
   void decoder_append(const DecoderAppend& p) override { cpu::decoder_append(p, runtime_config()); }
   void decoder_query(const DecoderQuery& p) override { cpu::decoder_query(p, runtime_config()); }
+  std::unique_ptr<kernels::KMeansRun> kmeans(const kernels::CodebookKeys& keys,
+                                             int64_t codes) override {
+    return kmeans_run(keys, codes, runtime_config());
+  }
+  int64_t codebook_ema(const kernels::CodebookKeys& keys, const kernels::CodebookEMA& p) override {
+    return ema_step(keys, p, runtime_config());
+  }
+  double codebook_distance_sum(const kernels::CodebookQuantise& p) override {
+    return distance_sum(p, runtime_config());
+  }
+  double codebook_commitment(const kernels::CodebookQuantise& p, float grad, float* dk) override {
+    return commitment_sum(p, grad, dk, runtime_config());
+  }
   std::shared_ptr<const kernels::PreparedCodebook> vq_prepare_codebook(const float* codebook,
                                                                       int64_t sets, int64_t codes,
                                                                       int64_t d) override {

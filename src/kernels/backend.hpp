@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/attention_params.hpp"
+#include "kernels/codebook_params.hpp"
 #include "kernels/decoder_params.hpp"
 #include "kernels/moments_params.hpp"
 #include "kernels/vq_decoder_params.hpp"
@@ -60,6 +61,14 @@ class Backend {
   /// One step of a streaming FAVOR decoder (kernels/decoder_params.hpp).
   virtual void decoder_append(const DecoderAppend& p) = 0;
   virtual void decoder_query(const DecoderQuery& p) = 0;
+  /// Codebook learning (kernels/codebook_params.hpp): a k-means run (codes <= the keys of
+  /// every group), an EMA step (returns the codes re-seeded), sum_j |k_j - C_z|^2 over the
+  /// keys in double, and that sum from the float differences with dk = grad (k - C_z)
+  /// ([B, H, N, D], C-contiguous, zeroed by the caller).
+  virtual std::unique_ptr<KMeansRun> kmeans(const CodebookKeys& keys, int64_t codes) = 0;
+  virtual int64_t codebook_ema(const CodebookKeys& keys, const CodebookEMA& p) = 0;
+  virtual double codebook_distance_sum(const CodebookQuantise& p) = 0;
+  virtual double codebook_commitment(const CodebookQuantise& p, float grad, float* dk) = 0;
   /// A streaming Transformer-VQ decoder (kernels/vq_decoder_params.hpp): its codebook(s),
   /// `sets` x codes x d, prepared once; then each step.
   virtual std::shared_ptr<const PreparedCodebook> vq_prepare_codebook(const float* codebook,
