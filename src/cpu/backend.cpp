@@ -18,6 +18,24 @@
 namespace favor::cpu {
 namespace {
 
+class CpuCausalSplit final : public kernels::CausalBackwardSplit {
+ public:
+  CpuCausalSplit(int64_t heads, int64_t n, int64_t features, int64_t dv) {
+    store_.reserve(heads, n, features, dv);
+  }
+  void phase_a(const BackwardParams& p) override {
+    favor_backward_causal_phase_a(p, runtime_config(), store_);
+  }
+  const std::vector<float>& r() const override { return store_.r; }
+  const std::vector<double>& r_max() const override { return store_.r_max; }
+  void phase_b(const BackwardParams& p, const float* suffix_r, const double* suffix_ref) override {
+    favor_backward_causal_phase_b(p, runtime_config(), store_, suffix_r, suffix_ref);
+  }
+
+ private:
+  CausalBackwardStore store_;
+};
+
 class CpuBackend final : public kernels::Backend {
  public:
   kernels::Tuning tuning() const override { return cpu::tuning(); }
@@ -45,6 +63,14 @@ class CpuBackend final : public kernels::Backend {
              int64_t ldc) override {
     gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
+  void favor_key_states(const AttentionParams& p, float* states, double* maxima,
+                        float* distance) override {
+    key_states(p, runtime_config(), states, maxima, distance);
+  }
+  std::unique_ptr<kernels::CausalBackwardSplit> favor_backward_causal_split(
+      int64_t heads, int64_t n, int64_t features, int64_t dv) override {
+    return std::make_unique<CpuCausalSplit>(heads, n, features, dv);
+  }
   int64_t exact_attention(const AttentionParams& p, bool causal, bool in_double) override {
     return in_double ? exact_attention_f64(p, causal, runtime_config())
                      : exact_attention_f32(p, causal, runtime_config());
@@ -61,6 +87,13 @@ class CpuBackend final : public kernels::Backend {
   }
   void vq_backward_causal(const VQBackwardParams& p) override {
     cpu::vq_backward_causal(p, runtime_config());
+  }
+  void vq_key_states(const VQParams& p, float* states) override {
+    cpu::vq_key_states(p, runtime_config(), states);
+  }
+  int64_t vq_code_sums_size(const VQParams& p) override { return cpu::vq_code_sums_size(p); }
+  void vq_backward_keys(const VQBackwardParams& p, const float* sums) override {
+    cpu::vq_backward_keys(p, runtime_config(), sums);
   }
   void vq_assign(const VQAssignParams& p) override { vq_assign_keys(p, runtime_config()); }
   void decoder_append(const DecoderAppend& p) override { cpu::decoder_append(p, runtime_config()); }
