@@ -1,6 +1,6 @@
-// The codebook-learning facade: validates arguments, gathers the keys of each codebook
-// (cpu/vq_key_groups.hpp) and runs k-means (cpu/vq_kmeans.hpp) or the EMA step
-// (cpu/vq_ema.hpp); the quantisation error and the commitment loss.
+// The codebook-learning facade: validates arguments and calls the backend
+// (kernels/codebook_params.hpp) for k-means, the EMA step, the quantisation error and the
+// commitment loss.
 #include "favor/codebook.hpp"
 
 #include <algorithm>
@@ -11,11 +11,8 @@
 
 #include "core/validate.hpp"
 #include "core/vq_validate.hpp"
-#include "cpu/vq_ema.hpp"
-#include "cpu/vq_key_groups.hpp"
-#include "cpu/vq_kmeans.hpp"
 #include "favor/error.hpp"
-#include "favor/runtime.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 namespace {
@@ -35,11 +32,21 @@ void check_keys(const TensorView& keys, const std::optional<KeyMaskView>& mask) 
 }
 
 // Keys against a codebook [1, Hc, c, D]: one group per head, or all heads pooled (Hc == 1).
-cpu::KeyGroups codebook_keys(const TensorView& keys, const TensorView& codebook,
-                             const std::optional<KeyMaskView>& mask, const std::string& name) {
+kernels::CodebookKeys codebook_keys(const TensorView& keys, const TensorView& codebook,
+                                    const std::optional<KeyMaskView>& mask,
+                                    const std::string& name) {
   check_keys(keys, mask);
   detail::check_codebook(codebook, keys.shape[1], keys.shape[3], name);
-  return cpu::gather_keys(keys, mask, codebook.shape[1] == 1);
+  return {keys, mask, codebook.shape[1] == 1};
+}
+
+// Unmasked keys per head: every head of a batch row shares the row's mask.
+int64_t keys_per_head(const TensorView& keys, const std::optional<KeyMaskView>& mask) {
+  if (!mask) return keys.shape[0] * keys.shape[2];
+  int64_t kept = 0;
+  for (int64_t b = 0; b < keys.shape[0]; ++b)
+    for (int64_t n = 0; n < keys.shape[2]; ++n) kept += mask->at(b, n) ? 1 : 0;
+  return kept;
 }
 
 std::string number(double x) {
@@ -85,35 +92,30 @@ Codebook Codebook::kmeans(TensorView keys, int64_t codes, const KMeansOptions& o
   if (options.iterations < 0) {
     throw Error("iterations: " + std::to_string(options.iterations) + " must be >= 0");
   }
-  const cpu::KeyGroups groups = cpu::gather_keys(keys, mask, !per_head);
-  int64_t fewest = groups.size(0);
-  for (int64_t g = 1; g < groups.groups; ++g) fewest = std::min(fewest, groups.size(g));
+  // Every group has the same keys per head: one head's (per head) or H heads' (pooled).
+  const int64_t fewest = keys_per_head(keys, mask) * (per_head ? 1 : keys.shape[1]);
   if (codes > fewest) {
     throw Error("codes: " + std::to_string(codes) + " must be <= the number of unmasked keys " +
                 (per_head ? "per head" : "of all heads") + " (" + std::to_string(fewest) + ")");
   }
-  cpu::KMeans km(groups, codes, num_threads());
-  km.seed(options.seed);
-  double error = km.assign();
+  const std::unique_ptr<kernels::KMeansRun> km =
+      kernels::backend().kmeans({keys, mask, !per_head}, codes);
+  km->seed(options.seed);
+  double error = km->assign();
   if (options.on_iteration) options.on_iteration(0, error);
   for (int64_t i = 1; i <= options.iterations; ++i) {
-    km.update();
-    error = km.assign();
+    km->update();
+    error = km->assign();
     if (options.on_iteration) options.on_iteration(i, error);
   }
-  return Codebook(groups.groups, codes, groups.d, km.codebook());
+  return Codebook(per_head ? keys.shape[1] : 1, codes, keys.shape[3], km->codebook());
 }
 
 double Codebook::quantisation_error(TensorView keys, const std::optional<KeyMaskView>& mask) const {
-  const cpu::KeyGroups groups = codebook_keys(keys, view(), mask, "codebook");
-  const int64_t total = groups.start[groups.groups];
+  const kernels::CodebookKeys groups = codebook_keys(keys, view(), mask, "codebook");
+  const int64_t total = keys_per_head(keys, mask) * keys.shape[1];
   if (total == 0) return 0.0;  // every key masked: nothing is quantised
-  std::vector<int32_t> z(static_cast<size_t>(total));
-  std::vector<float> dist2(static_cast<size_t>(total));
-  cpu::assign_groups(groups, values_.data(), codes_ * d_, codes_, num_threads(), z.data(),
-                     dist2.data());
-  double sum = 0.0;
-  for (float e : dist2) sum += e;
+  const double sum = kernels::backend().codebook_distance_sum({groups, values_.data(), codes_});
   return sum / static_cast<double>(total);
 }
 
@@ -128,11 +130,11 @@ int64_t codebook_ema_update(CodebookState state, TensorView keys, const EMAOptio
   check_ema_options(options);
   const TensorView codebook =
       TensorView::contiguous(state.codebook, {1, state.heads, state.codes, state.d});
-  const cpu::KeyGroups groups = codebook_keys(keys, codebook, mask, "state.codebook");
-  cpu::EMAParams p{state.codebook,     state.ema_sum, state.ema_count, state.unused,
-                   state.codes,        state.d,       options.decay,   options.eps,
-                   options.dead_after, seed,          num_threads()};
-  return cpu::codebook_ema(groups, p);
+  const kernels::CodebookKeys groups = codebook_keys(keys, codebook, mask, "state.codebook");
+  const kernels::CodebookEMA p{state.codebook, state.ema_sum,   state.ema_count,    state.unused,
+                               state.codes,    state.d,         options.decay,      options.eps,
+                               options.dead_after, seed};
+  return kernels::backend().codebook_ema(groups, p);
 }
 
 int64_t Codebook::ema_update(TensorView keys, const EMAOptions& options,
@@ -148,29 +150,17 @@ Commitment commitment_loss(TensorView keys, TensorView codebook, double beta,
                            const std::optional<KeyMaskView>& mask) {
   if (!(std::isfinite(beta) && beta >= 0.0))
     throw Error("beta: " + number(beta) + " must be finite and >= 0");
-  const cpu::KeyGroups groups = codebook_keys(keys, codebook, mask, "codebook");
+  const kernels::CodebookKeys groups = codebook_keys(keys, codebook, mask, "codebook");
   const std::vector<float> codes = detail::contiguous_codebook(codebook);
-  const int64_t c = codebook.shape[2], d = keys.shape[3], total = groups.start[groups.groups];
+  const int64_t total = keys_per_head(keys, mask) * keys.shape[1];
   Commitment out;
   out.dk = Tensor(keys.shape);
   if (total == 0) return out;  // every key masked: no loss, no gradient
-  std::vector<int32_t> z(static_cast<size_t>(total));
-  std::vector<float> dist2(static_cast<size_t>(total));
-  cpu::assign_groups(groups, codes.data(), c * d, c, num_threads(), z.data(), dist2.data());
   // dk = 2 beta (k - C_z) / count; the loss from the same differences, in double.
   const float grad = static_cast<float>(2.0 * beta / static_cast<double>(total));
-  double sum = 0.0;
-  int64_t r = 0;
-  MutableTensorView dk = out.dk.mutable_view();
-  cpu::for_each_key(keys, mask, codebook.shape[1] == 1,
-                    [&](int64_t g, int64_t b, int64_t h, int64_t n) {
-                      const float* code = codes.data() + (g * c + z[r++]) * d;
-                      for (int64_t x = 0; x < d; ++x) {
-                        const float diff = keys.at(b, h, n, x) - code[x];
-                        sum += double(diff) * diff;
-                        dk.at(b, h, n, x) = grad * diff;
-                      }
-                    });
+  const double sum = kernels::backend().codebook_commitment({groups, codes.data(),
+                                                             codebook.shape[2]},
+                                                            grad, out.dk.data());
   out.loss = beta * sum / static_cast<double>(total);
   return out;
 }

@@ -9,17 +9,13 @@
 
 #include "core/adapted.hpp"
 #include "core/validate.hpp"
-#include "cpu/blas.hpp"
-#include "cpu/feature_tile.hpp"
 #include "favor/error.hpp"
 #include "favor/features.hpp"
 #include "favor/runtime.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 namespace {
-
-// Rows per Gram update: large enough for an efficient syrk (2048 x 64 doubles = 1 MiB).
-constexpr int64_t kMomentRows = 2048;
 
 // Second-moment doubles per row set: d x d (FAVOR#) or the squared norm (FAVOR++).
 int64_t second_size(Kernel kernel, int64_t d) {
@@ -37,52 +33,6 @@ Moments moments_at(KernelMoments& mo, int64_t bh, int which) {
   const int64_t d = mo.d, size = 1 + d + second_size(mo.kernel, d);
   double* base = mo.sums.data() + bh * mo.record() + which * size;
   return {base, base + 1, base + 1 + d};
-}
-
-// Adds the rows of head (b, h) of x (scaled by sqrt_scale; masked rows left out) to `mo`.
-void add_head_moments(const TensorView& x, int64_t b, int64_t h, double sqrt_scale, bool full,
-                      const std::optional<KeyMaskView>& mask, std::vector<float>& tile,
-                      std::vector<double>& dtile, const Moments& mo) {
-  const int64_t n = x.shape[2], d = x.shape[3];
-  std::vector<double> sum(static_cast<size_t>(d), 0.0);
-  std::vector<double> second(full ? static_cast<size_t>(d * d) : 0, 0.0);
-  const float* head = x.data + b * x.strides[0] + h * x.strides[1];
-  double half_norm2 = 0.0, norm2 = 0.0;
-  int64_t rows = 0, count = 0;
-  // Rows are gathered unscaled (an exact copy; |row|^2 in double by the SIMD helper) and the
-  // scale is applied to the sums at the end.
-  auto flush = [&] {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = tile.data() + r * d;
-      for (int64_t t = 0; t < d; ++t) sum[t] += row[t];
-    }
-    if (full && rows > 0) {
-      std::copy(tile.begin(), tile.begin() + rows * d, dtile.begin());
-      cpu::gram_upper(d, rows, dtile.data(), d, second.data(), d);
-    }
-    rows = 0;
-  };
-  for (int64_t i = 0; i < n; ++i) {
-    if (mask && !mask->at(b, i)) continue;
-    cpu::gather_rows(head + i * x.strides[2], 0, x.strides[3], 1, d, 1.0f, tile.data() + rows * d,
-                     &half_norm2);
-    norm2 += 2.0 * half_norm2;
-    ++count;
-    if (++rows == kMomentRows) flush();
-  }
-  flush();
-  const double scale = sqrt_scale * sqrt_scale;
-  *mo.count += static_cast<double>(count);
-  for (int64_t t = 0; t < d; ++t) mo.sum[t] += sum[t] * sqrt_scale;
-  if (full) {
-    for (int64_t r = 0; r < d; ++r)
-      for (int64_t c = r; c < d; ++c) {  // the upper triangle, mirrored
-        mo.second[r * d + c] += second[r * d + c] * scale;
-        if (c != r) mo.second[c * d + r] += second[r * d + c] * scale;
-      }
-  } else {
-    mo.second[0] += norm2 * scale;
-  }
 }
 
 // P = M1 + M2 + mu1 mu2^T + mu2 mu1^T (full) or its trace / d (FAVOR++'s rho).
@@ -211,22 +161,26 @@ KernelMoments kernel_moments(Kernel kernel, TensorView q, TensorView k, std::opt
   const double sqrt_scale = std::sqrt(detail::resolve_scale(scale, s.d));
   const int64_t d = s.d, heads = s.batch * s.heads;
   KernelMoments mo = KernelMoments::zeros(kernel, heads, d);
-  const bool full = kernel == Kernel::favorsharp;
-#pragma omp parallel num_threads(num_threads())
-  {
-    cpu::blas_on_calling_thread();
-    std::vector<float> tile(static_cast<size_t>(kMomentRows * d));
-    std::vector<double> dtile(full ? static_cast<size_t>(kMomentRows * d) : 0);
-#pragma omp for schedule(dynamic)
-    for (int64_t bh = 0; bh < heads; ++bh) {
-      const int64_t b = bh / s.heads, h = bh % s.heads;
-      if (s.nq > 0)
-        add_head_moments(q, b, h, sqrt_scale, full, std::nullopt, tile, dtile,
-                         moments_at(mo, bh, 0));
-      if (s.nk > 0)
-        add_head_moments(k, b, h, sqrt_scale, full, key_mask, tile, dtile, moments_at(mo, bh, 1));
-    }
+  kernels::MomentsParams p{};
+  kernels::AttentionParams& rows = p.rows;
+  rows.q = q.data;
+  rows.q_strides = q.strides;
+  rows.k = k.data;
+  rows.k_strides = k.strides;
+  rows.batch = s.batch;
+  rows.heads = s.heads;
+  rows.nq = s.nq;
+  rows.nk = s.nk;
+  rows.d = d;
+  if (key_mask) {
+    rows.mask = key_mask->data;
+    rows.mask_stride_b = key_mask->stride_b;
+    rows.mask_stride_n = key_mask->stride_n;
   }
+  p.sqrt_scale = sqrt_scale;
+  p.full = kernel == Kernel::favorsharp;
+  p.sums = mo.sums.data();
+  kernels::backend().kernel_moments(p);
   return mo;
 }
 
@@ -347,7 +301,10 @@ AdaptedProjection adapt_projection(const KernelFit& fit, const Projection& w) {
       }
       out.bias[g * m + f] = static_cast<float>(bias);
     }
-    if (!identity) cpu::gemm(false, true, m, d, d, 1.0, u.data(), d, q, d, 0.0, rotated.data(), d);
+    if (!identity) {
+      kernels::backend().dgemm(false, true, m, d, d, 1.0, u.data(), d, q, d, 0.0, rotated.data(),
+                               d);
+    }
     const std::vector<double>& eff = identity ? u : rotated;
     std::transform(eff.begin(), eff.end(), out.w.begin() + g * m * d,
                    [](double x) { return static_cast<float>(x); });
@@ -369,7 +326,10 @@ std::vector<float> projection_grad(const KernelFit& fit, const Projection& w, co
     // dL/dW_h Q_h (one GEMM; FAVOR++'s Q = I needs none), then the columns' sqrt(1 - 4 A_l)
     // and the bias term 2 dL/db_hf A_l w_fl.
     const bool identity = is_identity(q, d);
-    if (!identity) cpu::gemm(false, false, m, d, d, 1.0, g.data(), d, q, d, 0.0, rotated.data(), d);
+    if (!identity) {
+      kernels::backend().dgemm(false, false, m, d, d, 1.0, g.data(), d, q, d, 0.0, rotated.data(),
+                               d);
+    }
     const std::vector<double>& gq = identity ? g : rotated;
     for (int64_t f = 0; f < m; ++f)
       for (int64_t l = 0; l < d; ++l)

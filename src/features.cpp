@@ -1,4 +1,5 @@
-// The exact feature map (math.md s.2), all constants kept, no stabilisation.
+// The exact feature map (math.md s.2), all constants kept, no stabilisation: the facade
+// resolves the map and calls the backend (kernels::FeaturesParams).
 #include "favor/features.hpp"
 
 #include <cmath>
@@ -7,11 +8,9 @@
 
 #include "core/feature_map_params.hpp"
 #include "core/validate.hpp"
-#include "cpu/feature_tile.hpp"
-#include "cpu/tiles.hpp"
-#include "cpu/vec_math.hpp"
 #include "favor/error.hpp"
 #include "favor/kernel_rules.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 
@@ -91,46 +90,35 @@ Tensor features(TensorView x, const FeatureMap& map) {
   // The unweighted map: lambda multiplies the rows below (key_features would apply lambda^2).
   kernels::FeatureParams fp = resolved.params();
   fp.key_logw = nullptr;
-  const int64_t m = fp.m, d = fp.d, F = fp.features();
+  const int64_t m = fp.m;
   const auto& adapted = resolved.adapted;
   // Constant factors: m^-1/2 (positive, trig), (2m)^-1/2 (hyperbolic), 1 (hedgehog), as a log.
   const double log_const = map.kernel == Kernel::hedgehog     ? 0.0
                            : map.kernel == Kernel::hyperbolic ? -0.5 * std::log(2.0 * m)
                                                               : -0.5 * std::log(double(m));
-  Tensor out({x.shape[0], x.shape[1], x.shape[2], F});
-  std::vector<float> tile(cpu::kRowTile * d), a(cpu::kRowTile * m);
-  std::vector<double> half_norm2(cpu::kRowTile);
-  for (int64_t b = 0; b < x.shape[0]; ++b)
-    for (int64_t h = 0; h < x.shape[1]; ++h) {
-      const int64_t bh = b * x.shape[1] + h;
-      const double head_const =
-          adapted.heads ? adapted.log_const[adapted.heads == 1 ? 0 : bh] : log_const;
-      const float* lambda = map.lambda.empty() ? nullptr : map.lambda.data() + (bh % map.heads) * m;
-      for (int64_t n0 = 0; n0 < x.shape[2]; n0 += cpu::kRowTile) {
-        const int64_t rows = std::min(cpu::kRowTile, x.shape[2] - n0);
-        cpu::gather_rows(&x.at(b, h, n0, 0), x.strides[2], x.strides[3], rows, d, fp.sqrt_scale,
-                         tile.data(), half_norm2.data());
-        cpu::project_rows(tile.data(), rows, d, fp.head_w(bh), m, a.data(), fp.head_bias(bh));
-        for (int64_t r = 0; r < rows; ++r) {
-          // The positive family's exponent is a - |x|^2/2 + log_const; trig's factor is
-          // exp(+|x|^2/2 + log_const): key_features with off = +-|x|^2/2 + log_const.
-          const double off = fp.key_log_weight(half_norm2[r], bh, 0) + head_const;
-          float* phi = &out.at(b, h, n0 + r, 0);
-          cpu::key_features(fp, bh, a.data() + r * m, off, phi);
-          for (int64_t f = 0; lambda && f < F; ++f) phi[f] *= lambda[f % m];
-          for (int64_t f = 0; f < F; ++f) {
-            if (!std::isfinite(phi[f])) {
-              std::ostringstream os;
-              os << "x: row [" << b << ',' << h << ',' << n0 + r
-                 << "] has |x|^2 scale/2 = " << half_norm2[r]
-                 << "; its features overflow float32 (use attention, which "
-                 << "stabilises, or a smaller scale)";
-              throw Error(os.str());
-            }
-          }
-        }
-      }
-    }
+  Tensor out({x.shape[0], x.shape[1], x.shape[2], fp.features()});
+  kernels::FeaturesParams p{};
+  p.x = x.data;
+  p.x_strides = x.strides;
+  p.batch = x.shape[0];
+  p.heads = x.shape[1];
+  p.n = x.shape[2];
+  p.map = fp;
+  p.log_const = log_const;
+  p.head_log_const = adapted.heads ? adapted.log_const.data() : nullptr;
+  p.log_const_sets = adapted.heads;
+  p.lambda = map.lambda.empty() ? nullptr : map.lambda.data();
+  p.lambda_sets = map.heads;
+  p.out = out.data();
+  const kernels::FeatureOverflow bad = kernels::backend().features(p);
+  if (bad.found) {
+    std::ostringstream os;
+    os << "x: row [" << bad.b << ',' << bad.h << ',' << bad.n
+       << "] has |x|^2 scale/2 = " << bad.half_norm2
+       << "; its features overflow float32 (use attention, which "
+       << "stabilises, or a smaller scale)";
+    throw Error(os.str());
+  }
   return out;
 }
 

@@ -17,8 +17,8 @@
 #include "core/parameter_grads.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
-#include "cpu/attention_params.hpp"
 #include "favor/error.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 namespace {
@@ -204,8 +204,8 @@ States key_states_over_ranks(kernels::AttentionParams& p, const Call& c,
   // A causal scan never reads the last rank's own state: it skips its key pass.
   const bool unread = options.causal && ex.rank() == ex.size() - 1;
   if (c.s.nk > 0 && !unread) {
-    cpu::key_states(p, cpu::runtime_config(), states.values.data(), states.maxima.data(),
-                    distance ? states.distance.data() : nullptr);
+    kernels::backend().favor_key_states(p, states.values.data(), states.maxima.data(),
+                                        distance ? states.distance.data() : nullptr);
   }
   StateBlock block = states.block(static_cast<double>(c.s.nk));
   if (options.causal) {
@@ -236,8 +236,8 @@ SequenceParallelStats sequence_parallel_attention(TensorView q, TensorView k, Te
   p.out_strides = out.strides;
   const States states = key_states_over_ranks(p, c, options, false, exchange, st);
   if (c.s.nq > 0)
-    st.zero_rows = options.causal ? cpu::favor_causal(p, cpu::runtime_config())
-                                  : cpu::favor_bidirectional(p, cpu::runtime_config());
+    st.zero_rows = options.causal ? kernels::backend().favor_causal(p)
+                                  : kernels::backend().favor_bidirectional(p);
   return st;
 }
 
@@ -256,12 +256,15 @@ AttentionGrads sequence_parallel_attention_backward(TensorView q, TensorView k, 
                                                     SequenceParallelStats* stats) {
   SequenceParallelStats st;
   AttentionGrads g;
-  cpu::CausalBackwardStore store;
+  std::unique_ptr<kernels::CausalBackwardSplit> split;
   const auto reserve = [&](const Call& c) {  // dq, dk, dv and the causal sweeps' buffers
     g.dq = Tensor({c.s.batch, c.s.heads, c.s.nq, c.s.d});
     g.dk = Tensor({c.s.batch, c.s.heads, c.s.nk, c.s.d});
     g.dv = Tensor({c.s.batch, c.s.heads, c.s.nk, c.s.dv});
-    if (options.causal) store.reserve(c.s.batch * c.s.heads, c.s.nq, c.map.features(), c.s.dv);
+    if (options.causal) {
+      split = kernels::backend().favor_backward_causal_split(c.s.batch * c.s.heads, c.s.nq,
+                                                             c.map.features(), c.s.dv);
+    }
   };
   Call c = prepare(q, k, v, &dy, nullptr, map, options, with_parameter_grads, exchange,
                    "sequence_parallel_attention_backward", st, reserve);
@@ -283,22 +286,22 @@ AttentionGrads sequence_parallel_attention_backward(TensorView q, TensorView k, 
     bp.ctx_maxima = states.maxima.data();
     bp.fwd.init_states = nullptr;
     bp.r_out = r.data();
-    if (c.s.nq > 0) cpu::favor_backward_bidirectional(bp, cpu::runtime_config());
+    if (c.s.nq > 0) kernels::backend().favor_backward_bidirectional(bp);
     exchange.allreduce_sum(r.data(), static_cast<int64_t>(r.size()));
     ++st.collectives;
     st.payload_bytes += static_cast<int64_t>(r.size() * sizeof(float));
     bp.r_out = nullptr;
     bp.r_in = r.data();
-    if (c.s.nk > 0) cpu::favor_backward_bidirectional(bp, cpu::runtime_config());
+    if (c.s.nk > 0) kernels::backend().favor_backward_bidirectional(bp);
   } else {
     // Forward sweep (dq, and the slice's R), R summed over the later ranks, reverse sweep.
-    cpu::favor_backward_causal_phase_a(bp, cpu::runtime_config(), store);
+    split->phase_a(bp);
     States suffix(heads, F * ld, false);
     for (int64_t h = 0; h < heads; ++h) {   // R's reference is its starting max: negated, so
-      const double start = store.r_max[h];  // that the later ranks' smaller one wins
+      const double start = split->r_max()[h];  // that the later ranks' smaller one wins
       suffix.maxima[h] = std::isinf(start) ? kEmpty : -start;
     }
-    suffix.values = store.r;
+    suffix.values = split->r();
     StateBlock block = suffix.block(0.0);
     exchange.exscan_states(block, true);
     ++st.collectives;
@@ -308,8 +311,7 @@ AttentionGrads sequence_parallel_attention_backward(TensorView q, TensorView k, 
     for (int64_t h = 0; h < heads; ++h) {
       ref[h] = std::isinf(suffix.maxima[h]) ? kEmpty : -suffix.maxima[h];
     }
-    cpu::favor_backward_causal_phase_b(bp, cpu::runtime_config(), store, suffix.values.data(),
-                                       ref.data());
+    split->phase_b(bp, suffix.values.data(), ref.data());
   }
   pg.finish(c.map, g);
   if (stats) *stats = st;

@@ -1,17 +1,11 @@
 // The Transformer-VQ facade: validates arguments (core/vq_validate.hpp), fills the kernel
-// params and dispatches to the CPU kernels; vq_assign tiles each head's keys through the
-// GEMM-based nearest-code search.
+// params and calls the backend (kernels/backend.hpp), for attention and for vq_assign.
 #include <algorithm>
 #include <vector>
 
 #include "core/validate.hpp"
 #include "core/vq_validate.hpp"
-#include "cpu/feature_tile.hpp"
-#include "cpu/schedule.hpp"
-#include "cpu/tiles.hpp"
-#include "cpu/vq_assign.hpp"
 #include "favor/error.hpp"
-#include "favor/runtime.hpp"
 #include "favor/vq.hpp"
 #include "kernels/backend.hpp"
 
@@ -39,17 +33,6 @@ Tensor vq_attention(TensorView q, TensorView k, TensorView v, TensorView codeboo
   return out;
 }
 
-namespace {
-
-// Buffers of one thread: a tile of key rows and the tile's distances to every code.
-struct AssignWorkspace {
-  std::vector<float> x, scratch;
-  AssignWorkspace(int64_t d, int64_t codes)
-      : x(cpu::kRowTile * d), scratch(cpu::kRowTile * codes) {}
-};
-
-}  // namespace
-
 void vq_assign(TensorView k, TensorView codebook, int32_t* codes, float* distances) {
   detail::check_view(k, "k");
   detail::check_finite(k, "k");
@@ -57,28 +40,20 @@ void vq_assign(TensorView k, TensorView codebook, int32_t* codes, float* distanc
   detail::check_codebook(codebook, heads, d);
   if (codes == nullptr) throw Error("codes: null pointer; needs room for B*H*N int32 values");
   const std::vector<float> book = detail::contiguous_codebook(codebook);
-  const int64_t c = codebook.shape[2];
-  const int64_t book_stride = codebook.shape[1] == 1 ? 0 : c * d;
-  std::vector<cpu::CodeTable> tables;
-  for (int64_t g = 0; g < codebook.shape[1]; ++g)
-    tables.push_back(cpu::code_table(book.data() + g * c * d, c, d));
-  const int threads = num_threads();
-  const cpu::Schedule plan = cpu::heads_only(k.shape[0] * heads, threads);
-  std::vector<AssignWorkspace> spaces = cpu::make_workspaces<AssignWorkspace>(plan.team, d, c);
-  cpu::for_each_head(plan, spaces, [&](int64_t bh, AssignWorkspace& ws) {
-    const int64_t b = bh / heads, h = bh % heads;
-    const int64_t g = book_stride == 0 ? 0 : h;
-    const float* kh = k.data + b * k.strides[0] + h * k.strides[1];
-    for (int64_t j0 = 0; j0 < n; j0 += cpu::kRowTile) {
-      const int64_t rows = std::min(cpu::kRowTile, n - j0);
-      cpu::gather_rows(kh + j0 * k.strides[2], k.strides[2], k.strides[3], rows, d, 1.0f,
-                       ws.x.data(), nullptr);
-      const int64_t at = bh * n + j0;
-      cpu::nearest_codes(ws.x.data(), d, rows, tables[g], codes + at,
-                         distances ? distances + at : nullptr, ws.scratch.data());
-    }
-    return int64_t{0};
-  });
+  kernels::VQAssignParams p{};
+  kernels::AttentionParams& keys = p.keys.base;
+  keys.k = k.data;
+  keys.k_strides = k.strides;
+  keys.batch = k.shape[0];
+  keys.heads = heads;
+  keys.nk = n;
+  keys.d = d;
+  p.keys.codebook = book.data();
+  p.keys.codes = codebook.shape[2];
+  p.keys.codebook_head_stride = codebook.shape[1] == 1 ? 0 : codebook.shape[2] * d;
+  p.codes = codes;
+  p.distances = distances;
+  kernels::backend().vq_assign(p);
 }
 
 std::vector<int32_t> vq_assign(TensorView k, TensorView codebook) {

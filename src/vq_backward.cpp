@@ -1,10 +1,9 @@
 // The Transformer-VQ backward facade: validates like the forward pass (core/vq_validate) plus
-// dy, allocates zeroed gradients and dispatches to the CPU kernels.
+// dy, allocates zeroed gradients and calls the backend.
 #include <vector>
 
 #include "core/validate.hpp"
 #include "core/vq_validate.hpp"
-#include "cpu/vq_grad_tile.hpp"
 #include "favor/error.hpp"
 #include "favor/vq.hpp"
 #include "kernels/backend.hpp"
@@ -20,7 +19,7 @@ VQGrads vq_attention_backward(TensorView q, TensorView k, TensorView v, TensorVi
   bp.fwd = detail::vq_params(q, k, v, codebook, options, codebook_copy, &s);
   detail::check_dy(dy, s);
   // The backward's own default block: its hard-VQ moment update is a GEMM with K = L.
-  if (options.block == 0) bp.fwd.block = cpu::kVQGradTile;
+  if (options.block == 0) bp.fwd.block = kernels::backend().tuning().vq_backward_block;
   bp.dy = dy.data;
   bp.dy_strides = dy.strides;
   VQGrads g;

@@ -21,10 +21,9 @@
 #include "core/agreement.hpp"
 #include "core/validate.hpp"
 #include "core/vq_validate.hpp"
-#include "cpu/vq_grad_tile.hpp"
-#include "cpu/vq_params.hpp"
 #include "favor/error.hpp"
 #include "favor/sequence_parallel.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 namespace {
@@ -158,7 +157,7 @@ std::vector<float> key_sums_over_ranks(const kernels::VQParams& p, const Call& c
                                        Exchange& ex, SequenceParallelStats& st) {
   const int64_t heads = c.s.batch * c.s.heads, size = p.codes * (c.s.dv + 1);
   std::vector<float> sums(static_cast<size_t>(heads * size), 0.0f);
-  if (c.s.nk > 0) cpu::vq_key_states(p, cpu::runtime_config(), sums.data());
+  if (c.s.nk > 0) kernels::backend().vq_key_states(p, sums.data());
   if (causal) {
     exscan_sums(sums, heads, size, false, static_cast<double>(c.s.nk), ex, st);
   } else {
@@ -181,8 +180,8 @@ SequenceParallelStats sequence_parallel_vq_attention(TensorView q, TensorView k,
   const std::vector<float> keys = key_sums_over_ranks(c.p, c, options.causal, exchange, st);
   c.p.init_states = keys.data();
   if (c.s.nq > 0)
-    st.zero_rows = options.causal ? cpu::vq_causal(c.p, cpu::runtime_config())
-                                  : cpu::vq_bidirectional(c.p, cpu::runtime_config());
+    st.zero_rows = options.causal ? kernels::backend().vq_causal(c.p)
+                                  : kernels::backend().vq_bidirectional(c.p);
   return st;
 }
 
@@ -203,7 +202,7 @@ VQGrads sequence_parallel_vq_attention_backward(TensorView q, TensorView k, Tens
   kernels::VQBackwardParams bp{};
   bp.fwd = c.p;
   // vq_attention_backward's default block: its hard-VQ moment update is a GEMM with K = L.
-  if (options.block == 0) bp.fwd.block = cpu::kVQGradTile;
+  if (options.block == 0) bp.fwd.block = kernels::backend().tuning().vq_backward_block;
   bp.dy = dy.data;
   bp.dy_strides = dy.strides;
   bp.dq = g.dq.data();
@@ -217,14 +216,14 @@ VQGrads sequence_parallel_vq_attention_backward(TensorView q, TensorView k, Tens
   bp.fwd.init_states = keys.data();
   // This rank's queries: dq, the logit part of dC, their per-code sums (and, causal, their
   // part of dk and dv); then the sums of the other ranks' queries that see this rank's keys.
-  const int64_t heads = c.s.batch * c.s.heads, size = cpu::vq_code_sums_size(bp.fwd);
+  const int64_t heads = c.s.batch * c.s.heads, size = kernels::backend().vq_code_sums_size(bp.fwd);
   std::vector<float> sums(static_cast<size_t>(heads * size), 0.0f);
   bp.code_sums_out = sums.data();
   if (c.s.nq > 0) {
     if (options.causal) {
-      cpu::vq_backward_causal(bp, cpu::runtime_config());
+      kernels::backend().vq_backward_causal(bp);
     } else {
-      cpu::vq_backward_bidirectional(bp, cpu::runtime_config());
+      kernels::backend().vq_backward_bidirectional(bp);
     }
   }
   bp.code_sums_out = nullptr;
@@ -235,7 +234,7 @@ VQGrads sequence_parallel_vq_attention_backward(TensorView q, TensorView k, Tens
     ++st.collectives;
     st.payload_bytes += static_cast<int64_t>(sums.size() * sizeof(float));
   }
-  if (c.s.nk > 0) cpu::vq_backward_keys(bp, cpu::runtime_config(), sums.data());
+  if (c.s.nk > 0) kernels::backend().vq_backward_keys(bp, sums.data());
   if (stats) *stats = st;
   return g;
 }

@@ -10,8 +10,8 @@
 #include "favor/tensor.hpp"
 
 namespace favor {
-namespace cpu {
-struct CodeTable;
+namespace kernels {
+class PreparedCodebook;
 }
 
 struct VQDecoderOptions {
@@ -64,8 +64,9 @@ class VQDecoder {
  private:
   int64_t batch_, heads_, dv_, codes_, d_, cb_heads_;
   std::vector<float> codebook_;  // [cb_heads][c][d]
-  // [cb_heads]: the codes prepared for assignment (centred, norms); immutable, shared by copies
-  std::shared_ptr<const std::vector<cpu::CodeTable>> tables_;
+  // The codebook as the backend assigns keys with (kernels/vq_decoder_params.hpp);
+  // immutable, shared by copies
+  std::shared_ptr<const kernels::PreparedCodebook> prepared_;
   VQDecoderOptions options_;
   double scale_;
   int64_t position_ = 0;

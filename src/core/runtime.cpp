@@ -1,16 +1,14 @@
 #include "favor/runtime.hpp"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <string>
 
-#include "cpu/tiles.hpp"
-#include "cpu/vec_math.hpp"
 #include "favor/error.hpp"
 #include "favor/version.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor {
 namespace {
@@ -26,19 +24,6 @@ int threads_from_environment() {
     throw Error(std::string("FAVOR_NUM_THREADS: '") + text + "' must be an integer in [1, 4096]");
   }
   return static_cast<int>(n);
-}
-
-const char* blas_threading() {
-  switch (openblas_get_parallel()) {
-    case 0:
-      return "sequential";
-    case 1:
-      return "pthreads";
-    case 2:
-      return "openmp";
-    default:
-      return "unknown";
-  }
 }
 
 }  // namespace
@@ -58,13 +43,13 @@ int num_threads() {
 }
 
 std::string build_info() {
-  return std::string("favor ") + FAVOR_VERSION_STRING + "; simd " + cpu::simd_target() + "; blas " +
-         openblas_get_config() + " (" + blas_threading() + " threading)" + "; threads " +
-         std::to_string(num_threads());
+  return std::string("favor ") + FAVOR_VERSION_STRING + "; " + kernels::backend().describe() +
+         "; threads " + std::to_string(num_threads());
 }
 
 KernelInfo kernel_info() {
-  return {cpu::kRowTile, cpu::kChunk};
+  const kernels::Tuning t = kernels::backend().tuning();
+  return {t.row_tile, t.causal_chunk};
 }
 
 }  // namespace favor

@@ -4,8 +4,8 @@
 #include <sstream>
 
 #include "core/params.hpp"
-#include "cpu/tiles.hpp"
 #include "favor/error.hpp"
+#include "kernels/backend.hpp"
 
 namespace favor::detail {
 
@@ -62,7 +62,7 @@ kernels::VQParams vq_params(const TensorView& q, const TensorView& k, const Tens
   p.codebook_head_stride = codebook.shape[1] == 1 ? 0 : codebook.shape[2] * s.d;
   p.scale = static_cast<float>(scale);
   p.tau = static_cast<float>(options.tau);
-  p.block = options.block > 0 ? options.block : cpu::kVQBlock;
+  p.block = options.block > 0 ? options.block : kernels::backend().tuning().vq_block;
   if (shape) *shape = s;
   return p;
 }

@@ -46,4 +46,7 @@ float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log
 void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const float* log_s,
                     float* phi);
 
+/// favor::features: the exact features of every row (cpu/exact_features.cpp).
+kernels::FeatureOverflow exact_features(const kernels::FeaturesParams& p);
+
 }  // namespace favor::cpu

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/config.hpp"
 #include "cpu/vq_params.hpp"
 
 namespace favor::cpu {
@@ -43,5 +44,8 @@ void soft_log_assign(const float* x, int64_t ldx, int64_t n, const CodeTable& t,
 /// Assigns n contiguous rows x (n x d): hard VQ (tau = 0), the nearest code z[r] (p is
 /// scratch, n x c); soft VQ, p(s | x_r) into p (n x c, row-major), z unused.
 void assign_rows(const float* x, int64_t n, const CodeTable& t, float tau, int32_t* z, float* p);
+
+/// favor::vq_assign: the nearest code of every key (cpu/vq_assign_keys.cpp).
+void vq_assign_keys(const kernels::VQAssignParams& p, const Config& config);
 
 }  // namespace favor::cpu

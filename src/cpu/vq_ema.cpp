@@ -76,12 +76,12 @@ int64_t update_group(const KeyGroups& keys, int64_t g, const int32_t* z, const E
 
 }  // namespace
 
-int64_t codebook_ema(const KeyGroups& keys, const EMAParams& p) {
+int64_t codebook_ema(const KeyGroups& keys, const EMAParams& p, const Config& config) {
   const int64_t total = keys.start[keys.groups];
   std::vector<int32_t> z(static_cast<size_t>(total));
   std::vector<float> dist2(static_cast<size_t>(total));
-  assign_groups(keys, p.codebook, p.codes * p.d, p.codes, p.threads, z.data(), dist2.data());
-  const int team = static_cast<int>(std::clamp<int64_t>(keys.groups, 1, p.threads));
+  assign_groups(keys, p.codebook, p.codes * p.d, p.codes, config.threads, z.data(), dist2.data());
+  const int team = static_cast<int>(std::clamp<int64_t>(keys.groups, 1, config.threads));
   std::vector<Workspace> spaces(static_cast<size_t>(team));
   int64_t largest = 0;
   for (int64_t g = 0; g < keys.groups; ++g) largest = std::max(largest, keys.size(g));

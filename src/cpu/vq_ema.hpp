@@ -4,24 +4,16 @@
 // from random keys of the update. The facade (src/codebook.cpp) validates; nothing throws.
 #include <cstdint>
 
+#include "cpu/config.hpp"
 #include "cpu/vq_key_groups.hpp"
+#include "kernels/codebook_params.hpp"
 
 namespace favor::cpu {
 
-struct EMAParams {
-  float* codebook;   // [groups][codes][d]
-  float* ema_sum;    // [groups][codes][d]
-  float* ema_count;  // [groups][codes]
-  int64_t* unused;   // [groups][codes]
-  int64_t codes, d;
-  double decay, eps;
-  int64_t dead_after;  // 0: never re-seed
-  uint64_t seed;       // group g draws from Rng(seed, g)
-  int threads;
-};
+using EMAParams = kernels::CodebookEMA;
 
 /// One EMA step on the groups' keys (group g updates codebook g); returns the number of
 /// codes re-seeded.
-int64_t codebook_ema(const KeyGroups& keys, const EMAParams& p);
+int64_t codebook_ema(const KeyGroups& keys, const EMAParams& p, const Config& config);
 
 }  // namespace favor::cpu

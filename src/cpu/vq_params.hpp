@@ -9,6 +9,7 @@
 namespace favor::cpu {
 
 using kernels::VQBackwardParams;
+using kernels::VQAssignParams;
 using kernels::VQParams;
 
 /// Bidirectional and causal VQ attention; return the number of rows written as zeros.

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "favor/features.hpp"
+#include "favor/tensor.hpp"
 
 namespace favor::kernels {
 
@@ -50,6 +51,29 @@ struct FeatureParams {
     if (decay_rate) g += static_cast<double>(position) * head_decay(bh);
     return g;
   }
+};
+
+/// favor::features: the exact features phi(x) of every row, all constants kept, no
+/// stabilisation. The map without key weights (key_logw null): lambda multiplies the rows.
+struct FeaturesParams {
+  const float* x;  // [B, H, N, d]
+  Shape4 x_strides;
+  int64_t batch, heads, n;
+  FeatureParams map;
+  double log_const;                  // the kernel's constant factor, as a log ...
+  const double* head_log_const;      // ... or per head (FAVOR++ / FAVOR#, 1 or B*H sets)
+  int64_t log_const_sets;
+  const float* lambda;               // [lambda_sets][m] feature weights; null: none
+  int64_t lambda_sets;
+  float* out;                        // [B, H, N, F], C-contiguous
+};
+
+/// The first row (in b, h, n order) whose features overflow float; the features kernel
+/// stops there. found = false: every feature is finite.
+struct FeatureOverflow {
+  bool found = false;
+  int64_t b = 0, h = 0, n = 0;
+  double half_norm2 = 0.0;  // |x|^2 scale / 2 of that row
 };
 
 }  // namespace favor::kernels

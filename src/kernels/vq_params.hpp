@@ -1,7 +1,7 @@
 #pragma once
 // The kernel contract of Transformer-VQ, device-neutral: the attention params (q, k, v, out,
-// sizes, mask) plus the codebook. The facades (src/vq_attention.cpp, src/vq_backward.cpp)
-// validate and fill them; kernels never throw.
+// sizes, mask) plus the codebook, and the key assignment. The facades (src/vq_attention.cpp,
+// src/vq_backward.cpp) validate and fill them; kernels never throw.
 #include <cstdint>
 
 #include "kernels/attention_params.hpp"
@@ -46,6 +46,13 @@ struct VQBackwardParams {
   // vq_backward_keys with the sums of every rank. Causal, both sweeps run (the reverse one
   // over this call's queries only); the later ranks' part follows by vq_backward_keys.
   float* code_sums_out = nullptr;
+};
+
+/// The nearest code of every key (favor::vq_assign; hard VQ, ties to the lowest index).
+struct VQAssignParams {
+  VQParams keys;     // base: batch, heads, d, k, nk; codebook, codes, codebook_head_stride
+  int32_t* codes;    // [B*H*N]
+  float* distances;  // [B*H*N]: |k - C_z|^2; null if not asked
 };
 
 }  // namespace favor::kernels
