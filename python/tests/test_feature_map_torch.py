@@ -120,8 +120,8 @@ def test_favor_attention_holds_the_map_as_parameters():
     mod = _module()
     shapes = {n: tuple(p.shape) for n, p in mod.named_parameters() if not n.endswith("proj.weight")
               and not n.endswith("proj.bias")}
-    assert shapes == {"map_weight": (2, M, 8), "map_bias": (2, M), "map_lambda": (2, M),
-                      "decay_logit": (2,)}
+    assert shapes == {"core.map_weight": (2, M, 8), "core.map_bias": (2, M),
+                      "core.map_lambda": (2, M), "core.decay_logit": (2,)}
     assert all(torch.equal(w, mod.projection) for w in mod.map_weight)
     assert torch.equal(mod.map_bias, torch.zeros(2, M))
     assert torch.equal(mod.map_lambda, torch.ones(2, M))
@@ -176,8 +176,8 @@ def test_state_dict_round_trip():
     other.load_state_dict(mod.state_dict())
     x = torch.randn(2, 10, 16, generator=torch.Generator().manual_seed(6))
     assert torch.equal(other(x), mod(x))
-    assert set(mod.state_dict()) >= {"map_weight", "map_bias", "map_lambda", "decay_logit",
-                                     "projection"}
+    assert set(mod.state_dict()) >= {"core.map_weight", "core.map_bias", "core.map_lambda",
+                                     "core.decay_logit", "core.projection"}
 
 
 def test_learned_decay_stays_in_the_unit_interval():
@@ -203,7 +203,7 @@ def test_multihead_attention_and_convert_train_the_map():
     names = [n for n, _ in model.named_parameters()]
     for i in range(2):
         for p in ("map_weight", "map_bias", "map_lambda"):
-            assert f"layers.{i}.self_attn.{p}" in names
+            assert f"layers.{i}.self_attn.core.{p}" in names
     g = torch.Generator().manual_seed(1)
     x = torch.randn(8, 12, 16, generator=g)
     target = torch.randn(8, 12, 16, generator=g)

@@ -90,7 +90,7 @@ def test_drop_in_keeps_torch_parameter_names_and_loads_its_state_dict():
     ref = nn.MultiheadAttention(16, 4)
     ours = ft.MultiheadAttention(16, 4, features=32)
     assert set(ref.state_dict()) <= set(ours.state_dict())
-    assert set(ours.state_dict()) - set(ref.state_dict()) == {"projection"}
+    assert set(ours.state_dict()) - set(ref.state_dict()) == {"core.projection"}
     before = ours.projection.clone()
     ours.load_state_dict(ref.state_dict())  # strict: the missing projection is ours to keep
     assert torch.equal(ours.projection, before)

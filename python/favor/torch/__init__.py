@@ -2,6 +2,9 @@
 
 - attention(q, k, v, ...): differentiable FAVOR (or exact) attention on [B, H, N, D] tensors,
   gradients for q, k, v and a projection tensor.
+- FavorCore: the FAVOR attention core on [B, H, N, head_dim] tensors (projection, redraw
+  policy, learned map and decay, kernel, fit), for any attention class to own after its own
+  q/k/v projections; FavorAttention and MultiheadAttention own one as `core`.
 - FavorAttention: a multi-head attention module (with decoder()/step() for generation).
 - MultiheadAttention: a drop-in for torch.nn.MultiheadAttention.
 - convert(model): replaces every nn.MultiheadAttention in a model, keeping its weights.
@@ -16,6 +19,7 @@ called or FAVOR_NUM_THREADS is set. Docs: docs/python.md.
 from . import plain
 from .convert import convert
 from .decoder import Decoder
+from .favor_core import FavorCore
 from .function import attention
 from .masks import is_causal_mask
 from .mha import MultiheadAttention
@@ -24,6 +28,6 @@ from .vq_function import VQDecoder, vq_attention
 from .vq_mha import VQMultiheadAttention
 from .vq_modules import VQAttention
 
-__all__ = ["Decoder", "FavorAttention", "MultiheadAttention", "VQAttention", "VQDecoder",
+__all__ = ["Decoder", "FavorAttention", "FavorCore", "MultiheadAttention", "VQAttention", "VQDecoder",
            "VQMultiheadAttention", "attention", "convert", "is_causal_mask", "plain",
            "vq_attention"]

@@ -1,7 +1,9 @@
 """The multi-head machinery that favor's attention modules share (FavorAttention,
 VQAttention): q/k/v/out projections, splitting and merging heads, forward and step. A
 subclass supplies attend() (the core on [B, H, N, head_dim] tensors) and may hook
-_prepare (before the core, training or not) and _learn (after a forward)."""
+_prepare (before the core, training or not) and _learn (after a forward): FavorAttention's
+hooks run its FavorCore (prepare, attend, learn; _core_attributes.py), VQAttention's its
+codebook."""
 import torch
 from torch import nn
 

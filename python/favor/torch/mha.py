@@ -1,4 +1,6 @@
-"""favor.torch.MultiheadAttention: a drop-in for torch.nn.MultiheadAttention."""
+"""favor.torch.MultiheadAttention: a drop-in for torch.nn.MultiheadAttention, by
+composition: torch's parameters, checks and forward around a favor.torch.FavorCore, owned as
+`core` (its attributes on the layer: _core_attributes.py)."""
 import warnings
 
 import torch
@@ -6,11 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import _core
-from .._args import fit_for
 from . import _tensors as T
-from ._feature_map import FeatureMapMixin, check_method, describe
-from ._projection import ProjectionMixin
-from .function import attention
+from ._core_attributes import CoreAttributes
+from .favor_core import FavorCore
 from .masks import resolve_causal
 
 
@@ -29,7 +29,7 @@ class _DefaultTrue:
 _NEED_WEIGHTS = _DefaultTrue()
 
 
-class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
+class MultiheadAttention(CoreAttributes, nn.Module):
     """torch.nn.MultiheadAttention's constructor, parameters and forward, computed by favor.
 
     MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
@@ -42,7 +42,8 @@ class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
 
     The parameters have torch's names and shapes (in_proj_weight or q/k/v_proj_weight,
     in_proj_bias, out_proj), so load_state_dict takes an nn.MultiheadAttention's state
-    (favor.torch.convert does that for a whole model). forward(query, key, value,
+    (favor.torch.convert does that for a whole model); favor's own tensors are the core's
+    (`core.projection`, ...), kept when a state_dict lacks them. forward(query, key, value,
     key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True,
     is_causal=False) returns (output, None). What favor cannot do is refused with a clear
     error, never approximated silently: an explicit need_weights=True (favor never forms
@@ -52,7 +53,7 @@ class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
     has no FAVOR equivalent: it is kept as an attribute and not applied (a warning says so).
     learn_features, feature_weights, decay, learn_decay, feature_init: the learned feature
     map and decay, as in favor.torch.FavorAttention (Parameters map_weight, map_bias,
-    map_lambda, decay_logit). decay applies to causal calls only (causal=True, or a call
+    map_lambda, decay_logit of the core). decay applies to causal calls only (causal=True, or a call
     with is_causal=True): the others (cross-attention, unmasked
     self-attention) run without it, and a learned decay trains through the causal calls.
     """
@@ -67,15 +68,17 @@ class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
                  learn_features=False, feature_weights=False, decay=None, learn_decay=False,
                  feature_init="projection"):
         super().__init__()
-        check_method(method, learn_features, feature_weights, decay)
         self._init_torch(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim,
                          vdim, batch_first, device, dtype, warn_dropout)
-        self.kernel, self.method, self.causal, self.scale = kernel, method, causal, scale
-        self.fit = fit_for(fit, kernel, self.head_dim)
-        self._init_projection(features, self.head_dim, projection, norms, seed,
-                              learn_projection, feature_redraw_interval, device, dtype)
-        self._init_feature_map(kernel, learn_features, feature_weights, decay, learn_decay,
-                               feature_init, learn_projection, device, dtype)
+        self.causal = causal
+        self.core = FavorCore(num_heads, self.head_dim, causal=causal, kernel=kernel,
+                              features=features, projection=projection, norms=norms, seed=seed,
+                              feature_redraw_interval=feature_redraw_interval,
+                              learn_projection=learn_projection, method=method, scale=scale,
+                              fit=fit, learn_features=learn_features,
+                              feature_weights=feature_weights, decay=decay,
+                              learn_decay=learn_decay, feature_init=feature_init, device=device,
+                              dtype=dtype)
 
     def _init_torch(self, embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim,
                     vdim, batch_first, device, dtype, warn_dropout):
@@ -211,22 +214,6 @@ class MultiheadAttention(FeatureMapMixin, ProjectionMixin, nn.Module):
             out = out.transpose(0, 1)
         return out, None
 
-    def _prepare(self, k, key_padding_mask):
-        self._maybe_redraw()
-
-    def _learn(self, k, key_padding_mask):
-        pass
-
-    def attend(self, q, k, v, key_padding_mask=None, causal=None):
-        """The attention core on [B, H, N, head_dim] tensors (no in/out projections)."""
-        causal = self.causal if causal is None else causal
-        extra = self._map_arguments(causal) if self._uses_map() else {}
-        return attention(q, k, v, causal=causal, kernel=self.kernel, projection=self.projection,
-                         scale=self.scale, key_padding_mask=key_padding_mask,
-                         fit=self.fit_tensors, method=self.method, **extra)
-
     def extra_repr(self):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-                f"batch_first={self.batch_first}, kernel={self.kernel}, "
-                f"features={self.features}, projection={self.projection_kind}, "
-                f"method={self.method}" + describe(self))
+                f"batch_first={self.batch_first}, causal={self.causal}")
