@@ -197,15 +197,31 @@ def train(rank, size, args):
     return ok
 
 
+def shutdown(finished):
+    """Destroys the group; after a finished run every rank first meets at a barrier: a rank
+    that tore its gloo connections down while a peer's last isend to it was still in flight
+    made that peer abort at exit ("terminate called without an active exception", SIGABRT;
+    seen under load with torch 2.13). After an exception there is no barrier: the peers'
+    pending collectives then fail at once instead of waiting for it."""
+    try:
+        if finished:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def spawned(rank, size, init_file, args):
     """A process started by --procs: joins the group through a file:// rendezvous."""
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
                             world_size=size)
+    finished = False
     try:
-        if not train(rank, size, args):
-            sys.exit(1)
+        ok = train(rank, size, args)
+        finished = True
     finally:
-        dist.destroy_process_group()
+        shutdown(finished)
+    if not ok:
+        sys.exit(1)
 
 
 def main(argv=None):
@@ -227,10 +243,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         dist.init_process_group("gloo")
+        finished = False
         try:
             ok = train(dist.get_rank(), dist.get_world_size(), args)
+            finished = True
         finally:
-            dist.destroy_process_group()
+            shutdown(finished)
         sys.exit(0 if ok else 1)
     with tempfile.TemporaryDirectory() as tmp:
         try:
