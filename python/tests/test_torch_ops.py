@@ -133,7 +133,7 @@ def test_opcheck_projection():
 
 
 def codebook_state(h=2, c=5, d=8, seed=4):
-    """(codebook, ema_sum, ema_count, unused) as CodebookMixin holds them after k-means."""
+    """(codebook, ema_sum, ema_count, unused) as VQCore holds them after k-means."""
     book = randn(h, c, d, seed=seed)
     book[:, -1] += 1e3  # code c-1 of every head: no key chooses it, ...
     unused = torch.zeros(h, c, dtype=torch.int64)

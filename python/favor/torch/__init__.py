@@ -10,8 +10,10 @@
 - convert(model): replaces every nn.MultiheadAttention in a model, keeping its weights.
 - Decoder: token-by-token streaming state with torch tensors.
 - plain: the same estimators written in plain torch ops (oracle and benchmark baseline).
-- vq_attention, VQAttention, VQMultiheadAttention, VQDecoder: Transformer-VQ (keys quantised
-  to learned codebooks; convert(model, method='vq') too).
+- vq_attention, VQCore, VQAttention, VQMultiheadAttention, VQDecoder: Transformer-VQ (keys
+  quantised to learned codebooks; convert(model, method='vq') too). VQCore is the VQ
+  attention core with its codebook state, owned as `core` by VQAttention and
+  VQMultiheadAttention, for any attention class to own as FavorCore.
 
 favor's thread count follows torch.get_num_threads() unless favor.set_num_threads was
 called or FAVOR_NUM_THREADS is set. Docs: docs/python.md.
@@ -25,9 +27,10 @@ from .masks import is_causal_mask
 from .mha import MultiheadAttention
 from .modules import FavorAttention
 from .vq_function import VQDecoder, vq_attention
+from .vq_core import VQCore
 from .vq_mha import VQMultiheadAttention
 from .vq_modules import VQAttention
 
-__all__ = ["Decoder", "FavorAttention", "FavorCore", "MultiheadAttention", "VQAttention", "VQDecoder",
-           "VQMultiheadAttention", "attention", "convert", "is_causal_mask", "plain",
+__all__ = ["Decoder", "FavorAttention", "FavorCore", "MultiheadAttention", "VQAttention", "VQCore",
+           "VQDecoder", "VQMultiheadAttention", "attention", "convert", "is_causal_mask", "plain",
            "vq_attention"]

@@ -2,8 +2,8 @@
 VQAttention): q/k/v/out projections, splitting and merging heads, forward and step. A
 subclass supplies attend() (the core on [B, H, N, head_dim] tensors) and may hook
 _prepare (before the core, training or not) and _learn (after a forward): FavorAttention's
-hooks run its FavorCore (prepare, attend, learn; _core_attributes.py), VQAttention's its
-codebook."""
+hooks run its FavorCore, VQAttention's its VQCore (prepare, attend, learn;
+_core_attributes.py)."""
 import torch
 from torch import nn
 

@@ -66,6 +66,8 @@ class FavorCore(nn.Module):
     `fit`: the FAVOR++ / FAVOR# KernelFit (or a float A), kept as tensors for the op.
     """
 
+    TENSORS = _TENSORS  # its state_dict tensors (an owner renames their flat keys)
+
     def __init__(self, num_heads, head_dim, *, causal=False, kernel="positive", features=256,
                  projection="orthogonal", norms="chi", seed=0, feature_redraw_interval=None,
                  learn_projection=False, method="favor", scale=None, fit=None,
@@ -289,7 +291,7 @@ class FavorCore(nn.Module):
                                       unexpected_keys, error_msgs)
         # A state_dict without the core's tensors (torch's nn.MultiheadAttention, which
         # favor.torch.convert loads; a Hugging Face checkpoint) keeps the initial ones.
-        for name in _TENSORS:
+        for name in self.TENSORS:
             if prefix + name in missing_keys:
                 missing_keys.remove(prefix + name)
 

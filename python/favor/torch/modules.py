@@ -3,12 +3,12 @@ multi-head machinery (MultiHeadModule: q/k/v/out projections, heads, forward, st
 favor.torch.FavorCore, owned as `core`, which holds the projection, the map, the decay and
 the kernel configuration (their names on the layer: _core_attributes.py)."""
 from .. import _core
-from ._core_attributes import CoreAttributes
+from ._core_attributes import FavorAttributes
 from ._multihead import MultiHeadModule
 from .favor_core import FavorCore
 
 
-class FavorAttention(CoreAttributes, MultiHeadModule):
+class FavorAttention(FavorAttributes, MultiHeadModule):
     """Multi-head attention with FAVOR: q/k/v/out projections, heads, a causal flag.
 
     FavorAttention(embed_dim, num_heads, *, causal=False, kernel='positive', features=256,

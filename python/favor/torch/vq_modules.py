@@ -1,9 +1,13 @@
-"""favor.torch.VQAttention: multi-head Transformer-VQ attention as a module."""
+"""favor.torch.VQAttention: multi-head Transformer-VQ attention as a module, by composition:
+the multi-head machinery (MultiHeadModule: q/k/v/out projections, heads, forward, step)
+around a favor.torch.VQCore, owned as `core`, which holds the codebook state and the VQ
+configuration (their names on the layer: _core_attributes.py)."""
+from ._core_attributes import VQAttributes
 from ._multihead import MultiHeadModule
-from .vq_codebook import CodebookMixin
+from .vq_core import VQCore
 
 
-class VQAttention(CodebookMixin, MultiHeadModule):
+class VQAttention(VQAttributes, MultiHeadModule):
     """Multi-head Transformer-VQ attention: q/k/v/out projections, one codebook per head.
 
     VQAttention(embed_dim, num_heads, codes, *, causal=False, tau=0.0, decay=0.99,
@@ -21,6 +25,10 @@ class VQAttention(CodebookMixin, MultiHeadModule):
     After each forward, `commitment_loss` is beta * mean |k - sg(C_z)|^2 (a differentiable
     scalar; 'grad' adds mean |sg(k) - C_z|^2): add it to the training loss. dead_codes():
     codes no key of the latest training batch chose. tau > 0: soft VQ.
+    The attention is `core`, a favor.torch.VQCore; its attributes and methods are the
+    layer's too (codebook, ema_sum, ema_count, unused, initialised, updates, codes, tau,
+    decay, beta, scale, ...; state_dict keys core.codebook, core.ema_sum, ...; a state_dict
+    with the flat keys of before the core, codebook, ..., loads).
     For generation: decoder(batch) and step(x, decoder). torch.compile(fullgraph=True)
     traces it in training (initialisation and codebook learning included) and eval mode;
     torch.export an eval-mode module after one forward (k-means).
@@ -33,10 +41,10 @@ class VQAttention(CodebookMixin, MultiHeadModule):
         super().__init__()
         self._init_heads(embed_dim, num_heads, causal, bias, kdim, vdim, device, dtype,
                          batch_first)
-        self.scale = scale
-        self._init_codebook(codes, tau=tau, decay=decay, dead_after=dead_after, beta=beta,
-                            learn_codebook=learn_codebook, seed=seed, block=block,
-                            kmeans_iterations=kmeans_iterations, device=device)
+        self.core = VQCore(num_heads, self.head_dim, codes, causal=causal, tau=tau, decay=decay,
+                           dead_after=dead_after, beta=beta, learn_codebook=learn_codebook,
+                           scale=scale, block=block, seed=seed,
+                           kmeans_iterations=kmeans_iterations, device=device)
 
     def extra_repr(self):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, codes={self.codes}, "

@@ -1,5 +1,6 @@
-"""favor's codebook learning as torch ops on the module's buffers (favor.torch.VQAttention's
-CodebookMixin), so a compiled or exported model carries it inside its graph:
+"""favor's codebook learning as torch ops on the codebook buffers (favor.torch.VQCore's, which
+VQAttention and VQMultiheadAttention own), so a compiled or exported model carries it inside
+its graph:
 
     favor::vq_assign             pure: the nearest code of every key, int64 [B, H, N]
     favor::codebook_initialise   k-means on the keys into codebook, ema_sum, ema_count,
@@ -11,7 +12,7 @@ CodebookMixin), so a compiled or exported model carries it inside its graph:
                                  assignment, and dead codes moved onto keys of the batch
 
 Keys k are [B, H, N, D] (any float dtype; read in float32), codebooks [H, c, D]; the buffers
-are those CodebookMixin registers. key_padding_mask is torch's convention (bool True =
+are those VQCore registers. key_padding_mask is torch's convention (bool True =
 ignore, or float 0 / -inf), read only inside the ops. The seed of an update is derived
 inside from the `updates` counter tensor (favor._args.mix_seed), as the eager module did.
 """

@@ -89,7 +89,7 @@ def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mas
     for soft VQ; the codebook receives dL/dC when it requires grad (learning the codebook by
     gradient instead of EMA). The backward uses the codebook's values at the time of the
     forward only if they are not changed in between: pass a clone of a codebook you update in
-    place (VQAttention does).
+    place (VQCore does).
     """
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         T.check_tensor(t, name)

@@ -1,8 +1,24 @@
-"""The codebook state that favor's Transformer-VQ modules carry (VQAttention, and
-VQMultiheadAttention for convert): buffers, k-means initialisation on the first batch, EMA
-updates with dead-code reset (favor's C++ codebook_ema_update on the buffers), or gradient
-learning, and the commitment loss. The learning steps are the ops of favor/ops/codebook, so
-torch.compile(fullgraph=True) and torch.export trace them."""
+"""favor.torch.VQCore: the Transformer-VQ attention core of a multi-head layer, on [B, H, N,
+head_dim] tensors, with the codebook state it learns: buffers, k-means initialisation on the
+first batch, EMA updates with dead-code reset (favor's C++ codebook_ema_update on the
+buffers) or gradient learning, and the commitment loss.
+
+favor's layers own one as `core` (VQAttention, VQMultiheadAttention: favor/torch/
+_core_attributes.py) after their q/k/v projections; any other attention class can do the
+same after its own projections and rotary embeddings (a Hugging Face attention class):
+
+    core = VQCore(num_heads=8, head_dim=64, codes=256, causal=True)
+    y = core(q, k, v, key_padding_mask=pad)    # q [B, H, Nq, 64], k, v [B, H, Nk, 64]
+    loss = loss + core.commitment_loss
+
+Tensors (H = num_heads, c = codes, D = head_dim; in the state_dict under the owner's
+prefix, e.g. `core.codebook`): codebook [H, c, D] (a Parameter with learn_codebook='grad'),
+ema_sum [H, c, D], ema_count [H, c], unused [H, c] (int64: consecutive training batches each
+code got no key), initialised (bool), updates (int64). A state_dict without them (torch's
+nn.MultiheadAttention, a Hugging Face checkpoint) loads, and the codebook is initialised by
+k-means on the first batch. The learning steps are the ops of favor/ops/codebook, so
+torch.compile(fullgraph=True) and torch.export trace them.
+"""
 import math
 
 import torch
@@ -16,18 +32,43 @@ from . import _tensors as T
 from .vq_function import VQDecoder, vq_attention
 
 LEARN = ("ema", "grad")
+_TENSORS = ("codebook", "ema_sum", "ema_count", "unused", "initialised", "updates")
 
 
-class CodebookMixin:
-    """For modules with heads and head_dim; adds the buffers codebook [H, c, head_dim]
-    (a Parameter with learn_codebook='grad'), ema_sum, ema_count [H, c], unused [H, c]
-    (int64: consecutive training batches each code got no key), initialised and updates.
-    All are in the state_dict, so a trained model reloads without re-initialising; resets
-    (int64, behind codes_reset) is not. Every step on them is an op (favor/ops/codebook), so
-    torch.compile(fullgraph=True) traces training and eval, and torch.export eval."""
+class VQCore(nn.Module):
+    """Transformer-VQ attention on [B, H, N, head_dim] tensors, without in/out projections.
+
+    VQCore(num_heads, head_dim, codes, *, causal=False, tau=0.0, decay=0.99, dead_after=50,
+           beta=0.25, learn_codebook='ema', scale=None, block=None, seed=0,
+           kmeans_iterations=25, device=None)
+
+    forward(q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv], key_padding_mask=None
+    [B, Nk] (True = ignore), causal=None (None: the core's `causal`)) -> [B, H, Nq, Dv]:
+    prepare(k, key_padding_mask) (k-means on the keys of the first call), attend(...)
+    (favor.torch.vq_attention over the codebook), learn(k, key_padding_mask) (the commitment
+    loss; in training, the EMA update or, with learn_codebook='grad', the dead-code reset).
+    A layer calls the three itself, from its own hooks.
+    After each forward, `commitment_loss` is beta * mean |k - sg(C_z)|^2 (a differentiable
+    scalar; 'grad' adds mean |sg(k) - C_z|^2): add it to the training loss. tau > 0: soft
+    VQ. initialise_codebook(k) runs k-means now; dead_codes(): codes no key of the latest
+    training batch chose; codes_reset: codes re-seeded so far; decoder(batch): a
+    favor.torch.VQDecoder for generation. `method` is 'vq'.
+    """
+
+    method = "vq"
+    TENSORS = _TENSORS  # its state_dict tensors (an owner renames their flat keys)
+
+    def __init__(self, num_heads, head_dim, codes, *, causal=False, tau=0.0, decay=0.99,
+                 dead_after=50, beta=0.25, learn_codebook="ema", scale=None, block=None, seed=0,
+                 kmeans_iterations=25, device=None):
+        super().__init__()
+        self.num_heads, self.head_dim, self.causal, self.scale = num_heads, head_dim, causal, scale
+        self._init_codebook(codes, tau=tau, decay=decay, dead_after=dead_after, beta=beta,
+                            learn_codebook=learn_codebook, seed=seed, block=block,
+                            kmeans_iterations=kmeans_iterations, device=device)
 
     def _init_codebook(self, codes, *, tau, decay, dead_after, beta, learn_codebook, seed,
-                       block, kmeans_iterations=25, device=None):
+                       block, kmeans_iterations, device):
         if isinstance(codes, bool) or not isinstance(codes, int) or codes < 1:
             raise _core.Error(f"codes: {codes!r} must be an integer >= 1")
         if learn_codebook not in LEARN:
@@ -75,14 +116,22 @@ class CodebookMixin:
                                self.ema_sum, self.ema_count, self.unused, self.initialised,
                                self.kmeans_iterations, int64_seed(self.seed), force)
 
-    @torch.no_grad()
-    def _prepare(self, k, key_padding_mask):
-        self._initialise(k, key_padding_mask, force=False)
-
     # ------------------------------------------------------------------ attention
 
+    def forward(self, q, k, v, key_padding_mask=None, causal=None):
+        self.prepare(k, key_padding_mask)
+        y = self.attend(q, k, v, key_padding_mask, causal)
+        self.learn(k, key_padding_mask)
+        return y
+
+    @torch.no_grad()
+    def prepare(self, k, key_padding_mask=None):
+        """Before attend(), with the keys [B, H, Nk, D]: k-means on them unless the codebook
+        is initialised (the op decides, from the `initialised` buffer)."""
+        self._initialise(k, key_padding_mask, force=False)
+
     def attend(self, q, k, v, key_padding_mask=None, causal=None):
-        """The attention core on [B, H, N, head_dim] tensors (no in/out projections)."""
+        """favor.torch.vq_attention on [B, H, N, D] tensors over this core's codebook."""
         # Traced, forward() has just initialised the codebook (and the check would read data).
         if not torch.compiler.is_compiling() and not bool(self.initialised):
             raise _core.Error("codebook: not initialised; run a forward pass (k-means on its "
@@ -99,7 +148,9 @@ class CodebookMixin:
 
     # ------------------------------------------------------------------ learning
 
-    def _learn(self, k, key_padding_mask):
+    def learn(self, k, key_padding_mask=None):
+        """After attend(), with the same keys: `commitment_loss`, and in training the EMA
+        update (learn_codebook='ema') or the dead-code reset ('grad') of the codebook."""
         z = vq_assign_op(k.detach(), self.codebook.detach())
         if not torch.compiler.is_exporting():
             # (An exported program has no place for it: torch.export drops the attribute.)
@@ -152,8 +203,8 @@ class CodebookMixin:
         return int((self.unused > 0).sum())
 
     def decoder(self, batch):
-        """A streaming state for generation with step(): favor.torch.VQDecoder over this
-        module's heads, codebook, scale and tau."""
+        """A streaming state for generation with a layer's step(): favor.torch.VQDecoder over
+        this core's heads, codebook, scale and tau."""
         if not bool(self.initialised):
             raise _core.Error("codebook: not initialised; run a forward pass first")
         return VQDecoder(batch, self.num_heads, self.head_dim, self.codebook.detach(),
@@ -165,6 +216,10 @@ class CodebookMixin:
                                       unexpected_keys, error_msgs)
         # A state_dict of torch's nn.MultiheadAttention has no codebook: it is initialised by
         # k-means on the first batch.
-        for name in ("codebook", "ema_sum", "ema_count", "unused", "initialised", "updates"):
+        for name in self.TENSORS:
             if prefix + name in missing_keys:
                 missing_keys.remove(prefix + name)
+
+    def extra_repr(self):
+        return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, codes={self.codes}, "
+                f"causal={self.causal}, tau={self.tau}, learn_codebook={self.learn_codebook}")
