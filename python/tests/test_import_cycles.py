@@ -8,6 +8,7 @@ package, else to pkg. A module's parent packages are not edges (Python runs them
 whatever the module imports). The favor._core extension has no source and no edges.
 """
 import ast
+import json
 import os
 import pathlib
 import subprocess
@@ -142,14 +143,62 @@ def test_no_import_cycles():
 NEEDS_TORCH = ("favor.torch", "favor.bench", "favor.models", "favor.distributed.function",
                "favor.distributed.vq_function", "favor.distributed.torch_exchange")
 
+# One interpreter imports the third-party packages favor uses (no favor module), then forks a
+# child per favor module that imports just that module: each child starts with no favor
+# module loaded, as a fresh interpreter would, without paying torch's import per module
+# (~2 s each; 64 modules).
+_FORKER = r"""
+import importlib, json, os, sys, traceback
+for lib in ("numpy", "torch", "mpi4py"):
+    try:
+        importlib.import_module(lib)
+    except ImportError:
+        pass
+assert not [m for m in sys.modules if m == "favor" or m.startswith("favor.")]
+results = {}
+for module in sys.argv[1:]:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            importlib.import_module(module)
+            code, text = 0, ""
+        except BaseException:
+            code, text = 1, traceback.format_exc()
+        os.write(w, text.encode())
+        os._exit(code)
+    os.close(w)
+    chunks = []
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    results[module] = [os.waitstatus_to_exitcode(status), b"".join(chunks).decode()]
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def imported_alone():
+    """{module: [exit code, traceback]} of `import <module>` in a child with no favor module
+    imported before it."""
+    modules = sorted(module_names())
+    done = subprocess.run([sys.executable, "-c", _FORKER, *modules], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
 
 @pytest.mark.parametrize("module", sorted(module_names()))
-def test_module_imports_alone(module):
-    """`import <module>` in a fresh interpreter, nothing else imported first."""
+def test_module_imports_alone(module, imported_alone):
+    """`import <module>` with nothing of favor imported first."""
     if module.startswith(NEEDS_TORCH):
         pytest.importorskip("torch")
     if module == "favor.distributed.mpi_exchange":
         pytest.importorskip("mpi4py")
-    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ))
-    assert done.returncode == 0, f"import {module}:\n{done.stderr}"
+    code, trace = imported_alone[module]
+    assert code == 0, f"import {module}:\n{trace}"
