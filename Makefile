@@ -31,8 +31,13 @@ build: deps
 run: build
 	$(BUILD_DIR)/tools/favor demo
 
+# After CTest, pytest's own summary line of every Python test file (from CTest's log), so
+# the log shows the Python suite ran in the project's venv, file by file.
 test: build
-	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS); rc=$$?; \
+	echo "pytest summaries (.venv/bin/python, one CTest test per file):"; \
+	awk '/^[0-9]+\/[0-9]+ Testing: /{name=$$3} name ~ /^python_test/ && / in [0-9.]+s/ {print "  " name ": " $$0}' \
+	    $(BUILD_DIR)/Testing/Temporary/LastTest.log; exit $$rc
 
 asan: deps
 	JOBS=$(JOBS) scripts/sanitize.sh asan

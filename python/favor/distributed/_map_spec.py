@@ -2,8 +2,6 @@
 takes them: a favor.Projection (or a projection tensor), the kernel, scale and fit, and the
 parameter tensors of a learned map, checked against the inputs (favor.torch.attention itself
 passes tensors to the op favor::attention; favor/ops/attention)."""
-import functools
-
 import numpy as np
 import torch
 
@@ -12,7 +10,7 @@ from .._args import check_map_defaults, fit_for, make_projection
 from .._args import check_values as _check_values
 from ..feature_map import FeatureMap
 from ..ops import _tensors as T
-from ..ops.attention import check_parameters
+from ..ops.attention import check_parameters, parameter_tensor
 
 
 class _MapSpec:
@@ -42,11 +40,6 @@ class _MapSpec:
         return self.decay if gamma is None else [float(g) for g in gamma.detach().reshape(-1)]
 
 
-@functools.lru_cache(maxsize=64)
-def _drawn(kind, m, d, norms, seed):
-    return make_projection(d, kind, features=m, norms=norms, seed=seed)
-
-
 def resolve_projection(projection, d, features, norms, seed):
     """(favor.Projection or None, float32 tensor W or None) for a kind, a Projection or an
     [m, d] tensor (a tensor takes part in autograd: its gradient is dL/dW)."""
@@ -55,19 +48,8 @@ def resolve_projection(projection, d, features, norms, seed):
             raise _core.Error(f"features: {features} differs from the projection tensor's "
                               f"m = {projection.shape[0]}")
         return None, T.as_float32(projection, "projection")
-    if isinstance(projection, str):
-        m = 256 if features is None else features
-        return _drawn(projection, m, d, norms, seed), None
+    # a kind or a favor.Projection (make_projection caches a draw per kind, m, d, norms, seed)
     return make_projection(d, projection, features=features, norms=norms, seed=seed), None
-
-
-def _parameter(x, name):
-    """A learned-map parameter as a float32 tensor (arrays become constant tensors)."""
-    if x is None:
-        return None
-    if not isinstance(x, torch.Tensor):
-        x = torch.from_numpy(np.asarray(x, dtype=np.float32))
-    return T.as_float32(x, name)
 
 
 def _check_parameters(inputs, d, m, params):
@@ -98,8 +80,8 @@ def _map_inputs(inputs, d, projection, features, norms, seed, kernel, scale, fit
         base = _core.Projection.from_matrix(feature_map.projection)
         arrays = (feature_map.weights, feature_map.bias, feature_map.lambda_)
         return ((base, feature_map.kernel, feature_map.scale, feature_map.fit),
-                *(_parameter(a, n) for a, n in zip(arrays, ("weights", "bias", "lambda"))))
-    wt = _parameter(weights, "weights")
+                *(parameter_tensor(a, n) for a, n in zip(arrays, ("weights", "bias", "lambda"))))
+    wt = parameter_tensor(weights, "weights")
     if wt is not None and wt.dim() not in (2, 3):
         raise _core.Error(f"weights: shape {list(wt.shape)} must be [sets, m, D] (per-head "
                           "projections) or [m, D] (the shared projection)")
@@ -117,7 +99,7 @@ def _map_inputs(inputs, d, projection, features, norms, seed, kernel, scale, fit
         T.projection_matrix(w, d)  # the shape check
     if proj is None:
         proj = T.projection_matrix(w if w.dim() == 2 else w[0], d)
-    b, lam = _parameter(bias, "bias"), _parameter(feature_weights, "feature_weights")
+    b, lam = parameter_tensor(bias, "bias"), parameter_tensor(feature_weights, "feature_weights")
     if lam is not None and lam.dim() == 1:
         lam = lam[None]  # [m]: one set, as in favor.attention
     _check_parameters(inputs, d, proj.m, (("weights", w if w is not None and w.dim() == 3

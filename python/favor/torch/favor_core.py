@@ -34,6 +34,7 @@ from torch import nn
 from .. import _core
 from .._args import decay_values, fit_for
 from ..feature_map import FeatureMap
+from ._attention_core import AttentionCore
 from .decoder import Decoder
 from .function import attention
 
@@ -46,7 +47,7 @@ def draw(m, d, kind, norms, seed):
                                                   seed=seed).matrix.copy())
 
 
-class FavorCore(nn.Module):
+class FavorCore(AttentionCore):
     """FAVOR (or exact) attention on [B, H, N, head_dim] tensors, without in/out projections.
 
     FavorCore(num_heads, head_dim, *, causal=False, kernel='positive', features=256,
@@ -66,7 +67,7 @@ class FavorCore(nn.Module):
     `fit`: the FAVOR++ / FAVOR# KernelFit (or a float A), kept as tensors for the op.
     """
 
-    TENSORS = _TENSORS  # its state_dict tensors (an owner renames their flat keys)
+    TENSORS = _TENSORS
 
     def __init__(self, num_heads, head_dim, *, causal=False, kernel="positive", features=256,
                  projection="orthogonal", norms="chi", seed=0, feature_redraw_interval=None,
@@ -284,16 +285,6 @@ class FavorCore(nn.Module):
                        kernel=self.kernel, scale=self.scale, fit=self.fit)
 
     # ------------------------------------------------------------------ state_dict
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
-        # A state_dict without the core's tensors (torch's nn.MultiheadAttention, which
-        # favor.torch.convert loads; a Hugging Face checkpoint) keeps the initial ones.
-        for name in self.TENSORS:
-            if prefix + name in missing_keys:
-                missing_keys.remove(prefix + name)
 
     def extra_repr(self):
         return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "

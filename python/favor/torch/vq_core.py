@@ -28,6 +28,7 @@ from .. import _core
 from .._args import block_length
 from ..ops.codebook import (codebook_ema_update_op, codebook_initialise_op,
                             codebook_track_usage_op, int64_seed, vq_assign_op)
+from ._attention_core import AttentionCore
 from . import _tensors as T
 from .vq_function import VQDecoder, vq_attention
 
@@ -35,7 +36,7 @@ LEARN = ("ema", "grad")
 _TENSORS = ("codebook", "ema_sum", "ema_count", "unused", "initialised", "updates")
 
 
-class VQCore(nn.Module):
+class VQCore(AttentionCore):
     """Transformer-VQ attention on [B, H, N, head_dim] tensors, without in/out projections.
 
     VQCore(num_heads, head_dim, codes, *, causal=False, tau=0.0, decay=0.99, dead_after=50,
@@ -56,7 +57,7 @@ class VQCore(nn.Module):
     """
 
     method = "vq"
-    TENSORS = _TENSORS  # its state_dict tensors (an owner renames their flat keys)
+    TENSORS = _TENSORS
 
     def __init__(self, num_heads, head_dim, codes, *, causal=False, tau=0.0, decay=0.99,
                  dead_after=50, beta=0.25, learn_codebook="ema", scale=None, block=None, seed=0,
@@ -209,16 +210,6 @@ class VQCore(nn.Module):
             raise _core.Error("codebook: not initialised; run a forward pass first")
         return VQDecoder(batch, self.num_heads, self.head_dim, self.codebook.detach(),
                          scale=self.scale, tau=self.tau)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
-        # A state_dict of torch's nn.MultiheadAttention has no codebook: it is initialised by
-        # k-means on the first batch.
-        for name in self.TENSORS:
-            if prefix + name in missing_keys:
-                missing_keys.remove(prefix + name)
 
     def extra_repr(self):
         return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, codes={self.codes}, "

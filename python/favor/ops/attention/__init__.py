@@ -84,7 +84,7 @@ def check_parameters(inputs, d, m, params):
                               f"have D = {d}")
 
 
-def _parameter(x, name):
+def parameter_tensor(x, name):
     """A learned-map parameter as a float32 tensor (arrays become constant tensors)."""
     if x is None:
         return None
@@ -123,10 +123,10 @@ def _map_tensors(inputs, d, projection, features, norms, seed, kernel, scale, fi
             raise _core.Error(f"feature_map: has d = {feature_map.d}, the inputs have D = {d}")
         arrays = (feature_map.projection, feature_map.weights, feature_map.bias,
                   feature_map.lambda_)
-        w, wt, b, lam = (_parameter(a, n)
+        w, wt, b, lam = (parameter_tensor(a, n)
                          for a, n in zip(arrays, ("projection", "weights", "bias", "lambda")))
         return w, wt, b, lam, feature_map.kernel, feature_map.scale, feature_map.fit
-    wt = _parameter(weights, "weights")
+    wt = parameter_tensor(weights, "weights")
     if wt is not None and wt.dim() not in (2, 3):
         raise _core.Error(f"weights: shape {list(wt.shape)} must be [sets, m, D] (per-head "
                           "projections) or [m, D] (the shared projection)")
@@ -144,7 +144,7 @@ def _map_tensors(inputs, d, projection, features, norms, seed, kernel, scale, fi
     elif wt is not None and w.requires_grad:
         raise _core.Error("projection: a projection tensor that requires grad is unused when "
                           "per-head weights are given; pass it without grad")
-    b, lam = _parameter(bias, "bias"), _parameter(feature_weights, "feature_weights")
+    b, lam = parameter_tensor(bias, "bias"), parameter_tensor(feature_weights, "feature_weights")
     if lam is not None and lam.dim() == 1:
         lam = lam[None]  # [m]: one set, as in favor.attention
     check_parameters(inputs, d, w.shape[0], (("weights", wt), ("bias", b),
