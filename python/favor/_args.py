@@ -204,6 +204,19 @@ def check_set_count(sets, name, batch, heads):
                           f"H = {heads} or B*H = {batch * heads}")
 
 
+def number(value, name):
+    """value as a float, converted as favor's bindings convert one (anything with __float__
+    but a str); TypeError naming the argument otherwise (float('x') would name nothing)."""
+    if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
+        raise TypeError(f"{name}: {value!r:.80} ({type(value).__name__}) is not a number")
+    return float(value)
+
+
+def optional_number(value, name):
+    """None, or value as a float (number)."""
+    return None if value is None else number(value, name)
+
+
 def block_length(block):
     """The VQ causal block length: None -> 0 (favor's default), else an integer >= 1."""
     if block is None:

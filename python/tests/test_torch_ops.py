@@ -480,6 +480,18 @@ def test_device_switch_names_the_device():
         ft.vq_attention(q, k.to("meta"), v, randn(5, 8))
 
 
+def test_a_scale_or_tau_that_is_not_a_number_is_named():
+    """float('x') would raise a ValueError naming nothing: the ops' plain values are converted
+    as the bindings convert them, TypeError naming the argument."""
+    q, k, v = qkv(requires_grad=False)
+    with pytest.raises(TypeError, match=r"scale: 'x' \(str\) is not a number"):
+        ft.attention(q, k, v, scale="x")
+    with pytest.raises(TypeError, match=r"scale: \[1\] \(list\) is not a number"):
+        ft.attention(q, k, v, method="exact", scale=[1])
+    with pytest.raises(TypeError, match=r"tau: None \(NoneType\) is not a number"):
+        ft.vq_attention(q, k, v, randn(5, 8), tau=None)
+
+
 def test_mha_need_weights_rule():
     mha = ft.MultiheadAttention(16, 2, batch_first=True, features=16)
     x = randn(2, 5, 16)

@@ -5,9 +5,10 @@ per-head states cross between ranks: O(B H F (Dv + 1)) numbers per call (VQ: the
 sums, c codes in place of F features), whatever the sequence length.
 
 - attention(q, k, v, ..., group=None, exchange=None): favor.torch.attention on this rank's
-  slice, a torch.autograd.Function whose backward does the reverse communication.
+  slice, through the torch op favor::sequence_parallel_attention (favor/ops/sequence_parallel),
+  whose backward does the reverse communication.
 - vq_attention(q, k, v, codebook, ..., group=None, exchange=None): favor.torch.vq_attention
-  on this rank's slice, likewise.
+  on this rank's slice, likewise (favor::sequence_parallel_vq_attention).
 - attention_numpy / attention_backward_numpy, vq_attention_numpy /
   vq_attention_backward_numpy: the numpy API (favor.attention's or favor.vq_attention's
   arguments and an exchange).

@@ -1,69 +1,21 @@
-"""favor.distributed.attention: sequence-parallel FAVOR attention as a torch.autograd.Function.
+"""favor.distributed.attention: sequence-parallel FAVOR attention, the layer over the torch
+ops favor::sequence_parallel_attention(_backward) (favor/ops/sequence_parallel).
 
 Every rank holds a contiguous slice of the sequence (rank order = sequence order); the forward
-pass and the backward pass each exchange per-head states only (favor._core's
-sequence_parallel_attention(_backward) over an Exchange). The map goes through the FeatureMap
-call of favor.torch.attention's learned-map path (_MapSpec), so projections, kernels, fits,
-learned weights / bias / feature weights and a learned decay all take the same route.
+pass and the backward pass each exchange per-head states only. The map's tensors are built by
+the code that builds favor.torch.attention's (ops/attention: _map_tensors, fit_tensors), so
+projections, kernels, fits, learned weights / bias / feature weights and a learned decay all
+take the same route.
 """
-import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
-from .. import _core
-from .._args import batch_heads, decay_values
+from .. import _args, _core
+from .._args import batch_heads
 from ..ops import _tensors as T
-from ._map_spec import _map_inputs, _MapSpec
+from ..ops.attention import _decay_tensor, _map_tensors, fit_tensors
+from ..ops.sequence_parallel import exchange_handle, sequence_parallel_attention_op
 from ._agreement import agreed, check_exchange, flag, refuse
 from .torch_exchange import TorchExchange
-
-
-def _record(exchange, name, stats):
-    """Keeps the last call's SequenceParallelStats on the exchange (forward_stats,
-    backward_stats) when it takes attributes."""
-    try:
-        setattr(exchange, name, stats)
-    except AttributeError:
-        pass
-
-
-class _DistributedFunction(torch.autograd.Function):
-    """This rank's slice of q, k, v and the map's parameter tensors (w, b, lam, gamma: each
-    None or a tensor, as favor.torch's _MapFunction; fm the favor._core.FeatureMap of their
-    values) -> this rank's output slice. What each pass does before its C++ call runs inside
-    agreed (the other ranks are in the call)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, w, b, lam, gamma, spec, fm, exchange):
-        qn, kn, vn, decay = agreed(exchange, lambda: (T.view(q), T.view(k), T.view(v),
-                                                      spec.decay_values(gamma)))
-        y, stats = _core.sequence_parallel_attention_map(
-            qn, kn, vn, fm, exchange, causal=spec.causal, key_mask=spec.keep, decay=decay)
-        _record(exchange, "forward_stats", stats)
-        ctx.save_for_backward(q, k, v)
-        ctx.fm, ctx.decay, ctx.spec, ctx.exchange = fm, decay, spec, exchange
-        ctx.params = [None if t is None else (t.shape, t.dtype) for t in (w, b, lam, gamma)]
-        return T.tensor(y)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        def views():  # saved_tensors raises on this rank alone for a tensor modified in place
-            return [T.view(t) for t in (*ctx.saved_tensors, dy.to(torch.float32))]
-
-        need = ctx.needs_input_grad
-        *grads, stats = _core.sequence_parallel_attention_map_backward(
-            *agreed(ctx.exchange, views), ctx.fm, ctx.exchange, causal=ctx.spec.causal,
-            key_mask=ctx.spec.keep, decay=ctx.decay, parameter_grads=any(need[3:7]))
-        _record(ctx.exchange, "backward_stats", stats)
-        out = [T.tensor(g) if need[i] else None for i, g in enumerate(grads[:3])]
-        for i, (param, g) in enumerate(zip(ctx.params, grads[3:])):
-            if need[3 + i]:
-                shape, dtype = param
-                out.append(torch.from_numpy(np.asarray(g)).to(dtype).reshape(shape))
-            else:
-                out.append(None)
-        return (*out, None, None, None)
 
 
 def resolve_exchange(exchange, group, vq=False):
@@ -116,19 +68,15 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     def prepare():  # inside agreed: the other ranks are in the call and raise its error too
         for t, name in ((q, "q"), (k, "k"), (v, "v")):
             T.check_tensor(t, name)
-        T.follow_torch_threads()
         q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")
-        keep = T.keep_mask(key_padding_mask)
-        (proj, kern, sc, ft), w, b, lam = _map_inputs(
-            batch_heads(q), q.shape[-1], projection, features, norms, seed, kernel, scale, fit,
-            feature_map, weights, bias, feature_weights)
-        gamma = None
-        if isinstance(decay, torch.Tensor):
-            T.check_tensor(decay, "decay")
-            gamma = decay
-        constant = None if gamma is not None else decay_values(decay)
-        spec = _MapSpec(proj, kern, sc, ft, flag(causal, "causal"), keep, constant)
-        return (q32, k32, v32, w, b, lam, gamma, spec, spec.core_map(w, b, lam))
+        mask = T.check_mask(key_padding_mask)
+        d, inputs = q.shape[-1], batch_heads(q)
+        w, wt, b, lam, kern, sc, ft = _map_tensors(
+            inputs, d, projection, features, norms, seed, kernel, scale, fit, feature_map,
+            weights, bias, feature_weights)
+        fit_a, fit_basis = fit_tensors(ft, kern, d, inputs)
+        return (q32, k32, v32, w, wt, b, lam, _decay_tensor(decay), mask, fit_a, fit_basis,
+                kern, flag(causal, "causal"), _args.optional_number(sc, "scale"))
 
-    y = _DistributedFunction.apply(*agreed(ex, prepare), ex)
+    y = sequence_parallel_attention_op(*agreed(ex, prepare), exchange_handle(ex))
     return y if q.dtype == torch.float32 else y.to(q.dtype)

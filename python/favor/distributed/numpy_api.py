@@ -2,7 +2,7 @@
 favor.vq_attention / vq_attention_backward on this rank's slice, with an exchange (no torch
 needed with an MPIExchange). What a rank does before the C++ call runs inside
 _agreement.agreed: its errors reach the other ranks, who are in the call."""
-from .. import _core
+from .. import _args, _core
 from .._args import batch_heads, block_length, decay_values, head_dim
 from ..api import FeatureMapGrads, Grads, _core_map
 from ..vq import VQGrads, _values
@@ -62,7 +62,7 @@ def attention_backward_numpy(q, k, v, dy, *, exchange, causal=False, kernel="pos
 def _vq_options(codebook, scale, tau, block, full_output):
     """(the codebook's values, scale, tau, the block length as the binding takes them, and
     full_output)."""
-    return (_values(codebook), None if scale is None else float(scale), float(tau),
+    return (_values(codebook), _args.optional_number(scale, "scale"), _args.number(tau, "tau"),
             block_length(block), flag(full_output, "full_output"))
 
 

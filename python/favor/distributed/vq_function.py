@@ -1,62 +1,19 @@
-"""favor.distributed.vq_attention: sequence-parallel Transformer-VQ attention as a
-torch.autograd.Function.
+"""favor.distributed.vq_attention: sequence-parallel Transformer-VQ attention, the layer over
+the torch ops favor::sequence_parallel_vq_attention(_backward) (favor/ops/sequence_parallel).
 
 Every rank holds a contiguous slice of the sequence (rank order = sequence order); the forward
-pass exchanges the per-code key sums, the backward pass those and the query-side per-code sums
-(favor._core's sequence_parallel_vq_attention(_backward) over an Exchange). The arguments are
-favor.torch.vq_attention's (favor/torch/vq_function.py), checked the same way.
+pass exchanges the per-code key sums, the backward pass those and the query-side per-code sums.
+The arguments are favor.torch.vq_attention's (favor/ops/vq), checked the same way.
 """
 import torch
-from torch.autograd.function import once_differentiable
 
-from .. import _core
+from .. import _args
 from .._args import block_length
 from ..ops import _tensors as T
+from ..ops.sequence_parallel import exchange_handle, sequence_parallel_vq_attention_op
 from ..ops.vq import check_codebook
 from ._agreement import agreed, flag
-from .function import _record, resolve_exchange
-
-
-class _Spec:
-    __slots__ = ("causal", "scale", "keep", "tau", "block")
-
-    def __init__(self, causal, scale, keep, tau, block):
-        self.causal, self.scale, self.keep, self.tau, self.block = causal, scale, keep, tau, block
-
-    def options(self):
-        return dict(causal=self.causal, scale=self.scale, key_mask=self.keep, tau=self.tau,
-                    block=self.block)
-
-
-class _DistributedVQFunction(torch.autograd.Function):
-    """This rank's slice of q, k, v and the codebook [c, D] or [H or 1, c, D] (the same on
-    every rank) -> this rank's output slice; the codebook's gradient is this rank's share.
-    What each pass does before its C++ call runs inside agreed (the other ranks are in the
-    call)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, codebook, spec, exchange):
-        views = agreed(exchange, lambda: [T.view(t) for t in (q, k, v, codebook)], vq=True)
-        y, stats = _core.sequence_parallel_vq_attention(*views, exchange, **spec.options())
-        _record(exchange, "forward_stats", stats)
-        ctx.save_for_backward(q, k, v, codebook)
-        ctx.spec, ctx.exchange = spec, exchange
-        return T.tensor(y)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        def views():  # saved_tensors raises on this rank alone for a tensor modified in place
-            q, k, v, codebook = ctx.saved_tensors
-            return [T.view(t) for t in (q, k, v, dy.to(torch.float32), codebook)]
-
-        q, k, v, dyn, codebook = agreed(ctx.exchange, views, vq=True)
-        need = ctx.needs_input_grad
-        dq, dk, dv, dc, stats = _core.sequence_parallel_vq_attention_backward(
-            q, k, v, dyn, codebook, ctx.exchange, codebook_grad=need[3], **ctx.spec.options())
-        _record(ctx.exchange, "backward_stats", stats)
-        return (T.tensor(dq) if need[0] else None, T.tensor(dk) if need[1] else None,
-                T.tensor(dv) if need[2] else None, T.tensor(dc) if need[3] else None, None, None)
+from .function import resolve_exchange
 
 
 def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mask=None,
@@ -95,11 +52,10 @@ def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mas
         for t, name in ((q, "q"), (k, "k"), (v, "v")):
             T.check_tensor(t, name)
         check_codebook(codebook)
-        T.follow_torch_threads()
-        spec = _Spec(flag(causal, "causal"), None if scale is None else float(scale),
-                     T.keep_mask(key_padding_mask), float(tau), block_length(block))
         return (T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v"),
-                T.as_float32(codebook, "codebook"), spec)
+                T.as_float32(codebook, "codebook"), T.check_mask(key_padding_mask),
+                flag(causal, "causal"), _args.optional_number(scale, "scale"),
+                _args.number(tau, "tau"), block_length(block))
 
-    y = _DistributedVQFunction.apply(*agreed(ex, prepare, vq=True), ex)
+    y = sequence_parallel_vq_attention_op(*agreed(ex, prepare, vq=True), exchange_handle(ex))
     return y if q.dtype == torch.float32 else y.to(q.dtype)

@@ -11,10 +11,14 @@ is its oracle in plain torch operations.
     favor::codebook_initialise               ops/codebook     k-means on the first batch
     favor::codebook_ema_update               ops/codebook     EMA step, dead-code reset
     favor::codebook_track_usage              ops/codebook     'grad' learning: usage, reset
+    favor::sequence_parallel_attention(_backward), favor::sequence_parallel_vq_attention
+    (_backward)                              ops/sequence_parallel  a rank's slice
 
 The one device switch is ops/_tensors.py's backend(): CPU tensors go to the C++ kernels;
 another device is refused with an error naming it, until a device-generic path exists.
-Layers (favor.torch) import these, never the reverse.
+Layers (favor.torch, favor.distributed) import these, never the reverse (the
+sequence-parallel ops use favor.distributed's agreement on errors, a transport concern, not a
+layer; they are imported by favor.distributed, not here).
 """
 from .attention import attention
 from .decoder import decode_step, empty_state
@@ -22,4 +26,5 @@ from .exact import exact_attention
 from .projection import projection
 from .vq import vq_attention
 
-__all__ = ["attention", "decode_step", "empty_state", "exact_attention", "projection", "vq_attention"]
+__all__ = ["attention", "decode_step", "empty_state", "exact_attention", "projection",
+           "vq_attention"]

@@ -204,7 +204,7 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
         save = (not causal and torch.is_grad_enabled()
                 and any(t is not None and t.requires_grad for t in tensors))
         y = attention_op(q32, k32, v32, w, wt, b, lam, gamma, mask, fit_a, fit_basis, kernel,
-                         bool(causal), None if scale is None else float(scale), save)[0]
+                         bool(causal), _args.optional_number(scale, "scale"), save)[0]
     else:
         raise _core.Error(f"method: '{method}' is not a method; use favor or exact")
     return y if out_dtype == torch.float32 else y.to(out_dtype)

@@ -41,30 +41,44 @@ def _state_size(q, v, w, kernel):
     return bh * f * (v.shape[-1] + 1), bh
 
 
+def feature_map(w, weights, bias, lam, fit_a, fit_basis, kernel, scale):
+    """The favor._core.FeatureMap of the op's map tensors (w [m, D] the projection; weights
+    [sets, m, D], bias and lam [sets, m] or None; a fit as (a, basis) or None), after the
+    checks of their values (finite; nonzero feature weights)."""
+    for t, name, nonzero in ((weights, "weights", False), (bias, "bias", False),
+                             (lam, "feature_weights", True)):
+        if t is not None:
+            _check_values(T.view(t), name, nonzero=nonzero)
+    proj = _core.Projection.from_matrix(T.array(w))
+    fit = None if fit_a is None else _core.KernelFit(T.array(fit_a), T.array(fit_basis))
+    sets = [t.shape[0] for t in (weights, bias, lam) if t is not None]
+    return _core.FeatureMap(proj, kernel=kernel, scale=scale, fit=fit,
+                            heads=sets[0] if sets else 1, weights=T.array(weights),
+                            bias=T.array(bias), lambda_=T.array(lam))
+
+
+def decay_list(decay):
+    """The op's decay tensor (None or gamma per head) as the list of floats C++ takes."""
+    return [] if decay is None else [float(g) for g in decay.detach().reshape(-1)]
+
+
 def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel,
           causal, scale, save_context, dy=None, parameter_grads=False, context=None):
     """The C++ call of the forward (dy None) or the backward, on numpy views of the tensors."""
     T.follow_torch_threads()
     keep = T.keep_mask(key_padding_mask)
-    proj = _core.Projection.from_matrix(T.array(w))
-    fit = None if fit_a is None else _core.KernelFit(T.array(fit_a), T.array(fit_basis))
     qv, kv, vv = T.view(q), T.view(k), T.view(v)
     if not _uses_map(weights, bias, lam, decay):
+        proj = _core.Projection.from_matrix(T.array(w))
+        fit = None if fit_a is None else _core.KernelFit(T.array(fit_a), T.array(fit_basis))
         if dy is None:
             return _core.attention(qv, kv, vv, proj, kernel=kernel, causal=causal, scale=scale,
                                    key_mask=keep, fit=fit, save_context=save_context)
         return _core.attention_backward(qv, kv, vv, T.view(dy), proj, kernel=kernel,
                                         causal=causal, scale=scale, key_mask=keep, fit=fit,
                                         projection_grad=parameter_grads, context=context)
-    for t, name, nonzero in ((weights, "weights", False), (bias, "bias", False),
-                             (lam, "feature_weights", True)):
-        if t is not None:
-            _check_values(T.view(t), name, nonzero=nonzero)
-    sets = [t.shape[0] for t in (weights, bias, lam) if t is not None]
-    fm = _core.FeatureMap(proj, kernel=kernel, scale=scale, fit=fit,
-                          heads=sets[0] if sets else 1, weights=T.array(weights),
-                          bias=T.array(bias), lambda_=T.array(lam))
-    gammas = [] if decay is None else [float(g) for g in decay.detach().reshape(-1)]
+    fm = feature_map(w, weights, bias, lam, fit_a, fit_basis, kernel, scale)
+    gammas = decay_list(decay)
     if dy is None:
         return _core.attention_map(qv, kv, vv, fm, causal=causal, key_mask=keep, decay=gammas,
                                    save_context=save_context)
@@ -121,6 +135,27 @@ def attention_backward_op(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor
     out = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                 kernel, causal, scale, False, dy=dy, parameter_grads=parameter_grads,
                 context=context)
+    return backward_outputs(out, weights, bias, lam, decay)
+
+
+def backward_fake(q, k, v, w, weights, bias, lam, decay, parameter_grads):
+    """The outputs of a backward op (favor::attention_backward,
+    favor::sequence_parallel_attention_backward) as empty tensors of their shapes."""
+    like = lambda t, shape, dtype=torch.float32: t.new_empty(shape, dtype=dtype)
+    grads = (like(q, q.shape), like(k, k.shape), like(v, v.shape))
+    if not parameter_grads:
+        return (*grads, like(q, 0), like(q, 0), like(q, 0), like(q, 0, torch.float64))
+    if not _uses_map(weights, bias, lam, decay):
+        return (*grads, like(q, w.shape), like(q, 0), like(q, 0), like(q, 0, torch.float64))
+    shape = lambda t: 0 if t is None else t.shape
+    return (*grads, like(q, weights.shape if weights is not None else w.shape),
+            like(q, shape(bias)), like(q, shape(lam)),
+            like(q, shape(decay), torch.float64))
+
+
+def backward_outputs(out, weights, bias, lam, decay):
+    """The C++ backward's (dq, dk, dv, dw[, dbias, dlambda, ddecay]) as the backward op's
+    seven tensors (empty where not computed)."""
     grads = [T.tensor(g) for g in out[:3]]
     if not _uses_map(weights, bias, lam, decay):
         dw = out[3]
@@ -133,19 +168,19 @@ def attention_backward_op(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor
     return (*grads, as_t(dw), as_t(db), as_t(dl), as_t(dd, torch.float64))
 
 
+def input_grads(need, dq, dk, dv, dw, db, dl, dd, weights):
+    """The gradients of (q, k, v, w, weights, bias, lam, decay) from a backward op's outputs
+    (None where not needed: dw belongs to weights when given, else to w)."""
+    pick = lambda i, g: g if need[i] else None
+    dw_of_w, dw_of_weights = (None, dw) if weights is not None else (dw, None)
+    return (pick(0, dq), pick(1, dk), pick(2, dv), pick(3, dw_of_w), pick(4, dw_of_weights),
+            pick(5, db), pick(6, dl), pick(7, dd))
+
+
 @attention_backward_op.register_fake
 def _(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, states,
       maxima, fingerprint, kernel, causal, scale, parameter_grads):
-    like = lambda t, shape, dtype=torch.float32: t.new_empty(shape, dtype=dtype)
-    grads = (like(q, q.shape), like(k, k.shape), like(v, v.shape))
-    if not parameter_grads:
-        return (*grads, like(q, 0), like(q, 0), like(q, 0), like(q, 0, torch.float64))
-    if not _uses_map(weights, bias, lam, decay):
-        return (*grads, like(q, w.shape), like(q, 0), like(q, 0), like(q, 0, torch.float64))
-    shape = lambda t: 0 if t is None else t.shape
-    return (*grads, like(q, weights.shape if weights is not None else w.shape),
-            like(q, shape(bias)), like(q, shape(lam)),
-            like(q, shape(decay), torch.float64))
+    return backward_fake(q, k, v, w, weights, bias, lam, decay, parameter_grads)
 
 
 def _setup_context(ctx, inputs, output):
@@ -164,10 +199,8 @@ def _backward(ctx, dy, *_):
     dq, dk, dv, dw, db, dl, dd = attention_backward_op(
         dy.to(torch.float32), q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
         fit_basis, states, maxima, fingerprint, *ctx.options, any(need[3:8]))
-    pick = lambda i, g: g if need[i] else None
-    dw_of_w, dw_of_weights = (None, dw) if weights is not None else (dw, None)
-    return (pick(0, dq), pick(1, dk), pick(2, dv), pick(3, dw_of_w), pick(4, dw_of_weights),
-            pick(5, db), pick(6, dl), pick(7, dd), None, None, None, None, None, None, None)
+    return (*input_grads(need, dq, dk, dv, dw, db, dl, dd, weights), None, None, None, None,
+            None, None, None)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)

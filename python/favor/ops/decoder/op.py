@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ... import _core
+from ... import _args, _core
 from .. import _tensors as T
 
 
@@ -71,6 +71,6 @@ def decode_step(state, q, k, v, projection, *, kernel="positive", scale=None, fi
         T.check_tensor(t, name)
     fit_a, fit_basis = (None, None) if fit is None else fit
     y, *new = decode_step_op(*state, q.float(), k.float(), v.float(), key_mask,
-                             projection.float(), kernel, None if scale is None else float(scale),
+                             projection.float(), kernel, _args.optional_number(scale, "scale"),
                              fit_a, fit_basis)
     return y, tuple(new)

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ... import _core
+from ... import _args, _core
 from .. import _tensors as T
 
 
@@ -60,4 +60,4 @@ exact_attention_op.register_autograd(_backward, setup_context=_setup_context)
 def exact_attention(q, k, v, key_padding_mask, causal, scale):
     """The op on float32 tensors (favor.torch.attention(method='exact') checks and casts)."""
     return exact_attention_op(q, k, v, key_padding_mask, bool(causal),
-                              None if scale is None else float(scale))
+                              _args.optional_number(scale, "scale"))

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ... import _core
+from ... import _args, _core
 from ..._args import block_length
 from .. import _tensors as T
 
@@ -97,6 +97,6 @@ def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mas
     out_dtype = q.dtype
     y = vq_attention_op(T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v"),
                         T.as_float32(codebook, "codebook"), T.check_mask(key_padding_mask),
-                        bool(causal), None if scale is None else float(scale), float(tau),
-                        block_length(block))
+                        bool(causal), _args.optional_number(scale, "scale"),
+                        _args.number(tau, "tau"), block_length(block))
     return y if out_dtype == torch.float32 else y.to(out_dtype)
