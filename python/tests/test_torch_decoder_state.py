@@ -102,6 +102,35 @@ def test_decode_step_op_equals_causal_attention(kernel, fit):
     assert int(state[3]) == N
 
 
+def learned_map(seed=12):
+    """Per-head hedgehog weights, bias and feature weights, and a decay per head."""
+    g = torch.Generator().manual_seed(seed)
+    return dict(weights=0.3 * torch.randn(H, M, D, generator=g),
+                bias=0.1 * torch.randn(H, M, generator=g),
+                feature_weights=1 + 0.1 * torch.randn(H, M, generator=g),
+                decay=torch.tensor([0.9, 0.75], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kernel", ["hedgehog", "positive"])
+def test_decode_step_op_with_a_learned_map_and_decay_equals_causal_attention(kernel):
+    """The learned map (favor::attention's tensors, built by the same rule) and the decay in
+    the decoder step: row i equals causal favor.torch.attention with the same map."""
+    q, k, v = (t * 0.5 for t in qkv(2))
+    lm = learned_map()
+    state = empty_state(B, H, DV, _core.feature_count(kernel, M))
+    out = []
+    for i in range(N):
+        y, state = decode_step(state, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], W,
+                               kernel=kernel, **lm)
+        out.append(y)
+    ref = ft.attention(q, k, v, projection=W, kernel=kernel, causal=True, **lm)
+    got = torch.cat(out, 2)
+    assert (got - ref).abs().max().item() <= bound(ref)
+    without_decay = ft.attention(q, k, v, projection=W, kernel=kernel, causal=True,
+                                 **dict(lm, decay=None))
+    assert (got - without_decay).abs().max().item() > 100 * bound(ref)  # the decay is applied
+
+
 def test_decode_step_leaves_its_inputs_alone():
     q, k, v = qkv()
     state = empty_state(B, H, DV, _core.feature_count("positive", M))
@@ -119,6 +148,17 @@ def test_opcheck_decode_step(mask):
     key_mask = torch.tensor([[1, 1], [0, 1], [0, 0]], dtype=torch.float32) if mask else None
     torch.library.opcheck(decode_step_op, (*state, q[:, :, 3:5], k[:, :, 3:5], v[:, :, 3:5],
                                            key_mask, W, "positive", None, None, None))
+
+
+def test_opcheck_decode_step_learned_map():
+    q, k, v = qkv()
+    lm = learned_map()
+    state = empty_state(B, H, DV, _core.feature_count("hedgehog", M))
+    _, state = decode_step(state, q[:, :, :3], k[:, :, :3], v[:, :, :3], W, kernel="hedgehog",
+                           **lm)
+    torch.library.opcheck(decode_step_op, (*state, q[:, :, 3:5], k[:, :, 3:5], v[:, :, 3:5],
+                                           None, W, "hedgehog", None, None, None, lm["weights"],
+                                           lm["bias"], lm["feature_weights"], lm["decay"]))
 
 
 def test_decode_step_compiles_fullgraph():

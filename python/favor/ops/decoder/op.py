@@ -15,9 +15,15 @@ from torch import Tensor
 
 from ... import _args, _core
 from .. import _tensors as T
+from ..attention.op import decay_list, feature_map
 
 
-def _decoder(batch, heads, dv, w, kernel, scale, fit_a, fit_basis):
+def _decoder(batch, heads, dv, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay):
+    """The favor._core.Decoder of the op's map: a projection (and fit), or a learned map
+    (weights / bias / lam, a decay) built by favor::attention's rule."""
+    if any(t is not None for t in (weights, bias, lam, decay)):
+        fm = feature_map(w, weights, bias, lam, fit_a, fit_basis, kernel, scale)
+        return _core.Decoder(batch, heads, dv, fm, decay=decay_list(decay))
     proj = _core.Projection.from_matrix(T.array(w))
     fit = None if fit_a is None else _core.KernelFit(T.array(fit_a), T.array(fit_basis))
     return _core.Decoder(batch, heads, dv, proj, kernel=kernel, scale=scale, fit=fit)
@@ -27,14 +33,17 @@ def _decoder(batch, heads, dv, w, kernel, scale, fit_a, fit_basis):
 def decode_step_op(sums: Tensor, log_max: Tensor, row_positions: Tensor, position: Tensor,
                    q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], w: Tensor,
                    kernel: str, scale: Optional[float], fit_a: Optional[Tensor],
-                   fit_basis: Optional[Tensor]
+                   fit_basis: Optional[Tensor], weights: Optional[Tensor] = None,
+                   bias: Optional[Tensor] = None, lam: Optional[Tensor] = None,
+                   decay: Optional[Tensor] = None
                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(y [B, H, T, Dv] float32, sums, log_max, row_positions, position) after appending
     k [B, H, T, D], v [B, H, T, Dv] (key_mask [B, T]: nonzero = the token takes part) and
-    querying q [B, H, T, D]."""
+    querying q [B, H, T, D]. A learned map as in favor::attention: weights [sets, m, D],
+    bias and lam [sets, m], decay float64 [1] or [H]."""
     T.follow_torch_threads()
     b, h, _, dv = v.shape
-    dec = _decoder(b, h, dv, w, kernel, scale, fit_a, fit_basis)
+    dec = _decoder(b, h, dv, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay)
     dec.load_state(sums=T.array(sums), log_max=T.array(log_max),
                    row_positions=T.array(row_positions), position=int(position[0]))
     keep = None if key_mask is None else T.array(key_mask.to(torch.bool))
@@ -47,7 +56,7 @@ def decode_step_op(sums: Tensor, log_max: Tensor, row_positions: Tensor, positio
 
 @decode_step_op.register_fake
 def _(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel, scale, fit_a,
-      fit_basis):
+      fit_basis, weights=None, bias=None, lam=None, decay=None):
     return (q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32),
             torch.empty_like(sums), torch.empty_like(log_max), torch.empty_like(row_positions),
             torch.empty_like(position))
@@ -61,16 +70,32 @@ def empty_state(batch, heads, dv, features):
             torch.zeros(batch, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
 
 
+def _map_parameter(t, name):
+    """A learned-map tensor of decode_step as the op takes it (detached: no autograd)."""
+    if t is None:
+        return None
+    T.check_tensor(t, name)
+    return t.detach().to(torch.float64 if name == "decay" else torch.float32)
+
+
 def decode_step(state, q, k, v, projection, *, kernel="positive", scale=None, fit=None,
-                key_mask=None):
+                key_mask=None, weights=None, bias=None, feature_weights=None, decay=None):
     """One decoder step on tensors: (y, new_state) for state = (sums, log_max, row_positions,
     position) (empty_state() to start), q/k/v [B, H, T, D or Dv] (float32 or cast to it),
     projection a float [m, D] tensor, fit None or (a, basis) float64 tensors (FAVOR++ /
-    FAVOR#), key_mask [B, T] (nonzero = the token takes part; left padding). No autograd."""
+    FAVOR#), key_mask [B, T] (nonzero = the token takes part; left padding). A learned map
+    as favor.torch.attention's: weights [sets, m, D], bias [sets, m], feature_weights
+    [sets, m] (sets 1, H or B*H), decay a tensor of gamma per head ([1] or [H]). No
+    autograd."""
     for t, name in ((q, "q"), (k, "k"), (v, "v"), (projection, "projection")):
         T.check_tensor(t, name)
     fit_a, fit_basis = (None, None) if fit is None else fit
+    lam = _map_parameter(feature_weights, "feature_weights")
+    if lam is not None and lam.dim() == 1:
+        lam = lam[None]  # [m]: one set, as in favor.attention
     y, *new = decode_step_op(*state, q.float(), k.float(), v.float(), key_mask,
                              projection.float(), kernel, _args.optional_number(scale, "scale"),
-                             fit_a, fit_basis)
+                             fit_a, fit_basis, _map_parameter(weights, "weights"),
+                             _map_parameter(bias, "bias"), lam,
+                             None if decay is None else _map_parameter(decay, "decay").reshape(-1))
     return y, tuple(new)
