@@ -18,7 +18,9 @@
 #include "test_helpers.hpp"
 #include "thread_exchange.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_sequence_parallel {
 namespace {
 using testing::bounds_of;
 using testing::max_abs;
@@ -330,4 +332,4 @@ TEST(SequenceParallelStats, CommunicationDoesNotGrowWithN) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_sequence_parallel

@@ -19,7 +19,9 @@
 #include "test_helpers.hpp"
 #include "thread_exchange.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_vq_sequence_parallel {
 namespace {
 using testing::bounds_of;
 using testing::max_abs;
@@ -311,4 +313,4 @@ TEST(VQSequenceParallelStats, CommunicationDoesNotGrowWithN) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_vq_sequence_parallel
