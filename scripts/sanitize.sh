@@ -15,7 +15,12 @@ cxx=${CXX_SAN:-clang++}
 supp=$root/tests/sanitizers
 
 configure() {  # build dir, FAVOR_SANITIZE, FAVOR_MPI
-  cmake -S . -B "$1" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Debug \
+  # Ninja for a new tree when installed (the Makefile's rule); an existing tree keeps its own.
+  local generator=()
+  if [[ ! -f $1/CMakeCache.txt && -z ${CMAKE_GENERATOR:-} ]] && command -v ninja >/dev/null; then
+    generator=(-G Ninja)
+  fi
+  cmake -S . -B "$1" "${generator[@]}" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DFAVOR_SANITIZE="$2" -DFAVOR_MPI="$3" \
     -DFAVOR_BUILD_PYTHON=OFF -DFAVOR_BUILD_BENCH=OFF
 }
