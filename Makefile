@@ -23,9 +23,16 @@ deps:
 	@scripts/install-deps.sh
 	@FAVOR_VENV=$(VENV) scripts/setup-venv.sh
 
+# Ninja (Debian ninja-build) for a new build tree, as pip's build of the wheel uses: the
+# pip-install test's compiles then match the main build's and hit its compiler cache
+# (cmake/FavorCcache.cmake). An existing tree keeps its generator; so does CMAKE_GENERATOR.
+# Expanded when the recipe runs, after deps has installed ninja.
+NEW_TREE_GENERATOR = $(if $(wildcard $(BUILD_DIR)/CMakeCache.txt)$(CMAKE_GENERATOR),,\
+                       $(if $(shell command -v ninja),-G Ninja))
+
 build: deps
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(PYTHON) \
-	  -DFAVOR_PYTHON=$(PYTHON)
+	cmake -S . -B $(BUILD_DIR) $(NEW_TREE_GENERATOR) -DCMAKE_BUILD_TYPE=Release \
+	  -DPython_EXECUTABLE=$(PYTHON) -DFAVOR_PYTHON=$(PYTHON)
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 run: build

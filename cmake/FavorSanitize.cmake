@@ -3,8 +3,8 @@
 #   "address,undefined"  AddressSanitizer + UndefinedBehaviorSanitizer; UB reports abort the
 #                        process (-fno-sanitize-recover), so they fail the test
 #   "thread"             ThreadSanitizer
-# scripts/sanitize.sh configures, builds and runs both (clang++, -O1 -g); docs/reliability.md
-# has the run-time options, suppressions and exclusions.
+# scripts/sanitize.sh configures, builds and runs both (clang++, -O1 -gline-tables-only);
+# docs/reliability.md has the run-time options, suppressions and exclusions.
 set(FAVOR_SANITIZE "" CACHE STRING "Sanitizers for every target: empty, address,undefined or thread")
 set_property(CACHE FAVOR_SANITIZE PROPERTY STRINGS "" "address,undefined" "thread")
 

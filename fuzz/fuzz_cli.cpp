@@ -1,6 +1,6 @@
 // Fuzz target: the favor CLI's argument and option parsing. The input is an argv (elements
-// separated by NUL bytes, argv[0] implied); it is parsed by the same CLI::App as
-// tools/main.cpp, and the callbacks of attention, features, codebook and fit run, so every
+// separated by NUL bytes, argv[0] implied); it is parsed by the same CLI::App as the tool
+// (tools/commands.cpp), and the callbacks of attention, features, codebook and fit run, so every
 // check of their options and of the files they name happens. They read small valid .npy /
 // .npz files made in a per-process scratch directory (q.npy, k.npy, v.npy: [1, 2, 4, 3];
 // q2.npy, k2.npy, v2.npy: [4, 3]; mask.npy [1, 4] and mask2.npy [4] (bool); w.npy [4, 3] (a
@@ -142,7 +142,7 @@ bool allowed(const std::vector<std::string>& args) {
 /// Thrown to leave the parse before a skipped subcommand's callback.
 struct Skipped {};
 
-/// The app of tools/main.cpp.
+/// The app of the favor tool (run_command_line, tools/commands.cpp).
 void parse(std::vector<std::string> args) {
   bool printable_args = true;
   for (const std::string& a : args)
@@ -163,7 +163,7 @@ void parse(std::vector<std::string> args) {
   } catch (const CLI::Error&) {  // usage errors, --help, --version
   } catch (const favor::Error& e) {
     // Bytes of a file are escaped where they are quoted; a path the user typed is quoted as
-    // typed (a UTF-8 name stays readable) and made safe where tools/main.cpp prints the line
+    // typed (a UTF-8 name stays readable) and made safe where run_command_line prints the line
     // (terminal_safe). So: printable ASCII for printable argvs; for any argv, the printed line
     // holds no control byte and only valid UTF-8
     // (regressions/cli/unescaped_path_in_message.argv).

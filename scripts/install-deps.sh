@@ -5,6 +5,8 @@ set -euo pipefail
 
 packages=(
   g++ make cmake pkg-config        # toolchain (CMake >= 3.25)
+  ninja-build ccache               # faster builds: Ninja, and the compiler cache that the
+                                   # pip-install test's build shares (cmake/FavorCcache.cmake)
   libopenblas-openmp-dev           # BLAS, OpenMP build: single-threaded inside our parallel regions
   libeigen3-dev                    # QR of the orthogonal projection blocks, FAVOR# eigenvectors
   libboost-dev                     # Boost.Math (chi quantiles, inverse normal CDF), Sobol points

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sanitizer builds (clang++, -O1 -g, every target built with -fsanitize; cmake/FavorSanitize.cmake)
-# and their test runs. docs/reliability.md explains the options, suppressions and exclusions.
+# Sanitizer builds (clang++, -O1 -gline-tables-only, every target built with -fsanitize;
+# cmake/FavorSanitize.cmake) and their test runs. docs/reliability.md explains the options,
+# suppressions and exclusions.
 #   scripts/sanitize.sh asan   AddressSanitizer + UBSan in build-asan: the whole C++ suite (ctest)
 #   scripts/sanitize.sh tsan   ThreadSanitizer in build-tsan: the multi-threaded tests
 #   scripts/sanitize.sh        both
@@ -14,9 +15,16 @@ jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 cxx=${CXX_SAN:-clang++}
 supp=$root/tests/sanitizers
 
+# -gline-tables-only: the reports' stacks keep every frame's function, file and line (inlined
+# frames too), without the types and variables of full -g, which cost ~15% more compile time.
 configure() {  # build dir, FAVOR_SANITIZE, FAVOR_MPI
-  cmake -S . -B "$1" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DFAVOR_SANITIZE="$2" -DFAVOR_MPI="$3" \
+  # Ninja for a new tree when installed (the Makefile's rule); an existing tree keeps its own.
+  local generator=()
+  if [[ ! -f $1/CMakeCache.txt && -z ${CMAKE_GENERATOR:-} ]] && command -v ninja >/dev/null; then
+    generator=(-G Ninja)
+  fi
+  cmake -S . -B "$1" "${generator[@]}" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DFAVOR_SANITIZE="$2" -DFAVOR_MPI="$3" \
     -DFAVOR_BUILD_PYTHON=OFF -DFAVOR_BUILD_BENCH=OFF
 }
 

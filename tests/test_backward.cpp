@@ -17,7 +17,9 @@
 #include "reference/naive_grad.hpp"
 #include "test_helpers.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_backward {
 namespace {
 using testing::fd_error_float;
 using testing::random_tensor;
@@ -407,9 +409,9 @@ TEST(Backward, Errors) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_backward
 
-namespace favor {
+namespace favor::test_backward {
 namespace {
 
 TEST(Backward, SavedContextGivesTheSameGradients) {
@@ -466,4 +468,4 @@ TEST(Backward, StaleOrCausalContextIsRefused) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_backward

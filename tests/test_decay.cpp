@@ -11,7 +11,9 @@
 #include "map_fixture.hpp"
 #include "test_helpers.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_decay {
 namespace {
 using testing::expect_error;
 using testing::MapSpec;
@@ -249,4 +251,4 @@ TEST(Decay, ArgumentErrorsNameTheArgument) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_decay

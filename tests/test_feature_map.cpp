@@ -9,7 +9,9 @@
 #include "map_fixture.hpp"
 #include "test_helpers.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_feature_map {
 namespace {
 using testing::expect_error;
 using testing::MapSpec;
@@ -252,7 +254,7 @@ TEST(FeatureMap, ContextFromAnotherLambdaIsRefused) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_feature_map
 
 namespace favor::testing {
 namespace {

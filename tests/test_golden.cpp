@@ -31,7 +31,9 @@
 #include "slice_helpers.hpp"
 #include "test_helpers.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_golden {
 namespace {
 
 const std::string kGoldenDir = FAVOR_GOLDEN_DIR;
@@ -349,4 +351,4 @@ TEST(Golden, DecoderGivesTheSameBitsForAnyThreadCount) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_golden

@@ -18,7 +18,9 @@
 #include "reference/naive_grad.hpp"
 #include "test_helpers.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_map_gradients {
 namespace {
 using testing::fd_error_float;
 using testing::random_tensor;
@@ -368,4 +370,4 @@ TEST(MapBackward, ParameterGradientsOnlyWhenAsked) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_map_gradients

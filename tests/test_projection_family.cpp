@@ -16,7 +16,9 @@
 #include "favor/projection.hpp"
 #include "test_helpers.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_projection_family {
 namespace {
 
 struct Combo {
@@ -540,4 +542,4 @@ TEST(ProjectionFamily, ErrorsNameTheArgument) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_projection_family

@@ -18,7 +18,9 @@
 #include "test_helpers.hpp"
 #include "thread_exchange.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_sequence_parallel {
 namespace {
 using testing::bounds_of;
 using testing::max_abs;
@@ -56,6 +58,7 @@ class SequenceParallel : public ::testing::TestWithParam<Case> {};
 TEST_P(SequenceParallel, EqualsTheWholeSequence) {
   const Case c = GetParam();
   const int64_t B = c.split_heads ? 1 : 2, H = c.split_heads ? 1 : 2, D = 16, Dv = 8, m = 64;
+  testing::ThreadCount restore;  // the next test starts at the default count
   set_num_threads(c.split_heads ? 4 : 1);
   const Tensor q = random_tensor({B, H, c.nq, D}, 11, 2.0);
   const Tensor k = random_tensor({B, H, c.nk, D}, 12, 2.0);
@@ -224,6 +227,7 @@ std::vector<std::string> errors_of(
 }
 
 TEST(SequenceParallelErrors, ABadSliceOnOneRankStopsEveryRank) {
+  testing::ThreadCount restore;  // the next test starts at the default count
   set_num_threads(1);
   const auto errors = errors_of(3, [](int r, Tensor& q, AttentionOptions&, Projection&) {
     if (r == 1) q = random_tensor({1, 2, 11, 6}, 1);  // D = 6 against k's 8
@@ -235,6 +239,7 @@ TEST(SequenceParallelErrors, ABadSliceOnOneRankStopsEveryRank) {
 }
 
 TEST(SequenceParallelErrors, NonFiniteInputOnOneRankStopsEveryRank) {
+  testing::ThreadCount restore;  // the next test starts at the default count
   set_num_threads(1);
   const auto errors = errors_of(2, [](int r, Tensor& q, AttentionOptions&, Projection&) {
     if (r == 1) q.values()[5] = std::nanf("");
@@ -243,6 +248,7 @@ TEST(SequenceParallelErrors, NonFiniteInputOnOneRankStopsEveryRank) {
 }
 
 TEST(SequenceParallelErrors, RanksThatDisagreeStopEveryRank) {
+  testing::ThreadCount restore;  // the next test starts at the default count
   set_num_threads(1);
   const auto causal = errors_of(3, [](int r, Tensor& q, AttentionOptions& o, Projection&) {
     if (r == 2) {
@@ -273,6 +279,7 @@ TEST(SequenceParallelErrors, AForwardBesideABackwardStopsEveryRank) {
   // A rank whose loss does not depend on the output skips the backward its peers run; its
   // next forward call then meets their backward: the calls send different collectives, so
   // they must be refused, not left waiting.
+  testing::ThreadCount restore;  // the next test starts at the default count
   set_num_threads(1);
   std::vector<std::string> errors(2);
   testing::run_ranks(2, [&](testing::ThreadExchange& ex) {
@@ -300,6 +307,7 @@ TEST(SequenceParallelErrors, AForwardBesideABackwardStopsEveryRank) {
 }
 
 TEST(SequenceParallelStats, CommunicationDoesNotGrowWithN) {
+  testing::ThreadCount restore;  // the next test starts at the default count
   set_num_threads(1);
   std::vector<int64_t> bytes;
   for (int64_t n : {64, 4096}) {
@@ -324,4 +332,4 @@ TEST(SequenceParallelStats, CommunicationDoesNotGrowWithN) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_sequence_parallel

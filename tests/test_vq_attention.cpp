@@ -15,7 +15,9 @@
 #include "reference/naive_vq.hpp"
 #include "test_helpers.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_vq_attention {
 namespace {
 using testing::expect_error;
 using testing::random_tensor;
@@ -459,4 +461,4 @@ TEST(VQAttention, BadInputNamesTheArgument) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_vq_attention

@@ -17,7 +17,9 @@
 #include "reference/naive_vq.hpp"
 #include "test_helpers.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_vq_backward {
 namespace {
 using testing::expect_error;
 using testing::random_tensor;
@@ -479,4 +481,4 @@ TEST(VQBackwardErrors, DyShapeAndValuesAreChecked) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_vq_backward

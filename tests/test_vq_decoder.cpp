@@ -11,7 +11,9 @@
 
 #include "test_helpers.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_vq_decoder {
 namespace {
 using testing::expect_error;
 using testing::random_tensor;
@@ -342,4 +344,4 @@ TEST(VQDecoderErrors, AppendAndQueryNameTheArgumentAndKeepTheState) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_vq_decoder

@@ -19,7 +19,9 @@
 #include "test_helpers.hpp"
 #include "thread_exchange.hpp"
 
-namespace favor {
+// A namespace of its own: the unity build compiles several test files as one source
+// (cmake/FavorUnity.cmake), and their helpers (Case, cases(), ...) share names.
+namespace favor::test_vq_sequence_parallel {
 namespace {
 using testing::bounds_of;
 using testing::max_abs;
@@ -58,6 +60,7 @@ class VQSequenceParallel : public ::testing::TestWithParam<Case> {};
 TEST_P(VQSequenceParallel, EqualsTheWholeSequence) {
   const Case c = GetParam();
   const int64_t B = 2, H = 2, D = 16, Dv = 8, codes = 16;
+  testing::ThreadCount restore;  // the next test starts at the default count
   set_num_threads(1);
   const Tensor q = random_tensor({B, H, c.nq, D}, 41, 2.0);
   const Tensor k = random_tensor({B, H, c.nk, D}, 42, 2.0);
@@ -215,6 +218,7 @@ std::vector<std::string> errors_of(
 }
 
 TEST(VQSequenceParallelErrors, ABadSliceOnOneRankStopsEveryRank) {
+  testing::ThreadCount restore;  // the next test starts at the default count
   set_num_threads(1);
   const auto errors = errors_of(3, [](int r, Tensor&, VQOptions&, Tensor& book) {
     if (r == 1) book = random_tensor({1, 2, 6, 5}, 4);  // D = 5 against the keys' 8
@@ -230,6 +234,7 @@ TEST(VQSequenceParallelErrors, ABadSliceOnOneRankStopsEveryRank) {
 }
 
 TEST(VQSequenceParallelErrors, RanksThatDisagreeStopEveryRank) {
+  testing::ThreadCount restore;  // the next test starts at the default count
   set_num_threads(1);
   const auto values = errors_of(3, [](int r, Tensor&, VQOptions&, Tensor& book) {
     if (r == 2) book.values()[7] += 1e-3f;  // the same shape, other values
@@ -291,6 +296,7 @@ std::vector<int64_t> payload(int64_t n, bool causal, bool soft) {
 }
 
 TEST(VQSequenceParallelStats, CommunicationDoesNotGrowWithN) {
+  testing::ThreadCount restore;  // the next test starts at the default count
   set_num_threads(1);
   // B H = 2 heads, c = 6 codes, D = 8, Dv = 4. Key sums: c (Dv + 1) = 30 floats per head;
   // query-side sums: U and r, c (Dv + 1) = 30 floats (soft), plus T and w, c D (Dv + 1) = 240
@@ -307,4 +313,4 @@ TEST(VQSequenceParallelStats, CommunicationDoesNotGrowWithN) {
 }
 
 }  // namespace
-}  // namespace favor
+}  // namespace favor::test_vq_sequence_parallel

@@ -18,12 +18,6 @@
 namespace favor::cli {
 namespace {
 
-std::string plot_script() {
-  return find_plot_script("FAVOR_ACCURACY_PLOT_SCRIPT",
-                          {FAVOR_ACCURACY_PLOT_INSTALLED, FAVOR_ACCURACY_PLOT_SOURCE},
-                          "plot_accuracy.py");
-}
-
 nlohmann::json meta(const AccuracyArgs& a, const std::vector<DataSetting>& data) {
   const nlohmann::json& first = data.front().meta;
   const int64_t d = first["d"].get<int64_t>();
@@ -196,7 +190,7 @@ void run(const AccuracyArgs& a) {
   if (a.json) fmt::print("{}", text);
   StagedOutputs outputs;
   if (!a.out.empty()) outputs.stage(a.out, text, "--out");
-  if (!a.plot.empty()) draw_plot(plot_script(), text, a.plot, outputs);
+  if (!a.plot.empty()) draw_plot(accuracy_plot_script(), text, a.plot, outputs);
   outputs.commit();
 }
 

@@ -61,10 +61,7 @@ void run(const BenchArgs& a) {
   if (!a.out.empty()) outputs.stage(a.out, text, "--out");
   if (!a.plot.empty()) {
     // The plot is drawn by matplotlib into a staged file, moved into place with --out.
-    draw_plot(
-        find_plot_script("FAVOR_PLOT_SCRIPT",
-                         {FAVOR_PLOT_SCRIPT_INSTALLED, FAVOR_PLOT_SCRIPT_SOURCE}, "plot_bench.py"),
-        text, a.plot, outputs);
+    draw_plot(bench_plot_script(), text, a.plot, outputs);
   }
   outputs.commit();
 }

@@ -1,8 +1,11 @@
 #include "commands.hpp"
 
+#include <iostream>
 #include <string>
 
+#include "command_line.hpp"
 #include "favor/favor.hpp"
+#include "io_names.hpp"
 
 namespace favor::cli {
 
@@ -18,6 +21,32 @@ void add_commands(CLI::App& app, std::optional<int>& threads) {
   add_accuracy_command(app);
   add_codebook_command(app);
   add_fit_command(app);
+}
+
+int run_command_line(int argc, char** argv) {
+  CLI::App app{"favor: fast random-feature attention (FAVOR+) and exact attention on .npy arrays"};
+  std::optional<int> threads;
+  add_commands(app, threads);
+  app.parse_complete_callback([&threads] {
+    if (threads) set_num_threads(*threads);
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help, --version
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "favor: error: " << io::terminal_safe(e.what()) << " (see favor --help)\n";
+    return 2;
+  } catch (const AlreadyReported&) {  // favor attention --distributed
+    return 2;
+  } catch (const Error& e) {
+    std::cerr << "favor: error: " << io::terminal_safe(e.what()) << '\n';
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "favor: error: " << io::terminal_safe(e.what()) << '\n';
+    return 2;
+  }
+  return 0;
 }
 
 }  // namespace favor::cli

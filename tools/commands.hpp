@@ -21,7 +21,7 @@ void add_accuracy_command(CLI::App& app);
 void add_codebook_command(CLI::App& app);
 void add_fit_command(CLI::App& app);
 
-/// The whole command line of `favor` (tools/main.cpp; fuzz/fuzz_cli.cpp parses the same):
+/// The whole command line of `favor` (run_command_line; fuzz/fuzz_cli.cpp parses the same):
 /// --version, --threads (into `threads`, before or after the subcommand), exactly one
 /// subcommand, every subcommand above.
 void add_commands(CLI::App& app, std::optional<int>& threads);

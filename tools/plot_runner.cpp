@@ -5,9 +5,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 
 #include "favor/error.hpp"
 
+// FAVOR_PYTHON and the scripts' paths are defined for this file alone (tools/CMakeLists.txt):
+// they name places in the source, build and install trees, and on every other file's command
+// line they would stop the pip-install test's compiles from hitting the compiler cache.
 namespace favor::cli {
 namespace {
 
@@ -16,8 +20,8 @@ std::string python_interpreter() {
   return env && *env ? env : FAVOR_PYTHON;
 }
 
-}  // namespace
-
+/// The first readable script: $env_var if set, else the candidates in order (installed,
+/// then source tree).
 std::string find_plot_script(const char* env_var, std::initializer_list<const char*> candidates,
                              const std::string& name) {
   const char* env = std::getenv(env_var);
@@ -26,6 +30,19 @@ std::string find_plot_script(const char* env_var, std::initializer_list<const ch
     if (::access(candidate, R_OK) == 0) return candidate;
   }
   throw Error("--plot: " + name + " not found (set " + env_var + ")");
+}
+
+}  // namespace
+
+std::string bench_plot_script() {
+  return find_plot_script("FAVOR_PLOT_SCRIPT",
+                          {FAVOR_PLOT_SCRIPT_INSTALLED, FAVOR_PLOT_SCRIPT_SOURCE}, "plot_bench.py");
+}
+
+std::string accuracy_plot_script() {
+  return find_plot_script("FAVOR_ACCURACY_PLOT_SCRIPT",
+                          {FAVOR_ACCURACY_PLOT_INSTALLED, FAVOR_ACCURACY_PLOT_SOURCE},
+                          "plot_accuracy.py");
 }
 
 void draw_plot(const std::string& script, const std::string& json_text, const std::string& plot,
