@@ -52,7 +52,7 @@ class TorchExchange(_core.Exchange):
         return self._size
 
     def allgather(self, values):
-        mine = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+        mine = torch.tensor(np.asarray(values, dtype=np.int64))
         parts = [torch.empty_like(mine) for _ in range(self._size)]
         dist.all_gather(parts, mine, group=self.group)
         return torch.cat(parts).numpy()
@@ -63,7 +63,9 @@ class TorchExchange(_core.Exchange):
         return parts
 
     def allreduce_sum(self, values):
-        dist.all_reduce(torch.from_numpy(values), op=dist.ReduceOp.SUM, group=self.group)
+        total = _owned(values)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group)
+        values[...] = total.numpy()
 
     def allreduce_states(self, block):
         _state_collectives.allreduce_states(block, self._rank, self._size, self._sendrecv)
@@ -76,7 +78,7 @@ class TorchExchange(_core.Exchange):
         concurrently (either may be None)."""
         works = []
         if dst is not None:
-            works.append(dist.isend(torch.from_numpy(payload), _global_rank(self.group, dst),
+            works.append(dist.isend(_owned(payload), _global_rank(self.group, dst),
                                     group=self.group))
         got = None
         if src is not None:
@@ -88,3 +90,12 @@ class TorchExchange(_core.Exchange):
 
     def __repr__(self):
         return f"favor.distributed.TorchExchange(rank={self._rank}, size={self._size})"
+
+
+def _owned(array):
+    """A torch-owned copy of a numpy array for a collective. gloo's worker threads may hold
+    the last reference to a collective's tensor until the process ends; a tensor made by
+    torch.from_numpy frees its numpy base through the GIL, which at interpreter exit aborts
+    the process ("terminate called without an active exception", pytorch#179291). A copy
+    frees without Python."""
+    return torch.from_numpy(np.ascontiguousarray(array)).clone()
