@@ -1,0 +1,131 @@
+"""favor's attention as a transformers attention function: registered as "favor" in
+`AttentionInterface` (the softmax step of every converted layer) and in
+`AttentionMaskInterface` (the mask the layers receive: the 2D padding mask, O(N), instead
+of an [N, N] one).
+
+The family's attention module computes q, k, v (after its rotary embedding), calls its
+cache's update() and then this function with the module itself; the module carries its
+`favor_core` (a favor.torch.FavorCore or VQCore, attached by favor.hf.convert). With a
+favor.hf.FavorCache, update() hands this layer's cache layer over (`hand_over`), and the
+function attends through the layer's favor decoder state instead of a key-value cache.
+"""
+import threading
+
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.masking_utils import (bidirectional_mask_function, causal_mask_function,
+                                        prepare_padding_mask)
+
+from .. import _core
+from .capture import captured
+
+NAME = "favor"
+_handoff = threading.local()
+
+
+def hand_over(layer_idx, layer):
+    """FavorCache.update: the next attention call of layer `layer_idx` (in this thread, the
+    very next one, which the family's code makes right after) attends through `layer`."""
+    _handoff.pending = (layer_idx, layer)
+
+
+def _take(module):
+    pending = getattr(_handoff, "pending", None)
+    _handoff.pending = None
+    if pending is None:
+        return None
+    idx, layer = pending
+    if idx != getattr(module, "layer_idx", idx):
+        raise _core.Error(f"cache: layer {idx} updated the cache, but layer "
+                          f"{module.layer_idx} attends; the family calls them out of order")
+    return layer
+
+
+def padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
+                 mask_function=causal_mask_function, attention_mask=None, config=None,
+                 **kwargs):
+    """The mask a converted layer receives: None (no padding) or a bool [B, kv_length]
+    (True = the key takes part), from the 2D attention_mask. Causal order is the layer's
+    own (module.is_causal). Masks favor cannot honour are refused: packed sequences, overlays
+    and a sliding window the keys outrun."""
+    if mask_function is not causal_mask_function and mask_function is not \
+            bidirectional_mask_function:
+        window = getattr(config, "sliding_window", None)
+        if window is None:
+            raise _core.Error("attention_mask: the model builds a mask favor cannot honour "
+                              f"({getattr(mask_function, '__qualname__', mask_function)}: packed "
+                              "sequences or an overlay); favor attends causally or "
+                              "bidirectionally with a padding mask")
+        if kv_offset + kv_length > window:
+            raise _core.Error(f"sliding_window: {kv_offset + kv_length} keys outrun the model's "
+                              f"window of {window}; favor attends to every earlier key (set "
+                              "config.sliding_window = None to accept that)")
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2:
+        raise _core.Error(f"attention_mask: a {attention_mask.dim()}D mask; favor takes the 2D "
+                          "padding mask [batch, keys] (1 = take part), not a 4D mask or bias")
+    mask = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    keep = mask[:, kv_offset:kv_offset + kv_length].to(torch.bool)
+    return None if bool(keep.all()) else keep
+
+
+def favor_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                    **kwargs):
+    """query [B, H, Nq, D], key/value [B, Hkv, Nk, D] (Hkv divides H: grouped-query heads
+    are repeated) -> ([B, Nq, H, Dv] in the query's dtype, None): the module's favor_core
+    (favor computes in float32). Attention weights are never formed, so none are returned."""
+    core = getattr(module, "favor_core", None)
+    if core is None:
+        raise _core.Error(f"model: {type(module).__name__} (layer {getattr(module, 'layer_idx', '?')})"
+                          " has no favor_core; convert the model with favor.hf.convert")
+    if kwargs.get("output_attentions"):
+        raise _core.Error("output_attentions: favor never forms the attention weights; call "
+                          "without output_attentions")
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                       or attention_mask.dtype != torch.bool
+                                       or attention_mask.dim() != 2):
+        raise _core.Error("attention_mask: favor takes the 2D padding mask (1 = take part); "
+                          f"got {_describe(attention_mask)} (an additive bias or a 4D mask "
+                          "cannot be honoured)")
+    layer = _take(module)
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads != kv_heads:
+        key = key.repeat_interleave(heads // kv_heads, dim=1)
+        value = value.repeat_interleave(heads // kv_heads, dim=1)
+    dtype = query.dtype
+    q, k, v = query.float(), key.float(), value.float()
+    causal = bool(getattr(module, "is_causal", False))
+    y = captured(module, q, k, v, attention_mask, causal)
+    if y is not None:
+        pass
+    elif layer is not None and causal and core.method != "exact":
+        y = layer.attend(core, q, k, v, attention_mask)
+    else:
+        y = _attend(core, q, k, v, attention_mask, causal)
+    return y.transpose(1, 2).to(dtype), None
+
+
+def _attend(core, q, k, v, keep, causal):
+    """Without a FavorCache: the whole sequence at once, or (exact attention over a key-value
+    cache) one new query against every cached key."""
+    nq, nk = q.shape[2], k.shape[2]
+    ignore = None if keep is None else ~keep
+    if nq == nk:
+        return core(q, k, v, key_padding_mask=ignore, causal=causal)
+    if nq == 1 and core.method == "exact":
+        return core(q, k, v, key_padding_mask=ignore, causal=False)
+    raise _core.Error(f"cache: {nq} queries against {nk} cached keys; a model converted to "
+                      f"{core.method} generates with favor.hf.FavorCache (generate() makes one)")
+
+
+def _describe(mask):
+    if isinstance(mask, torch.Tensor):
+        return f"a {mask.dim()}D {str(mask.dtype).replace('torch.', '')} tensor"
+    return type(mask).__name__
+
+
+def register():
+    """Registers "favor" in transformers' attention and mask interfaces (idempotent)."""
+    AttentionInterface.register(NAME, favor_attention)
+    AttentionMaskInterface.register(NAME, padding_mask)

@@ -1,0 +1,209 @@
+"""favor.hf.transfer: attention transfer (stage 1 of Hedgehog / LoLCATs). Every converted
+layer's map is fitted to that layer's own softmax attention on calibration text, layer by
+layer; finetune (stage 2) then trains the whole model or low-rank adapters briefly.
+
+    report = favor.hf.transfer(model, batches, steps=200, checkpoint="runs/transfer")
+    favor.hf.finetune(model, batches, steps=100, lora=dict(r=8))
+
+What a layer learns depends on its method: FAVOR++ / FAVOR# their fit (favor.fit_kernel on
+the layer's queries and keys, one per head); hedgehog, positive-fit and dijiang their map
+tensors (W, b, lambda), and a learned decay its gamma, by Adam on the relative squared error
+of the layer's favor output against its softmax output (the queries, keys and values all
+come from the original model, so the layers are independent); vq its codebooks (k-means on
+the layer's keys). FAVOR+ has nothing to learn. Deterministic per seed; with `checkpoint`,
+each finished layer is saved and a rerun resumes after the last one.
+"""
+import json
+import os
+
+import numpy as np
+import torch
+
+from .. import _core
+from ..api import fit_kernel
+from .capture import capturing, exact
+from .convert import cores
+
+class TransferReport(list):
+    """Per layer: what was fitted and the relative error of its favor output against its
+    softmax output on the calibration text, before and after."""
+
+    def __str__(self):
+        return "\n".join(f"  layer {r['layer']}: {r['fitted']}, error {r['error_before']:.4f} -> "
+                         f"{r['error_after']:.4f}" + (" (resumed)" if r.get("resumed") else "")
+                         for r in self)
+
+
+def transfer(model, batches, *, steps=200, lr=1e-2, seed=0, checkpoint=None, progress=True):
+    """Attention transfer of a model converted by favor.hf.convert (module docstring).
+    batches: a list of dicts of model inputs (input_ids, attention_mask) or of input_ids
+    tensors: the calibration text. steps, lr: Adam per learned layer. Returns a
+    TransferReport. The model is left in eval mode."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise _core.Error(f"steps: {steps!r} must be an integer >= 0")
+    if not batches:
+        raise _core.Error("batches: give at least one calibration batch")
+    layers = cores(model)
+    model.eval()
+    with capturing() as records, torch.no_grad():
+        for batch in batches:
+            model(**_inputs(batch))
+    settings = {"method": model.config.favor["method"], "steps": steps, "lr": lr, "seed": seed,
+                "batches": len(batches), "tokens": int(sum(_count(b) for b in batches))}
+    _check_checkpoint(checkpoint, settings)
+    report = TransferReport()
+    bar = _bar(len(layers), progress)
+    for layer, _, core in layers:
+        data = records.get(layer, [])
+        if not data:
+            raise _core.Error(f"batches: layer {layer} was not reached by the calibration run")
+        row = {"layer": layer}
+        row["error_before"] = _error(core, data)
+        path = None if checkpoint is None else os.path.join(checkpoint, f"layer{layer}.pt")
+        if path is not None and os.path.exists(path):
+            _load_layer(core, torch.load(path, weights_only=False))
+            row["fitted"], row["resumed"] = "resumed from checkpoint", True
+        else:
+            torch.manual_seed(seed + 1000 * layer)
+            row["fitted"] = _fit_layer(core, data, steps, lr, bar)
+            if path is not None:
+                tmp = path + ".tmp"
+                torch.save(_layer_state(core), tmp)
+                os.replace(tmp, path)
+        row["error_after"] = _error(core, data)
+        report.append(row)
+        if bar is not None:
+            bar.set_postfix(layer=layer, error=f"{row['error_after']:.3g}")
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    model.eval()
+    return report
+
+
+def _fit_layer(core, data, steps, lr, bar):
+    if core.method == "vq":
+        core.initialise_codebook(_rows(data, 1))
+        return "codebooks by k-means on the layer's keys"
+    if core.method == "exact":
+        return "nothing (exact)"
+    if core.kernel in ("favorpp", "favorsharp"):
+        q, k = _rows(data, 0), _rows(data, 1)
+        core.fit = fit_kernel(core.kernel, q.numpy(), k.numpy(), scale=core.scale)
+        return f"{core.kernel} fit per head"
+    params = [p for p in core.parameters() if p.requires_grad]
+    if not params or steps == 0:
+        return "nothing to learn"
+    targets = [exact(core, q, k, v, keep, causal) for q, k, v, keep, causal in data]
+    opt = torch.optim.Adam(params, lr=lr)
+    core.train()
+    for step in range(steps):
+        q, k, v, keep, causal = data[step % len(data)]
+        loss = _relative_error(core.attend(q, k, v, None if keep is None else ~keep, causal),
+                               targets[step % len(data)], keep)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if core.map_lambda is not None:  # feature weights stay nonzero (favor.fit_features)
+            with torch.no_grad():
+                lam = core.map_lambda
+                lam.copy_(torch.where(lam.abs() < 1e-3, torch.sign(lam) * 1e-3 + (lam == 0) * 1e-3,
+                                      lam))
+    core.eval()
+    names = [n for n, p in core.named_parameters() if p.requires_grad]
+    return f"{', '.join(names)} by {steps} Adam steps"
+
+
+@torch.no_grad()
+def _error(core, data):
+    """Relative squared error of the layer's favor output against its softmax output."""
+    if core.method == "exact":
+        return 0.0
+    if getattr(core, "kernel", None) in ("favorpp", "favorsharp") and core.fit is None and \
+            any(r[4] for r in data):
+        return float("nan")  # a causal FAVOR++/# layer runs only once fitted
+    num = den = 0.0
+    for q, k, v, keep, causal in data:
+        ref = exact(core, q, k, v, keep, causal)
+        got = core.attend(q, k, v, None if keep is None else ~keep, causal) \
+            if core.method != "vq" else core(q, k, v, None if keep is None else ~keep, causal)
+        w = _query_weight(keep, ref)
+        num += float(((got - ref) ** 2 * w).sum())
+        den += float((ref ** 2 * w).sum())
+    return num / max(den, 1e-30)
+
+
+def _relative_error(got, ref, keep):
+    w = _query_weight(keep, ref)
+    return ((got - ref) ** 2 * w).sum() / (ref ** 2 * w).sum().clamp_min(1e-30)
+
+
+def _query_weight(keep, ref):
+    """1 for the rows of real tokens, 0 for padding: [B, 1, N, 1]."""
+    if keep is None:
+        return torch.ones(1, 1, 1, 1, dtype=ref.dtype)
+    return keep[:, None, :, None].to(ref.dtype)
+
+
+def _rows(data, which):
+    """The real tokens' rows of q (0) or k (1) of every batch, per head: [1, H, T, D]."""
+    parts = []
+    for record in data:
+        x, keep = record[which], record[3]
+        x = x.permute(1, 0, 2, 3)  # [H, B, N, D]
+        if keep is not None:
+            x = x[:, keep]
+        else:
+            x = x.reshape(x.shape[0], -1, x.shape[-1])
+        parts.append(x)
+    return torch.cat(parts, dim=1)[None].contiguous()
+
+
+def _layer_state(core):
+    fit = core.fit if hasattr(core, "fit") else None
+    return {"state": core.state_dict(),
+            "fit": None if fit is None else (np.asarray(fit.a), np.asarray(fit.basis))}
+
+
+def _load_layer(core, saved):
+    core.load_state_dict(saved["state"])
+    if saved.get("fit") is not None:
+        core.fit = _core.KernelFit(*saved["fit"])
+
+
+def _check_checkpoint(checkpoint, settings):
+    if checkpoint is None:
+        return
+    os.makedirs(checkpoint, exist_ok=True)
+    path = os.path.join(checkpoint, "transfer.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            before = json.load(f)
+        if before != settings:
+            raise _core.Error(f"checkpoint: {checkpoint} holds a transfer with {before}; this "
+                              f"one is {settings} (use another folder)")
+    else:
+        with open(path, "w") as f:
+            json.dump(settings, f)
+
+
+def _inputs(batch):
+    if isinstance(batch, torch.Tensor):
+        return {"input_ids": batch}
+    if isinstance(batch, dict):
+        return dict(batch)
+    raise _core.Error(f"batches: an entry is a {type(batch).__name__}; give input_ids tensors "
+                      "or dicts of model inputs")
+
+
+def _count(batch):
+    inputs = _inputs(batch)
+    mask = inputs.get("attention_mask")
+    return int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
+
+
+def _bar(total, progress):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc="favor.hf.transfer", unit="layer")

@@ -1,0 +1,204 @@
+"""favor.hf on tiny random models of every family (hf_models.py): exact equals the
+original; every method runs forward and backward; generate() through favor's decoder state
+equals the full forward (greedy, sampling, beam search, left padding) with a state that
+does not grow; save/load; refusals. Attention transfer and fine-tuning: test_hf_transfer.py.
+
+Tolerances: exact attention in float32 against the family's own (sdpa) attention: the two
+sum the same terms in another order, so rtol 1e-5 plus atol 2e-5 of logits of size ~10.
+Decoding through the state against the chunked causal kernel: the same estimator summed in
+another order, atol 1e-4.
+"""
+import copy
+
+import pytest
+import torch
+import transformers as tf
+
+import favor
+import favor.hf as fh
+from hf_models import DECODERS, FAMILIES, inputs, make, positions, run
+
+METHOD_CASES = {
+    "exact": ("exact", {}),
+    "favor": ("favor", dict(features=32)),
+    "favor_trig_iid": ("favor", dict(kernel="trig", projection="iid", features=32)),
+    "favor_qmc": ("favor", dict(projection="qmc", features=32)),
+    "favor++": ("favor++", dict(features=32)),
+    "favor#": ("favor#", dict(features=32)),
+    "dijiang": ("dijiang", dict(features=32)),
+    "hedgehog": ("hedgehog", dict(features=16)),
+    "positive-fit": ("positive-fit", dict(features=32)),
+    "decay": ("favor", dict(features=32, decay=0.95)),
+    "learned_decay": ("hedgehog", dict(features=16, decay=[0.9, 0.95, 0.97, 0.99],
+                                       learn_decay=True)),
+    "vq": ("vq", dict(codes=8)),
+}
+
+
+def converted(family, method="favor", **options):
+    """A tiny model converted to `method`; FAVOR++ / FAVOR# get their fit from a transfer
+    (a causal layer refuses to fit the sequence it attends: that would see the future)."""
+    m = make(family)
+    fh.convert(m, method, **options)
+    if method in ("favor++", "favor#"):
+        ids, mask = inputs(seed=7, left=family != "bert")
+        fh.transfer(m, [dict(input_ids=ids, attention_mask=mask)], progress=False)
+    return m
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exact_equals_the_original(family):
+    original = make(family)
+    ids, mask = inputs(left=family != "bert")
+    ref = run(original, ids, mask)
+    model = copy.deepcopy(original)
+    report = fh.convert(model, "exact")
+    assert len(report) == 2 and report.method == "exact"
+    assert all(r.causal == (family != "bert") for r in report)
+    got = run(model, ids, mask)
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], ref[keep], rtol=1e-5, atol=2e-5)
+    assert model.config._attn_implementation == "favor"
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+@pytest.mark.parametrize("case", sorted(METHOD_CASES))
+def test_every_method_runs_forward_and_backward(family, case):
+    method, options = METHOD_CASES[case]
+    model = converted(family, method, **options)
+    model.train()
+    ids, mask = inputs(left=family != "bert")
+    out = run(model, ids, mask)
+    assert torch.isfinite(out).all()
+    out[mask.bool()].square().mean().backward()
+    first = next(p for n, p in model.named_parameters() if "favor_core" not in n and
+                 n.endswith(("q_proj.weight", "query.weight")))
+    assert first.grad is not None and torch.isfinite(first.grad).all() and first.grad.abs().sum() > 0
+    for _, _, core in fh.cores(model):  # (a decay weighs causal layers only)
+        for name, p in core.named_parameters():
+            if p.requires_grad and name != "codebook" and (name != "decay_logit"
+                                                           or family != "bert"):
+                assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def _greedy(model, ids, mask, new, **kw):
+    r = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                       output_logits=True, return_dict_in_generate=True, **kw)
+    return r.sequences, torch.stack(r.logits, 1)
+
+
+@pytest.mark.parametrize("family", DECODERS)
+@pytest.mark.parametrize("case", ["favor", "hedgehog", "decay", "favor#", "vq"])
+def test_greedy_generation_through_the_state_equals_the_full_forward(family, case):
+    method, options = METHOD_CASES[case]
+    model = converted(family, method, **options)
+    ids, mask = inputs()
+    n, new = ids.shape[1], 6
+    seq, logits = _greedy(model, ids, mask, new)
+    full_mask = torch.cat([mask, torch.ones(2, new, dtype=torch.long)], 1)
+    full = run(model, seq, full_mask)[:, n - 1:-1]
+    torch.testing.assert_close(logits, full, rtol=0, atol=1e-4)
+    assert torch.equal(full.argmax(-1), seq[:, n:])
+
+
+def test_generate_uses_a_favor_cache_of_fixed_size():
+    model = converted("llama", "favor", features=32)
+    ids, mask = inputs()
+    sizes = []
+    for new in (2, 12):
+        cache = fh.FavorCache()
+        model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                       cache=cache)
+        assert cache.get_seq_length() == ids.shape[1] + new - 1
+        sizes.append(cache.state_bytes)
+    assert sizes[0] == sizes[1] > 0
+    seen = []
+    original = fh.FavorCache.update
+    fh.FavorCache.update = lambda self, *a, **k: seen.append(1) or original(self, *a, **k)
+    try:
+        model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+    finally:
+        fh.FavorCache.update = original
+    assert seen, "generate() did not make a FavorCache"
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_beam_search_and_sampling_equal_recomputing_the_whole_sequence(family):
+    model = converted(family, "hedgehog", features=16)
+    ids, mask = inputs()
+    beam = model.generate(ids, attention_mask=mask, max_new_tokens=6, num_beams=3,
+                          do_sample=False)
+    beam_ref = model.generate(ids, attention_mask=mask, max_new_tokens=6, num_beams=3,
+                              do_sample=False, use_cache=False)
+    assert torch.equal(beam, beam_ref)
+    torch.manual_seed(5)
+    sample = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True)
+    torch.manual_seed(5)
+    sample_ref = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True,
+                                use_cache=False)
+    assert torch.equal(sample, sample_ref)
+
+
+def test_exact_method_generates_with_the_key_value_cache_like_the_original():
+    original = make("qwen2")
+    model = copy.deepcopy(original)
+    fh.convert(model, "exact")
+    ids, mask = inputs()
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=5,
+                                      do_sample=False),
+                       original.generate(ids, attention_mask=mask, max_new_tokens=5,
+                                         do_sample=False))
+
+
+@pytest.mark.parametrize("case", ["hedgehog", "favor#", "vq", "learned_decay"])
+def test_save_pretrained_and_from_pretrained_round_trip(tmp_path, case):
+    method, options = METHOD_CASES[case]
+    model = converted("llama", method, **options)
+    ids, mask = inputs()
+    if method == "vq":
+        fh.transfer(model, [dict(input_ids=ids, attention_mask=mask)], progress=False)
+    with torch.no_grad():
+        for _, _, core in fh.cores(model):  # trained-looking maps, not the initial ones
+            for p in core.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+    ref = run(model, ids, mask)
+    fh.save_pretrained(model, tmp_path)
+    loaded = fh.from_pretrained(tmp_path)
+    assert type(loaded) is type(model) and loaded.config.favor["method"] == method
+    torch.testing.assert_close(run(loaded, ids, mask), ref, rtol=0, atol=0)
+
+
+def test_from_pretrained_of_a_plain_model_is_refused(tmp_path):
+    make("llama").save_pretrained(tmp_path)
+    with pytest.raises(favor.Error, match="no favor model"):
+        fh.from_pretrained(tmp_path)
+
+
+def test_refusals_name_what_favor_cannot_serve():
+    with pytest.raises(favor.Error, match="method: 'softmax' is not a favor.hf method"):
+        fh.convert(make("llama"), "softmax")
+    with pytest.raises(favor.Error, match="codes: not an option of method favor"):
+        fh.convert(make("llama"), "favor", codes=3)
+    with pytest.raises(favor.Error, match="not a family favor.hf converts"):
+        fh.convert(torch.nn.Linear(2, 2))
+    with pytest.raises(favor.Error, match="cross-attention"):
+        fh.convert(make("bert", is_decoder=True, add_cross_attention=True))
+    model = converted("llama")
+    ids, mask = inputs()
+    with pytest.raises(favor.Error, match="output_attentions"):
+        model(ids, attention_mask=mask, output_attentions=True)
+    bias = torch.zeros(2, 1, ids.shape[1], ids.shape[1])
+    with pytest.raises(favor.Error, match="2D padding mask"):
+        model(ids, attention_mask=bias)
+    packed = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4]] * 2)
+    with pytest.raises(favor.Error, match="cannot honour"):
+        model(ids, position_ids=packed, use_cache=False)
+    with pytest.raises(favor.Error, match="favor.hf.FavorCache"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=2,
+                       cache=tf.DynamicCache(config=model.config))
+    windowed = make("mistral", sliding_window=8)
+    fh.convert(windowed)
+    with pytest.raises(favor.Error, match="sliding_window: 10 keys outrun"):
+        windowed(ids)
+    with pytest.raises(favor.Error, match="not converted"):
+        fh.cores(make("gpt2"))
