@@ -57,7 +57,7 @@ def finetune(model, batches, *, steps, lr=1e-4, loss=None, teacher=None, lora=No
         if clip:
             torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
-        losses.append(float(value))
+        losses.append(float(value.detach()))
         if bar is not None:
             bar.set_postfix(loss=f"{losses[-1]:.4g}")
             bar.update(1)

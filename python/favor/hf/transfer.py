@@ -10,7 +10,8 @@ the layer's queries and keys, one per head); hedgehog, positive-fit and dijiang 
 tensors (W, b, lambda), and a learned decay its gamma, by Adam on the relative squared error
 of the layer's favor output against its softmax output (the queries, keys and values all
 come from the original model, so the layers are independent); vq its codebooks (k-means on
-the layer's keys). FAVOR+ has nothing to learn. Deterministic per seed; with `checkpoint`,
+the layer's keys). FAVOR+ has nothing to learn. Deterministic (convert's seed draws the
+starting maps; transfer adds no randomness); with `checkpoint`,
 each finished layer is saved and a rerun resumes after the last one.
 """
 import json
@@ -34,7 +35,7 @@ class TransferReport(list):
                          for r in self)
 
 
-def transfer(model, batches, *, steps=200, lr=1e-2, seed=0, checkpoint=None, progress=True):
+def transfer(model, batches, *, steps=200, lr=1e-2, checkpoint=None, progress=True):
     """Attention transfer of a model converted by favor.hf.convert (module docstring).
     batches: a list of dicts of model inputs (input_ids, attention_mask) or of input_ids
     tensors: the calibration text. steps, lr: Adam per learned layer. Returns a
@@ -48,7 +49,7 @@ def transfer(model, batches, *, steps=200, lr=1e-2, seed=0, checkpoint=None, pro
     with capturing() as records, torch.no_grad():
         for batch in batches:
             model(**_inputs(batch))
-    settings = {"method": model.config.favor["method"], "steps": steps, "lr": lr, "seed": seed,
+    settings = {"method": model.config.favor["method"], "steps": steps, "lr": lr,
                 "batches": len(batches), "tokens": int(sum(_count(b) for b in batches))}
     _check_checkpoint(checkpoint, settings)
     report = TransferReport()
@@ -64,7 +65,6 @@ def transfer(model, batches, *, steps=200, lr=1e-2, seed=0, checkpoint=None, pro
             _load_layer(core, torch.load(path, weights_only=False))
             row["fitted"], row["resumed"] = "resumed from checkpoint", True
         else:
-            torch.manual_seed(seed + 1000 * layer)
             row["fitted"] = _fit_layer(core, data, steps, lr, bar)
             if path is not None:
                 tmp = path + ".tmp"
