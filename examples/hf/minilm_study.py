@@ -113,6 +113,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--methods", default=None, help="comma-separated labels (default: all)")
+    ap.add_argument("--timing-only", action="store_true",
+                    help="only the times (no transfer: it does not change them), each method "
+                         "measured right after the original, for a quiet machine")
     args = ap.parse_args(argv)
     import favor.hf as fh
     torch.set_num_threads(args.threads)
@@ -125,6 +128,8 @@ def main(argv=None):
     if args.quick:
         args.calibration, args.steps, args.repeats = 8, 10, 1
     os.makedirs(args.out, exist_ok=True)
+    if args.timing_only:
+        return timing_table(methods, args)
     cal_docs, held = docstrings()
     pairs = pairs_of(held)
     if args.quick:
@@ -170,6 +175,32 @@ def main(argv=None):
         f.write(table)
     print(table)
     plot(results, os.path.join(args.out, "minilm.png"))
+
+
+def timing_table(methods, args):
+    """ms per batch of 8 for every method and the original measured just before it (the
+    ratio of the two cancels the machine's drift)."""
+    import favor.hf as fh
+    tok, original = load_model()
+    text = " ".join(docstrings()[1])
+    lines = ["| method | " + " | ".join(f"{n} tok: ms (orig ms, ratio)" for n in args.lengths)
+             + " |", "|---|" + "---|" * len(args.lengths)]
+    for label, method, options in methods:
+        model = copy.deepcopy(original)
+        fh.convert(model, method, **options)
+        if method in ("favor#", "favor++"):
+            fh.transfer(model, [encode(tok, docstrings()[0][:8], 64)], progress=False)
+        cells = []
+        for n in args.lengths:
+            base = timing(original, tok, text, n, args.repeats)
+            got = timing(model, tok, text, n, args.repeats)
+            cells.append(f"{got * 1e3:.1f} ({base * 1e3:.1f}, {got / base:.2f})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "timing.md"), "w") as f:
+        f.write(table)
+    print(table)
 
 
 def markdown(results):
