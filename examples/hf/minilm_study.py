@@ -158,7 +158,8 @@ def main(argv=None):
         model = copy.deepcopy(original)
         fh.convert(model, method, **options)
         row = {"label": label, "method": method, "options": options}
-        if method not in ("favor#", "favor++"):  # a fit comes from transfer first
+        if method not in ("favor#", "favor++", "vq"):  # fits and codebooks come from transfer
+            # (a vq model would build its codebooks by k-means on the first measured batch)
             row["before"] = measure(model, tok, held, pairs, ref, timing_text, args)
         t = time.perf_counter()
         report = fh.transfer(model, batches, steps=args.steps, lr=args.lr)

@@ -15,6 +15,7 @@ starting maps; transfer adds no randomness); with `checkpoint`,
 each finished layer is saved and a rerun resumes after the last one.
 """
 import json
+import math
 import os
 
 import numpy as np
@@ -98,6 +99,8 @@ def _fit_layer(core, data, steps, lr, bar):
     opt = torch.optim.Adam(params, lr=lr)
     core.train()
     for step in range(steps):
+        for group in opt.param_groups:  # cosine from lr to lr / 10
+            group["lr"] = lr * (0.1 + 0.45 * (1.0 + math.cos(math.pi * step / steps)))
         q, k, v, keep, causal = data[step % len(data)]
         loss = _relative_error(core.attend(q, k, v, None if keep is None else ~keep, causal),
                                targets[step % len(data)], keep)
