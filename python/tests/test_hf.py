@@ -202,3 +202,19 @@ def test_refusals_name_what_favor_cannot_serve():
         windowed(ids)
     with pytest.raises(favor.Error, match="not converted"):
         fh.cores(make("gpt2"))
+    fh.convert(model, "exact")
+    with pytest.raises(favor.Error, match="'exact' attends over a key-value cache"):
+        model(ids, attention_mask=mask, cache=fh.FavorCache())
+
+
+def test_a_second_conversion_replaces_the_first():
+    original = make("llama")
+    model = copy.deepcopy(original)
+    fh.convert(model, "hedgehog", features=16)
+    fh.convert(model, "exact")  # generate() goes back to the key-value cache
+    ids, mask = inputs()
+    assert model.config.favor == {"method": "exact"}
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=4,
+                                      do_sample=False),
+                       original.generate(ids, attention_mask=mask, max_new_tokens=4,
+                                         do_sample=False))

@@ -89,6 +89,9 @@ def favor_attention(module, query, key, value, attention_mask, scaling=None, dro
                           f"got {_describe(attention_mask)} (an additive bias or a 4D mask "
                           "cannot be honoured)")
     layer = _take(module)
+    if layer is not None and core.method == "exact":
+        raise _core.Error("cache: method 'exact' attends over a key-value cache (a "
+                          "transformers DynamicCache); a FavorCache holds favor state only")
     heads, kv_heads = query.shape[1], key.shape[1]
     if heads != kv_heads:
         key = key.repeat_interleave(heads // kv_heads, dim=1)
@@ -99,7 +102,7 @@ def favor_attention(module, query, key, value, attention_mask, scaling=None, dro
     y = captured(module, q, k, v, attention_mask, causal)
     if y is not None:
         pass
-    elif layer is not None and causal and core.method != "exact":
+    elif layer is not None and causal:
         y = layer.attend(core, q, k, v, attention_mask)
     else:
         y = _attend(core, q, k, v, attention_mask, causal)

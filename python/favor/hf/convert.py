@@ -108,6 +108,7 @@ def convert(model, method="favor", **options):
                                 core.extra_repr()))
     model.set_attn_implementation(NAME)
     config.favor = {"method": method, **{k: _plain(v) for k, v in options.items()}}
+    model.__dict__.pop("_prepare_cache_for_generation", None)  # a conversion before
     if method != "exact" and families.FAMILY[kind] == "decoder":
         model._prepare_cache_for_generation = types.MethodType(_prepare_cache, model)
     return ConversionReport(rows, families.FAMILY[kind], kind, method, options)
