@@ -113,6 +113,12 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--methods", default=None, help="comma-separated labels (default: all)")
+    ap.add_argument("--finetune", type=int, default=0,
+                    help="then distil the whole model against the original (stage 2) for "
+                         "this many steps, on the calibration batches")
+    ap.add_argument("--finetune-lr", type=float, default=1e-4)
+    ap.add_argument("--finetune-methods", default="positive-fit m=128",
+                    help="comma-separated labels fine-tuned when --finetune is given")
     ap.add_argument("--timing-only", action="store_true",
                     help="only the times (no transfer: it does not change them), each method "
                          "measured right after the original, for a quiet machine")
@@ -166,8 +172,16 @@ def main(argv=None):
         row["transfer_seconds"] = time.perf_counter() - t
         row["layers"] = list(report)
         row["after"] = measure(model, tok, held, pairs, ref, timing_text, args)
+        if args.finetune and label in args.finetune_methods.split(","):
+            t = time.perf_counter()
+            losses = fh.finetune(model, batches, steps=args.finetune, lr=args.finetune_lr,
+                                 teacher=original)
+            row["finetune_seconds"] = time.perf_counter() - t
+            row["finetune_loss"] = [losses[0], losses[-1]]
+            row["finetuned"] = measure(model, tok, held, pairs, ref, timing_text, args)
         results["methods"].append(row)
-        print(f"{label}: " + json.dumps({k: row[k] for k in ("before", "after") if k in row}),
+        print(f"{label}: " + json.dumps({k: row[k] for k in ("before", "after", "finetuned")
+                                         if k in row}),
               flush=True)
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(results, f, indent=1, default=str)
@@ -214,12 +228,13 @@ def markdown(results):
              f"{base['recall10']:.3f} | " + " | ".join(
                  f"{base[f'seconds_{n}'] * 1e3:.1f}" for n in lengths) + " |"]
     for row in results["methods"]:
-        for stage in ("before", "after"):
+        for stage, name in (("before", "converted"), ("after", "transferred"),
+                            ("finetuned", "+ distilled")):
             if stage not in row:
                 continue
             r = row[stage]
             lines.append(
-                f"| {row['label']} | {'converted' if stage == 'before' else 'transferred'} | "
+                f"| {row['label']} | {name} | "
                 f"{r['cos_mean']:.4f} | {r['cos_p5']:.4f} | {r['nn_agreement']:.3f} | "
                 f"{r['recall1']:.3f} | {r['recall10']:.3f} | " + " | ".join(
                     f"{r[f'seconds_{n}'] * 1e3:.1f} ({r[f'seconds_{n}'] / base[f'seconds_{n}']:.2f})"
