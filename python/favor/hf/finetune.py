@@ -48,7 +48,7 @@ def finetune(model, batches, *, steps, lr=1e-4, loss=None, teacher=None, lora=No
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     target.train()
     losses = []
-    bar = _bar(steps, progress)
+    bar = _bar(steps, progress, "favor.hf.finetune", "step")
     for step in range(steps):
         inputs = _inputs(batches[step % len(batches)])
         value = _loss(target, inputs, loss, teacher)

@@ -205,8 +205,8 @@ def _count(batch):
     return int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
 
 
-def _bar(total, progress):
+def _bar(total, progress, desc="favor.hf.transfer", unit="layer"):
     if not progress:
         return None
     from tqdm.auto import tqdm
-    return tqdm(total=total, desc="favor.hf.transfer", unit="layer")
+    return tqdm(total=total, desc=desc, unit=unit)
