@@ -23,7 +23,6 @@ holds (same settings).
 import argparse
 import copy
 import json
-import math
 import os
 import resource
 import statistics
@@ -55,7 +54,7 @@ CONTROL = "original (control)"
 FULL = dict(
     eval_count=64, eval_context=256,                   # bits_per_char (train's own eval)
     calib_windows=16, calib_context=256, calib_batch=4, calib_seed=1234,
-    transfer_steps=200, transfer_lr=1e-2,
+    transfer_steps=200, transfer_lr=3e-2,
     ft_steps=240, ft_first=60, ft_lr=1e-3, ft_warmup=10, ft_final_lr=1e-4,
     ft_batch=32, ft_context=256, ft_seed=0,
     gen_contexts=[1024, 4096, 16320], gen_new=64, gen_runs=3, gen_runs_long=1,
@@ -251,7 +250,7 @@ def accuracy_table(res):
     head = (f"| method | converted | transferred | +{s['ft_first']} steps FT | "
             f"+{s['ft_steps']} steps FT | gap to control after {s['ft_steps']} |")
     lines = [head, "|---|---|---|---|---|---|"]
-    for name in [CONTROL] + [m for m in s["methods"]]:
+    for name in [CONTROL] + [m[0] for m in METHODS]:
         r = rows.get(name)
         if r is None:
             continue
@@ -418,7 +417,11 @@ def main(argv=None):
             f"{s['eval_context']} chars)")
         batches = calibration(data, s)
         todo = [] if a.no_control else [(CONTROL, None, {})]
-        todo += [m for m in METHODS if m[0] in s["methods"]]
+        spec = {m[0]: m for m in METHODS}
+        unknown = [m for m in s["methods"] if m not in spec]
+        if unknown:
+            p.error(f"--methods: unknown {unknown}; rows: {', '.join(spec)}")
+        todo += [spec[m] for m in s["methods"]]  # in the order given
         for name, method, options in todo:
             do_ft = name == CONTROL or name in s["finetune"]
             old = res["accuracy"].get(name)
