@@ -196,7 +196,9 @@ def gen_setting(kind, context, s, threads):
                                  streamer=clock, **kw)
         t = clock.times  # [prompt, token 1 (from the prefill), token 2, ..., token new+1]
         assert out.shape[1] == n + new + 1, out.shape
+        steps = [b - a for a, b in zip(t[1:-1], t[2:])]
         return dict(prefill_s=t[1] - t0, decode_tok_s=new / (t[-1] - t[1]),
+                    step_ms_median=1e3 * statistics.median(steps), step_ms_max=1e3 * max(steps),
                     cache_bytes=cache_bytes(cache), seq_length=int(cache.get_seq_length()))
 
     once(64)  # warm-up
@@ -217,6 +219,8 @@ def gen_summary(kind, context, rows, subprocess_rss):
                 prefill_s=statistics.median(r["prefill_s"] for r in rows),
                 decode_tok_s=statistics.median(r["decode_tok_s"] for r in rows),
                 decode_tok_s_runs=[r["decode_tok_s"] for r in rows],
+                step_ms_median=statistics.median(r["step_ms_median"] for r in rows),
+                step_ms_max=max(r["step_ms_max"] for r in rows),
                 cache_bytes=rows[0]["cache_bytes"], seq_length=rows[0]["seq_length"],
                 rss_growth_bytes=rows[0]["rss_growth_bytes"] if subprocess_rss else None)
 
