@@ -32,7 +32,8 @@ CHECKPOINT = os.path.join(REPO, "examples", "hf", "char_llama")
 CONFIG = dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16384,
               rope_theta=10000.0, tie_word_embeddings=True, attention_bias=False,
-              rms_norm_eps=1e-5)
+              rms_norm_eps=1e-5, bos_token_id=None, eos_token_id=None)  # characters only:
+# no special tokens (LlamaConfig's default end-of-sequence id 2 would be the character "!")
 
 
 def load_data(path=None, chars=None):

@@ -105,7 +105,7 @@ def convert(model, method="favor", **options):
         core = build_core(method, options, heads, head_dim, causal, scale, layer, device)
         module.favor_core = core
         rows.append(LayerReport(name, layer, causal, heads, kv_heads, head_dim, scale,
-                                core.extra_repr()))
+                                "exact softmax" if method == "exact" else core.extra_repr()))
     model.set_attn_implementation(NAME)
     config.favor = {"method": method, **{k: _plain(v) for k, v in options.items()}}
     model.__dict__.pop("_prepare_cache_for_generation", None)  # a conversion before
