@@ -24,7 +24,8 @@ def make(family, **overrides):
                                                **overrides))
     elif family == "gpt2":
         m = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                             **_COMMON, **overrides))
+                                             bos_token_id=0, eos_token_id=0, **_COMMON,
+                                             **overrides))
     elif family == "gpt_neox":
         m = tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**small, rotary_pct=0.5, **_COMMON,
                                                    **overrides))
