@@ -218,3 +218,16 @@ def test_a_second_conversion_replaces_the_first():
                                       do_sample=False),
                        original.generate(ids, attention_mask=mask, max_new_tokens=4,
                                          do_sample=False))
+
+
+@pytest.mark.parametrize("method,options", [("hedgehog", dict(features=16)),
+                                            ("vq", dict(codes=8))])
+def test_a_bfloat16_model_attends_in_float32_and_generates(method, options):
+    model = converted("llama", method, **options).to(torch.bfloat16)
+    ids, mask = inputs()
+    out = run(model, ids, mask)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+    cache = fh.FavorCache()
+    seq = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False,
+                         cache=cache)
+    assert seq.shape == (2, ids.shape[1] + 4) and cache.state_bytes > 0
