@@ -78,6 +78,16 @@ def _split(q, k, v, heldout, holdout):
             (q[:, :, -hq:], k[:, :, -hk:], v[:, :, -hk:]))
 
 
+def floor_lambda(lam, floor):
+    """lam (a tensor of feature weights) in place: each |lambda| raised to at least `floor`
+    (in float32), its sign kept (C++ copysign; FitOptions::lambda_floor)."""
+    import torch
+
+    with torch.no_grad():
+        f = torch.full_like(lam, floor)
+        lam.copy_(torch.where(lam.abs() < f, torch.copysign(f, lam), lam))
+
+
 def _check(kernel, features, steps, lr, objective, learn, kl_block, lambda_floor):
     if kernel not in FITTABLE:
         raise _core.Error(f"kernel: '{kernel}' cannot be fitted; use one of " + ", ".join(FITTABLE)
@@ -156,13 +166,7 @@ class _Parameters:
                 self.learned.append(t)
 
     def floor_lambda(self, floor):
-        """|lambda| raised to at least `floor` (in float32), its sign kept (C++ copysign)."""
-        import torch
-
-        with torch.no_grad():
-            f = torch.full_like(self.lam, floor)
-            self.lam.copy_(torch.where(self.lam.abs() < f, torch.copysign(f, self.lam),
-                                       self.lam))
+        floor_lambda(self.lam, floor)
 
     def attention(self, q, k, v, causal):
         from .torch.function import attention

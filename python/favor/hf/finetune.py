@@ -37,8 +37,7 @@ def finetune(model, batches, *, steps, lr=1e-4, loss=None, teacher=None, lora=No
         raise _core.Error(f"steps: {steps!r} must be an integer >= 0")
     if not batches:
         raise _core.Error("batches: give at least one batch")
-    if loss is None and teacher is None and not hasattr(model, "get_output_embeddings") or (
-            loss is None and teacher is None and model.get_output_embeddings() is None):
+    if loss is None and teacher is None and model.get_output_embeddings() is None:
         raise _core.Error("loss: the model has no language-model head; give teacher= (an "
                           "encoder distils against it) or loss=")
     layers = cores(model)

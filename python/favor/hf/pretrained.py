@@ -57,11 +57,6 @@ def from_pretrained(path, model_class=None, **kwargs):
     for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
         if os.path.basename(f) != FITS:
             tensors.update({k: v for k, v in load_file(f).items() if ".favor_core." in k})
-    own = {k for k in model.state_dict() if ".favor_core." in k}
-    missing = own - set(tensors)
-    if missing and tensors:
-        # a base-model prefix (e.g. "model.") may differ between the saved and loaded class
-        tensors = _align(tensors, own)
     incompatible = model.load_state_dict(tensors, strict=False)
     if incompatible.unexpected_keys:
         raise _core.Error(f"path: favor tensors {incompatible.unexpected_keys[:3]} do not fit "
@@ -76,12 +71,3 @@ def from_pretrained(path, model_class=None, **kwargs):
     model.eval()
     return model
 
-
-def _align(tensors, own):
-    by_tail = {k.split(".favor_core.", 1)[0].split(".layers.")[-1] + "|" + k.split(".favor_core.")[1]: k
-               for k in own}
-    out = {}
-    for k, v in tensors.items():
-        tail = k.split(".favor_core.", 1)[0].split(".layers.")[-1] + "|" + k.split(".favor_core.")[1]
-        out[by_tail.get(tail, k)] = v
-    return out

@@ -23,6 +23,7 @@ import torch
 
 from .. import _core
 from ..api import fit_kernel
+from ..fit import floor_lambda
 from .capture import capturing, exact
 from .convert import cores
 
@@ -107,11 +108,8 @@ def _fit_layer(core, data, steps, lr, bar):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if core.map_lambda is not None:  # feature weights stay nonzero (favor.fit_features)
-            with torch.no_grad():
-                lam = core.map_lambda
-                lam.copy_(torch.where(lam.abs() < 1e-3, torch.sign(lam) * 1e-3 + (lam == 0) * 1e-3,
-                                      lam))
+        if core.map_lambda is not None:  # feature weights stay nonzero, as fit_features
+            floor_lambda(core.map_lambda, 1e-3)
     core.eval()
     names = [n for n, p in core.named_parameters() if p.requires_grad]
     return f"{', '.join(names)} by {steps} Adam steps"
