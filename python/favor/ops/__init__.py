@@ -14,8 +14,10 @@ is its oracle in plain torch operations.
     favor::sequence_parallel_attention(_backward), favor::sequence_parallel_vq_attention
     (_backward)                              ops/sequence_parallel  a rank's slice
 
-The one device switch is ops/_tensors.py's backend(): CPU tensors go to the C++ kernels;
-another device is refused with an error naming it, until a device-generic path exists.
+The one device switch is ops/_tensors.py's backend(): CPU tensors go to the C++ kernels (the
+custom ops above), CUDA tensors to the fused Triton kernels (ops/attention/triton/; the torch
+path when triton is missing), any other device to the torch path (plain torch operations:
+ops/<op>/generic.py); backend='cpu' | 'torch' | 'triton' forces one (docs/gpu.md).
 Layers (favor.torch, favor.distributed) import these, never the reverse (the
 sequence-parallel ops use favor.distributed's agreement on errors, a transport concern, not a
 layer; they are imported by favor.distributed, not here).

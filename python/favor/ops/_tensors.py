@@ -1,5 +1,7 @@
 """What favor's torch ops share: the device switch, checks, and zero-copy conversion between
 CPU tensors and the numpy views the C++ kernels read."""
+import os
+
 import numpy as np
 import torch
 
@@ -8,19 +10,62 @@ from .. import _core, _threads
 FLOAT_TYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def backend(t, name):
-    """The one device switch of favor's torch ops: 'cpu' for CPU tensors (the C++ kernels);
-    any other device has no backend yet, and the error names the tensor and its device."""
-    if t.device.type == "cpu":
-        return "cpu"
-    raise _core.Error(f"{name}: tensor on device '{t.device}'; favor has no kernels for "
-                      f"'{t.device.type}' tensors yet (CPU only for now): move the tensors (and "
-                      "the module) with .cpu()")
+BACKENDS = ("cpu", "torch", "triton")
+
+
+def triton_ready():
+    """True when the fused Triton kernels can run: triton imports and either a CUDA device
+    is present or TRITON_INTERPRET=1 (Triton's interpreter, which runs them on CPU tensors:
+    how CI tests them)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check_backend(requested):
+    """requested itself when None or one of BACKENDS, else favor.Error naming them."""
+    if requested is not None and requested not in BACKENDS:
+        raise _core.Error(f"backend: '{requested}' is not a backend; use one of "
+                          f"{', '.join(BACKENDS)} (or None: chosen by the tensors' device)")
+    return requested
+
+
+def backend(t, name, requested=None):
+    """The one device switch of favor's torch ops: the path that computes on tensor t.
+
+    requested None: 'cpu' for CPU tensors (the C++ kernels), 'triton' for CUDA tensors when
+    triton is installed (fused kernels; else 'torch'), 'torch' for any other device (plain
+    torch operations). A requested path is checked: 'cpu' takes CPU tensors only, 'triton'
+    CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), 'torch' any device."""
+    dev = t.device.type
+    if dev == "meta":
+        raise _core.Error(f"{name}: tensor on device 'meta' holds no data; favor computes on "
+                          "tensors with data (CPU, CUDA, any other device through the torch "
+                          "path); for shapes alone use torch.compile's fake tensors")
+    if requested is None:
+        if dev == "cpu":
+            return "cpu"
+        return "triton" if dev == "cuda" and triton_ready() else "torch"
+    check_backend(requested)
+    if requested == "cpu" and dev != "cpu":
+        raise _core.Error(f"backend: 'cpu' runs the C++ kernels on CPU tensors; {name} is on "
+                          f"'{t.device}' (use backend='torch' or None)")
+    if requested == "triton":
+        if not triton_ready():
+            raise _core.Error("backend: 'triton' needs the triton package and a CUDA device "
+                              "(or TRITON_INTERPRET=1 for its interpreter)")
+        if dev not in ("cuda", "cpu") or (dev == "cpu"
+                                         and os.environ.get("TRITON_INTERPRET") != "1"):
+            raise _core.Error(f"backend: 'triton' runs on CUDA tensors; {name} is on "
+                              f"'{t.device}' (CPU tensors only under TRITON_INTERPRET=1)")
+    return requested
 
 
 def check_tensor(t, name):
     """Raises favor.Error (a ValueError) for what favor's ops cannot take: non-tensors,
-    tensors on a device without a backend, sparse or nested layouts, non-float dtypes."""
+    sparse or nested layouts, non-float dtypes (any device: backend() picks the path)."""
     if not isinstance(t, torch.Tensor):
         raise _core.Error(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     backend(t, name)
@@ -51,12 +96,11 @@ def tensor(a):
 
 def check_mask(m, name="key_padding_mask"):
     """The checks of a key_padding_mask that need no values (safe while tracing): a bool or
-    float tensor on a device with a backend, or None."""
+    float tensor, or None."""
     if m is None:
         return None
     if not isinstance(m, torch.Tensor):
         raise _core.Error(f"{name}: expected a torch.Tensor, got {type(m).__name__}")
-    backend(m, name)
     if m.dtype != torch.bool and not m.is_floating_point():
         raise _core.Error(f"{name}: dtype {m.dtype} must be bool (True = ignore) or float "
                           "(0 / -inf)")
@@ -114,3 +158,28 @@ def projection_matrix(w, d):
     if w.dim() != 2 or w.shape[1] != d:
         raise _core.Error(f"projection: tensor of shape {list(w.shape)} must be [m, {d}] (D = {d})")
     return _core.Projection.from_matrix(np.ascontiguousarray(view(w.to(torch.float32))))
+
+
+def check_finite(t, name):
+    """The C++ rule for inputs on any device (src/core/validate.cpp check_finite, its
+    message): every element finite. One reduction and a host read (skipped while compiling:
+    a traced graph cannot read values)."""
+    if torch.compiler.is_compiling():
+        return
+    bad = ~torch.isfinite(t.detach())
+    if not bool(bad.any()):
+        return
+    index = [int(i) for i in bad.nonzero()[0]]
+    if len(index) == 2:
+        index = [0, 0, *index]
+    value = float(t.detach()[tuple(index[-t.dim():])])
+    raise _core.Error(f"{name}: element [{','.join(map(str, index))}] is {value:g}; inputs "
+                      "must be finite (no NaN or Inf)")
+
+
+def check_same_device(reference, tensors):
+    """favor's inputs share one device: (tensor, name) pairs against reference (q)."""
+    for t, name in tensors:
+        if t is not None and t.device != reference.device:
+            raise _core.Error(f"{name}: tensor on device '{t.device}', q on "
+                              f"'{reference.device}'; move every input to one device")

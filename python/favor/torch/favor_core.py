@@ -34,6 +34,7 @@ from torch import nn
 from .. import _core
 from .._args import decay_values, fit_for
 from ..feature_map import FeatureMap
+from . import _tensors as T
 from ._attention_core import AttentionCore
 from .decoder import Decoder
 from .function import attention
@@ -73,9 +74,10 @@ class FavorCore(AttentionCore):
                  projection="orthogonal", norms="chi", seed=0, feature_redraw_interval=None,
                  learn_projection=False, method="favor", scale=None, fit=None,
                  learn_features=False, feature_weights=False, decay=None, learn_decay=False,
-                 feature_init="projection", device=None, dtype=None):
+                 feature_init="projection", device=None, dtype=None, backend=None):
         super().__init__()
         check_method(method, learn_features, feature_weights, decay)
+        self.backend = T.check_backend(backend)
         self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
         self.kernel, self.method, self.scale = kernel, method, scale
         self.fit = fit_for(fit, kernel, head_dim)
@@ -196,7 +198,8 @@ class FavorCore(AttentionCore):
         extra = self._map_arguments(causal) if self._uses_map() else {}
         return attention(q, k, v, causal=causal, kernel=self.kernel, projection=self.projection,
                          scale=self.scale, key_padding_mask=key_padding_mask,
-                         fit=self.fit_tensors, method=self.method, **extra)
+                         fit=self.fit_tensors, method=self.method, backend=self.backend,
+                         **extra)
 
     def learn(self, k, key_padding_mask=None):
         """After attend(): nothing (the map and W learn through the backward)."""
@@ -280,9 +283,9 @@ class FavorCore(AttentionCore):
             if isinstance(gamma, torch.Tensor):
                 gamma = [float(g) for g in gamma.detach()]
             return Decoder(batch, self.num_heads, self.head_dim, feature_map=self.feature_map(),
-                           decay=gamma)
+                           decay=gamma, backend=self.backend)
         return Decoder(batch, self.num_heads, self.head_dim, self.projection,
-                       kernel=self.kernel, scale=self.scale, fit=self.fit)
+                       kernel=self.kernel, scale=self.scale, fit=self.fit, backend=self.backend)
 
     # ------------------------------------------------------------------ state_dict
 

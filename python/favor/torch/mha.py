@@ -42,7 +42,7 @@ class MultiheadAttention(FavorAttributes, TorchMultihead):
                  norms="chi", seed=0, method="favor", causal=False, feature_redraw_interval=None,
                  learn_projection=False, scale=None, fit=None, warn_dropout=True,
                  learn_features=False, feature_weights=False, decay=None, learn_decay=False,
-                 feature_init="projection"):
+                 feature_init="projection", backend=None):
         super().__init__(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim,
                          vdim, batch_first, device, dtype, warn_dropout, causal)
         self.core = FavorCore(num_heads, self.head_dim, causal=causal, kernel=kernel,
@@ -52,4 +52,4 @@ class MultiheadAttention(FavorAttributes, TorchMultihead):
                               fit=fit, learn_features=learn_features,
                               feature_weights=feature_weights, decay=decay,
                               learn_decay=learn_decay, feature_init=feature_init, device=device,
-                              dtype=dtype)
+                              dtype=dtype, backend=backend)

@@ -43,7 +43,7 @@ class FavorAttention(FavorAttributes, MultiHeadModule):
                  learn_projection=False, method="favor", scale=None, fit=None, bias=True,
                  kdim=None, vdim=None, device=None, dtype=None, learn_features=False,
                  feature_weights=False, decay=None, learn_decay=False,
-                 feature_init="projection"):
+                 feature_init="projection", backend=None):
         super().__init__()
         self._init_heads(embed_dim, num_heads, causal, bias, kdim, vdim, device, dtype)
         if decay is not None and not causal:
@@ -57,7 +57,7 @@ class FavorAttention(FavorAttributes, MultiHeadModule):
                               fit=fit, learn_features=learn_features,
                               feature_weights=feature_weights, decay=decay,
                               learn_decay=learn_decay, feature_init=feature_init, device=device,
-                              dtype=dtype)
+                              dtype=dtype, backend=backend)
 
     def extra_repr(self):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, causal={self.causal}"

@@ -61,8 +61,9 @@ class VQCore(AttentionCore):
 
     def __init__(self, num_heads, head_dim, codes, *, causal=False, tau=0.0, decay=0.99,
                  dead_after=50, beta=0.25, learn_codebook="ema", scale=None, block=None, seed=0,
-                 kmeans_iterations=25, device=None):
+                 kmeans_iterations=25, device=None, backend=None):
         super().__init__()
+        self.backend = T.check_backend(backend)
         self.num_heads, self.head_dim, self.causal, self.scale = num_heads, head_dim, causal, scale
         self._init_codebook(codes, tau=tau, decay=decay, dead_after=dead_after, beta=beta,
                             learn_codebook=learn_codebook, seed=seed, block=block,
@@ -145,7 +146,7 @@ class VQCore(AttentionCore):
             book = book.detach().clone() if self.learn_codebook == "ema" else book.clone()
         return vq_attention(q, k, v, book, causal=self.causal if causal is None else causal,
                             scale=self.scale, key_padding_mask=key_padding_mask, tau=self.tau,
-                            block=self.block)
+                            block=self.block, backend=self.backend)
 
     # ------------------------------------------------------------------ learning
 

@@ -28,13 +28,13 @@ class VQMultiheadAttention(VQAttributes, TorchMultihead):
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, device=None,
                  dtype=None, *, codes=64, causal=False, tau=0.0, decay=0.99, dead_after=50,
                  beta=0.25, learn_codebook="ema", scale=None, block=None, seed=0,
-                 kmeans_iterations=25, warn_dropout=True):
+                 kmeans_iterations=25, warn_dropout=True, backend=None):
         super().__init__(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim,
                          vdim, batch_first, device, dtype, warn_dropout, causal)
         self.core = VQCore(num_heads, self.head_dim, codes, causal=causal, tau=tau, decay=decay,
                            dead_after=dead_after, beta=beta, learn_codebook=learn_codebook,
                            scale=scale, block=block, seed=seed,
-                           kmeans_iterations=kmeans_iterations, device=device)
+                           kmeans_iterations=kmeans_iterations, device=device, backend=backend)
 
     def extra_repr(self):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "

@@ -37,14 +37,14 @@ class VQAttention(VQAttributes, MultiHeadModule):
     def __init__(self, embed_dim, num_heads, codes, *, causal=False, tau=0.0, decay=0.99,
                  dead_after=50, beta=0.25, learn_codebook="ema", scale=None, block=None, seed=0,
                  kmeans_iterations=25, bias=True, batch_first=True, kdim=None, vdim=None,
-                 device=None, dtype=None):
+                 device=None, dtype=None, backend=None):
         super().__init__()
         self._init_heads(embed_dim, num_heads, causal, bias, kdim, vdim, device, dtype,
                          batch_first)
         self.core = VQCore(num_heads, self.head_dim, codes, causal=causal, tau=tau, decay=decay,
                            dead_after=dead_after, beta=beta, learn_codebook=learn_codebook,
                            scale=scale, block=block, seed=seed,
-                           kmeans_iterations=kmeans_iterations, device=device)
+                           kmeans_iterations=kmeans_iterations, device=device, backend=backend)
 
     def extra_repr(self):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, codes={self.codes}, "

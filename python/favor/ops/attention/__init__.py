@@ -14,8 +14,10 @@ from ... import _args, _core
 from ..._args import check_set_count as _check_set_count
 from ...feature_map import FeatureMap
 from .. import _tensors as T
+from ..exact import generic as exact_generic
 from ..exact.op import exact_attention
 from ..projection import projection as draw_projection
+from . import paths
 from .op import attention_op
 
 __all__ = ["attention", "check_parameters", "fit_tensors", "projection_tensor"]
@@ -102,7 +104,7 @@ def _decay_tensor(decay):
         T.check_tensor(decay, "decay")
         return decay.to(torch.float64).reshape(-1)
     gammas = _args.decay_values(decay)
-    return torch.tensor(gammas, dtype=torch.float64) if gammas else None
+    return torch.tensor(gammas, dtype=torch.float64, device="cpu") if gammas else None
 
 
 def _map_tensors(inputs, d, projection, features, norms, seed, kernel, scale, fit, feature_map,
@@ -155,7 +157,7 @@ def _map_tensors(inputs, d, projection, features, norms, seed, kernel, scale, fi
 def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogonal",
               features=None, norms="chi", seed=0, scale=None, key_padding_mask=None, fit=None,
               method="favor", feature_map=None, weights=None, bias=None, feature_weights=None,
-              decay=None):
+              decay=None, backend=None):
     """Differentiable FAVOR attention (exact attention with method='exact') on torch tensors.
 
     q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] (or [N, D]) -> [B, H, Nq, Dv], in the
@@ -177,18 +179,34 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     feature_map: a favor.FeatureMap whose arrays are constants (it carries the kernel,
     projection, scale and fit, so kernel, features, projection, norms, seed, scale and fit
     must keep their defaults, as in favor.attention).
+
+    backend: None (by the tensors' device: CPU -> 'cpu', the C++ kernels; CUDA -> 'triton',
+    the fused kernels, or 'torch' without triton; other devices -> 'torch'), or one forced:
+    'cpu', 'torch' (plain torch operations on any device, autograd; favor/ops/attention/
+    generic.py), 'triton' (CUDA tensors; CPU tensors under TRITON_INTERPRET=1). Every path
+    computes the same formula with the same stabiliser and the same errors (docs/gpu.md).
     """
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         T.check_tensor(t, name)
     out_dtype = q.dtype
     q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")
     mask = T.check_mask(key_padding_mask)
+    path = T.backend(q, "q", backend)
+    T.check_same_device(q, ((k, "k"), (v, "v")))
     map_args = (feature_map, weights, bias, feature_weights, decay)
     if method == "exact":
         if any(x is not None for x in map_args):
             raise _core.Error("method: 'exact' takes no feature map, weights, bias, "
                               "feature_weights or decay")
-        y = exact_attention(q32, k32, v32, mask, bool(causal), scale)
+        if path == "cpu":
+            y = exact_attention(q32, k32, v32, mask, bool(causal), scale)
+        else:
+            paths.check_shapes(q32, k32, v32, causal, mask)
+            for t, name in ((q32, "q"), (k32, "k"), (v32, "v")):
+                T.check_finite(t, name)
+            keep = paths.keep_batch(mask, q32.device)
+            y = exact_generic.exact_attention(q32, k32, v32, keep, bool(causal),
+                                              _args.optional_number(scale, "scale"))
     elif method == "favor":
         d, inputs = q.shape[-1], _args.batch_heads(q)
         if any(x is not None for x in map_args):
@@ -200,6 +218,11 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
             w = projection_tensor(projection, d, features, norms, seed)
             wt = b = lam = gamma = None
         fit_a, fit_basis = fit_tensors(fit, kernel, d, inputs)
+        if path != "cpu":
+            run = paths.torch_attention if path == "torch" else paths.triton_attention
+            y = run(q32, k32, v32, w, wt, b, lam, gamma, mask, fit_a, fit_basis, kernel,
+                    bool(causal), _args.optional_number(scale, "scale"))
+            return y if out_dtype == torch.float32 else y.to(out_dtype)
         tensors = (q32, k32, v32, w, wt, b, lam, gamma)
         save = (not causal and torch.is_grad_enabled()
                 and any(t is not None and t.requires_grad for t in tensors))

@@ -59,7 +59,7 @@ def feature_map(w, weights, bias, lam, fit_a, fit_basis, kernel, scale):
 
 def decay_list(decay):
     """The op's decay tensor (None or gamma per head) as the list of floats C++ takes."""
-    return [] if decay is None else [float(g) for g in decay.detach().reshape(-1)]
+    return [] if decay is None else [float(g) for g in decay.detach().cpu().reshape(-1)]
 
 
 def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel,

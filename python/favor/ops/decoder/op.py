@@ -15,7 +15,10 @@ from torch import Tensor
 
 from ... import _args, _core
 from .. import _tensors as T
+from ..attention import paths
+from ..attention.canonical import canonical_map, check_map
 from ..attention.op import decay_list, feature_map
+from . import generic
 
 
 def _decoder(batch, heads, dv, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay):
@@ -62,12 +65,14 @@ def _(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel, scal
             torch.empty_like(position))
 
 
-def empty_state(batch, heads, dv, features):
+def empty_state(batch, heads, dv, features, device=None):
     """The state of a decoder with nothing appended: (sums, log_max, row_positions,
-    position); features = F (favor._core.feature_count(kernel, m))."""
-    return (torch.zeros(batch, heads, features, dv + 1),
-            torch.full((batch, heads), float("-inf"), dtype=torch.float64),
-            torch.zeros(batch, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    position) on device (None: the default device); features = F
+    (favor._core.feature_count(kernel, m))."""
+    return (torch.zeros(batch, heads, features, dv + 1, device=device),
+            torch.full((batch, heads), float("-inf"), dtype=torch.float64, device=device),
+            torch.zeros(batch, dtype=torch.int64, device=device),
+            torch.zeros(1, dtype=torch.int64, device=device))
 
 
 def _map_parameter(t, name):
@@ -79,23 +84,72 @@ def _map_parameter(t, name):
 
 
 def decode_step(state, q, k, v, projection, *, kernel="positive", scale=None, fit=None,
-                key_mask=None, weights=None, bias=None, feature_weights=None, decay=None):
+                key_mask=None, weights=None, bias=None, feature_weights=None, decay=None,
+                backend=None):
     """One decoder step on tensors: (y, new_state) for state = (sums, log_max, row_positions,
     position) (empty_state() to start), q/k/v [B, H, T, D or Dv] (float32 or cast to it),
     projection a float [m, D] tensor, fit None or (a, basis) float64 tensors (FAVOR++ /
     FAVOR#), key_mask [B, T] (nonzero = the token takes part; left padding). A learned map
     as favor.torch.attention's: weights [sets, m, D], bias [sets, m], feature_weights
     [sets, m] (sets 1, H or B*H), decay a tensor of gamma per head ([1] or [H]). No
-    autograd."""
+    autograd. backend as favor.torch.attention's: None picks by q's device (CPU: the C++
+    decoder; CUDA: the fused Triton step; other devices: torch operations,
+    ops/decoder/generic.py), on the same state layout, so a state moves between devices."""
     for t, name in ((q, "q"), (k, "k"), (v, "v"), (projection, "projection")):
         T.check_tensor(t, name)
     fit_a, fit_basis = (None, None) if fit is None else fit
     lam = _map_parameter(feature_weights, "feature_weights")
     if lam is not None and lam.dim() == 1:
         lam = lam[None]  # [m]: one set, as in favor.attention
+    path = T.backend(q, "q", backend)
+    decay_t = None if decay is None else _map_parameter(decay, "decay").reshape(-1)
+    if path != "cpu":
+        return _decode_on_device(path, state, q, k, v, projection, kernel, scale, fit_a,
+                                 fit_basis, key_mask, _map_parameter(weights, "weights"),
+                                 _map_parameter(bias, "bias"), lam, decay_t)
     y, *new = decode_step_op(*state, q.float(), k.float(), v.float(), key_mask,
                              projection.float(), kernel, _args.optional_number(scale, "scale"),
                              fit_a, fit_basis, _map_parameter(weights, "weights"),
                              _map_parameter(bias, "bias"), lam,
                              None if decay is None else _map_parameter(decay, "decay").reshape(-1))
     return y, tuple(new)
+
+
+def _decode_on_device(path, state, q, k, v, w, kernel, scale, fit_a, fit_basis, key_mask,
+                      weights, bias, lam, decay):
+    """decode_step on the torch path or the fused Triton step (T = 1 tokens; longer steps
+    take the torch path), the map checked by C++'s rules (canonical.check_map)."""
+    paths.check_shapes(q, k, v, False)
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        T.check_finite(t, name)
+    heads = q.shape[1]
+    check_map(w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale, q.shape[0],
+              heads, decay is not None)
+    dev = q.device
+    to = lambda t: None if t is None else t.to(dev)
+    cm = canonical_map(w.to(dev), to(weights), to(bias), to(lam), to(decay), to(fit_a),
+                       to(fit_basis), kernel, _args.optional_number(scale, "scale"),
+                       q.shape[-1])
+    _check_state(state, q.shape[0], heads, _core.feature_count(kernel, w.shape[0]),
+                 v.shape[-1])
+    state = tuple(t.to(dev) for t in state)
+    q, k, v = q.float(), k.float(), v.float()
+    if path == "triton" and q.shape[2] == 1 and k.shape[2] == 1:
+        from ..attention.triton_function import triton_decode_step
+        return triton_decode_step(state, q, k, v, cm, key_mask)
+    with torch.no_grad():
+        return generic.decode_step(state, q, k, v, cm, key_mask)
+
+
+def _check_state(state, batch, heads, features, dv):
+    """The layout of a state tuple against the step's B, H, F and Dv (the C++ decoder checks
+    its values when it loads one; on a device the values stay there)."""
+    if not isinstance(state, (tuple, list)) or len(state) != 4:
+        raise _core.Error("state: must be (sums, log_max, row_positions, position), as "
+                          "empty_state() or decode_step returns it")
+    want = ((batch, heads, features, dv + 1), (batch, heads), (batch,), (1,))
+    for t, shape, name in zip(state, want, ("sums", "log_max", "row_positions", "position")):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise _core.Error(f"state.{name}: {got} must be {list(shape)} (B, H, F, Dv + 1 "
+                              "of this step)")

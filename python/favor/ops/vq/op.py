@@ -77,7 +77,7 @@ def check_codebook(codebook):
 
 
 def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mask=None,
-                 tau=0.0, block=None):
+                 tau=0.0, block=None, backend=None):
     """Differentiable Transformer-VQ attention on torch tensors (favor.vq_attention), through
     the op favor::vq_attention.
 
@@ -89,12 +89,22 @@ def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mas
     for soft VQ; the codebook receives dL/dC when it requires grad (learning the codebook by
     gradient instead of EMA). The backward uses the codebook's values at the time of the
     forward only if they are not changed in between: pass a clone of a codebook you update in
-    place (VQCore does).
+    place (VQCore does). backend: as favor.torch.attention's ('cpu', 'torch' or None; VQ has
+    no Triton kernel: CUDA tensors take the torch path, ops/vq/generic.py).
     """
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         T.check_tensor(t, name)
     check_codebook(codebook)
     out_dtype = q.dtype
+    path = T.backend(q, "q", backend)
+    T.check_same_device(q, ((k, "k"), (v, "v")))
+    if path != "cpu":  # no fused VQ kernel: the torch path
+        from .generic import vq_attention as run
+        y = run(T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v"),
+                T.as_float32(codebook, "codebook"), T.check_mask(key_padding_mask),
+                bool(causal), _args.optional_number(scale, "scale"), _args.number(tau, "tau"),
+                block_length(block))
+        return y if out_dtype == torch.float32 else y.to(out_dtype)
     y = vq_attention_op(T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v"),
                         T.as_float32(codebook, "codebook"), T.check_mask(key_padding_mask),
                         bool(causal), _args.optional_number(scale, "scale"),

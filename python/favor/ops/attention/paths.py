@@ -1,0 +1,106 @@
+"""The device-generic paths of favor.torch.attention, beside the C++ one (op.py): 'torch'
+(plain torch operations, generic.py, autograd) and 'triton' (the fused kernels, triton/). Both
+take the op's tensors, check them by C++'s rules (canonical.check_map) and run on the
+CanonicalMap, heads flattened to [B*H, N, D]."""
+import torch
+
+from ... import _core
+from .. import _tensors as T
+from . import generic
+from .canonical import canonical_map, check_map
+
+
+def flat(x):
+    """[B, H, N, D] or [N, D] as [B*H, N, D] (a view where the strides allow)."""
+    return x.reshape(-1, *x.shape[-2:]) if x.dim() == 4 else x.unsqueeze(0)
+
+
+def _shape(t):
+    """A shape as C++ writes it, rank-2 inputs as [1,1,N,D] (how the ops pass them)."""
+    dims = list(t.shape) if t.dim() == 4 else [1, 1, *t.shape]
+    return "[" + ",".join(map(str, dims)) + "]"
+
+
+def check_shapes(q, k, v, causal, mask=None):
+    """The shape rules of the C++ attention (src/core/validate.cpp check_inputs, its
+    messages), for paths that do not call it."""
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        if t.dim() not in (2, 4):
+            raise _core.Error(f"{name}: shape {list(t.shape)} must be [B, H, N, D] or [N, D]")
+        if any(x < 1 for x in t.shape):
+            raise _core.Error(f"{name}: shape {_shape(t)} must have every extent >= 1 (layout "
+                              "[B, H, N, D])")
+    qs, ks, vs = _shape(q), _shape(k), _shape(v)
+    if not (q.dim() == k.dim() == v.dim()) or q.shape[:-2] != k.shape[:-2] \
+            or v.shape[:-2] != k.shape[:-2]:
+        raise _core.Error(f"q {qs}, k {ks}, v {vs}: batch B and heads H must agree")
+    if q.shape[-1] != k.shape[-1]:
+        raise _core.Error(f"q {qs}, k {ks}: q and k must have the same head dim D")
+    if v.shape[-2] != k.shape[-2]:
+        raise _core.Error(f"k {ks}, v {vs}: k and v must have the same length Nk")
+    if causal and q.shape[-2] != k.shape[-2]:
+        raise _core.Error(f"q {qs}, k {ks}: causal attention needs Nq == Nk")
+    if mask is not None:
+        b, n = (k.shape[0] if k.dim() == 4 else 1), k.shape[-2]
+        if mask.dim() != 2 or tuple(mask.shape) != (b, n):
+            got = ",".join(map(str, mask.shape))
+            raise _core.Error(f"key_mask: shape [{got}] must be [B, Nk] = [{b},{n}]")
+
+
+def keep_batch(key_padding_mask, device):
+    """torch's key_padding_mask [B, Nk] as favor's keep [B, Nk] bool on device (True = the
+    key takes part), or None; a float mask holds only 0 and -inf (checked here, as the C++
+    op does)."""
+    if key_padding_mask is None:
+        return None
+    m = key_padding_mask
+    if m.dtype != torch.bool and not torch.compiler.is_compiling():
+        if not bool(torch.all(torch.isneginf(m) | (m == 0))):
+            raise _core.Error("key_padding_mask: a float mask must hold only 0 (attend) and "
+                              "-inf (ignore); favor cannot add other biases to the scores")
+    return T.keep_tensor(m).to(device)
+
+
+def keep_rows(key_padding_mask, q):
+    """keep_batch repeated over the heads of q: [B*H, Nk], or None."""
+    keep = keep_batch(key_padding_mask, q.device)
+    heads = q.shape[1] if q.dim() == 4 else 1
+    return None if keep is None else keep.repeat_interleave(heads, 0)
+
+
+def prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel, causal,
+            scale):
+    """(q, k, v as [BH, N, D], keep, CanonicalMap) after every check the C++ op makes."""
+    check_shapes(q, k, v, causal, mask)
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        T.check_finite(t, name)
+    heads = q.shape[1] if q.dim() == 4 else 1
+    batch = q.shape[0] if q.dim() == 4 else 1
+    check_map(w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale, batch, heads,
+              causal)
+    dev = q.device
+    to = lambda t: None if t is None else t.to(dev)
+    cm = canonical_map(w.to(dev), to(weights), to(bias), to(lam), to(decay), to(fit_a),
+                       to(fit_basis), kernel, scale, q.shape[-1])
+    return flat(q), flat(k), flat(v), keep_rows(mask, q), cm
+
+
+def torch_attention(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel,
+                    causal, scale, chunk=64):
+    """favor::attention's result (float32 [.., Nq, Dv]) by plain torch operations."""
+    qf, kf, vf, keep, cm = prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a,
+                                   fit_basis, kernel, causal, scale)
+    y = generic.attention(qf, kf, vf, cm, keep, causal, chunk)
+    return y.reshape(*q.shape[:-1], v.shape[-1])
+
+
+def triton_attention(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel,
+                     causal, scale):
+    """favor::attention's result by the fused Triton kernels (autograd through their
+    backward: triton_function.py)."""
+    from .triton_function import triton_attention as run
+    qf, kf, vf, keep, cm = prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a,
+                                   fit_basis, kernel, causal, scale)
+    heads = q.shape[1] if q.dim() == 4 else 1
+    y = run(qf, kf, vf, cm, keep, causal, heads)
+    return y.reshape(*q.shape[:-1], v.shape[-1])

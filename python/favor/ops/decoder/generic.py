@@ -1,0 +1,50 @@
+"""favor::decode_step's torch path (any device): append tokens to the decoder state and query
+it in plain torch operations, on the C++ Decoder's state layout (ops/decoder/op.py): sums
+[B, H, F, Dv + 1] float32 ([S | s] relative to exp(log_max)), log_max [B, H] float64 (-inf:
+empty), row_positions [B] int64 (a row's decay clock: kept tokens only), position [1] int64. A
+state moves between devices and backends with .to(device). Functional: new tensors out."""
+import torch
+
+from ..attention import generic
+from ..attention.canonical import TRIG
+
+
+def append(state, k, v, cm, key_mask=None):
+    """The state after appending k [B, H, T, D], v [B, H, T, Dv] (float32) under the
+    CanonicalMap cm; key_mask [B, T] nonzero = the token takes part (a masked token adds no
+    key and does not advance its row's clock)."""
+    sums, log_max, row_positions, position = state
+    b, h, t, _ = k.shape
+    keep = None if key_mask is None else key_mask.to(k.device).ne(0)
+    kept = torch.ones(b, t, dtype=torch.int64, device=k.device) if keep is None else keep.long()
+    clocks = row_positions.to(k.device)[:, None] + torch.cumsum(kept, 1) - kept    # [B, T]
+    positions = clocks.double().repeat_interleave(h, 0)
+    keep_bh = None if keep is None else keep.repeat_interleave(h, 0)
+    phi, scale = generic.key_features(k.reshape(b * h, t, -1), cm, keep_bh, False, positions)
+    new_max = scale[:, 0].reshape(b, h)
+    top = torch.maximum(log_max, new_max)
+    safe = top.masked_fill(torch.isinf(top), 0.0)
+    old_factor = torch.exp(log_max - safe).float().masked_fill(torch.isinf(log_max), 0.0)
+    new_factor = torch.exp(new_max - safe).float().masked_fill(torch.isinf(new_max), 0.0)
+    vx = torch.cat([v, torch.ones_like(v[..., :1])], -1).reshape(b * h, t, -1)
+    added = (phi.transpose(-1, -2) @ vx).reshape(sums.shape)
+    sums = sums * old_factor[..., None, None] + added * new_factor[..., None, None]
+    return sums, top, row_positions.to(k.device) + kept.sum(1), position + t
+
+
+def query(state, q, cm):
+    """y [B, H, T, Dv] float32: every query of q [B, H, T, D] reads the current state; an
+    empty head gives zeros."""
+    sums = state[0]
+    b, h, t, _ = q.shape
+    sx = sums.reshape(b * h, *sums.shape[2:])
+    lq = generic.query_logits(q.reshape(b * h, t, -1), cm)
+    dv = sx.shape[-1] - 1
+    psi = lq if cm.kind == TRIG else generic.shifted(lq, sx[..., dv].unsqueeze(1))
+    return generic.ratio(psi @ sx, dv).reshape(b, h, t, dv)
+
+
+def decode_step(state, q, k, v, cm, key_mask=None):
+    """(y, new state): append, then query (as favor::decode_step)."""
+    new = append(state, k, v, cm, key_mask)
+    return query(new, q, cm), new
