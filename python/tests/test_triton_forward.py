@@ -107,8 +107,8 @@ def check_vs_oracle(y, q, k, v, user, causal, keep):
 @pytest.mark.parametrize("causal", [False, True])
 def test_kinds_vs_oracle(kernel, causal):
     """Learned weights [H, m, D] + bias + lambda, a key padding mask (a fully masked batch row
-    prefix), decay when causal; N = 65 in chunks of 16 (5 chunks, a ragged tail of 1); F = 32
-    or 64 in tiles of 16 (several F tiles); Dv = 20 in tiles of 16 (a ragged Dv tile)."""
+    prefix), decay when causal; N = 65 in chunks of 16 (5 chunks, a ragged tail of 1); F = 16
+    (positive) or 32 in tiles of 16 (several F tiles); Dv = 20 in tiles of 16 (a ragged Dv tile)."""
     b, h, n, d, m, dv = 2, 2, 65, 16, 16, 20
     user, canon = make_map(kernel, h, m, d, decay=causal)
     q, k, v = inputs(b, h, n, n, d, dv)
@@ -185,7 +185,8 @@ def test_decode_matches_causal():
             keep[1, 0] = keep[0, 2] = False
         y = run(q, k, v, canon, True, keep if mask else None, chunk=16)
         F = m if canon["kind"] == 0 else 2 * m
-        state = (torch.zeros(b * h, F, dv + 1), torch.full((b * h,), -math.inf, dtype=torch.float64),
+        state = (torch.zeros(b * h, F, dv + 1),
+                 torch.full((b * h,), -math.inf, dtype=torch.float64),
                  torch.zeros(b, dtype=torch.int64), 0)
         for i in range(n):
             step = lambda t: t[:, :, i:i + 1].reshape(b * h, 1, -1).contiguous()  # noqa: E731
@@ -201,11 +202,12 @@ def test_decode_functional():
     """decode_step leaves its inputs as they were."""
     user, canon = make_map("positive", 1, 16, 16)
     q, k, v = inputs(1, 1, 1, 1, 16, 16)
-    sums, lm, rows = torch.rand(1, 16, 17), torch.tensor([0.5], dtype=torch.float64), torch.zeros(1, dtype=torch.int64)
+    sums, lm = torch.rand(1, 16, 17), torch.tensor([0.5], dtype=torch.float64)
+    rows = torch.zeros(1, dtype=torch.int64)
     copies = (sums.clone(), lm.clone(), rows.clone())
     out = decode_step(sums, lm, rows, 3, q[0], k[0], v[0], canon["W"], canon["bias"],
                       canon["key_logw"], None, canon["norm_coef"], 0, None, 1)
-    assert torch.equal(sums, copies[0]) and torch.equal(lm, copies[1]) and torch.equal(rows, copies[2])
+    assert all(torch.equal(a, b) for a, b in zip((sums, lm, rows), copies))
     assert out[4] == 4 and torch.isfinite(out[1]).all() and out[2].item() >= 0.5
 
 

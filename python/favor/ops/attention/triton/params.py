@@ -72,7 +72,8 @@ def map_parameters(W, bias, key_logw, rate, norm_coef, kind, bh, heads, d, devic
             out.append(W)
             sets.append(1)
             continue
-        if not isinstance(t, torch.Tensor) or t.dim() != 1 + len(shape) or tuple(t.shape[1:]) != shape:
+        if (not isinstance(t, torch.Tensor) or t.dim() != 1 + len(shape)
+                or tuple(t.shape[1:]) != shape):
             raise ValueError(f"{name}: must be a [sets{', ' + str(m) if shape else ''}] tensor")
         if t.dtype != torch.float32 or not t.is_contiguous() or t.device != device:
             raise ValueError(f"{name}: must be contiguous float32 on q's device")
