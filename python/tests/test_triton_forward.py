@@ -156,7 +156,8 @@ def test_cpp_op(causal):
 
 
 def test_chunk_invariance_and_stats():
-    """Chunks 16 / 32 / 64 (and F tiles 16 / 64) give the same rows up to summation order;
+    """Chunks 16 / 32 / 64 (and F tiles 16 / 64), and 1 / 3 / 5 key splits (bidirectional),
+    give the same rows up to summation order;
     the statistics: denominators >= 1 (EXP kinds), the total state at the boundary equals the
     bidirectional state rescaled."""
     b, h, n, d, m = 1, 2, 65, 16, 32
@@ -168,6 +169,8 @@ def test_chunk_invariance_and_stats():
     assert (st["denominator"] >= 1 - 1e-6).all()
     assert st["scale"].shape == (b * h, n) and st["shift"].shape == (b * h, n)
     yb, sb = run(q, k, v, canon, False, None, return_stats=True)
+    for splits in (1, 3, 5):  # key tiles per program: 5, 2, 1 of the 5 tiles of 16
+        assert rel(run(q, k, v, canon, False, None, key_splits=splits), yb) <= 1e-5
     tot = st["S"][:, -1] * torch.exp2(st["boundary"][:, -1] - sb["scale"])[:, None, None]
     assert rel(tot, sb["S"]) <= 1e-5
 
@@ -272,7 +275,7 @@ P, io = "*fp32", "*" + sys.argv[1]
 W8 = fw.NUM_WARPS
 flags = dict(KIND=1, HAS_BIAS=True, HAS_LOGW=True, HAS_RATE=True, HAS_KEEP=True)
 ints = {n: "i32" for n in ("N", "D", "DV", "F", "m", "H", "W_SETS", "B_SETS", "L_SETS",
-                           "R_SETS", "T", "NC", "N_F")}
+                           "R_SETS", "T", "NC", "N_F", "TPP", "N_DV")}
 comp(fw._key_partials, {**ints, "k_ptr": io, "v_ptr": io, "w_ptr": P, "b_ptr": P, "lw_ptr": P,
      "r_ptr": P, "keep_ptr": "*i8", "ps_ptr": P, "pz_ptr": P, "pm_ptr": P, "rm_ptr": P,
      "norm_coef": "fp32"}, {**flags, "STORE_ROWMAX": True, "PRECISION": "tf32",

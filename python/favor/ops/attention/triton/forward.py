@@ -2,9 +2,11 @@
 features never stored, all statistics in fp32 (docs/numerics.md for the stabilisation).
 
 Bidirectional (three launches):
-  _key_partials  grid (key tiles, BH, F tiles): each tile's [S | s] at its own max M_t;
-  _combine       grid (BH, F tiles, Dv tiles): M = max_t M_t, [S | s] = sum_t exp(M_t - M)
-                 [S_t | s_t] in the fixed order t = 0, 1, ... (deterministic);
+  _key_partials  grid (key splits, BH, F x Dv tiles): each split walks its key tiles with a
+                 running max (split-K: a few splits fill the GPU, so the partials take
+                 O(splits F Dv) memory per head whatever N is);
+  _combine       grid (BH, F tiles, Dv tiles): M = max_p M_p, [S | s] = sum_p exp(M_p - M)
+                 [S_p | s_p] in the fixed order p = 0, 1, ... (deterministic);
   _bidir_queries grid (query tiles, BH, Dv tiles): the shift c_i, dead features, the ratio.
 Causal, Nq = Nk, chunks of C keys (three launches):
   _key_partials  (the same kernel) chunk-local [S | s] at the chunk's max, and each key's
@@ -35,27 +37,22 @@ CAUSAL_BLOCK_F = 16
 @triton.jit
 def _key_partials(k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr,
                   ps_ptr, pz_ptr, pm_ptr, rm_ptr,
-                  N, D, DV, F, m, H, W_SETS, B_SETS, L_SETS, R_SETS, norm_coef,
+                  N, D, DV, F, m, H, W_SETS, B_SETS, L_SETS, R_SETS, norm_coef, TPP, N_DV,
                   KIND: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LOGW: tl.constexpr,
                   HAS_RATE: tl.constexpr, HAS_KEEP: tl.constexpr, STORE_ROWMAX: tl.constexpr,
                   PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """Key tile t of head bh, features fb: S_t [F, DV] (ps), s_t [F] (pz) at the tile's max
-    M_t = max over kept keys and the tile's features of l2 (pm [BH, T, nF], -inf when no key
-    is kept); with STORE_ROWMAX each key's max over the tile's features (rm [BH, nF, N])."""
-    t = tl.program_id(0)
+    """Key tiles p TPP .. (p + 1) TPP - 1 of head bh, feature tile fb, value tile dvb (axis 2
+    = fb N_DV + dvb): [S_p | s_p] (ps [BH, P, F, DV], pz [BH, P, F]) at the running max M_p
+    over their kept keys and the tile's features (pm [BH, P, nF]; -inf when no key is kept),
+    rescaled by exp2(M_old - M_new) as it grows; W's tile is loaded once. With STORE_ROWMAX
+    (causal, TPP = 1: one chunk) each key's max over the tile's features (rm [BH, nF, N])."""
+    p = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    fb = tl.program_id(2)
-    n_t = tl.num_programs(0)
-    n_f = tl.num_programs(2)
-    rows = t * BLOCK_N + tl.arange(0, BLOCK_N)
-    inside = rows < N
-    ok = inside
-    if HAS_KEEP:
-        ok = ok & (tl.load(keep_ptr + (bh // H) * N + rows, mask=inside, other=0) != 0)
-    d = tl.arange(0, BLOCK_D)
-    x = tl.load(k_ptr + bh * N * D + rows[:, None] * D + d[None, :],
-                mask=inside[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
+    fb = tl.program_id(2) // N_DV
+    dvb = tl.program_id(2) % N_DV
+    n_p = tl.num_programs(0)
+    n_f = tl.num_programs(2) // N_DV
     f0 = fb * BLOCK_F
     f = f0 + tl.arange(0, BLOCK_F)
     w, bias, lw, sign, fok = feature_tile(w_ptr + (bh % W_SETS) * m * D, b_ptr + (bh % B_SETS) * m,
@@ -64,25 +61,41 @@ def _key_partials(k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr,
     rate = 0.0
     if HAS_RATE:
         rate = tl.load(r_ptr + bh % R_SETS)
-    a = project(x, w, bias, PRECISION)
-    lk = key_log2(a, sign, lw, KIND)
-    g = key_offset(x, rows, norm_coef, rate, HAS_RATE)
-    kmax = tl.where(ok, tl.max(lk, 1).to(tl.float64) + g, float("-inf"))
-    if STORE_ROWMAX:
-        tl.store(rm_ptr + (bh * n_f + fb) * N + rows, kmax.to(tl.float32), mask=inside)
-    mt = tl.max(kmax, 0).to(tl.float32)
-    tl.store(pm_ptr + (bh * n_t + t) * n_f + fb, mt)
-    off = tl.where(ok, g - tl.where(mt == float("-inf"), 0.0, mt).to(tl.float64), 0.0)
-    phi = key_features(lk, off.to(tl.float32), ok, a, f, m, KIND)
-    base = bh * n_t + t
-    tl.store(pz_ptr + base * F + f, tl.sum(phi, 0), mask=fok)
-    for dv0 in range(0, DV, BLOCK_DV):
-        e = dv0 + tl.arange(0, BLOCK_DV)
+    d = tl.arange(0, BLOCK_D)
+    e = dvb * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    mx = tl.full([], float("-inf"), tl.float32)
+    acc = tl.zeros([BLOCK_F, BLOCK_DV], dtype=tl.float32)
+    accz = tl.zeros([BLOCK_F], dtype=tl.float32)
+    for t in range(p * TPP, tl.minimum(p * TPP + TPP, tl.cdiv(N, BLOCK_N))):
+        rows = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        inside = rows < N
+        ok = inside
+        if HAS_KEEP:
+            ok = ok & (tl.load(keep_ptr + (bh // H) * N + rows, mask=inside, other=0) != 0)
+        x = tl.load(k_ptr + bh * N * D + rows[:, None] * D + d[None, :],
+                    mask=inside[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
+        a = project(x, w, bias, PRECISION)
+        lk = key_log2(a, sign, lw, KIND)
+        g = key_offset(x, rows, norm_coef, rate, HAS_RATE)
+        kmax = tl.where(ok, tl.max(lk, 1).to(tl.float64) + g, float("-inf"))
+        if STORE_ROWMAX:
+            if dvb == 0:
+                tl.store(rm_ptr + (bh * n_f + fb) * N + rows, kmax.to(tl.float32), mask=inside)
+        mn = tl.maximum(mx, tl.max(kmax, 0).to(tl.float32))
+        r = tl.where(mx == float("-inf"), 0.0, tl.exp2(mx - mn))
+        off = tl.where(ok, g - tl.where(mn == float("-inf"), 0.0, mn).to(tl.float64), 0.0)
+        phi = key_features(lk, off.to(tl.float32), ok, a, f, m, KIND)
         v = tl.load(v_ptr + bh * N * DV + rows[:, None] * DV + e[None, :],
                     mask=inside[:, None] & (e[None, :] < DV), other=0.0).to(tl.float32)
-        s = tl.dot(tl.trans(phi), v, input_precision=PRECISION)
-        tl.store(ps_ptr + (base * F + f[:, None]) * DV + e[None, :], s,
-                 mask=fok[:, None] & (e[None, :] < DV))
+        acc = acc * r + tl.dot(tl.trans(phi), v, input_precision=PRECISION)
+        accz = accz * r + tl.sum(phi, 0)
+        mx = mn
+    base = bh * n_p + p
+    tl.store(ps_ptr + (base * F + f[:, None]) * DV + e[None, :], acc,
+             mask=fok[:, None] & (e[None, :] < DV))
+    if dvb == 0:
+        tl.store(pz_ptr + base * F + f, accz, mask=fok)
+        tl.store(pm_ptr + base * n_f + fb, mx)
 
 
 @triton.jit
@@ -321,8 +334,22 @@ def _causal_out(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, rm_p
         tl.store(mrow_ptr + bh * N + rows, mi, mask=inside)
 
 
+def _splits(key_splits, n_tiles, programs, q):
+    """Key splits per head (bidirectional): given, or 2 under the interpreter (so the tests
+    walk several tiles per program), or enough for ~2 waves of programs on the device."""
+    if key_splits is not None:
+        if not isinstance(key_splits, int) or key_splits < 1:
+            raise ValueError(f"key_splits: {key_splits!r} must be a positive int")
+        return min(key_splits, n_tiles)
+    if P.interpreting():
+        return min(2, n_tiles)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+    return max(1, min(n_tiles, triton.cdiv(2 * sms, programs)))
+
+
 def forward(q, k, v, W, bias, key_logw, rate, norm_coef, kind, causal, keep, heads, *,
-            chunk=64, precision="tf32", block_f=None, block_dv=None, return_stats=False):
+            chunk=64, precision="tf32", block_f=None, block_dv=None, key_splits=None,
+            return_stats=False):
     """FAVOR attention of q [BH, Nq, D], k [BH, Nk, D], v [BH, Nk, Dv] (contiguous, fp32 /
     fp16 / bf16; Nq = Nk when causal) with the canonical map (W [sets, m, D] fp32 with
     sqrt(scale) folded in, bias [sets, m], key_logw [sets, m], rate [sets] (causal only),
@@ -338,7 +365,9 @@ def forward(q, k, v, W, bias, key_logw, rate, norm_coef, kind, causal, keep, hea
                [BH, NC + 1] (the total and its scale: a decoder state after prefill).
     chunk: the causal chunk C (a power of two >= 16); precision: tl.dot's input precision
     ('tf32' fast, 'ieee' exact fp32); block_f, block_dv: feature and value tile sizes
-    (powers of two >= 16; by default 64 (16 in the causal output pass) and min(Dv, 128))."""
+    (powers of two >= 16; by default 64 (16 in the causal output pass) and min(Dv, 128));
+    key_splits: programs per head and feature tile over the keys (bidirectional; by default
+    enough for two waves on the device)."""
     P.check_rows(q, "q", None)
     bh, nq, d = q.shape
     P.check_rows(k, "k", bh, d=d)
@@ -362,17 +391,19 @@ def forward(q, k, v, W, bias, key_logw, rate, norm_coef, kind, causal, keep, hea
     n_f, n_dv = triton.cdiv(F, bf), triton.cdiv(dv, bdv)
     block_n = chunk if causal else (16 if P.interpreting() else 64)
     n_t = triton.cdiv(nk, block_n)
+    tpp = 1 if causal else triton.cdiv(n_t, _splits(key_splits, n_t, bh * n_f * n_dv, q))
+    n_p = triton.cdiv(n_t, tpp)
     f32 = dict(dtype=torch.float32, device=q.device)
-    ps = torch.empty(bh, n_t, F, dv, **f32)
-    pz = torch.empty(bh, n_t, F, **f32)
-    pm = torch.empty(bh, n_t, n_f, **f32)
+    ps = torch.empty(bh, n_p, F, dv, **f32)
+    pz = torch.empty(bh, n_p, F, **f32)
+    pm = torch.empty(bh, n_p, n_f, **f32)
     rm = torch.empty(bh, n_f, nk, **f32) if causal else pm
     keep_arg = W if keep is None else keep
     common = dict(KIND=kind, HAS_BIAS=flags["HAS_BIAS"], PRECISION=precision, BLOCK_F=bf,
                   BLOCK_D=bd, BLOCK_DV=bdv, num_warps=NUM_WARPS)
-    _key_partials[(n_t, bh, n_f)](
+    _key_partials[(n_p, bh, n_f * n_dv)](
         k, v, W, bias, key_logw, rate, keep_arg, ps, pz, pm, rm,
-        nk, d, dv, F, m, heads, *sets, float(norm_coef), HAS_LOGW=flags["HAS_LOGW"],
+        nk, d, dv, F, m, heads, *sets, float(norm_coef), tpp, n_dv, HAS_LOGW=flags["HAS_LOGW"],
         HAS_RATE=flags["HAS_RATE"], HAS_KEEP=keep is not None, STORE_ROWMAX=causal,
         BLOCK_N=block_n, **common)
     y = torch.empty(bh, nq, dv, dtype=q.dtype, device=q.device)
@@ -383,7 +414,7 @@ def forward(q, k, v, W, bias, key_logw, rate, norm_coef, kind, causal, keep, hea
         S = torch.empty(bh, F, dv, **f32)
         s = torch.empty(bh, F, **f32)
         scale = torch.empty(bh, **f32)
-        _combine[(bh, n_f, n_dv)](ps, pz, pm, S, s, scale, n_t, F, dv, n_f, BLOCK_F=bf,
+        _combine[(bh, n_f, n_dv)](ps, pz, pm, S, s, scale, n_p, F, dv, n_f, BLOCK_F=bf,
                                   BLOCK_DV=bdv, BLOCK_NF=bnf, num_warps=NUM_WARPS)
         bq = 16 if P.interpreting() else 64
         _bidir_queries[(triton.cdiv(nq, bq), bh, n_dv)](
