@@ -145,7 +145,8 @@ def test_cpp_op(causal):
     q, k, v = inputs(b, h, n, n, d, dv)
     keep = torch.ones(b, n, dtype=torch.bool)
     keep[0, 3] = False
-    y = run(q, k, v, canon, causal, keep, chunk=16)
+    # 'tf32x3' is accepted; the interpreter computes every dot in exact fp32
+    y = run(q, k, v, canon, causal, keep, chunk=16, precision="tf32x3")
     ref = favor.torch.attention(q, k, v, causal=causal, kernel="positive", features=m,
                                 scale=user["scale"], key_padding_mask=~keep,
                                 weights=user["w"].float(), bias=user["bias"].float(),
@@ -267,6 +268,7 @@ t0 = time.time()
 target = GPUTarget("cuda", 90, 64)
 D, F, C, DV, BF, BDV = 64, 256, 64, 64, 64, 64
 def comp(fn, sig, const, warps):
+    fn = getattr(fn, "fn", fn)  # the jitted function under the device's autotuner
     full = {k: sig.get(k, "constexpr") for k in fn.arg_names}
     k = triton.compile(ASTSource(fn=fn, signature=full, constexprs=const), target=target,
                        options={"num_warps": warps})

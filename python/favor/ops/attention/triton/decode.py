@@ -31,6 +31,7 @@ def _row(x, w, bias):
     return (tl.sum(x * w, 1) + bias)[None, :]
 
 
+@P.tuned(["D", "F", "DV"])
 @triton.jit
 def _decode(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, sums_ptr, lm_ptr,
             pos_ptr, y_ptr, out_ptr, nlm_ptr,
@@ -159,6 +160,6 @@ def decode_step(sums, log_max, row_positions, position, q, k, v, W, bias, key_lo
                    float(norm_coef), KIND=kind, HAS_BIAS=flags["HAS_BIAS"],
                    HAS_LOGW=flags["HAS_LOGW"], HAS_RATE=flags["HAS_RATE"],
                    HAS_KEEP=keep is not None, BLOCK_F=bf, BLOCK_D=P.pow2(d),
-                   BLOCK_DV=bdv, num_warps=NUM_WARPS)
+                   BLOCK_DV=bdv, **P.launch_options(NUM_WARPS))
     new_rows = row_positions + (1 if keep8 is None else (keep8 != 0).to(torch.int64))
     return y, out, nlm, new_rows, position + 1

@@ -28,12 +28,15 @@ from .features import (FLT_MIN, LOG2E, amplitude, feature_tile, key_features, ke
 
 # Launch choices for sm_90 at D = 64, F = 256, C = 64, Dv = 64 (ptxas -v on the bundled
 # ptxas, bf16 inputs; not timed, no GPU here): with 4 warps _key_partials, _bidir_queries and
-# _causal_out spill (144, 412, 2052 bytes); with 8 warps only _causal_out does (964 bytes at
+# _causal_out spill (116, 412, 2052 bytes); with 8 warps only _causal_out does (964 bytes at
 # 64 features per tile, 272 at 32, none at 16), so _causal_out walks F in tiles of 16.
+# On the device the autotuner picks num_warps / num_stages (P.tuned); NUM_WARPS is the
+# spill-free choice that the compile check lowers.
 NUM_WARPS = 8
 CAUSAL_BLOCK_F = 16
 
 
+@P.tuned(["D", "F", "DV", "TPP"])
 @triton.jit
 def _key_partials(k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr,
                   ps_ptr, pz_ptr, pm_ptr, rm_ptr,
@@ -98,6 +101,7 @@ def _key_partials(k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr,
         tl.store(pm_ptr + base * n_f + fb, mx)
 
 
+@P.tuned(["F", "DV"])
 @triton.jit
 def _combine(ps_ptr, pz_ptr, pm_ptr, s_ptr, z_ptr, m_ptr, T, F, DV, N_F,
              BLOCK_F: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_NF: tl.constexpr):
@@ -145,6 +149,7 @@ def _finish(y_ptr, den_ptr, c_ptr, num, den, c, rows, inside, e, DV, N, bh, firs
         tl.store(c_ptr + bh * N + rows, c, mask=inside)
 
 
+@P.tuned(["D", "F", "DV"])
 @triton.jit
 def _bidir_queries(q_ptr, w_ptr, b_ptr, s_ptr, z_ptr, y_ptr, den_ptr, c_ptr,
                    N, D, DV, F, m, W_SETS, B_SETS,
@@ -196,6 +201,7 @@ def _bidir_queries(q_ptr, w_ptr, b_ptr, s_ptr, z_ptr, y_ptr, den_ptr, c_ptr,
     _finish(y_ptr, den_ptr, c_ptr, num, den, c, rows, inside, e, DV, N, bh, dvb == 0)
 
 
+@P.tuned(["F", "DV"])
 @triton.jit
 def _scan(ps_ptr, pz_ptr, pm_ptr, hs_ptr, hz_ptr, hb_ptr, NC, F, DV, N_F,
           BLOCK_F: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_NF: tl.constexpr):
@@ -238,6 +244,7 @@ def _scan(ps_ptr, pz_ptr, pm_ptr, hs_ptr, hz_ptr, hb_ptr, NC, F, DV, N_F,
         tl.store(hb_ptr + base, b)
 
 
+@P.tuned(["D", "F", "DV"])
 @triton.jit
 def _causal_out(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, rm_ptr,
                 hs_ptr, hz_ptr, hb_ptr, y_ptr, den_ptr, c_ptr, mrow_ptr,
@@ -364,8 +371,10 @@ def forward(q, k, v, W, bias, key_logw, rate, norm_coef, kind, causal, keep, hea
                [BH, NC + 1, F], the states before each chunk and the total, at "boundary"
                [BH, NC + 1] (the total and its scale: a decoder state after prefill).
     chunk: the causal chunk C (a power of two >= 16); precision: tl.dot's input precision
-    ('tf32' fast, 'ieee' exact fp32); block_f, block_dv: feature and value tile sizes
-    (powers of two >= 16; by default 64 (16 in the causal output pass) and min(Dv, 128));
+    ('tf32' fast: the exponents a = W x then carry ~2^-11 relative error, ~0.5 % in a
+    feature at |a| ~ 10; 'tf32x3' about fp32 at three passes; 'ieee' exact fp32); block_f,
+    block_dv: feature and value tile sizes (powers of two >= 16; by default 64 (16 in the
+    causal output pass) and min(Dv, 128));
     key_splits: programs per head and feature tile over the keys (bidirectional; by default
     enough for two waves on the device)."""
     P.check_rows(q, "q", None)
@@ -400,7 +409,7 @@ def forward(q, k, v, W, bias, key_logw, rate, norm_coef, kind, causal, keep, hea
     rm = torch.empty(bh, n_f, nk, **f32) if causal else pm
     keep_arg = W if keep is None else keep
     common = dict(KIND=kind, HAS_BIAS=flags["HAS_BIAS"], PRECISION=precision, BLOCK_F=bf,
-                  BLOCK_D=bd, BLOCK_DV=bdv, num_warps=NUM_WARPS)
+                  BLOCK_D=bd, BLOCK_DV=bdv, **P.launch_options(NUM_WARPS))
     _key_partials[(n_p, bh, n_f * n_dv)](
         k, v, W, bias, key_logw, rate, keep_arg, ps, pz, pm, rm,
         nk, d, dv, F, m, heads, *sets, float(norm_coef), tpp, n_dv, HAS_LOGW=flags["HAS_LOGW"],
@@ -415,7 +424,8 @@ def forward(q, k, v, W, bias, key_logw, rate, norm_coef, kind, causal, keep, hea
         s = torch.empty(bh, F, **f32)
         scale = torch.empty(bh, **f32)
         _combine[(bh, n_f, n_dv)](ps, pz, pm, S, s, scale, n_p, F, dv, n_f, BLOCK_F=bf,
-                                  BLOCK_DV=bdv, BLOCK_NF=bnf, num_warps=NUM_WARPS)
+                                  BLOCK_DV=bdv, BLOCK_NF=bnf,
+                                  **P.launch_options(NUM_WARPS))
         bq = 16 if P.interpreting() else 64
         _bidir_queries[(triton.cdiv(nq, bq), bh, n_dv)](
             q, W, bias, S, s, y, den, shift, nq, d, dv, F, m, sets[0], sets[1],
@@ -426,7 +436,7 @@ def forward(q, k, v, W, bias, key_logw, rate, norm_coef, kind, causal, keep, hea
         s = torch.empty(bh, n_t + 1, F, **f32)
         hb = torch.empty(bh, n_t + 1, **f32)
         _scan[(bh, n_f, n_dv)](ps, pz, pm, S, s, hb, n_t, F, dv, n_f, BLOCK_F=bf,
-                               BLOCK_DV=bdv, BLOCK_NF=bnf, num_warps=NUM_WARPS)
+                               BLOCK_DV=bdv, BLOCK_NF=bnf, **P.launch_options(NUM_WARPS))
         scale = torch.empty(bh, nq, **f32)
         _causal_out[(n_t, bh, n_dv)](
             q, k, v, W, bias, key_logw, rate, keep_arg, rm, S, s, hb, y, den, shift, scale,

@@ -12,12 +12,29 @@ import triton
 
 KINDS = {0: "EXP", 1: "EXP_PM", 2: "TRIG"}
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-PRECISIONS = ("ieee", "tf32")
+PRECISIONS = ("ieee", "tf32", "tf32x3")
 
 
 def interpreting():
     """True under Triton's CPU interpreter (TRITON_INTERPRET=1): one small config then."""
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def tuned(key):
+    """On the device, triton.autotune over num_warps and num_stages keyed on the sizes that
+    set a program's work (block sizes stay the wrapper's); under the interpreter the kernel
+    as it is (the wrappers then pass launch_options())."""
+    def wrap(fn):
+        if interpreting():
+            return fn
+        configs = [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in (2, 3)]
+        return triton.autotune(configs=configs, key=key)(fn)
+    return wrap
+
+
+def launch_options(num_warps):
+    """num_warps for an untuned launch (the interpreter); the autotuner chooses otherwise."""
+    return {"num_warps": num_warps} if interpreting() else {}
 
 
 def pow2(n, lo=16):
@@ -103,4 +120,4 @@ def keep_mask(keep, batch, n, device):
 
 def check_precision(precision):
     if precision not in PRECISIONS:
-        raise ValueError(f"precision: {precision!r} must be 'ieee' or 'tf32'")
+        raise ValueError(f"precision: {precision!r} must be 'ieee', 'tf32' or 'tf32x3'")
