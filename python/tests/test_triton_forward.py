@@ -137,6 +137,30 @@ def test_causal_sizes(n):
     check_vs_oracle(run(q, k, v, canon, True, None), q, k, v, user, True, None)
 
 
+@pytest.mark.parametrize("kernel,causal", [("positive", False), ("trig", True),
+                                           ("hyperbolic", True)])
+def test_tiny_map_and_masked_rows(kernel, causal):
+    """m = 1 (F = 1 or 2 in a tile of 16), D = 20 (not a power of two), Dv = 1, and a batch
+    row whose keys are all masked: its outputs are zeros, never NaN."""
+    b, h, n, d = 2, 1, 9, 20
+    user, canon = make_map(kernel, h, 1, d, decay=causal)
+    q, k, v = inputs(b, h, n, n, d, 1)
+    keep = torch.ones(b, n, dtype=torch.bool)
+    keep[1] = False
+    y = run(q, k, v, canon, causal, keep, chunk=16)
+    assert (y[1] == 0).all()
+    check_vs_oracle(y[:1], q[:1], k[:1], v[:1], user, causal, keep[:1])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_per_batch_head_sets(causal):
+    """W, bias and lambda with B*H sets (head bh uses set bh)."""
+    b, h, n, d, m = 2, 2, 17, 16, 16
+    user, canon = make_map("hyperbolic", b * h, m, d, seed=3)
+    q, k, v = inputs(b, h, n, n, d, 16, seed=4)
+    check_vs_oracle(run(q, k, v, canon, causal, None, chunk=16), q, k, v, user, causal, None)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_cpp_op(causal):
     """Against the C++ op favor.torch.attention (float32; same map and mask)."""

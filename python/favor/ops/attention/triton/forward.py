@@ -17,6 +17,12 @@ Causal, Nq = Nk, chunks of C keys (three launches):
                  tl.dot, the inter-chunk term exp(B_c - M_i) psi_i H_c, and the prefix
                  normaliser P_i (a masked dot) for the shift c_i.
 All maxima and shifts are kept in log2 units (M2 = M log2 e).
+Cost notes (written for sm_90, not measured: no GPU here): the causal output pass walks the
+feature tiles twice for the EXP kinds, since c_i needs the max over every feature of
+a(q_i) + log P_i before any psi, so it forms each key feature twice (2 exp2 per key and
+feature, plus C per row for exp2(M_j - M_i) and one per query feature); the bidirectional
+query pass forms psi once. Partial and boundary states are fp32: causal O(N / C F Dv) per
+head (as fla's chunk states), bidirectional O(splits F Dv).
 """
 import torch
 import triton
