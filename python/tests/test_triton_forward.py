@@ -226,6 +226,37 @@ def test_decode_matches_causal():
         assert state[3] == n and torch.equal(state[2], keep.sum(1))
 
 
+def test_decode_state_matches_cpp_decoder():
+    """The state layout is the C++ decoder's (favor.ops.decode_step): after each step the
+    outputs, sums, log_max, row clocks and position agree (a learned map, a key mask and
+    decay: the clock counts kept tokens in both)."""
+    import favor.ops
+    b, h, n, d, m, dv = 2, 2, 5, 16, 16, 16
+    user, canon = make_map("hyperbolic", h, m, d, decay=True)
+    q, k, v = inputs(b, h, n, n, d, dv)
+    keep = torch.ones(b, n, dtype=torch.bool)
+    keep[0, 1] = keep[1, 3] = False
+    F = 2 * m
+    ref = favor.ops.empty_state(b, h, dv, F)
+    state = (torch.zeros(b * h, F, dv + 1), torch.full((b * h,), -math.inf, dtype=torch.float64),
+             torch.zeros(b, dtype=torch.int64), 0)
+    for i in range(n):
+        step = lambda t: t[:, :, i:i + 1].contiguous()  # noqa: E731
+        y_ref, ref = favor.ops.decode_step(
+            ref, step(q), step(k), step(v), user["w"][0].float(), kernel="hyperbolic",
+            scale=user["scale"], key_mask=keep[:, i:i + 1], weights=user["w"].float(),
+            bias=user["bias"].float(), feature_weights=user["lam"].float(),
+            decay=user["decay"].float())
+        flat = lambda t: step(t).reshape(b * h, 1, -1)  # noqa: E731
+        y, *state = decode_step(*state, flat(q), flat(k), flat(v), canon["W"], canon["bias"],
+                                canon["key_logw"], canon["rate"], canon["norm_coef"],
+                                canon["kind"], keep[:, i], h)
+        assert rel(y.reshape(b, h, 1, -1), y_ref) <= 1e-5
+        assert rel(state[0], ref[0].reshape(b * h, F, dv + 1)) <= 1e-5
+        assert torch.allclose(state[1], ref[1].reshape(-1), rtol=1e-6, atol=1e-6)
+        assert torch.equal(state[2], ref[2]) and state[3] == int(ref[3])
+
+
 def test_decode_functional():
     """decode_step leaves its inputs as they were."""
     user, canon = make_map("positive", 1, 16, 16)
