@@ -642,6 +642,22 @@ def _sets_sum(per_head, sets, heads):
     return per_head.reshape(-1, heads, *per_head.shape[1:]).sum(0)
 
 
+def _tiles(d, bv, m, chunk):
+    """(rows per program, base features per tile) that fit sm_90's 227 KB of shared memory
+    at num_stages=1. Sizes read from triton.compile for sm_90 (no GPU run): _key_grad_kernel
+    is the largest, 213 KB at D = Dv = 64 with 64 x 64 tiles, 262 KB at D = 128 (so 32
+    features there), 106 KB at D = Dv = 128 with 32 x 32."""
+    if d <= 64 and bv <= 64:
+        bt, bf = 64, 64
+    elif d + bv <= 192:
+        bt, bf = 64, 32
+    elif bv <= 128:
+        bt, bf = 32, 32
+    else:
+        bt, bf = 32, 16
+    return min(chunk, bt), min(bf, max(16, triton.next_power_of_2(m)))
+
+
 def backward(dy, q, k, v, y, W, bias, key_logw, rate, norm_coef, kind, causal, keep, heads, *,
              chunk=64, precision="tf32", need_params=True, block_m=None):
     """Gradients of FAVOR attention on the canonical map (same arguments as the forward).
@@ -650,9 +666,11 @@ def backward(dy, q, k, v, y, W, bias, key_logw, rate, norm_coef, kind, causal, k
     computed in fp32); W [w_sets, m, D] (sqrt(scale) folded in), bias [b_sets, m],
     key_logw [l_sets, m], rate [r_sets] (causal decay) fp32 or None; norm_coef a float; kind
     0 EXP, 1 EXP_PM, 2 TRIG; keep [B, Nk] (nonzero = attend) or None; heads = H (BH = B H).
-    chunk: rows per program (the causal chunk; a power of two >= 16); block_m: base features
-    per tile (default min(64, m) rounded up to a power of two >= 16); precision: tl.dot's
-    input_precision ("tf32" on the GPU, "ieee" for exact fp32).
+    chunk: at most this many rows per program (a power of two >= 16; fewer where the tiles
+    would not fit in shared memory: _tiles; the math is the same for any chunk); block_m:
+    base features per tile (a power of two >= 16; default from _tiles); precision: tl.dot's
+    input_precision ("tf32" on the GPU, "ieee" for exact fp32). D in {16, 32, 64, 128}, any
+    Dv <= 256, any m, N.
     Returns (dq, dk, dv, dW, dbias, dkey_logw, drate): dq/dk/dv in the inputs' shapes and
     dtypes; the parameter gradients fp32 in the parameters' shapes, None where the parameter
     is None or need_params is False. Rows whose denominator is not > 0 (or not finite) and
@@ -666,8 +684,11 @@ def backward(dy, q, k, v, y, W, bias, key_logw, rate, norm_coef, kind, causal, k
         raise ValueError(f"chunk: {chunk}; must be a power of two >= 16")
     if causal and nq != nk:
         raise ValueError(f"causal: Nq ({nq}) must equal Nk ({nk})")
-    bf = block_m or min(64, max(16, triton.next_power_of_2(m)))
+    if dv > 256:
+        raise ValueError(f"v: value dim {dv}; must be at most 256")
     bv = max(16, triton.next_power_of_2(dv))
+    chunk, bf = _tiles(d, bv, m, chunk)
+    bf = block_m or bf
     ft = m if kind == EXP else 2 * m
     dev = q.device
     f32 = torch.float32
@@ -702,7 +723,8 @@ def backward(dy, q, k, v, y, W, bias, key_logw, rate, norm_coef, kind, causal, k
     else:
         dwp = dbp = dlp = drp = dummy
     flags = dict(KIND=kind, HAS_BIAS=has[0], HAS_KLW=has[1], HAS_RATE=has[2],
-                 HAS_KEEP=has[3], CAUSAL=bool(causal), PREC=precision)
+                 HAS_KEEP=has[3], CAUSAL=bool(causal), PREC=precision,
+                 num_stages=1)  # pipelining buffers would not fit next to the tiles
     common = (heads, *sets, float(norm_coef))
     mt = triton.cdiv(m, bf)
     _key_max_kernel[(bh,)](k, keep_, W, bias_, klw_, rate_, mrun, mtot, nk, m, *common,
