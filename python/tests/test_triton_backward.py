@@ -291,7 +291,7 @@ for d, dv in ((64, 64), (128, 128), (64, 256)):
 
 
 @pytest.mark.skipif(not os.environ.get("FAVOR_TRITON_COMPILE"),
-                    reason="compiles for sm_90 (~1 min); set FAVOR_TRITON_COMPILE=1")
+                    reason="compiles for sm_90 (~30 s); set FAVOR_TRITON_COMPILE=1")
 def test_kernels_compile_for_sm90_within_shared_memory():
     """The interpreter accepts what the GPU compiler may reject: compile every kernel for
     sm_90 (no GPU needed) with the tiles _tiles picks, and check each fits in 227 KB."""

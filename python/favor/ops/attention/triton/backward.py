@@ -258,10 +258,11 @@ def _query_grad_kernel(q_ptr, k_ptr, v_ptr, y_ptr, dy_ptr, keep_ptr, w_ptr, b_pt
                        BV: tl.constexpr, KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_KLW: tl.constexpr, HAS_RATE: tl.constexpr, HAS_KEEP: tl.constexpr,
                        CAUSAL: tl.constexpr, NEED_PARAMS: tl.constexpr, PREC: tl.constexpr):
-    """One query tile (a chunk when causal): the shift c_i and the denominator (two walks
-    over F, since both reduce over every feature), G_i (stored for the other kernels), then
-    dpsi = [S_i | s_i] G_i (boundary state plus, causal, the chunk's keys through the masked
-    [C, C] matrix H_ij = T_ij (g_i . v_j + gden_i)), da, dq and the query-side partials."""
+    """One query tile (a chunk when causal): the shift c_i and the denominator (one walk
+    over F, both reduce over every feature), G_i (stored for the other kernels), then a
+    second walk for dpsi = [S_i | s_i] G_i (boundary state plus, causal, the chunk's keys
+    through the masked [C, C] matrix H_ij = T_ij (g_i . v_j + gden_i)), da, dq and the
+    query-side partials."""
     bh = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1)
     ft = m if KIND == 0 else 2 * m
@@ -298,28 +299,11 @@ def _query_grad_kernel(q_ptr, k_ptr, v_ptr, y_ptr, dy_ptr, keep_ptr, w_ptr, b_pt
     klw_ptr += (bh % l_sets) * m
     smask_cols = (cv < dv)[None, :]
 
+    # c_i and den_i in one walk over F, den rescaled whenever the running shift c grows
+    # (as an online softmax): the key chunk's exps are computed once for both
     c = tl.zeros([BT], tl.float32)
     if KIND != 2:
         c = tl.full([BT], _NEG, tl.float32)
-        for f0 in range(0, m, BF):
-            f = f0 + tl.arange(0, BF)
-            fm = f < m
-            aq, w = _project(xq, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
-            phik_lo = T
-            phik_hi = T
-            if CAUSAL:
-                ak, wk = _project(xk, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
-                lo, hi = _key_logits(ak, gk, klw_ptr, f, fm, HAS_KLW, KIND)
-                _e0, _e1, phik_lo, phik_hi = _key_features(lo, hi, ak, mj[:, None],
-                                                           kept[:, None] & fm[None, :], KIND)
-            p_lo, p_hi = _normaliser(bscale, s_ptr, f, fm, m, T, phik_lo, phik_hi, KIND,
-                                     CAUSAL, PREC)
-            live = (p_lo >= _FLT_MIN) & fm[None, :]
-            c = tl.maximum(c, tl.max(tl.where(live, aq + tl.log(p_lo), _NEG), 1))
-            if KIND == 1:
-                live = (p_hi >= _FLT_MIN) & fm[None, :]
-                c = tl.maximum(c, tl.max(tl.where(live, tl.log(p_hi) - aq, _NEG), 1))
-
     den = tl.zeros([BT], tl.float32)
     for f0 in range(0, m, BF):
         f = f0 + tl.arange(0, BF)
@@ -334,6 +318,14 @@ def _query_grad_kernel(q_ptr, k_ptr, v_ptr, y_ptr, dy_ptr, keep_ptr, w_ptr, b_pt
                                                        kept[:, None] & fm[None, :], KIND)
         p_lo, p_hi = _normaliser(bscale, s_ptr, f, fm, m, T, phik_lo, phik_hi, KIND, CAUSAL,
                                  PREC)
+        if KIND != 2:
+            live = (p_lo >= _FLT_MIN) & fm[None, :]
+            c_new = tl.maximum(c, tl.max(tl.where(live, aq + tl.log(p_lo), _NEG), 1))
+            if KIND == 1:
+                live = (p_hi >= _FLT_MIN) & fm[None, :]
+                c_new = tl.maximum(c_new, tl.max(tl.where(live, tl.log(p_hi) - aq, _NEG), 1))
+            den *= tl.exp2((c - c_new) * _LOG2E)
+            c = c_new
         psi_lo, psi_hi = _query_features(aq, c, p_lo, p_hi, fm, KIND)
         den += tl.sum(tl.where(fm[None, :], psi_lo * p_lo, 0.0), 1)
         if KIND != 0:
