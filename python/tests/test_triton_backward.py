@@ -319,3 +319,15 @@ def test_heads_without_keys_get_zero_gradients(causal):
     for g in got[:3]:
         assert (g[0] == 0).all() and torch.isfinite(g).all() and (g[1] != 0).any()
     assert torch.isfinite(got[3]).all()
+
+
+def test_bad_arguments_name_the_argument():
+    x = torch.zeros(2, 16, 16)
+    args = (x[..., :3], x, x, x[..., :3], x[..., :3], torch.zeros(1, 8, 16), None, None, None,
+            0.0, 0)
+    with pytest.raises(ValueError, match="keep"):
+        bwd.backward(*args, False, torch.ones(1, 16, dtype=torch.bool), 1)
+    with pytest.raises(ValueError, match="block_m"):
+        bwd.backward(*args, False, None, 1, block_m=24)
+    with pytest.raises(ValueError, match="causal"):
+        bwd.backward(x[:, :5, :3], x[:, :5], x, x[..., :3], x[:, :5, :3], *args[5:], True, None, 1)

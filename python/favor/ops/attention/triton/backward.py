@@ -19,6 +19,13 @@ pairs meet; D and Dv are one padded block each):
   _key_grad_kernel   per key tile: dk, dv, key-side dW / dbias, dkey_logw, drate
 Parameter gradients are written as per-(head, tile) partials and summed by torch in a fixed
 order (no float atomics): the result is deterministic.
+
+Costs and limits (not measured on a GPU yet): the partials take 4 B (Nq + Nk) / C m (D + 2)
+per head (C the row tile); causal, a key chunk's features are recomputed by every kernel that
+needs them (key state, the two walks of the query tile, the reverse scan, the key tile: five
+exps per key feature, four per query feature), since the query shift c_i, the denominator
+and the dead-feature rule need the row's prefix normaliser, which no kernel stores. The
+per-head key maximum and the causal state scan walk N serially per (head, feature tile).
 """
 import torch
 import triton
@@ -676,6 +683,13 @@ def backward(dy, q, k, v, y, W, bias, key_logw, rate, norm_coef, kind, causal, k
         raise ValueError(f"chunk: {chunk}; must be a power of two >= 16")
     if causal and nq != nk:
         raise ValueError(f"causal: Nq ({nq}) must equal Nk ({nk})")
+    if bh % heads:
+        raise ValueError(f"heads: {heads} does not divide B*H ({bh})")
+    if keep is not None and tuple(keep.shape) != (bh // heads, nk):
+        raise ValueError(f"keep: shape {tuple(keep.shape)}; must be [B, Nk] = "
+                         f"[{bh // heads}, {nk}]")
+    if block_m is not None and (block_m < 16 or block_m & (block_m - 1)):
+        raise ValueError(f"block_m: {block_m}; must be a power of two >= 16")
     if dv > 256:
         raise ValueError(f"v: value dim {dv}; must be at most 256")
     bv = max(16, triton.next_power_of_2(dv))
