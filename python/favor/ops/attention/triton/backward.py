@@ -12,26 +12,31 @@ sums psi_i G_i^T over the queries that see key j (at the key's scale in causal m
 Kernels (one program per (head, row tile) or (head, feature tile); F is walked in tiles of
 BF base features, each tile holding features f and m + f together so that the +-a / sin-cos
 pairs meet; D and Dv are one padded block each):
-  _key_max_kernel    M: the key maximum per head, and per key the running maximum (causal)
-  _key_state_kernel  [S | s] per head (bidirectional) or at every chunk boundary (causal)
-  _query_grad_kernel per query tile: c_i, den_i, G_i (stored), dq, query-side dW / dbias
-  _query_sum_kernel  R = sum psi_i G_i^T (bidirectional) or its suffix sums per chunk (causal)
-  _key_grad_kernel   per key tile: dk, dv, key-side dW / dbias, dkey_logw, drate
-Parameter gradients are written as per-(head, tile) partials and summed by torch in a fixed
-order (no float atomics): the result is deterministic.
+  _key_max_kernel      M: the key maximum per head, and per key the running maximum (causal)
+  _key_state_kernel    [S | s] per head (bidirectional) or at every chunk boundary (causal)
+  _query_grad_kernel   per query tile: c_i, den_i, G_i (stored), dq
+  _feature_sums_kernel per feature tile: R = sum psi_i G_i^T (bidirectional) or its suffix
+                       sums per chunk (causal, a reverse scan), and the tile's parameter
+                       gradients (dW, dbias, dkey_logw, drate) summed over every row
+  _key_grad_kernel     per key tile: dk, dv
+The parameter gradients are per-head sums in a fixed row order, reduced over the heads that
+share a set by torch (no float atomics): the result is deterministic, and no per-row-tile
+partials are stored.
 
-Costs and limits (not measured on a GPU yet): the partials take 4 B (Nq + Nk) / C m (D + 2)
-per head (C the row tile); causal, a key chunk's features are recomputed by every kernel that
-needs them (key state, the two walks of the query tile, the reverse scan, the key tile: five
-exps per key feature, four per query feature), since the query shift c_i, the denominator
-and the dead-feature rule need the row's prefix normaliser, which no kernel stores. The
-per-head key maximum and the causal state scan walk N serially per (head, feature tile).
+Costs and limits (not measured on a GPU yet): every kernel recomputes the features it needs,
+since the query shift c_i, the denominator and the dead-feature rule need the row's key
+normaliser (causal: the prefix sum), which no kernel stores. Causal: five exps per key
+feature (key state, the two walks of the query tile, the feature tile, the key tile) and
+four per query feature; bidirectional: three per key feature (the feature tile walks the
+keys again for the parameters) and three per query feature. need_params=False skips the
+parameter work. The key maximum walks N serially per head, the state and feature-tile
+kernels per (head, feature tile).
 """
 import torch
 import triton
 import triton.language as tl
 
-# Every output and partial buffer is allocated here; tests replace it with a NaN-filling
+# Every output and scratch buffer is allocated here; tests replace it with a NaN-filling
 # allocator so that an element no kernel writes fails the comparison.
 _empty = torch.empty
 
@@ -143,6 +148,59 @@ def _chunk_keys(k_ptr, keep_ptr, mrun_ptr, rows, row_ok, i_rows, mi, norm_coef, 
     vis = (rows[None, :] <= i_rows[:, None]) & kept[None, :] & row_ok[:, None]
     T = tl.where(vis, tl.exp2((mj[None, :] - mi[:, None]) * _LOG2E), 0.0)
     return x, g, kept, mj, T
+
+
+@triton.jit
+def _query_dpsi(g, gden, bscale, S_ptr, s_ptr, f, fm, cv, dv, H, phik, CAUSAL: tl.constexpr,
+                PREC: tl.constexpr):
+    """dpsi = bscale (g S^T + gden s) (+ H phik, causal) for one half of the features
+    (S_ptr, s_ptr at that half's feature 0): the boundary state, then the chunk's keys."""
+    S = tl.load(S_ptr + f[:, None] * dv + cv[None, :], mask=fm[:, None] & (cv < dv)[None, :],
+                other=0.0)
+    s = tl.load(s_ptr + f, mask=fm, other=0.0)
+    dpsi = bscale[:, None] * (tl.dot(g, tl.trans(S), input_precision=PREC)
+                              + gden[:, None] * s[None, :])
+    if CAUSAL:
+        dpsi += tl.dot(H, phik, input_precision=PREC)
+    return dpsi
+
+
+@triton.jit
+def _query_da(dpsi_lo, dpsi_hi, psi_lo, psi_hi, KIND: tl.constexpr):
+    """d a(q) from dpsi: dpsi psi for exp features (minus the -a half for EXP_PM); TRIG
+    (psi = [sin a, cos a]) through d sin = cos, d cos = -sin."""
+    if KIND == 2:
+        return dpsi_lo * psi_hi - dpsi_hi * psi_lo
+    if KIND == 1:
+        return dpsi_lo * psi_lo - dpsi_hi * psi_hi
+    return dpsi_lo * psi_lo
+
+
+@triton.jit
+def _key_dphi(vk, kscale, R_ptr, r_ptr, f, fm, cv, dv, PREC: tl.constexpr):
+    """(dphi, R) for one half of the features: dphi = kscale (v R^T + r)."""
+    R = tl.load(R_ptr + f[:, None] * dv + cv[None, :], mask=fm[:, None] & (cv < dv)[None, :],
+                other=0.0)
+    r = tl.load(r_ptr + f, mask=fm, other=0.0)
+    return kscale[:, None] * (tl.dot(vk, tl.trans(R), input_precision=PREC) + r[None, :]), R
+
+
+@triton.jit
+def _key_da(dphi_lo, dphi_hi, e_lo, e_hi, phi_lo, phi_hi, ak, valid, KIND: tl.constexpr):
+    """(da, dl) of keys: dl = dphi phi summed over the pair (f, m + f) (the gradient of the
+    log-features' shared terms), da through +-a (EXP_PM) or the amplitude (TRIG); zero
+    where not valid."""
+    dl = dphi_lo * phi_lo
+    if KIND == 2:
+        da = dphi_lo * e_lo * tl.cos(ak) - dphi_hi * e_hi * tl.sin(ak)
+        dl += dphi_hi * phi_hi
+    elif KIND == 1:
+        dl_hi = dphi_hi * phi_hi
+        da = dl - dl_hi
+        dl += dl_hi
+    else:
+        da = dl
+    return tl.where(valid, da, 0.0), tl.where(valid, dl, 0.0)
 
 
 @triton.jit
@@ -259,17 +317,16 @@ def _key_state_kernel(k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_ptr, m
 
 @triton.jit
 def _query_grad_kernel(q_ptr, k_ptr, v_ptr, y_ptr, dy_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr,
-                       rate_ptr, mrun_ptr, S_ptr, s_ptr, c_ptr, g_ptr, gd_ptr, dq_ptr, dw_ptr,
-                       db_ptr, nq, nk, m, dv, heads, w_sets, b_sets, l_sets, r_sets, norm_coef,
-                       nparts, D: tl.constexpr, BT: tl.constexpr, BF: tl.constexpr,
-                       BV: tl.constexpr, KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       HAS_KLW: tl.constexpr, HAS_RATE: tl.constexpr, HAS_KEEP: tl.constexpr,
-                       CAUSAL: tl.constexpr, NEED_PARAMS: tl.constexpr, PREC: tl.constexpr):
+                       rate_ptr, mrun_ptr, S_ptr, s_ptr, c_ptr, g_ptr, gd_ptr, dq_ptr, nq, nk,
+                       m, dv, heads, w_sets, b_sets, l_sets, r_sets, norm_coef,
+                       D: tl.constexpr, BT: tl.constexpr, BF: tl.constexpr, BV: tl.constexpr,
+                       KIND: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KLW: tl.constexpr,
+                       HAS_RATE: tl.constexpr, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr,
+                       PREC: tl.constexpr):
     """One query tile (a chunk when causal): the shift c_i and the denominator (one walk
     over F, both reduce over every feature), G_i (stored for the other kernels), then a
     second walk for dpsi = [S_i | s_i] G_i (boundary state plus, causal, the chunk's keys
-    through the masked [C, C] matrix H_ij = T_ij (g_i . v_j + gden_i)), da, dq and the
-    query-side partials."""
+    through the masked [C, C] matrix H_ij = T_ij (g_i . v_j + gden_i)), da and dq."""
     bh = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1)
     ft = m if KIND == 0 else 2 * m
@@ -365,54 +422,36 @@ def _query_grad_kernel(q_ptr, k_ptr, v_ptr, y_ptr, dy_ptr, keep_ptr, w_ptr, b_pt
         p_lo, p_hi = _normaliser(bscale, s_ptr, f, fm, m, T, phik_lo, phik_hi, KIND, CAUSAL,
                                  PREC)
         psi_lo, psi_hi = _query_features(aq, c, p_lo, p_hi, fm, KIND)
-        st_mask = fm[:, None] & smask_cols
-        S_lo = tl.load(S_ptr + f[:, None] * dv + cv[None, :], mask=st_mask, other=0.0)
-        s_lo = tl.load(s_ptr + f, mask=fm, other=0.0)
-        dpsi_lo = bscale[:, None] * (tl.dot(g, tl.trans(S_lo), input_precision=PREC)
-                                     + gden[:, None] * s_lo[None, :])
-        if CAUSAL:
-            dpsi_lo += tl.dot(H, phik_lo, input_precision=PREC)
-        if KIND == 2:
-            S_hi = tl.load(S_ptr + (m + f)[:, None] * dv + cv[None, :], mask=st_mask, other=0.0)
-            s_hi = tl.load(s_ptr + m + f, mask=fm, other=0.0)
-            dpsi_hi = bscale[:, None] * (tl.dot(g, tl.trans(S_hi), input_precision=PREC)
-                                         + gden[:, None] * s_hi[None, :])
-            if CAUSAL:
-                dpsi_hi += tl.dot(H, phik_hi, input_precision=PREC)
-            da = dpsi_lo * psi_hi - dpsi_hi * psi_lo  # d sin = cos, d cos = -sin
-        elif KIND == 1:
-            S_hi = tl.load(S_ptr + (m + f)[:, None] * dv + cv[None, :], mask=st_mask, other=0.0)
-            s_hi = tl.load(s_ptr + m + f, mask=fm, other=0.0)
-            dpsi_hi = bscale[:, None] * (tl.dot(g, tl.trans(S_hi), input_precision=PREC)
-                                         + gden[:, None] * s_hi[None, :])
-            if CAUSAL:
-                dpsi_hi += tl.dot(H, phik_hi, input_precision=PREC)
-            da = dpsi_lo * psi_lo - dpsi_hi * psi_hi
-        else:
-            da = dpsi_lo * psi_lo
-        da = tl.where(im[:, None] & fm[None, :], da, 0.0)
+        dpsi_lo = _query_dpsi(g, gden, bscale, S_ptr, s_ptr, f, fm, cv, dv, H, phik_lo, CAUSAL,
+                              PREC)
+        dpsi_hi = dpsi_lo
+        if KIND != 0:
+            dpsi_hi = _query_dpsi(g, gden, bscale, S_ptr + m * dv, s_ptr + m, f, fm, cv, dv, H,
+                                  phik_hi, CAUSAL, PREC)
+        da = tl.where(im[:, None] & fm[None, :],
+                      _query_da(dpsi_lo, dpsi_hi, psi_lo, psi_hi, KIND), 0.0)
         dq += tl.dot(da, w, input_precision=PREC)
-        if NEED_PARAMS:
-            part = bh * nparts + t
-            tl.store(dw_ptr + part * m * D + f[:, None] * D + tl.arange(0, D)[None, :],
-                     tl.dot(tl.trans(da), xq, input_precision=PREC), mask=fm[:, None])
-            if HAS_BIAS:
-                tl.store(db_ptr + part * m + f, tl.sum(da, 0), mask=fm)
     cd = tl.arange(0, D)
     tl.store(dq_ptr + bh * nq * D + i[:, None] * D + cd[None, :],
              dq.to(dq_ptr.dtype.element_ty), mask=im[:, None])
 
 
 @triton.jit
-def _query_sum_kernel(q_ptr, k_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_ptr, mrun_ptr,
-                      s_ptr, c_ptr, g_ptr, gd_ptr, R_ptr, r_ptr, nq, nk, m, dv, heads, w_sets,
-                      b_sets, l_sets, r_sets, norm_coef, D: tl.constexpr, BT: tl.constexpr,
-                      BF: tl.constexpr, BV: tl.constexpr, KIND: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, HAS_KLW: tl.constexpr, HAS_RATE: tl.constexpr,
-                      HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
-    """R = sum_i psi_i G_i^T for one feature tile, in a fixed order. Bidirectional: over all
-    queries (slot 0). Causal: a reverse scan storing, for each chunk c, the sum over later
-    chunks at the scale of c's last key, R_c = sum_{i >= end of c} exp(Me_c - M_i) psi_i G_i^T."""
+def _feature_sums_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_ptr,
+                         mrun_ptr, mtot_ptr, S_ptr, s_ptr, c_ptr, g_ptr, gd_ptr, R_ptr, r_ptr,
+                         dw_ptr, db_ptr, dl_ptr, dr_ptr, nq, nk, m, dv, heads, w_sets, b_sets,
+                         l_sets, r_sets, norm_coef, D: tl.constexpr, BT: tl.constexpr,
+                         BF: tl.constexpr, BV: tl.constexpr, KIND: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, HAS_KLW: tl.constexpr, HAS_RATE: tl.constexpr,
+                         HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr,
+                         NEED_PARAMS: tl.constexpr, PREC: tl.constexpr):
+    """One feature tile of one head, walking the rows in a fixed order: R = sum_i psi_i G_i^T
+    and the parameter gradients of the tile (per head: summed here, so no per-row-tile
+    partials). Bidirectional: the queries (R, query-side da), then the keys with the full R
+    (key-side da, dl). Causal: a reverse scan over chunks; before folding chunk c in, R holds
+    the sum over later chunks at the scale of c's last key, R_c = sum_{i >= end of c}
+    exp(Me_c - M_i) psi_i G_i^T, which is stored for _key_grad_kernel and used for the
+    gradient of c's keys here (with c's own queries through H^T psi)."""
     bh = tl.program_id(0).to(tl.int64)
     f = tl.program_id(1) * BF + tl.arange(0, BF)
     fm = f < m
@@ -420,18 +459,28 @@ def _query_sum_kernel(q_ptr, k_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_ptr, m
     nt = tl.cdiv(nq, BT)
     nslots = nt if CAUSAL else 1
     q_ptr += bh * nq * D
+    k_ptr += bh * nk * D
+    v_ptr += bh * nk * dv
+    keep_ptr += (bh // heads) * nk
     w_ptr += (bh % w_sets) * m * D
     b_ptr += (bh % b_sets) * m
     klw_ptr += (bh % l_sets) * m
+    rate_ptr += bh % r_sets
     mrun_ptr += bh * nk
     R_ptr += bh * nslots * ft * dv
     r_ptr += bh * nslots * ft
+    S_ptr += bh * nslots * ft * dv
+    s_ptr += bh * nslots * ft
     cv = tl.arange(0, BV)
     rmask = fm[:, None] & (cv < dv)[None, :]
     R_lo = tl.zeros([BF, BV], tl.float32)
     R_hi = tl.zeros([BF, BV], tl.float32)
     r_lo = tl.zeros([BF], tl.float32)
     r_hi = tl.zeros([BF], tl.float32)
+    dW = tl.zeros([BF, D], tl.float32)
+    db = tl.zeros([BF], tl.float32)
+    dlw = tl.zeros([BF], tl.float32)
+    drate = tl.sum(tl.zeros([BT], tl.float32), 0)
     for tt in range(0, nt):
         t = nt - 1 - tt if CAUSAL else tt
         i = t * BT + tl.arange(0, BT)
@@ -441,8 +490,14 @@ def _query_sum_kernel(q_ptr, k_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_ptr, m
         g = _load_rows(g_ptr + bh * nq * dv, i, im, dv, BV)
         gden = tl.load(gd_ptr + bh * nq + i, mask=im, other=0.0)
         aq, w = _project(xq, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
-        rows = tl.full([BT], 1.0, tl.float32)
+        bscale = tl.full([BT], 1.0, tl.float32)
+        T = tl.zeros([BT, BT], tl.float32)
+        phik_lo = tl.zeros([BT, BF], tl.float32)
+        phik_hi = phik_lo
+        H = T
+        sslot = 0
         if CAUSAL:
+            sslot = t
             tl.store(R_ptr + t * ft * dv + f[:, None] * dv + cv[None, :], R_lo, mask=rmask)
             tl.store(r_ptr + t * ft + f, r_lo, mask=fm)
             if KIND != 0:
@@ -452,62 +507,113 @@ def _query_sum_kernel(q_ptr, k_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_ptr, m
             me = tl.load(mrun_ptr + tl.minimum(t * BT + BT, nq) - 1)
             mb = tl.where(t > 0, tl.load(mrun_ptr + tl.maximum(t * BT - 1, 0)), _NEG)
             mi = tl.load(mrun_ptr + i, mask=im, other=_NEG)
+            bscale = tl.exp2((mb - mi) * _LOG2E)
+            xk, gk, kept, mj, T = _chunk_keys(k_ptr, keep_ptr, mrun_ptr, i, im, i, mi, norm_coef,
+                                              rate_ptr, D, HAS_KEEP, HAS_RATE)
+            ak, wk = _project(xk, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
+            lo, hi = _key_logits(ak, gk, klw_ptr, f, fm, HAS_KLW, KIND)
+            valid = kept[:, None] & fm[None, :]
+            e_lo, e_hi, phik_lo, phik_hi = _key_features(lo, hi, ak, mj[:, None], valid, KIND)
+            if NEED_PARAMS:
+                vk = _load_rows(v_ptr, i, im, dv, BV)
+                H = T * (tl.dot(g, tl.trans(vk), input_precision=PREC) + gden[:, None])
+        p_lo = phik_lo
+        p_hi = phik_hi
+        if KIND != 2:
+            p_lo, p_hi = _normaliser(bscale, s_ptr + sslot * ft, f, fm, m, T, phik_lo, phik_hi,
+                                     KIND, CAUSAL, PREC)
+        psi_lo, psi_hi = _query_features(aq, c, p_lo, p_hi, fm, KIND)
+        psi_lo = tl.where(im[:, None] & fm[None, :], psi_lo, 0.0)
+        psi_hi = tl.where(im[:, None] & fm[None, :], psi_hi, 0.0)
+        if NEED_PARAMS:
+            dpsi_lo = _query_dpsi(g, gden, bscale, S_ptr + sslot * ft * dv, s_ptr + sslot * ft,
+                                  f, fm, cv, dv, H, phik_lo, CAUSAL, PREC)
+            dpsi_hi = dpsi_lo
+            if KIND != 0:
+                dpsi_hi = _query_dpsi(g, gden, bscale, S_ptr + sslot * ft * dv + m * dv,
+                                      s_ptr + sslot * ft + m, f, fm, cv, dv, H, phik_hi,
+                                      CAUSAL, PREC)
+            da = tl.where(im[:, None] & fm[None, :],
+                          _query_da(dpsi_lo, dpsi_hi, psi_lo, psi_hi, KIND), 0.0)
+            dW += tl.dot(tl.trans(da), xq, input_precision=PREC)
+            db += tl.sum(da, 0)
+            if CAUSAL:  # the keys of chunk t: R (still R_t here) and the chunk's queries
+                kscale = tl.where(kept, tl.exp2((mj - me) * _LOG2E), 0.0)
+                dphi_lo = kscale[:, None] * (tl.dot(vk, tl.trans(R_lo), input_precision=PREC)
+                                             + r_lo[None, :])
+                dphi_lo += tl.dot(tl.trans(H), psi_lo, input_precision=PREC)
+                dphi_hi = dphi_lo
+                if KIND != 0:
+                    dphi_hi = kscale[:, None] * (tl.dot(vk, tl.trans(R_hi), input_precision=PREC)
+                                                 + r_hi[None, :])
+                    dphi_hi += tl.dot(tl.trans(H), psi_hi, input_precision=PREC)
+                da, dl = _key_da(dphi_lo, dphi_hi, e_lo, e_hi, phik_lo, phik_hi, ak, valid, KIND)
+                dW += tl.dot(tl.trans(da), xk, input_precision=PREC)
+                db += tl.sum(da, 0)
+                dlw += tl.sum(dl, 0)
+                drate += tl.sum(i.to(tl.float32) * tl.sum(dl, 1), 0)
+        rows = tl.where(im, bscale, 0.0)
+        if CAUSAL:
             scale = tl.exp2((mb - me) * _LOG2E)
             R_lo *= scale
             r_lo *= scale
             R_hi *= scale
             r_hi *= scale
-            rows = tl.where(im, tl.exp2((mb - mi) * _LOG2E), 0.0)
-        p_lo = tl.zeros([BT, BF], tl.float32)
-        p_hi = p_lo
-        if KIND != 2:
-            phik_lo = p_lo
-            phik_hi = p_lo
-            T = tl.zeros([BT, BT], tl.float32)
-            bscale = rows
-            if CAUSAL:
-                bscale = tl.exp2((mb - mi) * _LOG2E)
-                xk, gk, kept, mj, T = _chunk_keys(k_ptr + bh * nk * D,
-                                                  keep_ptr + (bh // heads) * nk, mrun_ptr, i,
-                                                  im, i, mi, norm_coef, rate_ptr + bh % r_sets,
-                                                  D, HAS_KEEP, HAS_RATE)
-                ak, wk = _project(xk, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
-                lo, hi = _key_logits(ak, gk, klw_ptr, f, fm, HAS_KLW, KIND)
-                _e0, _e1, phik_lo, phik_hi = _key_features(lo, hi, ak, mj[:, None],
-                                                           kept[:, None] & fm[None, :], KIND)
-            sslot = bh
-            if CAUSAL:
-                sslot = bh * nslots + t
-            p_lo, p_hi = _normaliser(bscale, s_ptr + sslot * ft, f, fm, m, T, phik_lo,
-                                     phik_hi, KIND, CAUSAL, PREC)
-        psi_lo, psi_hi = _query_features(aq, c, p_lo, p_hi, fm, KIND)
-        psi_lo = tl.where(im[:, None] & fm[None, :], psi_lo, 0.0) * rows[:, None]
-        R_lo += tl.dot(tl.trans(psi_lo), g, input_precision=PREC)
-        r_lo += tl.sum(psi_lo * gden[:, None], 0)
+        R_lo += tl.dot(tl.trans(psi_lo * rows[:, None]), g, input_precision=PREC)
+        r_lo += tl.sum(psi_lo * (rows * gden)[:, None], 0)
         if KIND != 0:
-            psi_hi = tl.where(im[:, None] & fm[None, :], psi_hi, 0.0) * rows[:, None]
-            R_hi += tl.dot(tl.trans(psi_hi), g, input_precision=PREC)
-            r_hi += tl.sum(psi_hi * gden[:, None], 0)
+            R_hi += tl.dot(tl.trans(psi_hi * rows[:, None]), g, input_precision=PREC)
+            r_hi += tl.sum(psi_hi * (rows * gden)[:, None], 0)
     if not CAUSAL:
         tl.store(R_ptr + f[:, None] * dv + cv[None, :], R_lo, mask=rmask)
         tl.store(r_ptr + f, r_lo, mask=fm)
         if KIND != 0:
             tl.store(R_ptr + (m + f)[:, None] * dv + cv[None, :], R_hi, mask=rmask)
             tl.store(r_ptr + m + f, r_hi, mask=fm)
+        if NEED_PARAMS:  # the keys, with the full R
+            mtot = tl.load(mtot_ptr + bh)
+            for t0 in range(0, nk, BT):
+                j = t0 + tl.arange(0, BT)
+                jm = j < nk
+                kept = _kept(keep_ptr, j, jm, HAS_KEEP)
+                xk = _load_rows(k_ptr, j, jm, D, D)
+                vk = _load_rows(v_ptr, j, jm, dv, BV)
+                gk = _key_offset(xk, j, norm_coef, rate_ptr, HAS_RATE)
+                ak, wk = _project(xk, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
+                lo, hi = _key_logits(ak, gk, klw_ptr, f, fm, HAS_KLW, KIND)
+                valid = kept[:, None] & fm[None, :]
+                e_lo, e_hi, phi_lo, phi_hi = _key_features(lo, hi, ak, mtot, valid, KIND)
+                dphi_lo = tl.dot(vk, tl.trans(R_lo), input_precision=PREC) + r_lo[None, :]
+                dphi_hi = dphi_lo
+                if KIND != 0:
+                    dphi_hi = tl.dot(vk, tl.trans(R_hi), input_precision=PREC) + r_hi[None, :]
+                da, dl = _key_da(dphi_lo, dphi_hi, e_lo, e_hi, phi_lo, phi_hi, ak, valid, KIND)
+                dW += tl.dot(tl.trans(da), xk, input_precision=PREC)
+                db += tl.sum(da, 0)
+                dlw += tl.sum(dl, 0)
+                drate += tl.sum(j.to(tl.float32) * tl.sum(dl, 1), 0)
+    if NEED_PARAMS:
+        tl.store(dw_ptr + bh * m * D + f[:, None] * D + tl.arange(0, D)[None, :], dW,
+                 mask=fm[:, None])
+        if HAS_BIAS:
+            tl.store(db_ptr + bh * m + f, db, mask=fm)
+        if HAS_KLW:
+            tl.store(dl_ptr + bh * m + f, dlw, mask=fm)
+        if HAS_RATE:
+            tl.store(dr_ptr + bh * tl.num_programs(1) + tl.program_id(1), drate)
 
 
 @triton.jit
 def _key_grad_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_ptr, mrun_ptr,
-                     mtot_ptr, s_ptr, c_ptr, g_ptr, gd_ptr, R_ptr, r_ptr, dk_ptr, dv_ptr,
-                     dw_ptr, db_ptr, dl_ptr, dr_ptr, nk, m, dv, heads, w_sets, b_sets, l_sets,
-                     r_sets, norm_coef, nparts, qparts, D: tl.constexpr, BT: tl.constexpr,
-                     BF: tl.constexpr, BV: tl.constexpr, KIND: tl.constexpr,
+                     mtot_ptr, s_ptr, c_ptr, g_ptr, gd_ptr, R_ptr, r_ptr, dk_ptr, dv_ptr, nk, m,
+                     dv, heads, w_sets, b_sets, l_sets, r_sets, norm_coef, D: tl.constexpr,
+                     BT: tl.constexpr, BF: tl.constexpr, BV: tl.constexpr, KIND: tl.constexpr,
                      HAS_BIAS: tl.constexpr, HAS_KLW: tl.constexpr, HAS_RATE: tl.constexpr,
-                     HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, NEED_PARAMS: tl.constexpr,
-                     PREC: tl.constexpr):
+                     HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
     """One key tile (a chunk when causal): dphi_j = R [v_j | 1] (rescaled by exp(M_j - Me)
     when causal, plus the chunk's own queries through H^T psi), dv_j = phi_j^T R_S (plus
-    sum_i T_ij (psi_i . phi_j) g_i), then dl = dphi phi, da, dk and the key-side partials."""
+    sum_i T_ij (psi_i . phi_j) g_i), then dl = dphi phi, da and dk (whose |k|^2 term needs
+    dl summed over every feature)."""
     bh = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1)
     ft = m if KIND == 0 else 2 * m
@@ -520,7 +626,6 @@ def _key_grad_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_
     mrun_ptr += bh * nk
     vk = _load_rows(v_ptr + bh * nk * dv, j, jm, dv, BV)
     cv = tl.arange(0, BV)
-    rcols = (cv < dv)[None, :]
     if CAUSAL:
         slot = bh * tl.cdiv(nk, BT) + t
         mi = tl.load(mrun_ptr + j, mask=jm, other=_NEG)  # queries of the chunk are rows j
@@ -560,22 +665,14 @@ def _key_grad_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_
         fm = f < m
         ak, w = _project(xk, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
         lo, hi = _key_logits(ak, gk, klw_ptr, f, fm, HAS_KLW, KIND)
-        e_lo, e_hi, phi_lo, phi_hi = _key_features(lo, hi, ak, mj[:, None],
-                                                   kept[:, None] & fm[None, :], KIND)
-        rm = fm[:, None] & rcols
-        R_lo = tl.load(R_ptr + f[:, None] * dv + cv[None, :], mask=rm, other=0.0)
-        r_lo = tl.load(r_ptr + f, mask=fm, other=0.0)
-        dphi_lo = kscale[:, None] * (tl.dot(vk, tl.trans(R_lo), input_precision=PREC)
-                                     + r_lo[None, :])
+        valid = kept[:, None] & fm[None, :]
+        e_lo, e_hi, phi_lo, phi_hi = _key_features(lo, hi, ak, mj[:, None], valid, KIND)
+        dphi_lo, R_lo = _key_dphi(vk, kscale, R_ptr, r_ptr, f, fm, cv, dv, PREC)
         dvk += kscale[:, None] * tl.dot(phi_lo, R_lo, input_precision=PREC)
+        dphi_hi = dphi_lo
         if KIND != 0:
-            R_hi = tl.load(R_ptr + (m + f)[:, None] * dv + cv[None, :], mask=rm, other=0.0)
-            r_hi = tl.load(r_ptr + m + f, mask=fm, other=0.0)
-            dphi_hi = kscale[:, None] * (tl.dot(vk, tl.trans(R_hi), input_precision=PREC)
-                                         + r_hi[None, :])
+            dphi_hi, R_hi = _key_dphi(vk, kscale, R_ptr + m * dv, r_ptr + m, f, fm, cv, dv, PREC)
             dvk += kscale[:, None] * tl.dot(phi_hi, R_hi, input_precision=PREC)
-        else:
-            dphi_hi = dphi_lo
         if CAUSAL:
             aq, wq = _project(xq, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
             p_lo = phi_lo
@@ -591,31 +688,9 @@ def _key_grad_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_
                 psi_hi = tl.where(jm[:, None] & fm[None, :], psi_hi, 0.0)
                 dphi_hi += tl.dot(tl.trans(H), psi_hi, input_precision=PREC)
                 pqk += tl.dot(psi_hi, tl.trans(phi_hi), input_precision=PREC)
-        dl_lo = dphi_lo * phi_lo
-        dl_sum = dl_lo
-        if KIND == 2:
-            dl_hi = dphi_hi * phi_hi
-            dl_sum = dl_lo + dl_hi
-            da = dphi_lo * e_lo * tl.cos(ak) - dphi_hi * e_hi * tl.sin(ak)
-        elif KIND == 1:
-            dl_hi = dphi_hi * phi_hi
-            dl_sum = dl_lo + dl_hi
-            da = dl_lo - dl_hi
-        else:
-            da = dl_lo
-        da = tl.where(kept[:, None] & fm[None, :], da, 0.0)
-        dl_sum = tl.where(kept[:, None] & fm[None, :], dl_sum, 0.0)
-        dg += tl.sum(dl_sum, 1)
+        da, dl = _key_da(dphi_lo, dphi_hi, e_lo, e_hi, phi_lo, phi_hi, ak, valid, KIND)
+        dg += tl.sum(dl, 1)
         dk += tl.dot(da, w, input_precision=PREC)
-        if NEED_PARAMS:
-            part = bh * nparts + qparts + t
-            tl.store(dw_ptr + part * m * D + f[:, None] * D + tl.arange(0, D)[None, :],
-                     tl.dot(tl.trans(da), xk, input_precision=PREC), mask=fm[:, None])
-            if HAS_BIAS:
-                tl.store(db_ptr + part * m + f, tl.sum(da, 0), mask=fm)
-            if HAS_KLW:
-                tl.store(dl_ptr + (bh * tl.cdiv(nk, BT) + t) * m + f, tl.sum(dl_sum, 0),
-                         mask=fm)
     if CAUSAL:
         dvk += tl.dot(tl.trans(T * pqk), g, input_precision=PREC)
     dk += (2.0 * norm_coef) * dg[:, None] * xk
@@ -625,10 +700,7 @@ def _key_grad_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_
     tl.store(dk_ptr + bh * nk * D + j[:, None] * D + cd[None, :], dk.to(dk_ptr.dtype.element_ty),
              mask=jm[:, None])
     tl.store(dv_ptr + bh * nk * dv + j[:, None] * dv + cv[None, :],
-             dvk.to(dv_ptr.dtype.element_ty), mask=jm[:, None] & rcols)
-    if NEED_PARAMS:
-        if HAS_RATE:
-            tl.store(dr_ptr + bh * tl.cdiv(nk, BT) + t, tl.sum(j.to(tl.float32) * dg, 0))
+             dvk.to(dv_ptr.dtype.element_ty), mask=jm[:, None] & (cv < dv)[None, :])
 
 
 def _sets_sum(per_head, sets, heads):
@@ -720,37 +792,35 @@ def backward(dy, q, k, v, y, W, bias, key_logw, rate, norm_coef, kind, causal, k
     dq = _empty(q.shape, dtype=q.dtype, device=dev)
     dk = _empty(k.shape, dtype=k.dtype, device=dev)
     dv_ = _empty(v.shape, dtype=v.dtype, device=dev)
-    nparts = nt_q + nt_k
-    if need_params:
-        dwp = _empty(bh, nparts, m, d, dtype=f32, device=dev)
-        dbp = _empty(bh, nparts, m, dtype=f32, device=dev) if has[0] else dummy
-        dlp = _empty(bh, nt_k, m, dtype=f32, device=dev) if has[1] else dummy
-        drp = _empty(bh, nt_k, dtype=f32, device=dev) if has[2] else dummy
+    mt = triton.cdiv(m, bf)
+    if need_params:  # per head; drate per head and feature tile
+        dwh = _empty(bh, m, d, dtype=f32, device=dev)
+        dbh = _empty(bh, m, dtype=f32, device=dev) if has[0] else dummy
+        dlh = _empty(bh, m, dtype=f32, device=dev) if has[1] else dummy
+        drh = _empty(bh, mt, dtype=f32, device=dev) if has[2] else dummy
     else:
-        dwp = dbp = dlp = drp = dummy
+        dwh = dbh = dlh = drh = dummy
     flags = dict(KIND=kind, HAS_BIAS=has[0], HAS_KLW=has[1], HAS_RATE=has[2],
                  HAS_KEEP=has[3], CAUSAL=bool(causal), PREC=precision,
                  num_stages=1)  # pipelining buffers would not fit next to the tiles
     common = (heads, *sets, float(norm_coef))
-    mt = triton.cdiv(m, bf)
+    tiles = dict(D=d, BT=chunk, BF=bf)
     _key_max_kernel[(bh,)](k, keep_, W, bias_, klw_, rate_, mrun, mtot, nk, m, *common,
-                           D=d, BT=chunk, BF=bf, **flags)
+                           **tiles, **flags)
     _key_state_kernel[(bh, mt)](k, v, keep_, W, bias_, klw_, rate_, mrun, mtot, S, s, nk, m,
-                                dv, *common, D=d, BT=chunk, BF=bf, BV=bv, **flags)
+                                dv, *common, **tiles, BV=bv, **flags)
     _query_grad_kernel[(bh, nt_q)](q, k, v, y, dy, keep_, W, bias_, klw_, rate_, mrun, S, s,
-                                   c, g, gd, dq, dwp, dbp, nq, nk, m, dv, *common, nparts,
-                                   D=d, BT=chunk, BF=bf, BV=bv, NEED_PARAMS=need_params,
+                                   c, g, gd, dq, nq, nk, m, dv, *common, **tiles, BV=bv,
                                    **flags)
-    _query_sum_kernel[(bh, mt)](q, k, keep_, W, bias_, klw_, rate_, mrun, s, c, g, gd, R, r,
-                                nq, nk, m, dv, *common, D=d, BT=chunk, BF=bf, BV=bv, **flags)
+    _feature_sums_kernel[(bh, mt)](q, k, v, keep_, W, bias_, klw_, rate_, mrun, mtot, S, s, c,
+                                   g, gd, R, r, dwh, dbh, dlh, drh, nq, nk, m, dv, *common,
+                                   **tiles, BV=bv, NEED_PARAMS=need_params, **flags)
     _key_grad_kernel[(bh, nt_k)](q, k, v, keep_, W, bias_, klw_, rate_, mrun, mtot, s, c, g, gd,
-                                 R, r, dk, dv_, dwp, dbp, dlp, drp, nk, m, dv, *common, nparts,
-                                 nt_q, D=d, BT=chunk, BF=bf, BV=bv, NEED_PARAMS=need_params,
-                                 **flags)
+                                 R, r, dk, dv_, nk, m, dv, *common, **tiles, BV=bv, **flags)
     if not need_params:
         return dq, dk, dv_, None, None, None, None
-    dW = _sets_sum(dwp.sum(1), w_sets, heads)
-    db = _sets_sum(dbp.sum(1), sets[1], heads) if has[0] else None
-    dl = _sets_sum(dlp.sum(1), sets[2], heads) if has[1] else None
-    dr = _sets_sum(drp.sum(1, keepdim=True), sets[3], heads).reshape(-1) if has[2] else None
+    dW = _sets_sum(dwh, w_sets, heads)
+    db = _sets_sum(dbh, sets[1], heads) if has[0] else None
+    dl = _sets_sum(dlh, sets[2], heads) if has[1] else None
+    dr = _sets_sum(drh.sum(1, keepdim=True), sets[3], heads).reshape(-1) if has[2] else None
     return dq, dk, dv_, dW, db, dl, dr
