@@ -137,15 +137,16 @@ def _query_features(a, c, p_lo, p_hi, fm, KIND: tl.constexpr):
 
 
 @triton.jit
-def _chunk_keys(k_ptr, keep_ptr, mrun_ptr, rows, row_ok, i_rows, mi, norm_coef, rate_ptr,
+def _chunk_keys(k_ptr, keep_ptr, mrun_ptr, rows, row_ok, mi, norm_coef, rate_ptr,
                 D: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_RATE: tl.constexpr):
-    """The keys of a causal chunk: (x, g, kept, M_j, T) with T_ij = exp(M_j - M_i) for kept
-    j <= i (query rows i_rows at scales mi, inside the sequence), 0 elsewhere."""
+    """The keys of a causal chunk, whose queries are the same rows: (x, g, kept, M_j, T)
+    with T_ij = exp(M_j - M_i) for kept j <= i (i inside the sequence, at scale mi), 0
+    elsewhere."""
     kept = _kept(keep_ptr, rows, row_ok, HAS_KEEP)
     x = _load_rows(k_ptr, rows, row_ok, D, D)
     g = _key_offset(x, rows, norm_coef, rate_ptr, HAS_RATE)
     mj = tl.load(mrun_ptr + rows, mask=row_ok, other=_NEG)
-    vis = (rows[None, :] <= i_rows[:, None]) & kept[None, :] & row_ok[:, None]
+    vis = (rows[None, :] <= rows[:, None]) & kept[None, :] & row_ok[:, None]
     T = tl.where(vis, tl.exp2((mj[None, :] - mi[:, None]) * _LOG2E), 0.0)
     return x, g, kept, mj, T
 
@@ -347,7 +348,7 @@ def _query_grad_kernel(q_ptr, k_ptr, v_ptr, y_ptr, dy_ptr, keep_ptr, w_ptr, b_pt
         bscale = tl.exp2((mb - mi) * _LOG2E)
         slot = bh * tl.cdiv(nk, BT) + t
         xk, gk, kept, mj, T = _chunk_keys(k_ptr + bh * nk * D, keep_ptr + (bh // heads) * nk,
-                                          mrun_ptr, i, im, i, mi, norm_coef,
+                                          mrun_ptr, i, im, mi, norm_coef,
                                           rate_ptr + bh % r_sets, D, HAS_KEEP, HAS_RATE)
         vk = _load_rows(v_ptr + bh * nk * dv, i, im, dv, BV)
     else:
@@ -508,7 +509,7 @@ def _feature_sums_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, r
             mb = tl.where(t > 0, tl.load(mrun_ptr + tl.maximum(t * BT - 1, 0)), _NEG)
             mi = tl.load(mrun_ptr + i, mask=im, other=_NEG)
             bscale = tl.exp2((mb - mi) * _LOG2E)
-            xk, gk, kept, mj, T = _chunk_keys(k_ptr, keep_ptr, mrun_ptr, i, im, i, mi, norm_coef,
+            xk, gk, kept, mj, T = _chunk_keys(k_ptr, keep_ptr, mrun_ptr, i, im, mi, norm_coef,
                                               rate_ptr, D, HAS_KEEP, HAS_RATE)
             ak, wk = _project(xk, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
             lo, hi = _key_logits(ak, gk, klw_ptr, f, fm, HAS_KLW, KIND)
@@ -633,7 +634,7 @@ def _key_grad_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_
         me = tl.load(mrun_ptr + tl.minimum(t * BT + BT, nk) - 1)
         bscale = tl.exp2((mb - mi) * _LOG2E)
         xk, gk, kept, mj, T = _chunk_keys(k_ptr + bh * nk * D, keep_ptr + (bh // heads) * nk,
-                                          mrun_ptr, j, jm, j, mi, norm_coef, rate_ptr, D,
+                                          mrun_ptr, j, jm, mi, norm_coef, rate_ptr, D,
                                           HAS_KEEP, HAS_RATE)
         kscale = tl.where(kept, tl.exp2((mj - me) * _LOG2E), 0.0)
         xq = _load_rows(q_ptr + bh * nk * D, j, jm, D, D)
