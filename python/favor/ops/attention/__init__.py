@@ -19,6 +19,7 @@ from ..exact.op import exact_attention
 from ..projection import projection as draw_projection
 from . import paths
 from .op import attention_op
+from .triton_function import supported as triton_supported
 
 __all__ = ["attention", "check_parameters", "fit_tensors", "projection_tensor"]
 
@@ -193,6 +194,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     mask = T.check_mask(key_padding_mask)
     path = T.backend(q, "q", backend)
     T.check_same_device(q, ((k, "k"), (v, "v")))
+    if path == "triton" and backend is None and not triton_supported(q.shape[-1], v.shape[-1]):
+        path = "torch"  # the device's default: sizes the fused kernels do not take
     map_args = (feature_map, weights, bias, feature_weights, decay)
     if method == "exact":
         if any(x is not None for x in map_args):
