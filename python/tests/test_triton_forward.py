@@ -317,8 +317,8 @@ COMPILE = r"""
 import importlib, sys, time, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-fw = importlib.import_module("favor.ops.attention.triton.forward")  # the package exports
-decode = importlib.import_module("favor.ops.attention.triton.decode")  # functions of these names
+fw = importlib.import_module("favor.ops.attention.triton.attend")  # the modules (the package
+decode = importlib.import_module("favor.ops.attention.triton.decode")  # exports functions)
 t0 = time.time()
 target = GPUTarget("cuda", 90, 64)
 D, F, C, DV, BF, BDV = 64, 256, 64, 64, 64, 64

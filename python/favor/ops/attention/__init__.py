@@ -163,7 +163,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
 
     q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] (or [N, D]) -> [B, H, Nq, Dv], in the
     dtype of q. float32 tensors are read in place (any strides); float64/float16/bfloat16
-    are cast to float32 (a copy), computed in float32 and the output cast back. projection: a
+    are cast to float32 (a copy), computed in float32 and the output cast back (the
+    'triton' path reads float16/bfloat16 directly, computing in float32). projection: a
     kind (drawn with `features` rows, `norms`, `seed`, by the op favor::projection), a
     favor.Projection, or a float [m, D] tensor, which receives a gradient when it requires
     one (every kernel; FAVOR++/FAVOR# hold their fit fixed). key_padding_mask [B, Nk]:
@@ -222,10 +223,12 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
             wt = b = lam = gamma = None
         fit_a, fit_basis = fit_tensors(fit, kernel, d, inputs)
         if path != "cpu":
+            if path == "triton" and out_dtype in (torch.float16, torch.bfloat16):
+                q32, k32, v32 = q, k, v  # the kernels read half precision themselves
             run = paths.torch_attention if path == "torch" else paths.triton_attention
             y = run(q32, k32, v32, w, wt, b, lam, gamma, mask, fit_a, fit_basis, kernel,
                     bool(causal), _args.optional_number(scale, "scale"))
-            return y if out_dtype == torch.float32 else y.to(out_dtype)
+            return y if y.dtype == out_dtype else y.to(out_dtype)
         tensors = (q32, k32, v32, w, wt, b, lam, gamma)
         save = (not causal and torch.is_grad_enabled()
                 and any(t is not None and t.requires_grad for t in tensors))

@@ -2,7 +2,7 @@
 function on the canonical map (canonical.py), and the fused decode step.
 
 The forward saves q, k, v, y and the map; the backward is the fused backward kernel, which
-recomputes the states in fp32 (triton/backward.py). Gradients reach the canonical W, bias,
+recomputes the states in fp32 (triton/gradients.py). Gradients reach the canonical W, bias,
 key_logw and rate, and from there, by autograd through canonical_map, the caller's
 projection, weights, bias, lambda and gamma.
 

@@ -3,10 +3,10 @@ kernels; docs/numerics.md for the stabilisation):
 
 - features.py: the feature-map prologue on a tile (x W^T on tl.dot, the key log weight, the
   kind as a constexpr epilogue, exp2), shared by the kernels; features are never stored.
-- forward.py: forward(...), bidirectional (key tiles, a deterministic combine, queries) and
+- attend.py: forward(...), bidirectional (key tiles, a deterministic combine, queries) and
   causal (chunk states, a sequential scan of boundary states, chunks in parallel).
 - decode.py: decode_step(...), one fused append + query kernel per head on the decoder state.
-- backward.py: backward(...), the gradients of q, k, v and the map's tensors, states
+- gradients.py: backward(...), the gradients of q, k, v and the map's tensors, states
   recomputed in fp32 (a key-state pass, query tiles, feature tiles with the reverse scan,
   key tiles), deterministic.
 - params.py: the wrappers' checks (ValueError naming the argument) and launch parameters.
@@ -14,8 +14,8 @@ kernels; docs/numerics.md for the stabilisation):
 Plain functions on torch tensors (no autograd): favor.torch.attention's 'triton' path builds
 its autograd function on them (ops/attention/triton_function.py).
 """
-from .backward import backward
+from .gradients import backward
 from .decode import decode_step
-from .forward import forward
+from .attend import forward
 
 __all__ = ["backward", "decode_step", "forward"]

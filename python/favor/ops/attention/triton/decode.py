@@ -120,7 +120,7 @@ def decode_step(sums, log_max, row_positions, position, q, k, v, W, bias, key_lo
     """Append token (k, v) and query q, each [BH, 1, D or Dv] (fp32 / fp16 / bf16,
     contiguous), on the state (sums [BH, F, Dv + 1] fp32, log_max [BH] float64, row_positions
     [B] int64, position an int); keep [B] or [B, 1] (nonzero = the token takes part) or None;
-    the map as in forward.forward (rate = -log gamma per head, allowed: decoding is causal).
+    the map as in attend.forward (rate = -log gamma per head, allowed: decoding is causal).
     Returns (y [BH, 1, Dv] in q's dtype, sums, log_max, row_positions, position), new tensors
     (inputs unchanged). precision is accepted for symmetry with forward and has no effect
     (one row: elementwise fp32 products)."""

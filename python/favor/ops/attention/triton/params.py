@@ -1,4 +1,4 @@
-"""Checks and launch parameters shared by the Triton wrappers (forward.py, decode.py).
+"""Checks and launch parameters shared by the Triton wrappers (attend.py, gradients.py, decode.py).
 
 The wrappers take the canonical map (favor's C++ kernels' parameters, prepared by the caller:
 W with sqrt(scale) folded in, key_logw = log lambda^2, rate = -log gamma, norm_coef) and

@@ -1,0 +1,119 @@
+"""favor.torch's 'triton' path end to end, in Triton's interpreter on CPU tensors: the fused
+kernels behind favor.torch.attention (autograd through the fused backward), the modules and
+favor::decode_step, against the C++ kernels and the torch path. (The kernels' own tests:
+test_triton_forward.py, test_triton_backward.py.)
+
+Tolerance: both sides are float32 evaluations of one formula with the same stabiliser, so
+they agree to a few float32 roundings of the result (N + F terms of <= 1 each: ~(N + F)
+2^-24 ~ 1e-5 worst case, docs/numerics.md rule 4); gradients to 1e-5 relative likewise.
+"""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import favor  # noqa: E402
+import favor.torch as ft  # noqa: E402
+from favor.ops import decode_step, empty_state  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def frob(a, b):
+    return float((a.double() - b.double()).norm() / max(float(b.double().norm()), 1e-300))
+
+
+def inputs(b, h, n, d, dv, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, n, x, generator=g) * s for x, s in ((d, 0.7), (d, 0.7), (dv, 1))]
+
+
+@pytest.mark.parametrize("kernel,causal,learned", [("positive", False, False),
+                                                   ("hedgehog", True, True),
+                                                   ("trig", True, False)])
+def test_attention_and_gradients_on_the_triton_path(kernel, causal, learned):
+    b, h, n, d, dv, m = 2, 2, 37, 16, 5, 16
+    q, k, v = inputs(b, h, n, d, dv, 1)
+    mask = torch.zeros(b, n, dtype=torch.bool)
+    mask[1, :6] = True
+    g = torch.Generator().manual_seed(2)
+    extra = {}
+    if learned:
+        extra = dict(weights=torch.randn(h, m, d, generator=g) * 0.3,
+                     bias=torch.randn(h, m, generator=g) * 0.1,
+                     feature_weights=torch.rand(h, m, generator=g) + 0.5,
+                     decay=torch.tensor([0.9, 0.97], dtype=torch.float64))
+    leaves = [q, k, v, *extra.values()]
+    dy = torch.randn(b, h, n, dv, generator=g)
+
+    def run(backend):
+        xs = [t.clone().requires_grad_() for t in leaves]
+        kw = dict(zip(extra, xs[3:]))
+        y = ft.attention(*xs[:3], kernel=kernel, causal=causal, key_padding_mask=mask,
+                         features=m, backend=backend, **kw)
+        grads = torch.autograd.grad(y, xs, dy)
+        return y, grads
+    y_tri, g_tri = run("triton")
+    y_cpp, g_cpp = run(None)
+    y_t, g_t = run("torch")
+    assert frob(y_tri, y_cpp) < 1e-5 and frob(y_tri, y_t) < 1e-5
+    names = ["q", "k", "v", *extra]
+    for name, a, c, t in zip(names, g_tri, g_cpp, g_t):
+        if kernel == "trig" and name == "bias":
+            continue
+        assert frob(a, c) < 1e-5 and frob(a, t) < 1e-5, name
+
+
+def test_half_inputs_reach_the_kernels():
+    """float16 q, k, v go to the kernels as they are: the output is the float32 call on the
+    rounded inputs, in float16, and gradients come back in float16."""
+    q, k, v = (t.half() for t in inputs(1, 2, 20, 16, 4, 3))
+    y = ft.attention(q, k, v, causal=True, backend="triton")
+    assert y.dtype == torch.float16
+    ref = ft.attention(q.float(), k.float(), v.float(), causal=True, backend="triton")
+    assert torch.equal(y, ref.half())
+    qq = q.clone().requires_grad_()
+    (gq,) = torch.autograd.grad(ft.attention(qq, k, v, backend="triton").float().sum(), qq)
+    assert gq.dtype == torch.float16 and torch.isfinite(gq).all()
+
+
+def test_modules_and_the_fused_decode_step():
+    torch.manual_seed(0)
+    layer = ft.FavorAttention(32, 2, causal=True, features=16, kernel="hedgehog",
+                              learn_features=True, decay=[0.9, 0.8], backend="triton")
+    x = torch.randn(2, 11, 32)
+    y = layer(x)
+    layer.core.backend = None
+    assert frob(y, layer(x)) < 1e-5
+    # favor::decode_step: the fused append + query kernel, on the C++ decoder's state
+    b, h, d, dv, m = 2, 2, 16, 4, 16
+    q, k, v = inputs(b, h, 7, d, dv, 4)
+    w = torch.tensor(favor.make_projection(d, "orthogonal", features=m, seed=0).matrix)
+    keep = torch.ones(b, 7, dtype=torch.bool)
+    keep[1, :2] = False
+    s_cpp = s_tri = empty_state(b, h, dv, m)
+    for t in range(7):
+        sl = slice(t, t + 1)
+        args = (q[:, :, sl], k[:, :, sl], v[:, :, sl], w)
+        kw = dict(key_mask=keep[:, sl], decay=torch.tensor([0.95]))
+        y_cpp, s_cpp = decode_step(s_cpp, *args, **kw)
+        y_tri, s_tri = decode_step(s_tri, *args, backend="triton", **kw)
+        assert frob(y_tri, y_cpp) < 1e-5 or float(y_cpp.norm()) == 0 == float(y_tri.norm())
+    assert frob(s_tri[0], s_cpp[0]) < 1e-5
+    assert torch.equal(s_tri[2], s_cpp[2]) and torch.equal(s_tri[3], s_cpp[3])
+
+
+def test_what_the_triton_path_refuses():
+    q, k, v = inputs(1, 1, 8, 20, 4, 5)                  # D = 20: not a fused head dim
+    with pytest.raises(favor.Error, match="backend: 'triton' takes head dims"):
+        ft.attention(q, k, v, backend="triton")
+    y = ft.attention(q, k, v)                              # CPU tensors: the C++ kernels
+    assert torch.isfinite(y).all()
+    with pytest.raises(favor.Error, match="'triton' needs the triton package and a CUDA device"):
+        os.environ["TRITON_INTERPRET"] = "0"
+        try:
+            ft.attention(q, k, v, backend="triton")
+        finally:
+            os.environ["TRITON_INTERPRET"] = "1"
