@@ -117,3 +117,16 @@ def test_what_the_triton_path_refuses():
             ft.attention(q, k, v, backend="triton")
         finally:
             os.environ["TRITON_INTERPRET"] = "1"
+
+
+def test_gpu_benchmark_harness_runs(tmp_path):
+    """python -m favor.bench_gpu --quick: the harness of the GPU benchmark (docs/gpu.md) on
+    tiny shapes in the interpreter (a check that it runs and writes its files; no timing
+    is asserted)."""
+    from favor import bench_gpu
+    result = bench_gpu.main(["--quick", "--out", str(tmp_path)])
+    impls = {r["impl"] for r in result["records"]}
+    assert {"favor_triton", "favor_torch"} <= impls
+    assert len(result["records"]) == 8                 # 2 impls x causal/not x fwd/fwd+bwd
+    assert all(r["ms"] > 0 for r in result["records"])
+    assert {p.name for p in tmp_path.iterdir()} == {"results.json", "table.md", "autotune.md"}
