@@ -7,8 +7,6 @@ the float64 oracle (same projection) is at most twice that of a naive float32 ev
 the same formula (favor.torch.plain.attention_materialised in float32) plus 1e-6; gradients
 likewise against float64 autograd through the oracle.
 """
-import math
-
 import pytest
 import torch
 

@@ -39,7 +39,7 @@ def vq_attention(q, k, v, codebook, key_padding_mask, causal, scale, tau, block,
     check(q, codebook, tau, causal, block)
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     qf, kf, vf = flat(q), flat(k), flat(v)
-    bh, heads = qf.shape[0], (q.shape[1] if q.dim() == 4 else 1)
+    bh = qf.shape[0]
     cb = codebook.to(q.device, torch.float32)
     cb = cb if cb.dim() == 3 else cb.unsqueeze(0)
     cb = cb.repeat(bh // cb.shape[0], 1, 1) if cb.shape[0] != bh else cb     # [BH, c, D]
