@@ -24,7 +24,9 @@ from ..attention.paths import check_shapes, flat, keep_rows
 
 def check(q, codebook, tau, causal, block):
     """C++'s checks of the codebook (shape, values) and tau, by a one-token call on host
-    copies: one rule, one place."""
+    copies: one rule, one place (eager calls; skipped while torch.compile traces)."""
+    if torch.compiler.is_compiling():
+        return
     heads, d = (q.shape[1] if q.dim() == 4 else 1), q.shape[-1]
     one = np.zeros((1, heads, 1, d), np.float32)
     cb = np.ascontiguousarray(codebook.detach().to("cpu", torch.float32).numpy())
