@@ -1,4 +1,6 @@
-"""favor.torch: favor's attention for PyTorch (CPU tensors; torch >= 1.13).
+"""favor.torch: favor's attention for PyTorch (torch >= 2.4; any device: CPU tensors run the
+C++ kernels, CUDA tensors the fused Triton kernels, others plain torch operations; backend=
+forces one: docs/gpu.md).
 
 - attention(q, k, v, ...): differentiable FAVOR (or exact) attention on [B, H, N, D] tensors,
   gradients for q, k, v and a projection tensor.
