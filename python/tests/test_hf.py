@@ -122,6 +122,22 @@ def test_generate_uses_a_favor_cache_of_fixed_size():
     assert seen, "generate() did not make a FavorCache"
 
 
+@pytest.mark.parametrize("method", ["favor", "hedgehog"])
+def test_the_torch_path_of_gpus_generates_as_the_cpp_path(method):
+    """backend='torch' (the path of CUDA without triton and of other devices, docs/gpu.md):
+    the converted model's logits and its FavorCache generation (state held as tensors, beam
+    reorders included) equal the C++ path's."""
+    ids, mask = inputs()
+    models = [converted("llama", method, features=16, **kw) for kw in ({}, {"backend": "torch"})]
+    models[1].load_state_dict(models[0].state_dict())
+    logits = [run(m, ids, mask) for m in models]
+    torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=1e-5)
+    outs = [m.generate(ids, attention_mask=mask, max_new_tokens=5, num_beams=2,
+                       do_sample=False) for m in models]
+    assert torch.equal(outs[0], outs[1])
+    assert all(c[-1].backend == "torch" for c in fh.cores(models[1]))
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_beam_search_and_sampling_equal_recomputing_the_whole_sequence(family):
     model = converted(family, "hedgehog", features=16)

@@ -42,8 +42,9 @@ METHODS = {
     "vq": dict(),
 }
 _FAVOR_OPTIONS = ("kernel", "features", "projection", "norms", "seed", "decay", "learn_decay",
-                  "feature_redraw_interval")
-_VQ_OPTIONS = ("codes", "tau", "learn_codebook", "seed", "decay", "dead_after", "beta")
+                  "feature_redraw_interval", "backend")
+_VQ_OPTIONS = ("codes", "tau", "learn_codebook", "seed", "decay", "dead_after", "beta",
+               "backend")  # backend: favor.torch's path (None: by the device; docs/gpu.md)
 
 
 @dataclass
