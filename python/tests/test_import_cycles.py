@@ -145,11 +145,12 @@ NEEDS_TORCH = ("favor.torch", "favor.bench", "favor.models", "favor.distributed.
 
 # One interpreter imports the third-party packages favor uses (no favor module), then forks a
 # child per favor module that imports just that module: each child starts with no favor
-# module loaded, as a fresh interpreter would, without paying torch's import per module
-# (~2 s each; 64 modules).
+# module loaded, as a fresh interpreter would, without paying torch's, triton's or
+# transformers' import per module (~2 s each; 80 modules).
 _FORKER = r"""
 import importlib, json, os, sys, traceback
-for lib in ("numpy", "torch", "mpi4py"):
+for lib in ("numpy", "torch", "mpi4py", "triton", "triton.language", "transformers",
+            "transformers.cache_utils", "transformers.masking_utils", "transformers.modeling_utils"):
     try:
         importlib.import_module(lib)
     except ImportError:

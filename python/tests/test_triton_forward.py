@@ -360,14 +360,18 @@ print("%s: compiled in %.1f s" % (sys.argv[1], time.time() - t0))
 """
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+# CI compiles for bf16, the dtype the interpreter cannot run; FAVOR_TRITON_COMPILE=1 all three.
+COMPILE_DTYPES = ["fp16", "bf16", "fp32"] if os.environ.get("FAVOR_TRITON_COMPILE") else ["bf16"]
+
+
+@pytest.mark.parametrize("dtype", COMPILE_DTYPES)
 def test_compiles_for_sm90(dtype):
     """Each kernel lowers to a cubin for sm_90 (the ptxas bundled with triton; no GPU needed)
     at D = 64, F = 256 (tiles of 64; 16 in _causal_out), C = 64, Dv = 64, with every map
-    option on, for fp16 / bf16 / fp32 inputs: the interpreter accepts kernels the GPU
-    compiler rejects (tiles under 16, non-constexpr globals). A subprocess without
-    TRITON_INTERPRET, since the interpreter replaces the kernels. About 5-9 s per dtype with
-    a cold Triton cache on one core, well under 1 s warm."""
+    option on, for bf16 inputs (fp16 and fp32 too with FAVOR_TRITON_COMPILE=1): the
+    interpreter accepts kernels the GPU compiler rejects (tiles under 16, non-constexpr
+    globals). A subprocess without TRITON_INTERPRET, since the interpreter replaces the
+    kernels. About 5-9 s per dtype with a cold Triton cache on one core, well under 1 s warm."""
     import triton
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     if not os.access(ptxas, os.X_OK):
