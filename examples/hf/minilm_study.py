@@ -90,9 +90,11 @@ def timing(model, tok, text, length, repeats, batch=8):
 
 
 def measure(model, tok, held, pairs, ref, timing_text, args):
-    emb = embed(model, tok, held)
+    n = args.embed_length
+    emb = embed(model, tok, held, n)
     cos = (emb * ref["held"]).sum(-1)
-    q, d = embed(model, tok, [p[0] for p in pairs]), embed(model, tok, [p[1] for p in pairs])
+    q = embed(model, tok, [p[0] for p in pairs], n)
+    d = embed(model, tok, [p[1] for p in pairs], n)
     top, r1, r10 = retrieval(q, d)
     row = {"cos_mean": float(cos.mean()), "cos_p5": float(cos.quantile(0.05)),
            "nn_agreement": float((top[:, 0] == ref["top"][:, 0]).float().mean()),
@@ -108,6 +110,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--calibration", type=int, default=128, help="calibration docstrings")
     ap.add_argument("--calibration-length", type=int, default=128)
+    ap.add_argument("--embed-length", type=int, default=256,
+                    help="tokens per docstring when embedding the held-out set and the pairs")
     ap.add_argument("--steps", type=int, default=300, help="transfer Adam steps per layer")
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--threads", type=int, default=2)
@@ -133,6 +137,7 @@ def main(argv=None):
     args.lengths = [32, 64] if args.quick else [128, 512]
     if args.quick:
         args.calibration, args.steps, args.repeats = 8, 10, 1
+        args.calibration_length, args.embed_length = 64, 64
     os.makedirs(args.out, exist_ok=True)
     if args.timing_only:
         return timing_table(methods, args)
@@ -149,8 +154,10 @@ def main(argv=None):
     batches = [encode(tok, cal[i:i + 16], args.calibration_length)
                for i in range(0, len(cal), 16)]
     timing_text = " ".join(held)
-    ref = {"held": embed(original, tok, held)}
-    q, d = embed(original, tok, [p[0] for p in pairs]), embed(original, tok, [p[1] for p in pairs])
+    n = args.embed_length
+    ref = {"held": embed(original, tok, held, n)}
+    q = embed(original, tok, [p[0] for p in pairs], n)
+    d = embed(original, tok, [p[1] for p in pairs], n)
     ref["top"], r1, r10 = retrieval(q, d)
     base = {"recall1": r1, "recall10": r10}
     for length in args.lengths:
