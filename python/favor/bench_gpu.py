@@ -141,13 +141,21 @@ def cost(name, p, causal, backward):
 
 
 def decode_rate(device, dtype, heads, d, dv, m, measure):
-    """(ms, GB/s) of favor's fused decode step on heads [1, heads, 1, D] tokens."""
+    """(ms, GB/s) of favor's fused decode step on heads [1, heads, 1, D] tokens: the kernel
+    itself (triton_decode_step on the canonical map, without the eager checks of
+    favor.ops.decode_step, which read values on the host) on CUDA; decode_step elsewhere."""
     from .ops import decode_step, empty_state
+    from .ops.attention.canonical import canonical_map
     g = torch.Generator(device="cpu").manual_seed(SEED)
     q, k, v = (torch.randn(1, heads, 1, x, generator=g).to(device, dtype) for x in (d, d, dv))
     w = torch.randn(m, d, generator=g).to(device)
     state = empty_state(1, heads, dv, m, device=device)
-    ms = measure(lambda: decode_step(state, q, k, v, w))
+    if device.type == "cuda":
+        from .ops.attention.triton_function import triton_decode_step
+        cm = canonical_map(w, None, None, None, None, None, None, "positive", None, d)
+        ms = measure(lambda: triton_decode_step(state, q, k, v, cm, None))
+    else:
+        ms = measure(lambda: decode_step(state, q, k, v, w))
     moved = heads * (8.0 * m * (dv + 1) + 16 + (2 * d + dv) * q.element_size())
     return ms, moved / (ms * 1e-3) / 1e9
 

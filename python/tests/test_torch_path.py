@@ -350,3 +350,41 @@ def test_vq_module_learns_on_the_torch_path():
     n2 = on_host(codebook_ema_update_op, "codebook_ema_update",
                  ("codebook", "ema_sum", "ema_count", "unused"))(*copies, *args)
     assert int(n1) == int(n2) and all(torch.equal(x, y) for x, y in zip(bufs, copies))
+
+
+def test_masked_keys_never_reach_an_exponent():
+    """A masked key's offset is taken against the kept keys' max and could overflow (right
+    padding with decay: (j - last kept) * rate; a masked key of large norm for trig): it is
+    -inf in the exponent, so outputs and gradients stay finite and equal the C++ kernels'."""
+    n = 700
+    q, k, v = inputs(1, 1, n, 8, 4, seed=12)
+    mask = torch.zeros(1, n, dtype=torch.bool)
+    mask[0, 60:] = True                              # 640 padded keys, gamma = 0.8: e^143
+    k_big = k.clone()
+    k_big[0, 0, 5] *= 100
+    mask_big = torch.zeros(1, n, dtype=torch.bool)
+    mask_big[0, 5] = True
+    for kw, keys, m in ((dict(causal=True, decay=0.8), k, mask), (dict(kernel="trig"), k_big,
+                                                                   mask_big)):
+        grads = []
+        for backend in (None, "torch"):
+            qq = q.clone().requires_grad_()
+            y = ft.attention(qq, keys, v, key_padding_mask=m, features=16, backend=backend, **kw)
+            (g,) = torch.autograd.grad(y.square().sum(), qq)
+            assert torch.isfinite(y).all() and torch.isfinite(g).all()
+            grads.append((y, g))
+        assert frob(grads[1][0], grads[0][0]) < 1e-5 and frob(grads[1][1], grads[0][1]) < 1e-4
+
+
+def test_scale_and_step_mask_errors_on_the_torch_path():
+    q, k, v = inputs(1, 1, 6, 8, 4, seed=0)
+    for call in (lambda: ft.attention(q, k, v, method="exact", scale=-1.0, backend="torch"),
+                 lambda: ft.vq_attention(q, k, v, torch.randn(4, 8), scale=-1.0,
+                                         backend="torch")):
+        with pytest.raises(favor.Error, match="scale: -1 must be finite and > 0"):
+            call()
+    state = empty_state(2, 1, 4, 16)
+    x = torch.randn(2, 1, 1, 8)
+    with pytest.raises(favor.Error, match=r"key_mask: shape \[2\] must be \[B, T\] = \[2,1\]"):
+        decode_step(state, x, x, x[..., :4], torch.randn(16, 8),
+                    key_mask=torch.ones(2, dtype=torch.bool), backend="torch")

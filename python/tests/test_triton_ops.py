@@ -74,6 +74,8 @@ def test_half_inputs_reach_the_kernels():
     assert y.dtype == torch.float16
     ref = ft.attention(q.float(), k.float(), v.float(), causal=True, backend="triton")
     assert torch.equal(y, ref.half())
+    mixed = ft.attention(q, k.double(), v, causal=True, backend="triton")  # not all half:
+    assert mixed.dtype == torch.float16                                  # float32 copies
     qq = q.clone().requires_grad_()
     (gq,) = torch.autograd.grad(ft.attention(qq, k, v, backend="triton").float().sum(), qq)
     assert gq.dtype == torch.float16 and torch.isfinite(gq).all()

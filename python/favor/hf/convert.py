@@ -108,7 +108,9 @@ def convert(model, method="favor", **options):
         rows.append(LayerReport(name, layer, causal, heads, kv_heads, head_dim, scale,
                                 "exact softmax" if method == "exact" else core.extra_repr()))
     model.set_attn_implementation(NAME)
-    config.favor = {"method": method, **{k: _plain(v) for k, v in options.items()}}
+    # backend is this machine's choice, not the model's: not recorded
+    config.favor = {"method": method, **{k: _plain(v) for k, v in options.items()
+                                          if k != "backend"}}
     model.__dict__.pop("_prepare_cache_for_generation", None)  # a conversion before
     if method != "exact" and families.FAMILY[kind] == "decoder":
         model._prepare_cache_for_generation = types.MethodType(_prepare_cache, model)

@@ -40,6 +40,10 @@ def backend(t, name, requested=None):
     torch operations). A requested path is checked: 'cpu' takes CPU tensors only, 'triton'
     CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), 'torch' any device."""
     dev = t.device.type
+    if dev == "mps":
+        raise _core.Error(f"{name}: tensor on device '{t.device}'; favor's paths keep per-key "
+                          "offsets and decoder maxima in float64, which MPS lacks: use "
+                          "CPU (or CUDA) tensors")
     if dev == "meta":
         raise _core.Error(f"{name}: tensor on device 'meta' holds no data; favor computes on "
                           "tensors with data (CPU, CUDA, any other device through the torch "
@@ -152,12 +156,13 @@ def follow_torch_threads():
 
 
 def projection_matrix(w, d):
-    """A favor.Projection from a float [m, d] tensor (detached: gradients flow through the
-    autograd function, not through this copy)."""
+    """A favor.Projection from a float [m, d] tensor on any device (a detached host copy:
+    gradients flow through the autograd function, not through this copy)."""
     check_tensor(w, "projection")
     if w.dim() != 2 or w.shape[1] != d:
         raise _core.Error(f"projection: tensor of shape {list(w.shape)} must be [m, {d}] (D = {d})")
-    return _core.Projection.from_matrix(np.ascontiguousarray(view(w.to(torch.float32))))
+    return _core.Projection.from_matrix(
+        np.ascontiguousarray(view(w.detach().to("cpu", torch.float32))))
 
 
 def check_finite(t, name):

@@ -5,6 +5,7 @@ import torch
 from .. import _core, api
 from ..ops.attention.canonical import canonical_map
 from ..ops.decoder import generic
+from ..ops.decoder.op import check_key_mask
 from .._args import fit_for
 from . import _tensors as T
 
@@ -112,6 +113,9 @@ class Decoder(_Streaming):
         if k.shape[2] != v.shape[2]:
             raise _core.Error(f"k {list(k.shape)}, v {list(v.shape)}: k and v must have the "
                               "same number of tokens T")
+        if key_mask is not None:
+            key_mask = torch.as_tensor(key_mask)
+        check_key_mask(key_mask, self.batch, k.shape[2])
         dev.append(k, v, key_mask)
 
     def query(self, q):
@@ -135,6 +139,8 @@ class Decoder(_Streaming):
         self._on_device = None
 
     def state(self):
+        """A copy of the state: CPU tensors (the C++ state), or tensors on the device once
+        a non-CPU path holds it; load_state takes either."""
         if self._on_device is None:
             return super().state()
         sums, log_max, rows, position = self._on_device.state
@@ -142,9 +148,11 @@ class Decoder(_Streaming):
                     position=int(position[0]))
 
     def load_state(self, **state):
+        sums = state.get("sums")
+        on_device = isinstance(sums, torch.Tensor) and \
+            T.backend(sums, "sums", self.backend) != "cpu"   # refused before anything changes
         super().load_state(**state)  # the C++ checks of every field
-        sums = state["sums"]
-        if isinstance(sums, torch.Tensor) and T.backend(sums, "sums", self.backend) != "cpu":
+        if on_device:
             self._on_device = _DeviceState(self, sums.device)
         elif self._on_device is not None:
             self._on_device = _DeviceState(self, self._on_device.device)

@@ -195,6 +195,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     mask = T.check_mask(key_padding_mask)
     path = T.backend(q, "q", backend)
     T.check_same_device(q, ((k, "k"), (v, "v")))
+    follow = lambda t: None if t is None else t.to(q.device)  # noqa: E731 (differentiable)
+    mask = follow(mask)  # a mask and map tensors follow q's device
     if path == "triton" and backend is None and not triton_supported(q.shape[-1], v.shape[-1]):
         path = "torch"  # the device's default: sizes the fused kernels do not take
     map_args = (feature_map, weights, bias, feature_weights, decay)
@@ -208,6 +210,9 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
             paths.check_shapes(q32, k32, v32, causal, mask)
             for t, name in ((q32, "q"), (k32, "k"), (v32, "v")):
                 T.check_finite(t, name)
+            if not torch.compiler.is_compiling():  # C++'s scale rule, on one zero token
+                one = np.zeros((1, 1, 1, 1), np.float32)
+                _core.exact_attention(one, one, one, scale=_args.optional_number(scale, "scale"))
             keep = paths.keep_batch(mask, q32.device)
             y = exact_generic.exact_attention(q32, k32, v32, keep, bool(causal),
                                               _args.optional_number(scale, "scale"))
@@ -222,8 +227,11 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
             w = projection_tensor(projection, d, features, norms, seed)
             wt = b = lam = gamma = None
         fit_a, fit_basis = fit_tensors(fit, kernel, d, inputs)
+        if path == "cpu":
+            w, wt, b, lam, gamma = (follow(t) for t in (w, wt, b, lam, gamma))
         if path != "cpu":
-            if path == "triton" and out_dtype in (torch.float16, torch.bfloat16):
+            halves = (torch.float16, torch.bfloat16)
+            if path == "triton" and all(t.dtype in halves for t in (q, k, v)):
                 q32, k32, v32 = q, k, v  # the kernels read half precision themselves
             run = paths.torch_attention if path == "torch" else paths.triton_attention
             y = run(q32, k32, v32, w, wt, b, lam, gamma, mask, fit_a, fit_basis, kernel,

@@ -63,12 +63,14 @@ def key_features(k, cm, keep, causal, positions=None):
             top = top.masked_fill(~keep, float("-inf"))
         scale = torch.cummax(top, -1).values if causal else top.amax(-1, keepdim=True).expand(bh, n)
     offset = (g - scale.masked_fill(torch.isinf(scale), 0.0)).float()  # g_j - M_j, rounded once
-    phi = torch.exp(rel + offset.unsqueeze(-1))
+    # Masked keys (and keys before the first kept one) are -inf in the exponent, not zeroed
+    # after it: their offset is against the kept keys' max and could overflow, and inf * 0
+    # is NaN in the forward and in exp's backward.
+    valid = ~torch.isinf(scale) if keep is None else keep & ~torch.isinf(scale)
+    arg = (rel + offset.unsqueeze(-1)).masked_fill(~valid.unsqueeze(-1), float("-inf"))
+    phi = torch.exp(arg)
     if cm.kind == TRIG:
         phi = phi * amp
-    if keep is not None:
-        phi = phi * keep.unsqueeze(-1).to(phi.dtype)
-    phi = phi.masked_fill(torch.isinf(scale).unsqueeze(-1), 0.0)
     return phi, scale
 
 
@@ -89,7 +91,9 @@ def shifted(lq, norm):
     with torch.no_grad():
         c = torch.where(live, lq + logs, torch.full_like(lq, float("-inf"))).amax(-1, keepdim=True)
         c = torch.where(torch.isinf(c), torch.zeros_like(c), c)
-    return torch.where(live, torch.exp(lq - c), torch.zeros_like(lq))
+    # dead features are -inf in the exponent (an exp that overflows there would give
+    # inf * 0 = NaN in the backward)
+    return torch.exp((lq - c).masked_fill(~live, float("-inf")))
 
 
 def linear_core(lq, shift, phi, scale, vx, causal, norm_col, chunk=64):

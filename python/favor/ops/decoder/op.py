@@ -132,6 +132,7 @@ def _decode_on_device(path, state, q, k, v, w, kernel, scale, fit_a, fit_basis, 
                        q.shape[-1])
     _check_state(state, q.shape[0], heads, _core.feature_count(kernel, w.shape[0]),
                  v.shape[-1])
+    check_key_mask(key_mask, q.shape[0], k.shape[2])
     state = tuple(t.to(dev) for t in state)
     q, k, v = q.float(), k.float(), v.float()
     if path == "triton" and q.shape[2] == 1 and k.shape[2] == 1:
@@ -153,3 +154,13 @@ def _check_state(state, batch, heads, features, dv):
             got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise _core.Error(f"state.{name}: {got} must be {list(shape)} (B, H, F, Dv + 1 "
                               "of this step)")
+
+
+def check_key_mask(key_mask, batch, tokens):
+    """A decoder step's key_mask: None or [B, T] (C++'s key_mask rule and message)."""
+    if key_mask is None:
+        return
+    shape = tuple(key_mask.shape) if isinstance(key_mask, torch.Tensor) else None
+    if shape != (batch, tokens):
+        got = "?" if shape is None else ",".join(map(str, shape))
+        raise _core.Error(f"key_mask: shape [{got}] must be [B, T] = [{batch},{tokens}]")

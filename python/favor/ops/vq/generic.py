@@ -22,7 +22,7 @@ from ..attention import generic
 from ..attention.paths import check_shapes, flat, keep_rows
 
 
-def check(q, codebook, tau, causal, block):
+def check(q, codebook, tau, causal, block, scale):
     """C++'s checks of the codebook (shape, values) and tau, by a one-token call on host
     copies: one rule, one place (eager calls; skipped while torch.compile traces)."""
     if torch.compiler.is_compiling():
@@ -30,7 +30,7 @@ def check(q, codebook, tau, causal, block):
     heads, d = (q.shape[1] if q.dim() == 4 else 1), q.shape[-1]
     one = np.zeros((1, heads, 1, d), np.float32)
     cb = np.ascontiguousarray(codebook.detach().to("cpu", torch.float32).numpy())
-    _core.vq_attention(one, one, one, cb, causal=causal, tau=tau, block=block)
+    _core.vq_attention(one, one, one, cb, causal=causal, tau=tau, block=block, scale=scale)
 
 
 def vq_attention(q, k, v, codebook, key_padding_mask, causal, scale, tau, block, chunk=64):
@@ -38,7 +38,7 @@ def vq_attention(q, k, v, codebook, key_padding_mask, causal, scale, tau, block,
     check_shapes(q, k, v, causal, key_padding_mask)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         T.check_finite(t, name)
-    check(q, codebook, tau, causal, block)
+    check(q, codebook, tau, causal, block, scale)
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     qf, kf, vf = flat(q), flat(k), flat(v)
     bh = qf.shape[0]

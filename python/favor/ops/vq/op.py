@@ -98,6 +98,9 @@ def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mas
     out_dtype = q.dtype
     path = T.backend(q, "q", backend)
     T.check_same_device(q, ((k, "k"), (v, "v")))
+    codebook = codebook.to(q.device)  # the codebook and the mask follow q's device
+    if key_padding_mask is not None:
+        key_padding_mask = key_padding_mask.to(q.device)
     if path != "cpu":  # no fused VQ kernel: the torch path
         from .generic import vq_attention as run
         y = run(T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v"),
