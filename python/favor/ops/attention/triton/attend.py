@@ -250,6 +250,24 @@ def _scan(ps_ptr, pz_ptr, pm_ptr, hs_ptr, hz_ptr, hb_ptr, NC, F, DV, N_F,
         tl.store(hb_ptr + base, b)
 
 
+@triton.jit
+def _chunk_tile(wp, bp, lp, f0, m, F, D, xk, xq, off, ok, ex, rb, hz_ptr, hbase,
+                KIND: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LOGW: tl.constexpr,
+                PRECISION: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One feature tile of a causal chunk, for both walks of _causal_out: the chunk's key
+    features phi at their running maxima, the rows' prefix normalisers P (the masked
+    intra-chunk sum plus the boundary normaliser hz rescaled by rb), and the queries'
+    projections aq. (f, sign, fok, phi, pre, aq)."""
+    f = f0 + tl.arange(0, BLOCK_F)
+    w, bias, lw, sign, fok = feature_tile(wp, bp, lp, f0, m, F, D, KIND, HAS_BIAS, HAS_LOGW,
+                                          BLOCK_F, BLOCK_D)
+    ak = project(xk, w, bias, PRECISION)
+    phi = key_features(key_log2(ak, sign, lw, KIND), off, ok, ak, f, m, KIND)
+    hz = tl.load(hz_ptr + hbase * F + f, mask=fok, other=0.0)
+    pre = tl.dot(ex, phi, input_precision=PRECISION) + rb[:, None] * hz[None, :]
+    return f, sign, fok, phi, pre, project(xq, w, bias, PRECISION)
+
+
 @P.tuned(["D", "F", "DV"])
 @triton.jit
 def _causal_out(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, rm_ptr,
@@ -306,14 +324,10 @@ def _causal_out(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, rm_p
     if KIND != 2:
         c = tl.full([C], float("-inf"), tl.float32)
         for f0 in range(0, F, BLOCK_F):
-            f = f0 + tl.arange(0, BLOCK_F)
-            w, bias, lw, sign, fok = feature_tile(wp, bp, lp, f0, m, F, D, KIND, HAS_BIAS,
-                                                  HAS_LOGW, BLOCK_F, BLOCK_D)
-            ak = project(xk, w, bias, PRECISION)
-            phi = key_features(key_log2(ak, sign, lw, KIND), off, ok, ak, f, m, KIND)
-            hz = tl.load(hz_ptr + hbase * F + f, mask=fok, other=0.0)
-            pre = tl.dot(ex, phi, input_precision=PRECISION) + rb[:, None] * hz[None, :]
-            la = project(xq, w, bias, PRECISION) * (sign * LOG2E)[None, :]
+            f, sign, fok, phi, pre, aq = _chunk_tile(
+                wp, bp, lp, f0, m, F, D, xk, xq, off, ok, ex, rb, hz_ptr, hbase, KIND,
+                HAS_BIAS, HAS_LOGW, PRECISION, BLOCK_F, BLOCK_D)
+            la = aq * (sign * LOG2E)[None, :]
             live = pre >= FLT_MIN
             cand = tl.where(live, la + tl.log2(tl.where(live, pre, 1.0)), float("-inf"))
             c = tl.maximum(c, tl.max(cand, 1))
@@ -321,14 +335,9 @@ def _causal_out(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, rm_p
     inter = tl.zeros([C, BLOCK_DV], dtype=tl.float32)
     den = tl.zeros([C], dtype=tl.float32)
     for f0 in range(0, F, BLOCK_F):
-        f = f0 + tl.arange(0, BLOCK_F)
-        w, bias, lw, sign, fok = feature_tile(wp, bp, lp, f0, m, F, D, KIND, HAS_BIAS,
-                                              HAS_LOGW, BLOCK_F, BLOCK_D)
-        ak = project(xk, w, bias, PRECISION)
-        phi = key_features(key_log2(ak, sign, lw, KIND), off, ok, ak, f, m, KIND)
-        hz = tl.load(hz_ptr + hbase * F + f, mask=fok, other=0.0)
-        pre = tl.dot(ex, phi, input_precision=PRECISION) + rb[:, None] * hz[None, :]
-        aq = project(xq, w, bias, PRECISION)
+        f, sign, fok, phi, pre, aq = _chunk_tile(
+            wp, bp, lp, f0, m, F, D, xk, xq, off, ok, ex, rb, hz_ptr, hbase, KIND,
+            HAS_BIAS, HAS_LOGW, PRECISION, BLOCK_F, BLOCK_D)
         if KIND == 2:
             psi = tl.where(fok[None, :], amplitude(aq, f, m), 0.0)
         else:

@@ -31,6 +31,22 @@ def _row(x, w, bias):
     return (tl.sum(x * w, 1) + bias)[None, :]
 
 
+@triton.jit
+def _token_tile(wp, bp, lp, f0, m, F, D, xk, xq, off, okv, r, sums_ptr, bh, row, DV,
+                KIND: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LOGW: tl.constexpr,
+                BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One feature tile of the step, for both walks of _decode: the new token's key features
+    phi at the new max, the normaliser z after the append (the old s rescaled by r, plus
+    phi), and the query's projection aq [1, BLOCK_F]. (f, sign, fok, phi, z, aq)."""
+    f = f0 + tl.arange(0, BLOCK_F)
+    w, bias, lw, sign, fok = feature_tile(wp, bp, lp, f0, m, F, D, KIND, HAS_BIAS, HAS_LOGW,
+                                          BLOCK_F, BLOCK_D)
+    ak = _row(xk, w, bias)
+    phi = tl.sum(key_features(key_log2(ak, sign, lw, KIND), off, okv, ak, f, m, KIND), 0)
+    z = r * tl.load(sums_ptr + (bh * F + f) * row + DV, mask=fok, other=0.0) + phi
+    return f, sign, fok, phi, z, _row(xq, w, bias)
+
+
 @P.tuned(["D", "F", "DV"])
 @triton.jit
 def _decode(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, sums_ptr, lm_ptr,
@@ -73,13 +89,10 @@ def _decode(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, sums_ptr
     if KIND != 2:
         c = tl.full([], float("-inf"), tl.float32)
         for f0 in range(0, F, BLOCK_F):
-            f = f0 + tl.arange(0, BLOCK_F)
-            w, bias, lw, sign, fok = feature_tile(wp, bp, lp, f0, m, F, D, KIND, HAS_BIAS,
+            f, sign, fok, phi, z, aq = _token_tile(wp, bp, lp, f0, m, F, D, xk, xq, off, okv,
+                                                  r, sums_ptr, bh, row, DV, KIND, HAS_BIAS,
                                                   HAS_LOGW, BLOCK_F, BLOCK_D)
-            ak = _row(xk, w, bias)
-            phi = tl.sum(key_features(key_log2(ak, sign, lw, KIND), off, okv, ak, f, m, KIND), 0)
-            z = r * tl.load(sums_ptr + (bh * F + f) * row + DV, mask=fok, other=0.0) + phi
-            la = tl.sum(_row(xq, w, bias), 0) * sign * LOG2E
+            la = tl.sum(aq, 0) * sign * LOG2E
             live = z >= FLT_MIN
             c = tl.maximum(c, tl.max(tl.where(live, la + tl.log2(tl.where(live, z, 1.0)),
                                               float("-inf")), 0))
@@ -89,13 +102,9 @@ def _decode(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, sums_ptr
         v = tl.load(v_ptr + bh * DV + e, mask=e < DV, other=0.0).to(tl.float32)
         num = tl.zeros([BLOCK_DV], tl.float32)
         for f0 in range(0, F, BLOCK_F):
-            f = f0 + tl.arange(0, BLOCK_F)
-            w, bias, lw, sign, fok = feature_tile(wp, bp, lp, f0, m, F, D, KIND, HAS_BIAS,
+            f, sign, fok, phi, z, aq = _token_tile(wp, bp, lp, f0, m, F, D, xk, xq, off, okv,
+                                                  r, sums_ptr, bh, row, DV, KIND, HAS_BIAS,
                                                   HAS_LOGW, BLOCK_F, BLOCK_D)
-            ak = _row(xk, w, bias)
-            phi = tl.sum(key_features(key_log2(ak, sign, lw, KIND), off, okv, ak, f, m, KIND), 0)
-            z = r * tl.load(sums_ptr + (bh * F + f) * row + DV, mask=fok, other=0.0) + phi
-            aq = _row(xq, w, bias)
             if KIND == 2:
                 psi = tl.where(fok, tl.sum(amplitude(aq, f, m), 0), 0.0)
             else:
