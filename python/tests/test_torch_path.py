@@ -14,16 +14,7 @@ import favor
 import favor.torch as ft
 from favor.ops import decode_step, empty_state
 from favor.torch.plain import attention_materialised, softmax_attention, vq_attention_materialised
-
-
-def frob(a, b):
-    return float((a.double() - b.double()).norm() / max(float(b.double().norm()), 1e-300))
-
-
-def inputs(b, h, n, d, dv, seed, scale=0.7):
-    g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(b, h, n, x, generator=g) * s
-                 for x, s in ((d, scale), (d, scale), (dv, 1.0)))
+from torch_helpers import frob, seeded_qkv
 
 
 def projection(m, d, seed):
@@ -62,7 +53,7 @@ def map_tensors(kernel, learned, h, m, d, seed):
 @pytest.mark.parametrize("kernel,learned,causal,n,d,m", CASES)
 def test_torch_path_matches_cpp_and_reference(kernel, learned, causal, n, d, m):
     b, h, dv = 2, 2, 5
-    q, k, v = inputs(b, h, n, d, dv, seed=n + d)
+    q, k, v = seeded_qkv(b, h, n, d, dv, seed=n + d)
     mask = padding(b, n, n)
     w, wt, bias, lam = map_tensors(kernel, learned, h, m, d, n)
     fit = favor.fit_kernel(kernel, (q * 1.1).numpy(), (k * 0.9).numpy()) \
@@ -91,7 +82,7 @@ def test_torch_path_gradients(kernel, causal):
     autograd through the torch path, against float64 autograd through the oracle (rule 1)
     and favor's C++ backward."""
     b, h, n, d, dv, m = 2, 2, 37, 16, 4, 16
-    q, k, v = inputs(b, h, n, d, dv, seed=3)
+    q, k, v = seeded_qkv(b, h, n, d, dv, seed=3)
     mask = padding(b, n, 1)
     _, wt, bias, lam = map_tensors(kernel, True, h, m, d, 1)
     decay = torch.tensor([0.9, 0.95], dtype=torch.float64) if causal else None
@@ -128,7 +119,7 @@ def test_torch_path_gradients(kernel, causal):
 def test_projection_gradient_and_dtypes():
     """dL/dW of a projection tensor (FAVOR+), and bf16 / fp16 / f64 inputs computed in
     float32: the result equals the float32 call on the rounded inputs, in the input dtype."""
-    q, k, v = inputs(1, 2, 20, 16, 4, seed=5)
+    q, k, v = seeded_qkv(1, 2, 20, 16, 4, seed=5)
     w = projection(32, 16, 1).requires_grad_()
     (gt,) = torch.autograd.grad(ft.attention(q, k, v, projection=w, causal=True,
                                              backend="torch").sum(), w)
@@ -146,7 +137,7 @@ def test_causal_row_is_decoder_after_appends(kernel):
     """Row i of causal attention = the decoder's query after appending tokens 0..i (the
     torch path's decode_step on the C++ state layout), with a decay and a padded row."""
     b, h, n, d, dv, m = 2, 2, 19, 16, 3, 16
-    q, k, v = inputs(b, h, n, d, dv, seed=7)
+    q, k, v = seeded_qkv(b, h, n, d, dv, seed=7)
     w = projection(m, d, 2)
     mask = torch.zeros(b, n, dtype=torch.bool)
     mask[1, :4] = True                                      # left padding in row 1
@@ -177,7 +168,7 @@ def test_causal_row_is_decoder_after_appends(kernel):
 def test_chunk_size_invariance_and_large_norms():
     from favor.ops.attention import generic
     from favor.ops.attention.canonical import canonical_map
-    q, k, v = inputs(1, 2, 70, 16, 4, seed=11)
+    q, k, v = seeded_qkv(1, 2, 70, 16, 4, seed=11)
     w = projection(16, 16, 0)
     cm = canonical_map(w, None, None, None, None, None, None, "positive", None, 16)
     flat = lambda t: t.reshape(-1, *t.shape[2:])
@@ -194,7 +185,7 @@ def test_chunk_size_invariance_and_large_norms():
 
 
 def test_errors_are_the_cpp_ones():
-    q, k, v = inputs(1, 2, 5, 8, 4, seed=0)
+    q, k, v = seeded_qkv(1, 2, 5, 8, 4, seed=0)
     bad = q.clone()
     bad[0, 1, 2, 3] = float("nan")
     cases = [dict(q=bad), dict(kernel="nope"), dict(scale=-1.0), dict(q=q[:, :, :4], causal=True),
@@ -216,7 +207,7 @@ def test_errors_are_the_cpp_ones():
 def test_no_tensor_lands_on_the_default_device():
     """Every tensor the torch path creates follows the inputs' device: with the default
     device set to 'meta' (no data), a tensor created without device= would fail the call."""
-    q, k, v = inputs(2, 2, 33, 16, 4, seed=1)
+    q, k, v = seeded_qkv(2, 2, 33, 16, 4, seed=1)
     mask = padding(2, 33, 0)
     cb = torch.randn(2, 8, 16)
     w = torch.randn(16, 16)
@@ -239,7 +230,7 @@ def test_no_tensor_lands_on_the_default_device():
 def test_exact_path(causal):
     """method='exact' on the torch path (SDPA): the C++ result and the float64 softmax; rows
     that see no key are zeros with finite gradients."""
-    q, k, v = inputs(2, 2, 24, 8, 4, seed=2)
+    q, k, v = seeded_qkv(2, 2, 24, 8, 4, seed=2)
     mask = padding(2, 24, 0)
     mask[1, :] = True                              # row 1 sees no key at all
     q.requires_grad_()
@@ -267,7 +258,7 @@ def test_vq_path(tau, causal):
     """Transformer-VQ as linear attention over the codebook: the C++ op's output and
     gradients (straight-through dk for hard VQ, dC), and the float64 oracle."""
     b, h, n, d, dv = 2, 2, 41, 8, 4
-    q, k, v = inputs(b, h, n, d, dv, seed=4, scale=1.0)
+    q, k, v = seeded_qkv(b, h, n, d, dv, seed=4, scale=1.0)
     cb = torch.randn(h, 12, d, generator=torch.Generator().manual_seed(3))
     mask = padding(b, n, 0)
     leaves = [q, k, v, cb]
@@ -357,7 +348,7 @@ def test_masked_keys_never_reach_an_exponent():
     padding with decay: (j - last kept) * rate; a masked key of large norm for trig): it is
     -inf in the exponent, so outputs and gradients stay finite and equal the C++ kernels'."""
     n = 700
-    q, k, v = inputs(1, 1, n, 8, 4, seed=12)
+    q, k, v = seeded_qkv(1, 1, n, 8, 4, seed=12)
     mask = torch.zeros(1, n, dtype=torch.bool)
     mask[0, 60:] = True                              # 640 padded keys, gamma = 0.8: e^143
     k_big = k.clone()
@@ -377,7 +368,7 @@ def test_masked_keys_never_reach_an_exponent():
 
 
 def test_scale_and_step_mask_errors_on_the_torch_path():
-    q, k, v = inputs(1, 1, 6, 8, 4, seed=0)
+    q, k, v = seeded_qkv(1, 1, 6, 8, 4, seed=0)
     for call in (lambda: ft.attention(q, k, v, method="exact", scale=-1.0, backend="torch"),
                  lambda: ft.vq_attention(q, k, v, torch.randn(4, 8), scale=-1.0,
                                          backend="torch")):

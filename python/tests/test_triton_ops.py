@@ -17,17 +17,9 @@ import torch  # noqa: E402
 import favor  # noqa: E402
 import favor.torch as ft  # noqa: E402
 from favor.ops import decode_step, empty_state  # noqa: E402
+from torch_helpers import frob, seeded_qkv  # noqa: E402
 
 torch.set_num_threads(1)
-
-
-def frob(a, b):
-    return float((a.double() - b.double()).norm() / max(float(b.double().norm()), 1e-300))
-
-
-def inputs(b, h, n, d, dv, seed):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(b, h, n, x, generator=g) * s for x, s in ((d, 0.7), (d, 0.7), (dv, 1))]
 
 
 @pytest.mark.parametrize("kernel,causal,learned", [("positive", False, False),
@@ -35,7 +27,7 @@ def inputs(b, h, n, d, dv, seed):
                                                    ("trig", True, False)])
 def test_attention_and_gradients_on_the_triton_path(kernel, causal, learned):
     b, h, n, d, dv, m = 2, 2, 37, 16, 5, 16
-    q, k, v = inputs(b, h, n, d, dv, 1)
+    q, k, v = seeded_qkv(b, h, n, d, dv, 1)
     mask = torch.zeros(b, n, dtype=torch.bool)
     mask[1, :6] = True
     g = torch.Generator().manual_seed(2)
@@ -69,7 +61,7 @@ def test_attention_and_gradients_on_the_triton_path(kernel, causal, learned):
 def test_half_inputs_reach_the_kernels():
     """float16 q, k, v go to the kernels as they are: the output is the float32 call on the
     rounded inputs, in float16, and gradients come back in float16."""
-    q, k, v = (t.half() for t in inputs(1, 2, 20, 16, 4, 3))
+    q, k, v = (t.half() for t in seeded_qkv(1, 2, 20, 16, 4, 3))
     y = ft.attention(q, k, v, causal=True, backend="triton")
     assert y.dtype == torch.float16
     ref = ft.attention(q.float(), k.float(), v.float(), causal=True, backend="triton")
@@ -91,7 +83,7 @@ def test_modules_and_the_fused_decode_step():
     assert frob(y, layer(x)) < 1e-5
     # favor::decode_step: the fused append + query kernel, on the C++ decoder's state
     b, h, d, dv, m = 2, 2, 16, 4, 16
-    q, k, v = inputs(b, h, 7, d, dv, 4)
+    q, k, v = seeded_qkv(b, h, 7, d, dv, 4)
     w = torch.tensor(favor.make_projection(d, "orthogonal", features=m, seed=0).matrix)
     keep = torch.ones(b, 7, dtype=torch.bool)
     keep[1, :2] = False
@@ -108,7 +100,7 @@ def test_modules_and_the_fused_decode_step():
 
 
 def test_what_the_triton_path_refuses():
-    q, k, v = inputs(1, 1, 8, 20, 4, 5)                  # D = 20: not a fused head dim
+    q, k, v = seeded_qkv(1, 1, 8, 20, 4, 5)              # D = 20: not a fused head dim
     with pytest.raises(favor.Error, match="backend: 'triton' takes head dims"):
         ft.attention(q, k, v, backend="triton")
     y = ft.attention(q, k, v)                              # CPU tensors: the C++ kernels

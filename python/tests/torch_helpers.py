@@ -30,3 +30,15 @@ def rel(a, b):
     a, b = (x.detach().double().numpy() if hasattr(x, "detach") else np.asarray(x, dtype=np.float64)
             for x in (a, b))
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+def frob(a, b):
+    """Relative Frobenius error |a - b| / |b| in double, on the host (any devices)."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float((a - b).norm() / max(float(b.norm()), 1e-300))
+
+
+def seeded_qkv(b, h, n, d, dv, seed, scale=0.7):
+    """[q, k, v] float32 [B, H, N, D or Dv] from a seeded generator; q and k times scale."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, n, x, generator=g) * s for x, s in ((d, scale), (d, scale), (dv, 1))]

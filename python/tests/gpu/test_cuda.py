@@ -14,19 +14,10 @@ import torch
 import favor
 import favor.torch as ft
 from favor.ops import decode_step, empty_state
+from torch_helpers import frob, seeded_qkv
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
-
-
-def frob(a, b):
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return float((a - b).norm() / max(float(b.norm()), 1e-300))
-
-
-def inputs(b, h, n, d, dv, seed, scale=0.6):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(b, h, n, x, generator=g) * s for x, s in ((d, scale), (d, scale), (dv, 1))]
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +35,7 @@ def exact_fp32():
 @pytest.mark.parametrize("n", [1, 65, 4096])
 def test_forward_and_gradients_match_the_cpu(backend, kernel, causal, learned, n):
     b, h, d, dv, m = 2, 4, 64, 64, 128
-    q, k, v = inputs(b, h, n, d, dv, n)
+    q, k, v = seeded_qkv(b, h, n, d, dv, n, 0.6)
     mask = torch.zeros(b, n, dtype=torch.bool)
     mask[1, : n // 3] = True
     g = torch.Generator().manual_seed(1)
@@ -74,7 +65,7 @@ def test_forward_and_gradients_match_the_cpu(backend, kernel, causal, learned, n
 @pytest.mark.parametrize("causal", [False, True])
 def test_tf32_bf16_and_long_sequences(causal):
     n = 32768
-    q, k, v = (t.to(CUDA) for t in inputs(1, 8, n, 64, 64, 7))
+    q, k, v = (t.to(CUDA) for t in seeded_qkv(1, 8, n, 64, 64, 7, 0.6))
     ref = ft.attention(q, k, v, causal=causal, backend="torch")
     y = ft.attention(q, k, v, causal=causal, backend="triton")
     assert torch.isfinite(y).all() and frob(y, ref) < 1e-5
@@ -88,7 +79,7 @@ def test_tf32_bf16_and_long_sequences(causal):
 
 
 def test_large_norms_stay_finite():
-    q, k, v = (t.to(CUDA) for t in inputs(1, 2, 300, 64, 64, 3))
+    q, k, v = (t.to(CUDA) for t in seeded_qkv(1, 2, 300, 64, 64, 3, 0.6))
     big = [t / t.norm(dim=-1, keepdim=True) * 1e3 for t in (q, k)]
     for causal in (False, True):
         for kernel in ("positive", "hyperbolic", "trig"):
@@ -97,7 +88,7 @@ def test_large_norms_stay_finite():
 
 def test_decode_step_and_decoder_on_the_device():
     b, h, d, dv, m = 2, 4, 64, 64, 128
-    q, k, v = inputs(b, h, 40, d, dv, 5)
+    q, k, v = seeded_qkv(b, h, 40, d, dv, 5, 0.6)
     w = torch.tensor(favor.make_projection(d, "orthogonal", features=m, seed=0).matrix)
     s_cpu, s_gpu = empty_state(b, h, dv, m), empty_state(b, h, dv, m, device=CUDA)
     for t in range(40):

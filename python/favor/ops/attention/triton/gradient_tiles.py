@@ -13,6 +13,13 @@ EXP, EXP_PM, TRIG = 0, 1, 2
 
 
 @triton.jit
+def _head_map(w_ptr, b_ptr, klw_ptr, rate_ptr, bh, m, w_sets, b_sets, l_sets, r_sets, D):
+    """The map parameters of head bh: set bh % sets of W, bias, key_logw and rate."""
+    return (w_ptr + (bh % w_sets) * m * D, b_ptr + (bh % b_sets) * m,
+            klw_ptr + (bh % l_sets) * m, rate_ptr + bh % r_sets)
+
+
+@triton.jit
 def _load_rows(ptr, rows, row_ok, ncols, BC: tl.constexpr):
     """rows of a contiguous [*, ncols] matrix as an fp32 [len(rows), BC] block, zero-padded."""
     cols = tl.arange(0, BC)

@@ -36,9 +36,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .gradient_tiles import (_FLT_MIN, _LOG2E, _NEG, EXP, _chunk_keys, _key_da, _key_dphi,
-                             _key_features, _key_logits, _key_offset, _kept, _load_rows,
-                             _normaliser, _project, _query_da, _query_dpsi, _query_features)
+from .gradient_tiles import (_FLT_MIN, _LOG2E, _NEG, EXP, _chunk_keys, _head_map, _key_da,
+                             _key_dphi, _key_features, _key_logits, _key_offset, _kept,
+                             _load_rows, _normaliser, _project, _query_da, _query_dpsi,
+                             _query_features)
 
 # Every output and scratch buffer is allocated here; tests replace it with a NaN-filling
 # allocator so that an element no kernel writes fails the comparison.
@@ -55,10 +56,8 @@ def _key_max_kernel(k_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_ptr, mrun_ptr, 
     bh = tl.program_id(0).to(tl.int64)
     k_ptr += bh * n * D
     keep_ptr += (bh // heads) * n
-    w_ptr += (bh % w_sets) * m * D
-    b_ptr += (bh % b_sets) * m
-    klw_ptr += (bh % l_sets) * m
-    rate_ptr += bh % r_sets
+    w_ptr, b_ptr, klw_ptr, rate_ptr = _head_map(w_ptr, b_ptr, klw_ptr, rate_ptr, bh, m, w_sets,
+                                                b_sets, l_sets, r_sets, D)
     carry = tl.max(tl.full([BT], _NEG, tl.float32), 0)
     for t0 in range(0, n, BT):
         j = t0 + tl.arange(0, BT)
@@ -101,10 +100,8 @@ def _key_state_kernel(k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_ptr, m
     k_ptr += bh * n * D
     v_ptr += bh * n * dv
     keep_ptr += (bh // heads) * n
-    w_ptr += (bh % w_sets) * m * D
-    b_ptr += (bh % b_sets) * m
-    klw_ptr += (bh % l_sets) * m
-    rate_ptr += bh % r_sets
+    w_ptr, b_ptr, klw_ptr, rate_ptr = _head_map(w_ptr, b_ptr, klw_ptr, rate_ptr, bh, m, w_sets,
+                                                b_sets, l_sets, r_sets, D)
     mrun_ptr += bh * n
     S_ptr += bh * nslots * ft * dv
     s_ptr += bh * nslots * ft
@@ -304,10 +301,8 @@ def _feature_sums_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, r
     k_ptr += bh * nk * D
     v_ptr += bh * nk * dv
     keep_ptr += (bh // heads) * nk
-    w_ptr += (bh % w_sets) * m * D
-    b_ptr += (bh % b_sets) * m
-    klw_ptr += (bh % l_sets) * m
-    rate_ptr += bh % r_sets
+    w_ptr, b_ptr, klw_ptr, rate_ptr = _head_map(w_ptr, b_ptr, klw_ptr, rate_ptr, bh, m, w_sets,
+                                                b_sets, l_sets, r_sets, D)
     mrun_ptr += bh * nk
     R_ptr += bh * nslots * ft * dv
     r_ptr += bh * nslots * ft
@@ -461,10 +456,8 @@ def _key_grad_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_
     ft = m if KIND == 0 else 2 * m
     j = t * BT + tl.arange(0, BT)
     jm = j < nk
-    w_ptr += (bh % w_sets) * m * D
-    b_ptr += (bh % b_sets) * m
-    klw_ptr += (bh % l_sets) * m
-    rate_ptr += bh % r_sets
+    w_ptr, b_ptr, klw_ptr, rate_ptr = _head_map(w_ptr, b_ptr, klw_ptr, rate_ptr, bh, m, w_sets,
+                                                b_sets, l_sets, r_sets, D)
     mrun_ptr += bh * nk
     vk = _load_rows(v_ptr + bh * nk * dv, j, jm, dv, BV)
     cv = tl.arange(0, BV)
