@@ -7,7 +7,7 @@ On a CUDA device, [B*H, N, D] problems with B*H = 32 (default), D in {64, 128}, 
 - sdpa_flash, sdpa_cudnn: torch's scaled_dot_product_attention with one backend forced
   (torch.nn.attention.sdpa_kernel), the exact attention a torch user has;
 - fla_chunk: fla's chunk_linear_attn on FAVOR+ features materialised by torch operations
-  (stabilised as favor's torch path does; the feature map's time included), when fla
+  (favor.torch.plain's favor_plus_features; the feature map's time included), when fla
   imports.
 Times are triton.testing.do_bench medians (warm-up first: every shape compiles and tunes
 before it is timed); rates are the cost model's flops (favor.bench_helpers: favor_flops,
@@ -21,7 +21,6 @@ shapes with a wall-clock timer: a check that it works, not a measurement.
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -29,6 +28,7 @@ import time
 import torch
 
 from . import bench_helpers as bh
+from .ops.attention.naive import favor_plus_features
 
 SEED = 0
 
@@ -71,17 +71,6 @@ def timer(device):
     return wall
 
 
-def favor_features(q, k, w, scale):
-    """FAVOR+ features of q, k [BH, N, D] materialised by torch operations, stabilised as
-    favor's torch path does (keys at one max per head, queries at their row max)."""
-    r = math.sqrt(scale)
-    lq = (q.float() * r) @ w.t()
-    lk = (k.float() * r) @ w.t() - (k.float() * k.float()).sum(-1, keepdim=True) * (scale / 2)
-    pq = torch.exp(lq - lq.amax(-1, keepdim=True))
-    pk = torch.exp(lk - lk.amax((-1, -2), keepdim=True))
-    return pq.to(q.dtype), pk.to(k.dtype)
-
-
 def make_impl(name, q, k, v, w, causal):
     """A closure computing one forward (output returned), or None where unavailable."""
     import favor.torch as ft
@@ -109,8 +98,8 @@ def make_impl(name, q, k, v, w, causal):
             return None  # fla's chunk kernel is causal
 
         def fla():  # fla's layout [B, T, H, K]: the B*H heads as H of one sequence
-            pq, pk = favor_features(q, k, w, 1.0 / math.sqrt(q.shape[-1]))
-            bt = lambda t: t.transpose(0, 1).unsqueeze(0)
+            pq, pk = (t.to(q.dtype) for t in favor_plus_features(q.float(), k.float(), w))
+            bt = lambda t: t.transpose(0, 1).unsqueeze(0)  # noqa: E731
             o = chunk_linear_attn(bt(pq), bt(pk), bt(v), scale=1.0, normalize=True)
             return (o[0] if isinstance(o, tuple) else o)[0].transpose(0, 1)
         return fla

@@ -1,5 +1,6 @@
 """What favor's torch ops share: the device switch, checks, and zero-copy conversion between
 CPU tensors and the numpy views the C++ kernels read."""
+import importlib.util
 import os
 
 import numpy as np
@@ -17,9 +18,7 @@ def triton_ready():
     """True when the fused Triton kernels can run: triton imports and either a CUDA device
     is present or TRITON_INTERPRET=1 (Triton's interpreter, which runs them on CPU tensors:
     how CI tests them)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("triton") is None:
         return False
     return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -115,23 +114,27 @@ def keep_mask(key_padding_mask, name="key_padding_mask"):
     """torch's key_padding_mask (bool True = ignore this key; or float, 0 = attend and
     -inf = ignore) as favor's key mask (nonzero = the key takes part), a numpy bool array.
     Reads the values: called inside the ops, where tensors hold data."""
+    keep = checked_keep(key_padding_mask, name)
+    return None if keep is None else keep.detach().cpu().numpy()
+
+
+def checked_keep(key_padding_mask, name="key_padding_mask"):
+    """keep_tensor after the rule on a float mask's values (only 0 and -inf), which reads
+    them: eager calls only (skipped while torch.compile traces)."""
     m = check_mask(key_padding_mask, name)
     if m is None:
         return None
-    m = m.detach()
-    if m.dtype == torch.bool:
-        return (~m).numpy()
-    ignore = torch.isneginf(m)
-    if not bool(torch.all(ignore | (m == 0))):
-        raise _core.Error(f"{name}: a float mask must hold only 0 (attend) and -inf "
-                          "(ignore); favor cannot add other biases to the scores")
-    return (~ignore).numpy()
+    if m.dtype != torch.bool and not torch.compiler.is_compiling():
+        if not bool(torch.all(torch.isneginf(m) | (m == 0))):
+            raise _core.Error(f"{name}: a float mask must hold only 0 (attend) and -inf "
+                              "(ignore); favor cannot add other biases to the scores")
+    return keep_tensor(m, name)
 
 
 def keep_tensor(key_padding_mask, name="key_padding_mask"):
     """keep_mask as a bool tensor computed by torch operations (safe while tracing, reads no
     values): True = the key takes part. A float mask's values (only 0 and -inf) are checked
-    by the op that reads it (T.keep_mask)."""
+    by checked_keep."""
     m = check_mask(key_padding_mask, name)
     if m is None:
         return None

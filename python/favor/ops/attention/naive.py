@@ -129,18 +129,24 @@ def attention_materialised(q, k, v, w, kernel="positive", causal=False, scale=No
     return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
 
 
-def favor_plus(q, k, v, w, causal=False, scale=None, chunk=64):
-    """FAVOR+ in linear time with the usual stabilisation (a per-row max for queries, one
-    max per head for keys), in plain torch ops: bidirectional phi(Q) (phi(K)^T [V | 1]);
-    causal in chunks of `chunk` tokens: the state of earlier chunks plus the masked
-    intra-chunk product. q, k [B, H, N, D], v [B, H, N, Dv], w [m, D]."""
-    d = q.shape[-1]
-    s = 1.0 / math.sqrt(d) if scale is None else scale
+def favor_plus_features(q, k, w, scale=None):
+    """FAVOR+ features of q and k materialised, with the usual stabilisation (a per-row max
+    for queries, one max per head for keys; both cancel in the ratio): (phi(Q), phi(K))."""
+    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     r = math.sqrt(s)
     lq = (q * r) @ w.t() - (q * q).sum(-1, keepdim=True) * (s / 2)
     lk = (k * r) @ w.t() - (k * k).sum(-1, keepdim=True) * (s / 2)
     pq = torch.exp(lq - lq.amax(-1, keepdim=True).detach())
     pk = torch.exp(lk - lk.amax(dim=(-1, -2), keepdim=True).detach())
+    return pq, pk
+
+
+def favor_plus(q, k, v, w, causal=False, scale=None, chunk=64):
+    """FAVOR+ in linear time with the usual stabilisation (a per-row max for queries, one
+    max per head for keys), in plain torch ops: bidirectional phi(Q) (phi(K)^T [V | 1]);
+    causal in chunks of `chunk` tokens: the state of earlier chunks plus the masked
+    intra-chunk product. q, k [B, H, N, D], v [B, H, N, Dv], w [m, D]."""
+    pq, pk = favor_plus_features(q, k, w, scale)
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1)
     if not causal:
         out = pq @ (pk.transpose(-1, -2) @ v1)

@@ -2,8 +2,6 @@
 (plain torch operations, generic.py, autograd) and 'triton' (the fused kernels, triton/). Both
 take the op's tensors, check them by C++'s rules (canonical.check_map) and run on the
 CanonicalMap, heads flattened to [B*H, N, D]."""
-import torch
-
 from ... import _core
 from .. import _tensors as T
 from . import generic
@@ -49,16 +47,9 @@ def check_shapes(q, k, v, causal, mask=None):
 
 def keep_batch(key_padding_mask, device):
     """torch's key_padding_mask [B, Nk] as favor's keep [B, Nk] bool on device (True = the
-    key takes part), or None; a float mask holds only 0 and -inf (checked here, as the C++
-    op does)."""
-    if key_padding_mask is None:
-        return None
-    m = key_padding_mask
-    if m.dtype != torch.bool and not torch.compiler.is_compiling():
-        if not bool(torch.all(torch.isneginf(m) | (m == 0))):
-            raise _core.Error("key_padding_mask: a float mask must hold only 0 (attend) and "
-                              "-inf (ignore); favor cannot add other biases to the scores")
-    return T.keep_tensor(m).to(device)
+    key takes part), or None (a float mask's values checked: T.checked_keep)."""
+    keep = T.checked_keep(key_padding_mask)
+    return None if keep is None else keep.to(device)
 
 
 def keep_rows(key_padding_mask, q):
