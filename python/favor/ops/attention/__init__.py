@@ -207,9 +207,7 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
         if path == "cpu":
             y = exact_attention(q32, k32, v32, mask, bool(causal), scale)
         else:
-            paths.check_shapes(q32, k32, v32, causal, mask)
-            for t, name in ((q32, "q"), (k32, "k"), (v32, "v")):
-                T.check_finite(t, name)
+            paths.check_inputs(q32, k32, v32, causal, mask)
             if not torch.compiler.is_compiling():  # C++'s scale rule, on one zero token
                 one = np.zeros((1, 1, 1, 1), np.float32)
                 _core.exact_attention(one, one, one, scale=_args.optional_number(scale, "scale"))

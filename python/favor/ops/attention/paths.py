@@ -59,20 +59,29 @@ def keep_rows(key_padding_mask, q):
     return None if keep is None else keep.repeat_interleave(heads, 0)
 
 
-def prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel, causal,
-            scale):
-    """(q, k, v as [BH, N, D], keep, CanonicalMap) after every check the C++ op makes."""
+def check_inputs(q, k, v, causal, mask=None):
+    """C++'s rules for the inputs: shapes (and a key mask's), finite values."""
     check_shapes(q, k, v, causal, mask)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         T.check_finite(t, name)
+
+
+def device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale, causal):
+    """The CanonicalMap on q's device, after C++'s checks of the map (check_map)."""
     heads = q.shape[1] if q.dim() == 4 else 1
     batch = q.shape[0] if q.dim() == 4 else 1
     check_map(w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale, batch, heads,
               causal)
-    dev = q.device
-    to = lambda t: None if t is None else t.to(dev)
-    cm = canonical_map(w.to(dev), to(weights), to(bias), to(lam), to(decay), to(fit_a),
-                       to(fit_basis), kernel, scale, q.shape[-1])
+    to = lambda t: None if t is None else t.to(q.device)  # noqa: E731
+    return canonical_map(to(w), to(weights), to(bias), to(lam), to(decay), to(fit_a),
+                         to(fit_basis), kernel, scale, q.shape[-1])
+
+
+def prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel, causal,
+            scale):
+    """(q, k, v as [BH, N, D], keep, CanonicalMap) after every check the C++ op makes."""
+    check_inputs(q, k, v, causal, mask)
+    cm = device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale, causal)
     return flat(q), flat(k), flat(v), keep_rows(mask, q), cm
 
 

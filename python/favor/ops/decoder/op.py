@@ -16,7 +16,6 @@ from torch import Tensor
 from ... import _args, _core
 from .. import _tensors as T
 from ..attention import paths
-from ..attention.canonical import canonical_map, check_map
 from ..attention.op import decay_list, feature_map
 from . import generic
 
@@ -119,21 +118,13 @@ def _decode_on_device(path, state, q, k, v, w, kernel, scale, fit_a, fit_basis, 
                       weights, bias, lam, decay):
     """decode_step on the torch path or the fused Triton step (T = 1 tokens; longer steps
     take the torch path), the map checked by C++'s rules (canonical.check_map)."""
-    paths.check_shapes(q, k, v, False)
-    for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        T.check_finite(t, name)
-    heads = q.shape[1]
-    check_map(w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale, q.shape[0],
-              heads, decay is not None)
-    dev = q.device
-    to = lambda t: None if t is None else t.to(dev)
-    cm = canonical_map(w.to(dev), to(weights), to(bias), to(lam), to(decay), to(fit_a),
-                       to(fit_basis), kernel, _args.optional_number(scale, "scale"),
-                       q.shape[-1])
-    _check_state(state, q.shape[0], heads, _core.feature_count(kernel, w.shape[0]),
+    paths.check_inputs(q, k, v, False)
+    cm = paths.device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel,
+                          _args.optional_number(scale, "scale"), decay is not None)
+    _check_state(state, q.shape[0], q.shape[1], _core.feature_count(kernel, w.shape[0]),
                  v.shape[-1])
     check_key_mask(key_mask, q.shape[0], k.shape[2])
-    state = tuple(t.to(dev) for t in state)
+    state = tuple(t.to(q.device) for t in state)
     q, k, v = q.float(), k.float(), v.float()
     if path == "triton" and q.shape[2] == 1 and k.shape[2] == 1:
         from ..attention.triton_function import triton_decode_step

@@ -17,9 +17,8 @@ import numpy as np
 import torch
 
 from ... import _core
-from .. import _tensors as T
 from ..attention import generic
-from ..attention.paths import check_shapes, flat, keep_rows
+from ..attention.paths import check_inputs, flat, keep_rows
 
 
 def check(q, codebook, tau, causal, block, scale):
@@ -35,9 +34,7 @@ def check(q, codebook, tau, causal, block, scale):
 
 def vq_attention(q, k, v, codebook, key_padding_mask, causal, scale, tau, block, chunk=64):
     """y [.., Nq, Dv] float32 for float32 q, k, v, codebook [c, D] or [H or 1, c, D]."""
-    check_shapes(q, k, v, causal, key_padding_mask)
-    for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        T.check_finite(t, name)
+    check_inputs(q, k, v, causal, key_padding_mask)
     check(q, codebook, tau, causal, block, scale)
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     qf, kf, vf = flat(q), flat(k), flat(v)
