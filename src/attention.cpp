@@ -72,7 +72,7 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
   const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
   detail::check_projection(map.projection, s.d, "q and k");
   detail::check_output(out, output_shape(s), "out", {q, k, v});
-  const detail::ResolvedMap resolved = detail::resolve_map(map, s, q, k, options);
+  const detail::ResolvedMap resolved = detail::resolve_map(map, s, q, k, options, /*borrow=*/true);
   kernels::AttentionParams p = make_params(q, k, v, out, s, resolved.scale, options.key_mask);
   p.map = resolved.params();
   if (context) {

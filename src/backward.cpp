@@ -56,7 +56,7 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
   const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
   detail::check_dy(dy, s);
   detail::check_projection(map.projection, s.d, "q and k");
-  const detail::ResolvedMap resolved = detail::resolve_map(map, s, q, k, options);
+  const detail::ResolvedMap resolved = detail::resolve_map(map, s, q, k, options, /*borrow=*/true);
   AttentionGrads g;
   kernels::BackwardParams bp =
       make_params(q, k, v, dy, Checked{s, resolved.scale}, options.key_mask, g);

@@ -78,6 +78,10 @@ std::vector<Case> cases() {
       out.push_back({1, 2, 256, 256, 12, 10, 20, kernel, causal, false, false, 1.0});
       out.push_back({1, 1, 257, 257, 12, 10, 20, kernel, causal, true, false, 1.0});
       out.push_back({1, 1, 513, 513, 5, 3, 9, kernel, causal, false, true, 1.0});
+      // Short sequences with a large state, where bidirectional attention takes the short
+      // path (cpu/favor_short.cpp, (phi(Q) phi(K)^T) [V | 1]): masked, strided, Nq != Nk.
+      out.push_back({1, 2, 20, causal ? 20 : 33, 8, 32, 64, kernel, causal, true, false, 1.0});
+      out.push_back({2, 1, 9, 9, 5, 40, 48, kernel, causal, false, true, 1.0});
     }
   }
   return out;
@@ -85,6 +89,35 @@ std::vector<Case> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, FavorVsReference, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return name_of(info.param); });
+
+// The short path (no key state: (phi(Q) phi(K)^T) [V | 1]) and the tiled path (the key
+// state phi(K)^T [V | 1] first; taken whenever a context is saved) give the same outputs to
+// float rounding, for shared and per-head projections (FAVOR++ / FAVOR# fits), feature
+// weights and a key mask. 8 heads of 12 keys, m = 64: the short path pays (favor_short.cpp).
+TEST(FavorAttention, ShortPathEqualsTiledPath) {
+  const int64_t B = 2, H = 4, nq = 12, nk = 12, D = 16, Dv = 24, m = 64;
+  const Tensor q = random_tensor({B, H, nq, D}, 21, 1.0), k = random_tensor({B, H, nk, D}, 22, 1.0),
+               v = random_tensor({B, H, nk, Dv}, 23);
+  std::vector<uint8_t> mask = testing::periodic_mask(static_cast<size_t>(B * nk), 5, 2);
+  const Projection w = Projection::draw(m, D, {ProjectionKind::orthogonal, NormMode::chi, 3});
+  for (Kernel kernel :
+       {Kernel::positive, Kernel::trig, Kernel::hyperbolic, Kernel::favorpp, Kernel::favorsharp}) {
+    for (bool masked : {false, true}) {
+      AttentionOptions o;
+      o.kernel = kernel;
+      if (masked) o.key_mask = KeyMaskView::contiguous(mask.data(), B, nk);
+      if (data_adapted(kernel)) o.fit = fit_kernel(kernel, q, k);
+      const Tensor short_path = favor_attention(q, k, v, w, o);
+      Tensor tiled({B, H, nq, Dv});
+      AttentionContext ctx;  // saving the key state takes the tiled path
+      favor_attention(q, k, v, w, tiled.mutable_view(), o, &ctx);
+      // Norm-wise: both round the same terms in another order (F + nk sums per entry).
+      std::vector<double> exact(tiled.values().begin(), tiled.values().end());
+      EXPECT_LE(testing::rel_error(short_path, exact), 1e-6)
+          << to_string(kernel) << (masked ? " masked" : "");
+    }
+  }
+}
 
 TEST(FavorAttention, MaskedKeysEqualRemovedKeys) {
   // Bidirectional attention with keys masked out equals attention over the kept keys only:

@@ -2,6 +2,7 @@
 /// \file projection.hpp
 /// Random projection matrices W (m x d): the w_i of phi_w(x). See docs/projections.md.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,19 +60,25 @@ class Projection {
 
   int64_t m() const { return m_; }
   int64_t d() const { return d_; }
-  const std::vector<float>& matrix() const { return w_; }
-  const float* data() const { return w_.data(); }
-  float at(int64_t i, int64_t j) const { return w_[static_cast<size_t>(i * d_ + j)]; }
+  const std::vector<float>& matrix() const { return *w_; }
+  const float* data() const { return w_->data(); }
+  float at(int64_t i, int64_t j) const { return (*w_)[static_cast<size_t>(i * d_ + j)]; }
   /// True for matrices that came from from_matrix (redraw then throws).
   bool imported() const { return imported_; }
   const ProjectionOptions& options() const { return options_; }
 
  private:
   Projection(int64_t m, int64_t d, std::vector<float> w, ProjectionOptions o, bool imported)
-      : m_(m), d_(d), w_(std::move(w)), options_(o), imported_(imported) {}
+      : m_(m),
+        d_(d),
+        w_(std::make_shared<const std::vector<float>>(std::move(w))),
+        options_(o),
+        imported_(imported) {}
   int64_t m_ = 0;
   int64_t d_ = 0;
-  std::vector<float> w_;
+  // Immutable, shared by copies: copying a Projection (into a FeatureMap, a decoder, every
+  // call of the Projection overloads) copies a pointer, not m x d floats.
+  std::shared_ptr<const std::vector<float>> w_;
   ProjectionOptions options_{};
   bool imported_ = false;
 };

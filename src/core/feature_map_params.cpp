@@ -30,18 +30,21 @@ kernels::KeyNorm key_norm(Kernel kernel) {
 
 // Everything but the FAVOR++ / FAVOR# projection (set by the callers).
 ResolvedMap resolve_common(const FeatureMap& map, int64_t d, int64_t head_count,
-                           int64_t batch_heads, const std::vector<double>& decay, bool causal) {
+                           int64_t batch_heads, const std::vector<double>& decay, bool causal,
+                           bool borrow) {
   check_feature_map(map, d, head_count, batch_heads);
   ResolvedMap r;
   r.kernel = map.kernel;
   r.m = map.m();
   r.d = map.d();
   r.scale = resolve_scale(map.scale, d);
-  if (!map.weights.empty()) {
-    r.w = map.weights;
-    r.w_sets = map.heads;
+  const std::vector<float>& w = map.weights.empty() ? map.projection.matrix() : map.weights;
+  if (!map.weights.empty()) r.w_sets = map.heads;
+  if (borrow) {
+    r.w_view = w.data();
+    r.w_view_size = w.size();
   } else {
-    r.w = map.projection.matrix();
+    r.w = w;
   }
   if (!map.bias.empty()) {
     r.bias = map.bias;
@@ -67,7 +70,10 @@ uint64_t ResolvedMap::fingerprint() const {
   const int k = static_cast<int>(kernel);
   h = mix(h, &k, sizeof k);
   h = mix(h, &scale, sizeof scale);
-  h = mix(h, w);
+  const float* wd = w_view ? w_view : w.data();
+  const uint64_t wn = w_view ? w_view_size : w.size();
+  h = mix(h, wd, wn * sizeof(float));
+  h = mix(h, &wn, sizeof wn);
   h = mix(h, bias);
   h = mix(h, key_logw);
   h = mix(h, decay_rate);
@@ -89,7 +95,7 @@ kernels::FeatureParams ResolvedMap::params() const {
     p.bias = adapted.bias.data();
     p.bias_sets = adapted.heads;
   } else {
-    p.w = w.data();
+    p.w = w_view ? w_view : w.data();
     p.w_sets = w_sets;
     p.bias = bias.empty() ? nullptr : bias.data();
     p.bias_sets = bias_sets;
@@ -135,9 +141,9 @@ std::vector<double> decay_rates(const std::vector<double>& decay, int64_t heads,
 }
 
 ResolvedMap resolve_map(const FeatureMap& map, const AttentionShape& s, const TensorView& q,
-                        const TensorView& k, const AttentionOptions& options) {
+                        const TensorView& k, const AttentionOptions& options, bool borrow) {
   ResolvedMap r =
-      resolve_common(map, s.d, s.heads, s.batch * s.heads, options.decay, options.causal);
+      resolve_common(map, s.d, s.heads, s.batch * s.heads, options.decay, options.causal, borrow);
   AttentionOptions fit_options;
   fit_options.kernel = map.kernel;
   fit_options.causal = options.causal;
@@ -149,7 +155,7 @@ ResolvedMap resolve_map(const FeatureMap& map, const AttentionShape& s, const Te
 
 ResolvedMap resolve_fixed_map(const FeatureMap& map, int64_t batch, int64_t heads,
                               const std::vector<double>& decay) {
-  ResolvedMap r = resolve_common(map, map.d(), heads, batch * heads, decay, true);
+  ResolvedMap r = resolve_common(map, map.d(), heads, batch * heads, decay, true, false);
   if (data_adapted(map.kernel)) {
     if (!map.fit) {
       throw Error("fit: a " + to_string(map.kernel) +

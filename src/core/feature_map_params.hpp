@@ -21,8 +21,12 @@ struct ResolvedMap {
   int64_t m = 0, d = 0;
   double scale = 1.0;
   AdaptedProjection adapted;  // FAVOR++ / FAVOR#: per-head projections and log biases
-  std::vector<float> w;       // [w_sets][m][d]
+  std::vector<float> w;       // [w_sets][m][d], or empty while borrowed
   int64_t w_sets = 1;
+  // A per-call map borrows the FeatureMap's weights (resolve_map with borrow): w_view points
+  // at them, w stays empty; no m x d copy per call. Valid while that FeatureMap lives.
+  const float* w_view = nullptr;
+  size_t w_view_size = 0;
   std::vector<float> bias;  // [bias_sets][m] or empty
   int64_t bias_sets = 1;
   std::vector<float> key_logw;  // [lambda_sets][m] or empty: log lambda^2
@@ -69,8 +73,10 @@ std::vector<double> decay_rates(const std::vector<double>& decay, int64_t heads,
 
 /// Validates `map` for a call of shape s (check_feature_map) and resolves it. q and k feed a
 /// FAVOR++ / FAVOR# fit when the map has none (bidirectional only; causal throws).
+/// borrow: the result points at map's weights instead of copying them (a call that ends
+/// before map does: favor_attention, its backward).
 ResolvedMap resolve_map(const FeatureMap& map, const AttentionShape& s, const TensorView& q,
-                        const TensorView& k, const AttentionOptions& options);
+                        const TensorView& k, const AttentionOptions& options, bool borrow = false);
 /// The same without data to fit (decoder, features()): FAVOR++ / FAVOR# need map.fit.
 ResolvedMap resolve_fixed_map(const FeatureMap& map, int64_t batch, int64_t heads,
                               const std::vector<double>& decay);

@@ -27,6 +27,11 @@ struct CausalBackwardStore {
 
 /// Bidirectional FAVOR attention; returns the number of rows written as zeros.
 int64_t favor_bidirectional(const AttentionParams& p, const Config& config);
+/// The same for short sequences (cpu/favor_short.cpp): (phi(Q) phi(K)^T) [V | 1], no state.
+/// favor_bidirectional takes it when it pays (fewer flops, both sides within one tile, no
+/// state to save or start from).
+bool favor_bidirectional_short_pays(const AttentionParams& p);
+int64_t favor_bidirectional_short(const AttentionParams& p, const Config& config);
 /// Causal FAVOR attention (chunked); returns the number of rows written as zeros.
 int64_t favor_causal(const AttentionParams& p, const Config& config);
 /// Gradients of bidirectional and causal FAVOR attention.

@@ -143,8 +143,22 @@ int64_t run(const AttentionParams& p, bool causal, int max_threads) {
   // Work items are (head, query block) pairs, so one long head also uses every thread.
   const int64_t qblocks = (p.nq + kQueryBlock - 1) / kQueryBlock;
   const int64_t items = p.batch * p.heads * qblocks;
-  const int threads = static_cast<int>(std::min<int64_t>(max_threads, items));
-  std::vector<Workspace<T>> spaces = make_workspaces<Workspace<T>>(threads, p.d, p.dv);
+  const double flops = double(p.batch * p.heads) * double(p.nq) * double(p.nk) * 2.0 *
+                       double(p.d + p.dv) / (causal ? 2.0 : 1.0);
+  const int threads =
+      static_cast<int>(std::min<int64_t>(flops < kSerialFlops ? 1 : max_threads, items));
+  auto lease = lend_workspaces<Workspace<T>>(threads, p.d, p.dv);
+  std::vector<Workspace<T>>& spaces = lease.spaces();
+  if (threads == 1) {
+    return on_calling_thread([&] {
+      int64_t empty_rows = 0;
+      for (int64_t item = 0; item < items; ++item) {
+        const int64_t bh = item / qblocks, i0 = (item % qblocks) * kQueryBlock;
+        empty_rows += run_block<T>(p, causal, bh / p.heads, bh % p.heads, i0, spaces[0]);
+      }
+      return empty_rows;
+    });
+  }
   int64_t empty_rows = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : empty_rows)
   {

@@ -103,9 +103,13 @@ int64_t attend_queries(const AttentionParams& p, int64_t b, int64_t h, int64_t b
 }  // namespace
 
 int64_t favor_bidirectional(const AttentionParams& p, const Config& config) {
+  if (favor_bidirectional_short_pays(p)) return favor_bidirectional_short(p, config);
   const int64_t F = p.map.features();
-  const Schedule plan = make_schedule(p.batch * p.heads, config.threads);
-  std::vector<Workspace> spaces = make_workspaces<Workspace>(plan.team, p.d, p.map.m, F, p.dv);
+  const double flops = double(p.batch * p.heads) * double(p.nq + p.nk) *
+                       (2.0 * double(p.d * p.map.m) + 2.0 * double(F * (p.dv + 1)));
+  const Schedule plan = make_schedule(p.batch * p.heads, config.threads, flops);
+  auto lease = lend_workspaces<Workspace>(plan.team, p.d, p.map.m, F, p.dv);
+  std::vector<Workspace>& spaces = lease.spaces();
   if (plan.parts == 1) {
     return for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
       const int64_t b = bh / p.heads, h = bh % p.heads;

@@ -129,9 +129,11 @@ std::vector<int64_t> segment_bounds(int64_t n, int64_t parts) {
 
 int64_t favor_causal(const AttentionParams& p, const Config& config) {
   const int64_t F = p.map.features();
-  const Schedule plan = make_schedule(p.batch * p.heads, config.threads);
-  std::vector<ChunkWorkspace> spaces =
-      make_workspaces<ChunkWorkspace>(plan.team, p.d, p.map.m, F, p.dv);
+  const double flops = double(p.batch * p.heads) * double(p.nq) *
+                       (4.0 * double(p.d * p.map.m) + 4.0 * double(F * (p.dv + 1)));
+  const Schedule plan = make_schedule(p.batch * p.heads, config.threads, flops);
+  auto lease = lend_workspaces<ChunkWorkspace>(plan.team, p.d, p.map.m, F, p.dv);
+  std::vector<ChunkWorkspace>& spaces = lease.spaces();
   if (plan.parts == 1) {
     return for_each_head(plan, spaces, [&](int64_t bh, ChunkWorkspace& ws) {
       HeadState state = ws.state();

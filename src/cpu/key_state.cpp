@@ -107,8 +107,9 @@ void key_states(const AttentionParams& p, const Config& config, float* states, d
                 float* distance) {
   const int64_t F = p.map.features(), ld = p.dv + 1;
   const Schedule plan = heads_only(p.batch * p.heads, config.threads);
-  std::vector<KeyStateSpace> spaces =
-      make_workspaces<KeyStateSpace>(plan.team, p.d, p.map.m, F, p.dv, distance != nullptr);
+  auto lease =
+      lend_workspaces<KeyStateSpace>(plan.team, p.d, p.map.m, F, p.dv, distance != nullptr);
+  std::vector<KeyStateSpace>& spaces = lease.spaces();
   for_each_head(plan, spaces, [&](int64_t bh, KeyStateSpace& ws) {
     HeadState state{states + bh * F * ld, F, p.dv};
     state.clear();

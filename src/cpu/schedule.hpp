@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "cpu/blas.hpp"
@@ -22,6 +23,17 @@ inline Schedule make_schedule(int64_t heads, int threads) {
   const int64_t parts = heads >= threads ? 1 : threads / heads;
   const int64_t tasks = heads * parts;
   return {heads, parts, tasks, static_cast<int>(std::min<int64_t>(threads, tasks))};
+}
+
+/// Flops of a whole call below which it runs on the calling thread alone: waking the team
+/// (a futex wake per thread when they sleep, their spin-wait afterwards, competing with the
+/// caller's own threads) costs more than the second thread saves. Measured with
+/// `favor bench --sections calls` (docs/performance.md, "Per-call overhead").
+constexpr double kSerialFlops = 4e6;
+
+/// make_schedule for a call of `flops` in all: one thread below kSerialFlops.
+inline Schedule make_schedule(int64_t heads, int threads, double flops) {
+  return make_schedule(heads, flops < kSerialFlops ? 1 : threads);
 }
 
 /// One task per (batch, head): a head is never split over threads, so its sums keep one
@@ -41,10 +53,79 @@ std::vector<Workspace> make_workspaces(int team, const Args&... args) {
   return spaces;
 }
 
+/// Workspaces lent by the calling thread's shelf (lend_workspaces), or owned when the shelf
+/// was in use (a kernel called from inside another of the same kind).
+template <class Workspace>
+class LentWorkspaces {
+ public:
+  explicit LentWorkspaces(std::vector<Workspace>* shelf, bool* in_use)
+      : spaces_(shelf), in_use_(in_use) {}
+  explicit LentWorkspaces(std::vector<Workspace> own) : own_(std::move(own)), spaces_(&own_) {}
+  LentWorkspaces(const LentWorkspaces&) = delete;
+  LentWorkspaces& operator=(const LentWorkspaces&) = delete;
+  ~LentWorkspaces() {
+    if (in_use_) *in_use_ = false;
+  }
+  std::vector<Workspace>& spaces() { return *spaces_; }
+
+ private:
+  std::vector<Workspace> own_;
+  std::vector<Workspace>* spaces_;
+  bool* in_use_ = nullptr;
+};
+
+/// make_workspaces, kept between calls: each calling thread has a shelf per workspace type
+/// holding the workspaces of its last call, reused (not re-zeroed: workspaces are scratch
+/// written before they are read) while the arguments are the same, grown when the team is
+/// larger, rebuilt when the arguments change, freed at thread exit. A tiny call then
+/// allocates and clears nothing. Only for workspaces whose size does not depend on the
+/// sequence length (tiles, states): a shelf holds its last size until the thread ends.
+template <class Workspace, class... Args>
+LentWorkspaces<Workspace> lend_workspaces(int team, const Args&... args) {
+  struct Shelf {
+    std::vector<Workspace> spaces;
+    std::tuple<Args...> key;
+    bool in_use = false;
+  };
+  thread_local Shelf shelf;
+  if (shelf.in_use) return LentWorkspaces<Workspace>(make_workspaces<Workspace>(team, args...));
+  const std::tuple<Args...> key{args...};
+  if (!(shelf.key == key)) {
+    shelf.spaces.clear();
+    shelf.key = key;
+  }
+  if (shelf.spaces.size() < static_cast<size_t>(team)) {
+    shelf.spaces.reserve(static_cast<size_t>(team));
+    while (shelf.spaces.size() < static_cast<size_t>(team)) shelf.spaces.emplace_back(args...);
+  }
+  shelf.in_use = true;
+  return LentWorkspaces<Workspace>(&shelf.spaces, &shelf.in_use);
+}
+
+/// Runs fn on the calling thread with OpenMP's thread count (the one BLAS reads) set to 1,
+/// restoring the caller's setting after: the serial path of a small call, no parallel region.
+template <class Fn>
+auto on_calling_thread(Fn fn) {
+  struct Restore {
+    int threads = omp_get_max_threads();
+    ~Restore() { omp_set_num_threads(threads); }
+  } restore;
+  omp_set_num_threads(1);
+  return fn();
+}
+
 /// fn(bh, workspace) for every (batch, head) pair, spread over the team (BLAS on the
-/// calling thread); returns the sum of fn's results.
+/// calling thread); returns the sum of fn's results. A team of one runs on the calling
+/// thread without a parallel region.
 template <class Workspace, class Fn>
 int64_t for_each_head(const Schedule& plan, std::vector<Workspace>& spaces, Fn fn) {
+  if (plan.team == 1) {
+    return on_calling_thread([&] {
+      int64_t total = 0;
+      for (int64_t bh = 0; bh < plan.heads; ++bh) total += fn(bh, spaces[0]);
+      return total;
+    });
+  }
   int64_t total = 0;
 #pragma omp parallel num_threads(plan.team) reduction(+ : total)
   {
