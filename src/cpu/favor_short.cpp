@@ -84,7 +84,12 @@ void write_zero_rows(const AttentionParams& p, int64_t b, int64_t h) {
 int64_t attend_head(const AttentionParams& p, int64_t b, int64_t h, const HeadRows& rows,
                     ShortWorkspace& ws) {
   const int64_t m = p.map.m, F = p.map.features(), ld = p.dv + 1, bh = b * p.heads + h;
+  float* saved = p.ctx_states ? p.ctx_states + bh * F * ld : nullptr;
   if (rows.keys == 0) {  // no visible key: every row is defined as zeros
+    if (saved) {         // the empty state, as the tiled path saves it
+      std::fill(saved, saved + F * ld, 0.0f);
+      p.ctx_maxima[bh] = -INFINITY;
+    }
     write_zero_rows(p, b, h);
     return p.nq;
   }
@@ -112,6 +117,11 @@ int64_t attend_head(const AttentionParams& p, int64_t b, int64_t h, const HeadRo
       for (int64_t f = 0; f < F; ++f) ws.s[f] += phi[f];
     }
     log_or_neg_inf(ws.s.data(), ws.log_s.data(), F);
+  }
+  if (saved) {  // the key state [S | s] = phi(K)^T [V | 1] for the backward pass only
+    gemm(true, false, F, ld, rows.keys, 1.0f, ws.phik.data(), F, ws.vx.data() + rows.first * ld, ld,
+         0.0f, saved, ld);
+    p.ctx_maxima[bh] = max;
   }
   for (int64_t r = 0; r < p.nq; ++r) {
     const float c = query_shift(p.map.kernel, aq + r * m, m, ws.log_s.data());
@@ -154,7 +164,9 @@ int64_t run_group(const AttentionParams& p, int64_t begin, int64_t end, ShortWor
 }  // namespace
 
 bool favor_bidirectional_short_pays(const AttentionParams& p) {
-  if (p.ctx_states || p.init_states || p.nq > kRowTile || p.nk > kRowTile) return false;
+  // A saved context does not change the path (the outputs keep their bits whether or not a
+  // backward pass follows): the short path then also forms the state, for the backward.
+  if (p.init_states || p.nq > kRowTile || p.nk > kRowTile) return false;
   const double F = double(p.map.features()), ld = double(p.dv + 1);
   return double(p.nq) * double(p.nk) * (F + ld) < double(p.nq + p.nk) * F * ld;
 }

@@ -18,7 +18,7 @@ from ..exact import generic as exact_generic
 from ..exact.op import exact_attention
 from ..projection import projection as draw_projection
 from . import paths
-from .op import attention_op
+from .op import attention_op, eager, eager_attention
 from .triton_function import supported as triton_supported
 
 __all__ = ["attention", "check_parameters", "fit_tensors", "projection_tensor"]
@@ -188,10 +188,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     generic.py), 'triton' (CUDA tensors; CPU tensors under TRITON_INTERPRET=1). Every path
     computes the same formula with the same stabiliser and the same errors (docs/gpu.md).
     """
-    for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        T.check_tensor(t, name)
+    q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")  # checked
     out_dtype = q.dtype
-    q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")
     mask = T.check_mask(key_padding_mask)
     path = T.backend(q, "q", backend)
     T.check_same_device(q, ((k, "k"), (v, "v")))
@@ -222,6 +220,14 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
                 weights, bias, feature_weights)
             gamma = _decay_tensor(decay)
         else:
+            if (path == "cpu" and not isinstance(projection, torch.Tensor)
+                    and eager((q32, k32, v32, mask))):  # no op dispatch (eager, no grad)
+                proj = _args.make_projection(d, projection, features=features, norms=norms,
+                                             seed=seed)
+                fit_a, fit_basis = fit_tensors(fit, kernel, d, inputs)
+                y = eager_attention(q32, k32, v32, proj, mask, fit_a, fit_basis, kernel,
+                                    bool(causal), _args.optional_number(scale, "scale"))
+                return y if out_dtype == torch.float32 else y.to(out_dtype)
             w = projection_tensor(projection, d, features, norms, seed)
             wt = b = lam = gamma = None
         fit_a, fit_basis = fit_tensors(fit, kernel, d, inputs)

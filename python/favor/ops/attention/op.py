@@ -62,14 +62,40 @@ def decay_list(decay):
     return [] if decay is None else [float(g) for g in decay.detach().cpu().reshape(-1)]
 
 
+def eager(tensors):
+    """True when a forward may call C++ directly instead of through the favor::attention op:
+    eager mode (not compiling, exporting or tracing), no gradient to record, plain tensors
+    (no fake or subclass tensors) and no torch function or dispatch mode that would want to
+    see the op (profilers, FlopCounter). The same kernel gives the same bits; what it saves is
+    the op's dispatch (autograd and dynamo wrappers, output placeholders): tens of us per call,
+    which is most of a tiny call (docs/performance.md, "Per-call overhead")."""
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack()):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+            return False
+    return True
+
+
+def eager_attention(q, k, v, proj, key_padding_mask, fit_a, fit_basis, kernel, causal, scale):
+    """y of favor::attention without the op (eager() said so), for a plain projection given
+    as a favor.Projection (drawn ones are cached: no m x d copy per call)."""
+    return T.tensor(_call(q, k, v, None, None, None, None, None, key_padding_mask, fit_a,
+                          fit_basis, kernel, causal, scale, False, proj=proj)[0])
+
+
 def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel,
-          causal, scale, save_context, dy=None, parameter_grads=False, context=None):
-    """The C++ call of the forward (dy None) or the backward, on numpy views of the tensors."""
+          causal, scale, save_context, dy=None, parameter_grads=False, context=None, proj=None):
+    """The C++ call of the forward (dy None) or the backward, on numpy views of the tensors
+    (proj: the favor.Projection of w, when the caller has it)."""
     T.follow_torch_threads()
     keep = T.keep_mask(key_padding_mask)
     qv, kv, vv = T.view(q), T.view(k), T.view(v)
     if not _uses_map(weights, bias, lam, decay):
-        proj = _core.Projection.from_matrix(T.array(w))
+        if proj is None:
+            proj = _core.Projection.from_matrix(T.array(w))
         fit = None if fit_a is None else _core.KernelFit(T.array(fit_a), T.array(fit_basis))
         if dy is None:
             return _core.attention(qv, kv, vv, proj, kernel=kernel, causal=causal, scale=scale,
