@@ -511,3 +511,32 @@ def test_mha_is_causal_without_reading_the_mask():
     with pytest.raises(favor.Error, match="attn_mask: a mask of shape \\[5, 5\\] without "
                                           "is_causal=True"):
         mha(x, x, x, need_weights=False, attn_mask=causal)
+
+
+def test_eager_calls_without_grad_equal_the_op():
+    """An eager CPU call with nothing to differentiate runs the C++ call without the op's
+    dispatch (favor.ops.attention.op.eager): the same bits as favor::attention, for a drawn
+    projection and a projection tensor. Grad mode and dispatch modes (profilers, FlopCounter)
+    still go through the op, which such a mode sees."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    q, k, v = randn(2, 4, 5, 16, seed=1), randn(2, 4, 7, 16, seed=2), randn(2, 4, 7, 8, seed=3)
+    w = projection_op("orthogonal", 64, 16, "chi", 0)
+    op_y = attention_op(q, k, v, w, None, None, None, None, None, None, None, "positive",
+                        False, None, False)[0]
+    with torch.no_grad():
+        assert torch.equal(ft.attention(q, k, v, features=64), op_y)
+        assert torch.equal(ft.attention(q, k, v, projection=w), op_y)
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Seen() as seen:
+        y = ft.attention(q, k, v, projection=w)
+    assert torch.equal(y, op_y) and any("favor.attention" in o for o in seen.ops)

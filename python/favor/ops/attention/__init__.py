@@ -220,10 +220,14 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
                 weights, bias, feature_weights)
             gamma = _decay_tensor(decay)
         else:
-            if (path == "cpu" and not isinstance(projection, torch.Tensor)
-                    and eager((q32, k32, v32, mask))):  # no op dispatch (eager, no grad)
-                proj = _args.make_projection(d, projection, features=features, norms=norms,
-                                             seed=seed)
+            w_in = projection if isinstance(projection, torch.Tensor) else None
+            if path == "cpu" and eager((q32, k32, v32, mask, w_in)):  # no op dispatch
+                if w_in is None:  # drawn projections are cached
+                    proj = _args.make_projection(d, projection, features=features, norms=norms,
+                                                 seed=seed)
+                else:
+                    w = projection_tensor(projection, d, features, norms, seed)
+                    proj = _core.Projection.from_matrix(T.array(w))
                 fit_a, fit_basis = fit_tensors(fit, kernel, d, inputs)
                 y = eager_attention(q32, k32, v32, proj, mask, fit_a, fit_basis, kernel,
                                     bool(causal), _args.optional_number(scale, "scale"))
