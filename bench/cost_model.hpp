@@ -16,12 +16,18 @@ struct Problem {
 
 /// FAVOR forward: feature maps 2 N d m for Q and again for K; S = phi(K)^T V: 2 N F dv;
 /// outputs and normaliser phi(Q) [S s]: 2 N F (dv + 1). Causal adds the intra-chunk
-/// products, about 2 N C (F + dv) for chunk length C.
+/// products, about 2 N C (F + dv) for chunk length C. Bidirectional attention on short
+/// sequences (N <= 256, the row tile) takes the short path where it costs less
+/// (src/cpu/favor_short.cpp): (phi(Q) phi(K)^T) [V | 1], 2 N^2 (F + dv + 1) after the
+/// feature maps.
 inline double favor_flops(const Problem& p, bool causal, int64_t chunk) {
-  const double n = double(p.n),
-               per_head = 4.0 * n * p.d * p.m + 2.0 * n * p.f * p.dv + 2.0 * n * p.f * (p.dv + 1);
-  const double intra = causal ? 2.0 * n * double(chunk) * double(p.f + p.dv) : 0.0;
-  return double(p.bh) * (per_head + intra);
+  const double n = double(p.n), maps = 4.0 * n * p.d * p.m,
+               state = 2.0 * n * p.f * p.dv + 2.0 * n * p.f * (p.dv + 1),
+               quadratic = 2.0 * n * n * double(p.f + p.dv + 1);
+  if (causal) return double(p.bh) * (maps + state + 2.0 * n * double(chunk) * double(p.f + p.dv));
+  const bool short_path = p.n <= 256 && n * n * double(p.f + p.dv + 1) <
+                                            2.0 * n * double(p.f) * double(p.dv + 1);
+  return double(p.bh) * (maps + (short_path ? quadratic : state));
 }
 
 /// FAVOR backward as implemented (src/cpu/favor_backward*.cpp): bidirectional recomputes

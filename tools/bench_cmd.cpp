@@ -50,6 +50,9 @@ void run(const BenchArgs& a) {
   }
   if (a.distributed_n < 1 || a.distributed_weak_n < 1)
     throw Error("--distributed-n, --distributed-weak-n: must be >= 1");
+  for (int64_t n : a.call_lengths) {
+    if (n < 1) throw Error("--call-lengths: " + std::to_string(n) + " must be >= 1");
+  }
   for (int64_t pos : a.decode_positions) {
     if (pos < 0) throw Error("--decode-positions: " + std::to_string(pos) + " must be >= 0");
   }
@@ -112,6 +115,8 @@ void add_bench_command(CLI::App& app) {
                   "rank counts P of the distributed section (mpirun -np P)")
       ->capture_default_str();
   cmd->add_option("--io-n", a->io_n, "N of the io section (inputs [1, bh, N, dim])")
+      ->capture_default_str();
+  cmd->add_option("--call-lengths", a->call_lengths, "N of the calls section (short calls)")
       ->capture_default_str();
   cmd->add_option("--vq-lengths", a->vq_lengths,
                   "N of the vq section (N = 4096, seed 002's setting, is always added)")

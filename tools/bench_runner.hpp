@@ -36,6 +36,7 @@ struct BenchArgs {
   int64_t distributed_n = 262144, distributed_weak_n = 262144;
   std::vector<int> distributed_ranks{1, 2, 4};
   int64_t io_n = 16384;
+  std::vector<int64_t> call_lengths{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
   bool has(const std::string& section) const {
     return std::find(sections.begin(), sections.end(), section) != sections.end();
   }

@@ -16,6 +16,7 @@ void section_vq(BenchRunner& bench);           // bench_vq.cpp
 void section_distributed(BenchRunner& bench);  // bench_process_sections.cpp
 void section_io(BenchRunner& bench);           // bench_process_sections.cpp
 void section_decode(BenchRunner& bench);       // bench_decode.cpp
+void section_calls(BenchRunner& bench);        // bench_calls.cpp
 
 const std::vector<BenchSection>& bench_sections() {
   static const std::vector<BenchSection> table{
@@ -31,6 +32,9 @@ const std::vector<BenchSection>& bench_sections() {
       {"io", section_io,
        "favor attention as a whole process on .npy files vs the same call in process"},
       {"decode", section_decode, "decoder steps at --decode-positions"},
+      {"calls", section_calls,
+       "one forward call at --call-lengths (short N): favor and exact, and the per-call "
+       "overhead"},
   };
   return table;
 }

@@ -9,8 +9,8 @@ and forward+backward (loss = (y * g).sum() with a fixed random g), causal and no
 favor's crossover with SDPA (log-log interpolation between sweep points) and the ratio
 t_sdpa / t_favor at 4k and 16k.
 
-call: the per-call time of favor.torch.attention on [1, 1, N, 64] tensors (no_grad),
-N = 1..64, against the C++ call: favor._core.time_attention (timed inside C++),
+call: the per-call time of favor.torch.attention on [1, H, N, 64] tensors (no_grad;
+H = --call-heads, 8), N = 1..1024, against the C++ call: favor._core.time_attention (timed inside C++),
 favor._core.attention (the pybind11 call) and favor.attention (numpy); SDPA on the same
 tensors as torch's own floor. Medians over interleaved rounds.
 """
@@ -38,7 +38,10 @@ def add_arguments(p):
     p.add_argument("--point-seconds", type=float, default=2.0,
                    help="sdpa section: stop repeating a figure once its runs total this; a "
                    "warm-up longer than this is the only run")
-    p.add_argument("--call-lengths", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--call-lengths", type=int, nargs="+",
+                   default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
+    p.add_argument("--call-heads", type=int, default=8,
+                   help="call section: heads H of the [1, H, N, 64] inputs")
     p.add_argument("--call-rounds", type=int, default=31,
                    help="call section: interleaved rounds (median)")
 
@@ -53,9 +56,10 @@ def finish_args(a):
     if a.quick:
         a.sdpa_lengths, a.exact_max_n, a.point_seconds = [64, 128], 128, 0.05
         a.call_lengths, a.call_rounds, a.call_loop_s = [1, 8], 3, 0.002
-    if min(a.sdpa_lengths + a.call_lengths) < 1 or a.call_rounds < 1 or a.point_seconds <= 0:
-        raise SystemExit("--sdpa-lengths, --call-lengths, --call-rounds and --point-seconds "
-                         "must be positive")
+    if (min(a.sdpa_lengths + a.call_lengths) < 1 or a.call_rounds < 1 or a.call_heads < 1
+            or a.point_seconds <= 0):
+        raise SystemExit("--sdpa-lengths, --call-lengths, --call-heads, --call-rounds and "
+                         "--point-seconds must be positive")
 
 
 def sdpa(q, k, v, causal):
@@ -180,7 +184,7 @@ def sdpa_summary(records):
 
 
 def call_rows(args, log):
-    """Seconds per call at [1, 1, N, 64] of the C++ timer, favor._core.attention,
+    """Seconds per call at [1, H, N, 64] of the C++ timer, favor._core.attention,
     favor.attention (numpy), favor.torch.attention and SDPA (no_grad): the median over
     --call-rounds rounds in which each runs a loop of calls, the five taking turns."""
     proj = favor.make_projection(DIM, "orthogonal", features=FEATURES, seed=0)
@@ -188,7 +192,8 @@ def call_rows(args, log):
     for causal in args.masks:
         for n in args.call_lengths:
             rng = np.random.default_rng(n)  # the inputs' seed is N
-            q, k, v = (rng.standard_normal((1, 1, n, DIM), dtype=np.float32) for _ in range(3))
+            shape = (1, args.call_heads, n, DIM)
+            q, k, v = (rng.standard_normal(shape, dtype=np.float32) for _ in range(3))
             qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
             loops = {
                 "cpp": lambda c: sum(favor._core.time_attention(q, k, v, proj, "positive",
@@ -211,7 +216,7 @@ def call_rows(args, log):
                 for _ in range(args.call_rounds):
                     for name, loop in loops.items():
                         per[name].append(loop(calls) / calls * 1e6)
-            rec = dict(section="call", causal=causal, n=n, shape=[1, 1, n, DIM], m=FEATURES,
+            rec = dict(section="call", causal=causal, n=n, shape=list(shape), m=FEATURES,
                        seed=n, calls=calls, rounds=args.call_rounds)
             for name, us in per.items():
                 rec[name + "_us"] = float(np.median(us))
