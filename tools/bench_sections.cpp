@@ -16,6 +16,7 @@ void section_vq(BenchRunner& bench);           // bench_vq.cpp
 void section_distributed(BenchRunner& bench);  // bench_process_sections.cpp
 void section_io(BenchRunner& bench);           // bench_process_sections.cpp
 void section_decode(BenchRunner& bench);       // bench_decode.cpp
+void section_bf16(BenchRunner& bench);         // bench_bf16.cpp
 
 const std::vector<BenchSection>& bench_sections() {
   static const std::vector<BenchSection> table{
@@ -31,6 +32,7 @@ const std::vector<BenchSection>& bench_sections() {
       {"io", section_io,
        "favor attention as a whole process on .npy files vs the same call in process"},
       {"decode", section_decode, "decoder steps at --decode-positions"},
+      {"bf16", section_bf16, "bidirectional forward, fp32 vs bf16 GEMMs, at --bf16-lengths"},
   };
   return table;
 }

@@ -50,7 +50,7 @@ def w_tensor(requires_grad=False):
 # ---- opcheck: schema, autograd registration, fake tensors, AOT dispatch (dynamic shapes) ----
 
 def attention_args(kernel="positive", causal=False, save=True, mask=False, learned=False,
-                   decay=False, fit=False):
+                   decay=False, fit=False, precision="f32"):
     q, k, v = qkv()
     weights = bias = lam = gamma = None
     if learned:
@@ -68,7 +68,7 @@ def attention_args(kernel="positive", causal=False, save=True, mask=False, learn
         fit_a = torch.full((1, 8), -0.05, dtype=torch.float64)
         fit_basis = torch.eye(8, dtype=torch.float64)[None]
     return (q, k, v, w_tensor(True), weights, bias, lam, gamma, kpm, fit_a, fit_basis, kernel,
-            causal, None, save and not causal)
+            causal, None, save and not causal, precision)
 
 
 ATTENTION_CASES = {
@@ -89,6 +89,11 @@ ATTENTION_CASES = {
 @pytest.mark.parametrize("case", list(ATTENTION_CASES))
 def test_opcheck_attention(case):
     torch.library.opcheck(attention_op, attention_args(**ATTENTION_CASES[case]))
+
+
+def test_opcheck_attention_bf16():
+    """precision='bf16' (the GEMMs in bf16 where favor.bf16_available(), else f32)."""
+    torch.library.opcheck(attention_op, attention_args(precision="bf16"))
 
 
 @pytest.mark.parametrize("case", ["positive", "causal", "hedgehog_learned", "learned_decay"])
@@ -250,6 +255,24 @@ def test_attention_op_gradients_equal_the_numpy_api(case):
                                        v.detach().numpy(), dy.numpy(), proj,
                                        projection_grad=True, **opts)
     for t, ref in zip((q, k, v, w), g):
+        assert torch.equal(t.grad, torch.from_numpy(ref))
+
+
+def test_bf16_precision_equals_the_numpy_api():
+    """favor.torch.attention(precision='bf16') is favor.attention(precision='bf16') bit for
+    bit (the same C++ call), forward, and its backward the float32 backward from the key
+    state the bf16 forward saved."""
+    q, k, v = qkv()
+    w = w_tensor()
+    y = ft.attention(q, k, v, projection=w, precision="bf16")
+    arrays = [t.detach().numpy() for t in (q, k, v)]
+    proj = favor._core.Projection.from_matrix(w.numpy())
+    y_ref, _, ctx = favor._core.attention(*arrays, proj, precision="bf16", save_context=True)
+    assert torch.equal(y.detach(), torch.from_numpy(y_ref))
+    dy = randn(*y.shape, seed=11)
+    y.backward(dy)
+    g = favor._core.attention_backward(*arrays, dy.numpy(), proj, context=ctx)
+    for t, ref in zip((q, k, v), g):
         assert torch.equal(t.grad, torch.from_numpy(ref))
 
 
