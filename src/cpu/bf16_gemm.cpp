@@ -31,6 +31,13 @@ bf16_t round_scalar(float x) {
   return static_cast<bf16_t>(u >> 16);
 }
 
+float from_bf16(bf16_t b) {
+  const uint32_t u = uint32_t{b} << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
 #ifdef FAVOR_HAVE_DNNL
 // The library's answer, once: CPU flag, then a 2 x 2 product checked against its exact value.
 struct Probe {
@@ -90,6 +97,27 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void to_bf16(const float*
   for (; i < n; ++i) dst[i] = round_scalar(src[i]);
 }
 
+__attribute__((target("avx512f,avx512bw"))) void dot_rows_bf16(const bf16_t* a, int64_t rows,
+                                                               int64_t n, const float* x,
+                                                               float* out, int64_t out_stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const bf16_t* row = a + r * n;
+    __m512 acc = _mm512_setzero_ps();
+    int64_t f = 0;
+    for (; f + 16 <= n; f += 16) {  // bf16 -> fp32: the bits shifted into the upper half
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + f));
+      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      acc = _mm512_fmadd_ps(v, _mm512_loadu_ps(x + f), acc);
+    }
+    alignas(64) float lanes[16];  // (not _mm512_reduce_add_ps: GCC 12 warns inside it)
+    _mm512_store_ps(lanes, acc);
+    float sum = 0.0f;
+    for (float lane : lanes) sum += lane;
+    for (; f < n; ++f) sum += from_bf16(row[f]) * x[f];
+    out[r * out_stride] = sum;
+  }
+}
+
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16_t* A, int64_t lda,
                const bf16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   // Arguments are the kernel's own (valid by construction), and the probe ran the library.
@@ -99,6 +127,15 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16_t* 
 #else
 void to_bf16(const float* src, bf16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = round_scalar(src[i]);
+}
+
+void dot_rows_bf16(const bf16_t* a, int64_t rows, int64_t n, const float* x, float* out,
+                   int64_t out_stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float sum = 0.0f;
+    for (int64_t f = 0; f < n; ++f) sum += from_bf16(a[r * n + f]) * x[f];
+    out[r * out_stride] = sum;
+  }
 }
 
 void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, const bf16_t*, int64_t, const bf16_t*,

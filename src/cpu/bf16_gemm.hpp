@@ -26,4 +26,9 @@ void to_bf16(const float* src, bf16_t* dst, int64_t n);
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t* A,
                int64_t lda, const bf16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+/// out[r * out_stride] = sum_f a[r, f] x[f] for `rows` bf16 rows of n (ld n), fp32 x and
+/// accumulation. Only when bf16_supported().
+void dot_rows_bf16(const bf16_t* a, int64_t rows, int64_t n, const float* x, float* out,
+                   int64_t out_stride);
+
 }  // namespace favor::cpu
