@@ -106,7 +106,8 @@ __attribute__((target("avx512f,avx512bw"))) void dot_rows_bf16(const bf16_t* a, 
     int64_t f = 0;
     for (; f + 16 <= n; f += 16) {  // bf16 -> fp32: the bits shifted into the upper half
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + f));
-      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      const __m512 v = _mm512_castsi512_ps(
+          _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
       acc = _mm512_fmadd_ps(v, _mm512_loadu_ps(x + f), acc);
     }
     alignas(64) float lanes[16];  // (not _mm512_reduce_add_ps: GCC 12 warns inside it)
