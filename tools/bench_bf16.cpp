@@ -6,7 +6,10 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <functional>
+#include <vector>
 
 #include "bench_runner.hpp"
 
@@ -25,22 +28,48 @@ double relative(const float* a, const float* b, const float* ref, int64_t count)
   return std::sqrt(num / den);
 }
 
-double timed(BenchRunner& bench, int64_t n, Precision precision, nlohmann::json extra) {
+double seconds_of(const std::function<void()>& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// fp32 and bf16 rows of one problem, timed interleaved (one call of each per round, the
+// median of max(--repeats, 5) rounds each): a load that comes and goes on a shared machine
+// then weighs on both alike. Memory figures from measure() (one warm call and one timed).
+// Returns the bf16 row's seconds / the fp32 row's.
+double timed_pair(BenchRunner& bench, int64_t n) {
   const BenchArgs& a = bench.args();
   const auto qkv = bench.inputs(a.bh, n);
   const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
   const Projection w = Projection::draw(a.m, a.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
   Tensor out({1, a.bh, n, a.d}, 0.0f);
-  AttentionOptions o;
-  o.precision = precision;
-  const Measured t =
-      measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o); }, a.repeats, a.min_time);
-  nlohmann::json r =
-      timed_record(precision == Precision::bf16 ? "favor-bf16" : "favor", false, n, a.bh,
-                   num_threads(), t, favor_flops(bench.problem(a.bh, n), false, 0));
-  r.update(extra);
-  bench.emit(std::move(r));
-  return t.seconds;
+  AttentionOptions o32, o16;
+  o16.precision = Precision::bf16;
+  const std::function<void()> f32 = [&] { favor_attention(q, k, v, w, out.mutable_view(), o32); };
+  const std::function<void()> f16 = [&] { favor_attention(q, k, v, w, out.mutable_view(), o16); };
+  Measured m32 = measure(f32, 1, 0.0), m16 = measure(f16, 1, 0.0);
+  std::vector<double> t32, t16;
+  for (int r = 0; r < std::max(a.repeats, 5); ++r) {
+    t32.push_back(seconds_of(f32));
+    t16.push_back(seconds_of(f16));
+  }
+  m32.seconds = median(t32);
+  m16.seconds = median(t16);
+  const double flops = favor_flops(bench.problem(a.bh, n), false, 0);
+  nlohmann::json r32 = timed_record("favor", false, n, a.bh, num_threads(), m32, flops);
+  r32["ratio_to_fp32"] = 1.0;
+  bench.emit(std::move(r32));
+  nlohmann::json r16 = timed_record("favor-bf16", false, n, a.bh, num_threads(), m16, flops);
+  r16["ratio_to_fp32"] = m16.seconds / m32.seconds;
+  r16["bf16_ran"] = bf16_available();
+  bench.emit(std::move(r16));
+  return m16.seconds / m32.seconds;
 }
 
 // Errors on head 0's first kErrorRows queries against all n keys (the rows of a
@@ -82,10 +111,8 @@ void section_bf16(BenchRunner& bench) {
   const bool ran = bf16_available();
   if (!a.json) fmt::print("{:>7} bf16 available: {}\n", "", ran ? "yes" : "no (rows run fp32)");
   for (int64_t n : a.bf16_lengths) {
-    const double base = timed(bench, n, Precision::f32, {{"ratio_to_fp32", 1.0}});
-    const double seconds = timed(bench, n, Precision::bf16, {{"bf16_ran", ran}});
-    bench.records().back()["ratio_to_fp32"] = seconds / base;
-    if (!a.json) fmt::print("{:>7} fp32 / bf16 = {:.2f}x\n", "", base / seconds);
+    const double ratio = timed_pair(bench, n);
+    if (!a.json) fmt::print("{:>7} fp32 / bf16 = {:.2f}x\n", "", 1.0 / ratio);
     errors(bench, n, bench.records().back());
   }
 }
