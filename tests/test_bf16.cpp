@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/bf16_features.hpp"
 #include "favor/favor.hpp"
 #include "reference/naive.hpp"
 #include "test_helpers.hpp"
@@ -64,8 +65,9 @@ Tensor rounded(Tensor t) {
 
 // Worst relative change of a feature of row x (head h; positive and hyperbolic features
 // exp(+-a + const)): the projection a_f = sum_t W_ft x~_t (x~ = x D^(-1/4)) changes by at
-// most e = (2u + u^2 [unless x~ and W are bf16 already] + gamma_D) sum_t |W_ft x~_t|, fp32
-// exp adds 4 float ulps, the feature's own rounding u: eta = exp(e)(1 + 4 u32)(1 + u) - 1.
+// most e = (2u + u^2 [unless x~ and W are bf16 already] + gamma_D) sum_t |W_ft x~_t|, the
+// polynomial exp of cpu/bf16_features.hpp adds its error (FAVOR+; above fp32's few ulps for
+// the other kernels), the feature's own rounding u: eta = exp(e)(1 + exp error)(1 + u) - 1.
 double feature_eta(const Tensor& x, int64_t h, int64_t row, const Projection& w, bool exact) {
   const int64_t d = x.shape()[3];
   const double gamma = d * kF32 / (1.0 - d * kF32);
@@ -78,7 +80,7 @@ double feature_eta(const Tensor& x, int64_t h, int64_t row, const Projection& w,
       sum += std::abs(double(w.at(f, t)) * double(x.view().at(0, h, row, t))) * s;
     worst = std::max(worst, sum);
   }
-  return std::exp((rounding + gamma) * worst) * (1.0 + 4.0 * kF32) * (1.0 + kU) - 1.0;
+  return std::exp((rounding + gamma) * worst) * (1.0 + cpu::kBf16ExpError) * (1.0 + kU) - 1.0;
 }
 
 // The bound of docs/numerics.md ("bf16 forward") on |y_bf16 - y|, element by element, as a

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu/attention_params.hpp"
+#include "cpu/bf16_features.hpp"
 #include "cpu/bf16_gemm.hpp"
 #include "cpu/feature_tile.hpp"
 #include "cpu/head_state.hpp"
@@ -50,6 +51,15 @@ struct StateT {
   const float* s() const { return St + dv * F; }
 };
 
+// Features exp(a + const), m of them, without feature weights (FAVOR+, FAVOR++, FAVOR#):
+// computed straight into bf16 (cpu/bf16_features.hpp). Other maps: their fp32 features,
+// rounded.
+bool plain_positive(const AttentionParams& p, int64_t bh) {
+  const Kernel k = p.map.kernel;
+  return (k == Kernel::positive || k == Kernel::favorpp || k == Kernel::favorsharp) &&
+         p.map.head_key_logw(bh) == nullptr;
+}
+
 // a[rows x m] = bf16(x) bf16(W)^T (+ bias), W already in ws.w.
 void project_bf16(const AttentionParams& p, int64_t bh, int64_t rows, Workspace& ws) {
   const int64_t m = p.map.m;
@@ -82,9 +92,15 @@ void accumulate_keys_bf16(const AttentionParams& p, int64_t b, int64_t h, StateT
       }
       state.max = tile_max;
     }
-    for (int64_t r = 0; r < rows; ++r)
-      key_features(p.map, bh, t.a.data() + r * m, t.g[r] - state.max, t.phi.data() + r * F);
-    to_bf16(t.phi.data(), ws.phi.data(), rows * F);
+    if (plain_positive(p, bh)) {
+      for (int64_t r = 0; r < rows; ++r)
+        exp_to_bf16(t.a.data() + r * m, static_cast<float>(t.g[r] - state.max),
+                    ws.phi.data() + r * F, m);
+    } else {
+      for (int64_t r = 0; r < rows; ++r)
+        key_features(p.map, bh, t.a.data() + r * m, t.g[r] - state.max, t.phi.data() + r * F);
+      to_bf16(t.phi.data(), ws.phi.data(), rows * F);
+    }
     to_bf16(t.vx.data(), ws.vx.data(), rows * ld);
     gemm_bf16(true, false, ld, F, rows, ws.vx.data(), ld, ws.phi.data(), F, 1.0f, state.St, F);
   }
@@ -110,12 +126,17 @@ int64_t attend_queries_bf16(const AttentionParams& p, int64_t b, int64_t h, cons
     gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d,
                 p.map.sqrt_scale, ws.tile.x.data(), nullptr);
     project_bf16(p, bh, rows, ws);
+    const bool plain = plain_positive(p, bh);
     for (int64_t r = 0; r < rows; ++r) {
       const float* a = ws.tile.a.data() + r * m;
       const float c = query_shift(p.map.kernel, a, m, ws.log_s.data());
-      query_features(p.map.kernel, a, m, c, ws.log_s.data(), ws.tile.phi.data() + r * F);
+      if (plain) {
+        exp_live_to_bf16(a, c, ws.log_s.data(), ws.phi.data() + r * F, m);
+      } else {
+        query_features(p.map.kernel, a, m, c, ws.log_s.data(), ws.tile.phi.data() + r * F);
+      }
     }
-    to_bf16(ws.tile.phi.data(), ws.phi.data(), rows * F);
+    if (!plain) to_bf16(ws.tile.phi.data(), ws.phi.data(), rows * F);
     gemm_bf16(false, false, rows, dv, F, ws.phi.data(), F, ws.S.data(), dv, 0.0f, ws.yx.data(), ld);
     dot_rows_bf16(ws.phi.data(), rows, F, state.s(), ws.yx.data() + dv, ld);
     zero_rows += write_rows(ws.yx.data(), rows, dv, oh + i0 * p.out_strides[2], p.out_strides[2],
