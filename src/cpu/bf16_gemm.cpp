@@ -70,16 +70,17 @@ const Probe& probe() {
 }  // namespace
 
 bool bf16_supported() {
+  if (forced_off()) return false;
 #ifdef FAVOR_HAVE_DNNL
-  return !forced_off() && probe().ok;
+  return probe().ok;
 #else
   return false;
 #endif
 }
 
 const char* bf16_status() {
-#ifdef FAVOR_HAVE_DNNL
   if (forced_off()) return "off (FAVOR_NO_BF16)";
+#ifdef FAVOR_HAVE_DNNL
   return probe().status.c_str();
 #else
   return "off (built without oneDNN)";
