@@ -63,21 +63,29 @@ Tensor rounded(Tensor t) {
   return t;
 }
 
+// Head h's projection (m x d): the map's learned weights of that head, or the projection.
+const float* head_weights(const FeatureMap& map, int64_t h) {
+  if (map.weights.empty()) return map.projection.data();
+  return map.weights.data() + (map.heads == 1 ? 0 : h) * map.m() * map.d();
+}
+
 // Worst relative change of a feature of row x (head h; positive and hyperbolic features
-// exp(+-a + const)): the projection a_f = sum_t W_ft x~_t (x~ = x D^(-1/4)) changes by at
-// most e = (2u + u^2 [unless x~ and W are bf16 already] + gamma_D) sum_t |W_ft x~_t|, the
-// polynomial exp of cpu/bf16_features.hpp adds its error (FAVOR+; above fp32's few ulps for
-// the other kernels), the feature's own rounding u: eta = exp(e)(1 + exp error)(1 + u) - 1.
-double feature_eta(const Tensor& x, int64_t h, int64_t row, const Projection& w, bool exact) {
+// lambda^2 exp(+-a + const)): the projection a_f = sum_t W_ft x~_t (x~ = x D^(-1/4); a bias
+// is added in fp32, unrounded) changes by at most e = (2u + u^2 [unless x~ and W are bf16
+// already] + gamma_D) sum_t |W_ft x~_t|, the polynomial exp of cpu/bf16_features.hpp adds its
+// error (FAVOR+; above fp32's few ulps for the other maps), the feature's own rounding u:
+// eta = exp(e)(1 + exp error)(1 + u) - 1.
+double feature_eta(const Tensor& x, int64_t h, int64_t row, const FeatureMap& map, bool exact) {
   const int64_t d = x.shape()[3];
+  const float* w = head_weights(map, h);
   const double gamma = d * kF32 / (1.0 - d * kF32);
   const double rounding = exact ? 0.0 : 2.0 * kU + kU * kU;
   const double s = std::pow(double(d), -0.25);
   double worst = 0.0;
-  for (int64_t f = 0; f < w.m(); ++f) {
+  for (int64_t f = 0; f < map.m(); ++f) {
     double sum = 0.0;
     for (int64_t t = 0; t < d; ++t)
-      sum += std::abs(double(w.at(f, t)) * double(x.view().at(0, h, row, t))) * s;
+      sum += std::abs(double(w[f * d + t]) * double(x.view().at(0, h, row, t))) * s;
     worst = std::max(worst, sum);
   }
   return std::exp((rounding + gamma) * worst) * (1.0 + cpu::kBf16ExpError) * (1.0 + kU) - 1.0;
@@ -90,22 +98,22 @@ double feature_eta(const Tensor& x, int64_t h, int64_t row, const Projection& w,
 // visible keys); v and S rounded move the numerator alone, by at most
 // ((1 + u)^2 - 1) E_A~|v_c| <= ((1 + u)^2 - 1) (1 + rho) / (1 - rho) E_A|v_c| (u alone when v
 // is bf16 already).
-double bf16_bound(const Tensor& q, const Tensor& k, const Tensor& v, const Projection& w,
-                  const AttentionOptions& o, const std::vector<uint8_t>& visible, bool exact,
+// eta(x, h, row): the features' worst relative change (feature_eta); value_rounding: of the
+// numerator alone.
+template <class Eta>
+double bf16_bound(const Tensor& q, const Tensor& k, const Tensor& v, const FeatureMap& map,
+                  const std::vector<uint8_t>& visible, Eta eta, double value_rounding,
                   const reference::DTensor& ref) {
   const int64_t H = q.shape()[1], nq = q.shape()[2], nk = k.shape()[2], dv = v.shape()[3];
-  FeatureOptions fo;
-  fo.kernel = o.kernel;
-  const reference::DTensor pq = reference::features(q, w, fo), pk = reference::features(k, w, fo);
+  const reference::DTensor pq = reference::features(q, map), pk = reference::features(k, map);
   const int64_t F = pq.shape[3];
-  const double value_rounding = exact ? kU : (1.0 + kU) * (1.0 + kU) - 1.0;
   double total = 0.0, norm = 0.0;
   for (int64_t h = 0; h < H; ++h) {
     double eta_k = 0.0;
     for (int64_t j = 0; j < nk; ++j)
-      if (visible[j]) eta_k = std::max(eta_k, feature_eta(k, h, j, w, exact));
+      if (visible[j]) eta_k = std::max(eta_k, eta(k, h, j));
     for (int64_t i = 0; i < nq; ++i) {
-      const double rho = (1.0 + feature_eta(q, h, i, w, exact)) * (1.0 + eta_k) - 1.0;
+      const double rho = (1.0 + eta(q, h, i)) * (1.0 + eta_k) - 1.0;
       std::vector<double> a(static_cast<size_t>(nk), 0.0);
       double den = 0.0;
       for (int64_t j = 0; j < nk; ++j) {
@@ -130,26 +138,84 @@ double bf16_bound(const Tensor& q, const Tensor& k, const Tensor& v, const Proje
   return std::sqrt(total / norm);
 }
 
+// Exact inputs (only the features and S round): the first-order change of y under the
+// standard probabilistic model of rounding (Higham & Mary 2019: the relative errors d of the
+// roundings are independent, mean 0, |d| <= u so E d^2 <= u^2). With A_ij = sum_f
+// phi_f(q_i) phi_f(k_j), D_i = sum_j A_ij, S_fc = sum_j phi_f(k_j) v_jc, s_f = sum_j phi_f(k_j):
+//   dy_ic = sum_f phi_f(q_i) [(S_fc - y_ic s_f) dq_if + S_fc dS_fc] / D_i
+//         + sum_f sum_j phi_f(q_i) phi_f(k_j) (v_jc - y_ic) dk_jf / D_i,
+// so E|dy|^2 <= u^2 sum_ic sum_f phi_f(q_i)^2 [(S_fc - y s_f)^2 + S_fc^2 + P_fc - 2 y Q_fc
+// + y^2 R_f] / D_i^2 with P_fc = sum_j phi_f(k_j)^2 v_jc^2, Q_fc = ... v_jc, R_f = ... 1
+// (visible keys). Returns sqrt(E|dy|^2) / |y|.
+double bf16_rms_exact(const Tensor& q, const Tensor& k, const Tensor& v, const FeatureMap& map,
+                      const std::vector<uint8_t>& visible, const reference::DTensor& ref) {
+  const int64_t H = q.shape()[1], nq = q.shape()[2], nk = k.shape()[2], dv = v.shape()[3];
+  const reference::DTensor pq = reference::features(q, map), pk = reference::features(k, map);
+  const int64_t F = pq.shape[3];
+  double total = 0.0, norm = 0.0;
+  for (int64_t h = 0; h < H; ++h) {
+    std::vector<double> S(F * dv, 0.0), P(F * dv, 0.0), Q(F * dv, 0.0), s(F, 0.0), R(F, 0.0);
+    for (int64_t j = 0; j < nk; ++j) {
+      if (!visible[j]) continue;
+      for (int64_t f = 0; f < F; ++f) {
+        const double p = pk.at(0, h, j, f);
+        s[f] += p;
+        R[f] += p * p;
+        for (int64_t c = 0; c < dv; ++c) {
+          const double x = v.view().at(0, h, j, c);
+          S[f * dv + c] += p * x;
+          Q[f * dv + c] += p * p * x;
+          P[f * dv + c] += p * p * x * x;
+        }
+      }
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      double den = 0.0;
+      for (int64_t f = 0; f < F; ++f) den += pq.at(0, h, i, f) * s[f];
+      for (int64_t c = 0; c < dv; ++c) {
+        const double y = ref.at(0, h, i, c);
+        double var = 0.0;
+        for (int64_t f = 0; f < F; ++f) {
+          const double p2 = pq.at(0, h, i, f) * pq.at(0, h, i, f), Sf = S[f * dv + c];
+          var += p2 * ((Sf - y * s[f]) * (Sf - y * s[f]) + Sf * Sf + P[f * dv + c] -
+                       2.0 * y * Q[f * dv + c] + y * y * R[f]);
+        }
+        total += kU * kU * var / (den * den);
+        norm += y * y;
+      }
+    }
+  }
+  return std::sqrt(total / norm);
+}
+
+enum class Inputs {
+  exact,    // q, k, v, W bf16 numbers already, D = 16 (scale^1/2 = 1/2): only the features
+            // and S round
+  general,  // D = 64: everything rounds
+  learned,  // D = 64, two heads with their own weights and bias (the fast FAVOR+ path)
+  lambda,   // ... and feature weights (fp32 features, then rounded)
+};
+
 struct Bf16Case {
   Kernel kernel;
   bool masked;
-  bool exact;  // q, k, v, W bf16 numbers already, D = 16 (scale^1/2 = 1/2): only the
-               // features and S round
+  Inputs inputs;
 };
 
 class Bf16Forward : public ::testing::TestWithParam<Bf16Case> {};
 
-// N = 300 keys and queries: one full 256-row tile and a tail; m = 256; v with mean 1 (so
+// N = 272 keys and queries: one full 256-row tile and a tail; m = 256; v with mean 1 (so
 // that |y| is not a cancellation: the bound is relative to it).
 TEST_P(Bf16Forward, WithinDerivedBoundOfReferenceOrFp32Fallback) {
   const Bf16Case c = GetParam();
-  const int64_t H = 1, N = 300, D = c.exact ? 16 : 64, m = 256;
+  const bool exact = c.inputs == Inputs::exact, learned = c.inputs >= Inputs::learned;
+  const int64_t H = learned ? 2 : 1, N = 272, D = exact ? 16 : 64, m = 256;
   const double norm = std::pow(double(D), 0.25);
   Tensor q = random_tensor({1, H, N, D}, 11, norm), k = random_tensor({1, H, N, D}, 12, norm);
   Tensor v = random_tensor({1, H, N, D}, 13);
   for (float& x : v.values()) x = 1.0f + 0.5f * x;
   Projection w = Projection::draw(m, D, {ProjectionKind::orthogonal, NormMode::chi, 5});
-  if (c.exact) {
+  if (exact) {
     q = rounded(std::move(q));
     k = rounded(std::move(k));
     v = rounded(std::move(v));
@@ -157,17 +223,27 @@ TEST_P(Bf16Forward, WithinDerivedBoundOfReferenceOrFp32Fallback) {
     for (float& x : wv) x = round_bf16(x);
     w = Projection::from_matrix(m, D, std::move(wv));
   }
+  FeatureMap map(w, c.kernel);
+  if (learned) {  // head 1: a second draw; a bias of +-0.5; lambda in [0.5, 1.5]
+    map.learnable(H, true, true, c.inputs == Inputs::lambda);
+    const Projection w1 = Projection::draw(m, D, {ProjectionKind::orthogonal, NormMode::chi, 6});
+    std::copy(w1.data(), w1.data() + m * D, map.weights.begin() + m * D);
+    const Tensor noise = random_tensor({1, 1, 2, H * m}, 14);
+    for (int64_t i = 0; i < H * m; ++i) {
+      map.bias[i] = 0.5f * std::tanh(noise.values()[i]);
+      if (!map.lambda.empty()) map.lambda[i] = 1.0f + 0.5f * std::tanh(noise.values()[H * m + i]);
+    }
+  }
   std::vector<uint8_t> visible(N, 1);
   AttentionOptions o;
-  o.kernel = c.kernel;
   if (c.masked) {
     visible = testing::periodic_mask(N, 4, 2);
     o.key_mask = KeyMaskView::contiguous(visible.data(), 1, N);
   }
-  const Tensor f32 = favor_attention(q, k, v, w, o);
+  const Tensor f32 = favor_attention(q, k, v, map, o);
   o.precision = Precision::bf16;
   AttentionStats stats;
-  const Tensor bf16 = favor_attention(q, k, v, w, o, &stats);
+  const Tensor bf16 = favor_attention(q, k, v, map, o, &stats);
   if (!bf16_available()) {
     EXPECT_EQ(stats.precision, Precision::f32);
     EXPECT_TRUE(same_bits(bf16, f32));
@@ -176,23 +252,32 @@ TEST_P(Bf16Forward, WithinDerivedBoundOfReferenceOrFp32Fallback) {
   EXPECT_EQ(stats.precision, Precision::bf16);
   EXPECT_EQ(stats.zero_rows, 0);
   o.precision = Precision::f32;
-  const auto ref = reference::favor_attention(q, k, v, w, o);
-  o.scale = 1.0 / std::sqrt(double(D));
-  const auto naive32 = reference::naive::favor_attention<float>(q, k, v, w, o);
+  const auto ref = reference::favor_attention(q, k, v, map, o);
+  const auto naive32 = reference::naive::favor_attention<float>(q, k, v, map, o);
   // The bf16 rounding bound, plus the fp32 arithmetic allowance of FavorVsReference.
-  const double bound = bf16_bound(q, k, v, w, o, visible, c.exact, ref) +
-                       2.0 * rel_error(naive32, ref.values) + 1e-6;
+  const double fp32 = 2.0 * rel_error(naive32, ref.values) + 1e-6;
   const double err = rel_error(bf16, ref.values);
-  EXPECT_LE(err, bound);
+  const auto worst = [&](const Tensor& x, int64_t h, int64_t row) {
+    return feature_eta(x, h, row, map, exact);
+  };
+  const double value_rounding = exact ? kU : (1.0 + kU) * (1.0 + kU) - 1.0;
+  EXPECT_LE(err, bf16_bound(q, k, v, map, visible, worst, value_rounding, ref) + fp32);
+  if (exact) {  // and 5 standard deviations of the probabilistic model, plus the worst case of
+                // the polynomial exp's error (systematic, not random) and fp32's
+    const auto poly = [](const Tensor&, int64_t, int64_t) { return cpu::kBf16ExpError; };
+    const double rms = bf16_rms_exact(q, k, v, map, visible, ref);
+    EXPECT_LE(err, 5.0 * rms + bf16_bound(q, k, v, map, visible, poly, 0.0, ref) + fp32);
+  }
   EXPECT_GT(err, rel_error(f32, ref.values));  // bf16 did round
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Bf16Forward,
-                         ::testing::Values(Bf16Case{Kernel::positive, false, true},
-                                           Bf16Case{Kernel::positive, true, true},
-                                           Bf16Case{Kernel::hyperbolic, false, true},
-                                           Bf16Case{Kernel::positive, false, false},
-                                           Bf16Case{Kernel::positive, true, false}));
+                         ::testing::Values(Bf16Case{Kernel::positive, false, Inputs::exact},
+                                           Bf16Case{Kernel::positive, true, Inputs::exact},
+                                           Bf16Case{Kernel::hyperbolic, false, Inputs::exact},
+                                           Bf16Case{Kernel::positive, false, Inputs::general},
+                                           Bf16Case{Kernel::positive, false, Inputs::learned},
+                                           Bf16Case{Kernel::positive, true, Inputs::lambda}));
 
 TEST(Bf16Fallback, ForcedOffAndCausalRunFp32BitForBit) {
   const Tensor q = random_tensor({1, 2, 70, 16}, 21, 2.0);
