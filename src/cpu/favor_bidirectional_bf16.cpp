@@ -7,8 +7,10 @@
 //     kernels run ~1.5x faster here);
 //   queries, in tiles: a = bf16(q) bf16(W)^T; phi in fp32; y = bf16(phi) bf16(S) (N = dv)
 //     and den = bf16(phi) . s with s in fp32 (the normaliser is not rounded).
-// Norms, shifts, the stabiliser, exp and the division stay in fp32 / double. The added error
-// is bounded in docs/numerics.md ("bf16 forward").
+// FAVOR+ features without feature weights go straight to bf16 (cpu/bf16_features.hpp);
+// norms, shifts, the stabiliser and the division stay in fp32 / double. The added error is
+// bounded in docs/numerics.md ("bf16 forward"). One task per (batch, head): with fewer heads
+// than threads the others idle (the fp32 kernel splits heads; not done here yet).
 #include <algorithm>
 #include <cmath>
 #include <vector>
