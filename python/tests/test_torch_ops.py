@@ -91,11 +91,6 @@ def test_opcheck_attention(case):
     torch.library.opcheck(attention_op, attention_args(**ATTENTION_CASES[case]))
 
 
-def test_opcheck_attention_bf16():
-    """precision='bf16' (the GEMMs in bf16 where favor.bf16_available(), else f32)."""
-    torch.library.opcheck(attention_op, attention_args(precision="bf16"))
-
-
 @pytest.mark.parametrize("case", ["positive", "causal", "hedgehog_learned", "learned_decay"])
 def test_opcheck_attention_backward(case):
     args = attention_args(**ATTENTION_CASES[case])
