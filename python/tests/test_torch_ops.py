@@ -50,7 +50,7 @@ def w_tensor(requires_grad=False):
 # ---- opcheck: schema, autograd registration, fake tensors, AOT dispatch (dynamic shapes) ----
 
 def attention_args(kernel="positive", causal=False, save=True, mask=False, learned=False,
-                   decay=False, fit=False, precision="f32"):
+                   decay=False, fit=False):
     q, k, v = qkv()
     weights = bias = lam = gamma = None
     if learned:
@@ -68,7 +68,7 @@ def attention_args(kernel="positive", causal=False, save=True, mask=False, learn
         fit_a = torch.full((1, 8), -0.05, dtype=torch.float64)
         fit_basis = torch.eye(8, dtype=torch.float64)[None]
     return (q, k, v, w_tensor(True), weights, bias, lam, gamma, kpm, fit_a, fit_basis, kernel,
-            causal, None, save and not causal, precision)
+            causal, None, save and not causal, "f32")
 
 
 ATTENTION_CASES = {
