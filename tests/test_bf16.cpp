@@ -200,6 +200,18 @@ struct Bf16Case {
   Kernel kernel;
   bool masked;
   Inputs inputs;
+  int threads;  // favor's threads for the call: 1 runs a head per task; 4 > B*H splits each
+                // head's keys and queries into parts (partial states merged at one max)
+};
+
+// Sets favor's thread count for the scope.
+class ThreadScope {
+ public:
+  explicit ThreadScope(int n) : saved_(num_threads()) { set_num_threads(n); }
+  ~ThreadScope() { set_num_threads(saved_); }
+
+ private:
+  int saved_;
 };
 
 class Bf16Forward : public ::testing::TestWithParam<Bf16Case> {};
@@ -243,7 +255,11 @@ TEST_P(Bf16Forward, WithinDerivedBoundOfReferenceOrFp32Fallback) {
   const Tensor f32 = favor_attention(q, k, v, map, o);
   o.precision = Precision::bf16;
   AttentionStats stats;
-  const Tensor bf16 = favor_attention(q, k, v, map, o, &stats);
+  Tensor bf16;
+  {
+    ThreadScope threads(c.threads);
+    bf16 = favor_attention(q, k, v, map, o, &stats);
+  }
   if (!bf16_available()) {
     EXPECT_EQ(stats.precision, Precision::f32);
     EXPECT_TRUE(same_bits(bf16, f32));
@@ -272,12 +288,12 @@ TEST_P(Bf16Forward, WithinDerivedBoundOfReferenceOrFp32Fallback) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Bf16Forward,
-                         ::testing::Values(Bf16Case{Kernel::positive, false, Inputs::exact},
-                                           Bf16Case{Kernel::positive, true, Inputs::exact},
-                                           Bf16Case{Kernel::hyperbolic, false, Inputs::exact},
-                                           Bf16Case{Kernel::positive, false, Inputs::general},
-                                           Bf16Case{Kernel::positive, false, Inputs::learned},
-                                           Bf16Case{Kernel::positive, true, Inputs::lambda}));
+                         ::testing::Values(Bf16Case{Kernel::positive, false, Inputs::exact, 1},
+                                           Bf16Case{Kernel::positive, true, Inputs::exact, 4},
+                                           Bf16Case{Kernel::hyperbolic, false, Inputs::exact, 4},
+                                           Bf16Case{Kernel::positive, false, Inputs::general, 1},
+                                           Bf16Case{Kernel::positive, false, Inputs::learned, 4},
+                                           Bf16Case{Kernel::positive, true, Inputs::lambda, 1}));
 
 TEST(Bf16Fallback, ForcedOffAndCausalRunFp32BitForBit) {
   const Tensor q = random_tensor({1, 2, 70, 16}, 21, 2.0);

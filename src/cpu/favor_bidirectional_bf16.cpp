@@ -9,8 +9,9 @@
 //     and den = bf16(phi) . s with s in fp32 (the normaliser is not rounded).
 // FAVOR+ features without feature weights go straight to bf16 (cpu/bf16_features.hpp);
 // norms, shifts, the stabiliser and the division stay in fp32 / double. The added error is
-// bounded in docs/numerics.md ("bf16 forward"). One task per (batch, head): with fewer heads
-// than threads the others idle (the fp32 kernel splits heads; not done here yet).
+// bounded in docs/numerics.md ("bf16 forward").
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -74,12 +75,13 @@ void project_bf16(const AttentionParams& p, int64_t bh, int64_t rows, Workspace&
     for (int64_t f = 0; f < m; ++f) ws.tile.a[r * m + f] += bias[f];
 }
 
-void accumulate_keys_bf16(const AttentionParams& p, int64_t b, int64_t h, StateT& state,
-                          Workspace& ws) {
+// Keys [begin, end) of head (b, h) into `state` (zeroed by the caller), W_h in ws.w.
+void accumulate_keys_bf16(const AttentionParams& p, int64_t b, int64_t h, int64_t begin,
+                          int64_t end, StateT& state, Workspace& ws) {
   const int64_t m = p.map.m, F = state.F, ld = state.dv + 1, bh = b * p.heads + h;
   KeyTile& t = ws.tile;
-  for (int64_t next = 0; next < p.nk;) {
-    const int64_t rows = gather_key_tile(p, b, h, &next, p.nk, t);
+  for (int64_t next = begin; next < end;) {
+    const int64_t rows = gather_key_tile(p, b, h, &next, end, t);
     if (rows == 0) break;
     project_bf16(p, bh, rows, ws);
     double tile_max = -INFINITY;
@@ -108,14 +110,16 @@ void accumulate_keys_bf16(const AttentionParams& p, int64_t b, int64_t h, StateT
   }
 }
 
-int64_t attend_queries_bf16(const AttentionParams& p, int64_t b, int64_t h, const StateT& state,
-                            Workspace& ws) {
+// Queries [begin, end) of head (b, h) against the complete key state, W_h in ws.w; returns
+// the zero rows.
+int64_t attend_queries_bf16(const AttentionParams& p, int64_t b, int64_t h, int64_t begin,
+                            int64_t end, const StateT& state, Workspace& ws) {
   const int64_t m = p.map.m, F = state.F, dv = p.dv, ld = dv + 1, bh = b * p.heads + h;
   float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
   if (std::isinf(state.max)) {  // no visible key: every row is defined as zeros
-    for (int64_t i = 0; i < p.nq; ++i)
+    for (int64_t i = begin; i < end; ++i)
       for (int64_t x = 0; x < dv; ++x) oh[i * p.out_strides[2] + x * p.out_strides[3]] = 0.0f;
-    return p.nq;
+    return end - begin;
   }
   const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
   if (positive_family(p.map.kernel)) log_or_neg_inf(state.s(), ws.log_s.data(), F);
@@ -123,8 +127,8 @@ int64_t attend_queries_bf16(const AttentionParams& p, int64_t b, int64_t h, cons
     for (int64_t x = 0; x < dv; ++x) ws.S_f[f * dv + x] = state.St[x * F + f];
   to_bf16(ws.S_f.data(), ws.S.data(), F * dv);
   int64_t zero_rows = 0;
-  for (int64_t i0 = 0; i0 < p.nq; i0 += kRowTile) {
-    const int64_t rows = std::min(kRowTile, p.nq - i0);
+  for (int64_t i0 = begin; i0 < end; i0 += kRowTile) {
+    const int64_t rows = std::min(kRowTile, end - i0);
     gather_rows(qh + i0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d,
                 p.map.sqrt_scale, ws.tile.x.data(), nullptr);
     project_bf16(p, bh, rows, ws);
@@ -156,21 +160,75 @@ void save_state(const AttentionParams& p, int64_t bh, const StateT& state) {
   p.ctx_maxima[bh] = state.max;
 }
 
+// Partial key states of every task (a part of one head's keys), allocated once per call.
+struct PartialStates {
+  std::vector<float> St;
+  std::vector<double> max;
+  int64_t size;  // floats per state
+  PartialStates(int64_t tasks, int64_t size_)
+      : St(tasks * size_, 0.0f), max(tasks, -INFINITY), size(size_) {}
+};
+
+// merged = the sum of `parts` partial states from `first`, each rescaled to the largest max.
+void merge_parts(const PartialStates& partial, int64_t first, int64_t parts, StateT& merged) {
+  merged.max = -INFINITY;
+  for (int64_t i = 0; i < parts; ++i) merged.max = std::max(merged.max, partial.max[first + i]);
+  std::fill(merged.St, merged.St + partial.size, 0.0f);
+  for (int64_t i = 0; i < parts; ++i) {
+    if (std::isinf(partial.max[first + i])) continue;  // no visible key in this part
+    const auto f = static_cast<float>(std::exp(partial.max[first + i] - merged.max));
+    const float* part = partial.St.data() + (first + i) * partial.size;
+    for (int64_t e = 0; e < partial.size; ++e) merged.St[e] += f * part[e];
+  }
+}
+
 }  // namespace
 
+// As favor_bidirectional: one task per (batch, head), or, with fewer heads than threads,
+// `parts` tasks per head (keys into partial states, merged after a barrier, then queries).
 int64_t favor_bidirectional_bf16(const AttentionParams& p, const Config& config) {
-  const int64_t F = p.map.features();
-  const Schedule plan = heads_only(p.batch * p.heads, config.threads);
+  const int64_t F = p.map.features(), size = (p.dv + 1) * F;
+  const Schedule plan = make_schedule(p.batch * p.heads, config.threads);
   std::vector<Workspace> spaces = make_workspaces<Workspace>(plan.team, p.d, p.map.m, F, p.dv);
-  return for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
-    const int64_t b = bh / p.heads, h = bh % p.heads;
-    to_bf16(p.map.head_w(bh), ws.w.data(), p.map.m * p.d);
-    std::fill(ws.state_t.begin(), ws.state_t.end(), 0.0f);
-    StateT state{ws.state_t.data(), F, p.dv};
-    accumulate_keys_bf16(p, b, h, state, ws);
-    if (p.ctx_states) save_state(p, bh, state);
-    return attend_queries_bf16(p, b, h, state, ws);
-  });
+  if (plan.parts == 1) {
+    return for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
+      const int64_t b = bh / p.heads, h = bh % p.heads;
+      to_bf16(p.map.head_w(bh), ws.w.data(), p.map.m * p.d);
+      std::fill(ws.state_t.begin(), ws.state_t.end(), 0.0f);
+      StateT state{ws.state_t.data(), F, p.dv};
+      accumulate_keys_bf16(p, b, h, 0, p.nk, state, ws);
+      if (p.ctx_states) save_state(p, bh, state);
+      return attend_queries_bf16(p, b, h, 0, p.nq, state, ws);
+    });
+  }
+  int64_t zero_rows = 0;
+  PartialStates partial(plan.tasks, size);
+#pragma omp parallel num_threads(plan.team) reduction(+ : zero_rows)
+  {
+    blas_on_calling_thread();
+    const int tid = omp_get_thread_num(), team = omp_get_num_threads();
+    Workspace& ws = spaces[static_cast<size_t>(tid)];
+    for (int64_t task = tid; task < plan.tasks; task += team) {  // keys
+      const int64_t bh = task / plan.parts, part = task % plan.parts;
+      to_bf16(p.map.head_w(bh), ws.w.data(), p.map.m * p.d);
+      StateT st{partial.St.data() + task * size, F, p.dv};
+      accumulate_keys_bf16(p, bh / p.heads, bh % p.heads, split_point(p.nk, plan.parts, part),
+                           split_point(p.nk, plan.parts, part + 1), st, ws);
+      partial.max[task] = st.max;
+    }
+#pragma omp barrier
+    for (int64_t task = tid; task < plan.tasks; task += team) {  // queries of each part
+      const int64_t bh = task / plan.parts, part = task % plan.parts;
+      to_bf16(p.map.head_w(bh), ws.w.data(), p.map.m * p.d);
+      StateT merged{ws.state_t.data(), F, p.dv};
+      merge_parts(partial, bh * plan.parts, plan.parts, merged);
+      if (part == 0 && p.ctx_states) save_state(p, bh, merged);
+      zero_rows +=
+          attend_queries_bf16(p, bh / p.heads, bh % p.heads, split_point(p.nq, plan.parts, part),
+                              split_point(p.nq, plan.parts, part + 1), merged, ws);
+    }
+  }
+  return zero_rows;
 }
 
 }  // namespace favor::cpu
