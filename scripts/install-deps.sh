@@ -11,6 +11,7 @@ packages=(
   libeigen3-dev                    # QR of the orthogonal projection blocks, FAVOR# eigenvectors
   libboost-dev                     # Boost.Math (chi quantiles, inverse normal CDF), Sobol points
   libhwy-dev                       # Highway: run-time dispatched SIMD exp/log/sin/cos
+  libdnnl-dev                      # oneDNN: bf16 GEMMs on CPUs with AVX512-BF16 (optional in CMake)
   libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev   # the favor CLI (zlib: .npz map files)
   libgtest-dev libbenchmark-dev    # tests, the Google Benchmark target
   python3-dev python3-venv          # the Python package's base interpreter (Debian's /usr/bin/python3);

@@ -65,6 +65,12 @@ bool f32_may_overflow(const TensorView& q, const TensorView& k, const TensorView
 
 }  // namespace
 
+Precision parse_precision(const std::string& name, const std::string& argument) {
+  if (name == "f32") return Precision::f32;
+  if (name == "bf16") return Precision::bf16;
+  throw Error(argument + ": '" + name + "' must be f32 or bf16");
+}
+
 AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const FeatureMap& map,
                                MutableTensorView out, const AttentionOptions& options,
                                AttentionContext* context) {
@@ -88,6 +94,8 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
   }
   AttentionStats stats;
   kernels::Backend& be = kernels::backend();
+  p.bf16 = options.precision == Precision::bf16 && !options.causal && be.has_bf16();
+  stats.precision = p.bf16 ? Precision::bf16 : Precision::f32;
   stats.zero_rows = options.causal ? be.favor_causal(p) : be.favor_bidirectional(p);
   return stats;
 }

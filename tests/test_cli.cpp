@@ -204,6 +204,7 @@ TEST_F(Cli, HelpAndVersion) {
   const Result r = run("--version");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("favor 0."), std::string::npos);
+  EXPECT_NE(r.out.find("; bf16 "), std::string::npos) << r.out;  // the backend line
 }
 
 TEST_F(Cli, DemoJsonRuns) {

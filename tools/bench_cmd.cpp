@@ -33,6 +33,9 @@ void run(const BenchArgs& a) {
   for (int64_t n : a.estimator_lengths) {
     if (n < 1) throw Error("--estimator-lengths: " + std::to_string(n) + " must be >= 1");
   }
+  for (int64_t n : a.bf16_lengths) {
+    if (n < 1) throw Error("--bf16-lengths: " + std::to_string(n) + " must be >= 1");
+  }
   if (a.vq_lengths.empty()) throw Error("--vq-lengths: at least one length");
   for (int64_t n : a.vq_lengths) {
     if (n < 1) throw Error("--vq-lengths: " + std::to_string(n) + " must be >= 1");
@@ -92,6 +95,8 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--estimator-lengths", a->estimator_lengths,
                   "N of the estimators and maps sections")
+      ->capture_default_str();
+  cmd->add_option("--bf16-lengths", a->bf16_lengths, "N of the bf16 section")
       ->capture_default_str();
   cmd->add_option("--max-exact-n", a->max_exact_n, "longest N for exact attention")
       ->capture_default_str();

@@ -27,6 +27,7 @@ struct BenchArgs {
   std::vector<std::string> sections{"sweep", "long", "scaling", "decode", "backward", "estimators"};
   std::vector<std::string> estimators{"positive", "trig", "hyperbolic", "favorpp", "favorsharp"};
   std::vector<int64_t> estimator_lengths{4096, 16384};
+  std::vector<int64_t> bf16_lengths{4096, 16384};
   std::vector<int64_t> backward_lengths{1024, 4096, 16384, 65536};
   int64_t max_exact_backward_n = 4096;
   std::vector<int64_t> vq_lengths{512, 1024, 2048, 4096, 8192, 16384};

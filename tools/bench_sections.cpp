@@ -17,6 +17,7 @@ void section_distributed(BenchRunner& bench);  // bench_process_sections.cpp
 void section_io(BenchRunner& bench);           // bench_process_sections.cpp
 void section_decode(BenchRunner& bench);       // bench_decode.cpp
 void section_calls(BenchRunner& bench);        // bench_calls.cpp
+void section_bf16(BenchRunner& bench);         // bench_bf16.cpp
 
 const std::vector<BenchSection>& bench_sections() {
   static const std::vector<BenchSection> table{
@@ -35,6 +36,7 @@ const std::vector<BenchSection>& bench_sections() {
       {"calls", section_calls,
        "one forward call at --call-lengths (short N): favor and exact, and the per-call "
        "overhead"},
+      {"bf16", section_bf16, "bidirectional forward, fp32 vs bf16 GEMMs, at --bf16-lengths"},
   };
   return table;
 }

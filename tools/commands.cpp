@@ -10,7 +10,8 @@
 namespace favor::cli {
 
 void add_commands(CLI::App& app, std::optional<int>& threads) {
-  app.set_version_flag("--version", std::string("favor ") + FAVOR_VERSION_STRING);
+  // The version and what the build runs with (SIMD target, BLAS, bf16: favor::build_info()).
+  app.set_version_flag("--version", [] { return build_info(); });
   app.require_subcommand(1);
   app.fallthrough();  // --threads is accepted after the subcommand too
   app.add_option("--threads", threads, "threads to use (default: FAVOR_NUM_THREADS or all cores)");

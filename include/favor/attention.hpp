@@ -3,6 +3,7 @@
 /// FAVOR+ attention (bidirectional, causal, masked, cross) in linear time and memory.
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "favor/feature_map.hpp"
@@ -11,6 +12,15 @@
 #include "favor/tensor.hpp"
 
 namespace favor {
+
+/// Precision of the forward GEMMs of FAVOR attention (docs/numerics.md, "bf16 forward").
+/// f32: float32 throughout. bf16: q, k, v, W and the features rounded to bfloat16 for the
+/// GEMMs, fp32 accumulation, fp32 states, exp and output; runs where favor::bf16_available()
+/// (AVX512-BF16 and oneDNN; not with FAVOR_NO_BF16 set) and for bidirectional attention
+/// only. Elsewhere a bf16 request runs the f32 path; AttentionStats::precision says which ran.
+enum class Precision { f32, bf16 };
+/// "f32" or "bf16"; anything else throws favor::Error naming `argument`.
+Precision parse_precision(const std::string& name, const std::string& argument);
 
 struct AttentionOptions {
   Kernel kernel = Kernel::positive;
@@ -27,6 +37,8 @@ struct AttentionOptions {
   /// (0, 1], one value shared by every head or one per head (H values). Empty: no decay; all
   /// ones reproduce it bit for bit. Causal attention only (bidirectional refuses it).
   std::vector<double> decay;
+  /// GEMM precision of the forward pass (see Precision). The backward pass is float32.
+  Precision precision = Precision::f32;
 };
 
 /// What happened to rows whose output favor had to define (docs/numerics.md).
@@ -35,6 +47,9 @@ struct AttentionStats {
   /// masked), or the estimated denominator was not positive (possible with the trig
   /// kernel, whose features take both signs) or underflowed.
   int64_t zero_rows = 0;
+  /// The precision the forward GEMMs ran in (options.precision, or f32 where bf16 is not
+  /// available or not implemented: causal attention).
+  Precision precision = Precision::f32;
 };
 
 /// What a bidirectional favor_attention call can save for its backward pass: per (batch,

@@ -14,6 +14,10 @@ int num_threads();
 /// One line: version, SIMD target chosen at run time, BLAS and its threading, threads.
 std::string build_info();
 
+/// Whether AttentionOptions::precision = bf16 runs in bf16 here: the CPU has AVX512-BF16,
+/// favor was built with oneDNN, and FAVOR_NO_BF16 is unset (or "" or "0"). Checked per call.
+bool bf16_available();
+
 /// Tile sizes of the CPU kernels, for cost models and benchmarks.
 struct KernelInfo {
   int64_t row_tile;      ///< rows per feature tile (bidirectional)

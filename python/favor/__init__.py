@@ -13,7 +13,7 @@ GIL is released while favor computes. PyTorch: ``favor.torch``. One sequence spl
 processes (torch.distributed or mpi4py): ``favor.distributed``. Docs: docs/python.md.
 """
 from . import _core
-from ._core import AttentionContext, Error, KernelFit, Projection, kernel_info
+from ._core import AttentionContext, Error, KernelFit, Projection, bf16_available, kernel_info
 from ._core import num_threads, optimal_a, relative_frobenius_error
 from ._threads import build_info, set_num_threads
 from .api import (AttentionOutput, Decoder, FeatureMapGrads, Grads, attention,
@@ -29,7 +29,7 @@ reference = _core.reference
 
 __all__ = [
     "AttentionContext", "AttentionOutput", "Decoder", "Error", "Grads", "KernelFit", "Projection",
-    "attention", "attention_backward", "build_info", "exact_attention",
+    "attention", "attention_backward", "bf16_available", "build_info", "exact_attention",
     "exact_attention_backward", "features", "fit_kernel", "kernel_info", "kernel_mse",
     "make_projection", "num_threads", "optimal_a", "reference", "relative_frobenius_error",
     "set_num_threads",

@@ -96,7 +96,7 @@ def _core_map(d, feature_map, feature_weights, decay, draw, force=False, inputs=
 def attention(q, k, v, *, method="favor", causal=False, kernel="positive", features=None,
               projection="orthogonal", norms="chi", seed=0, scale=None, key_mask=None,
               fit=None, accumulate="f32", full_output=False, codebook=None, tau=0.0, block=None,
-              feature_map=None, feature_weights=None, decay=None):
+              feature_map=None, feature_weights=None, decay=None, precision="f32"):
     """Attention y = softmax(scale q.k) v, estimated by FAVOR (method='favor'), exact, or
     Transformer-VQ (method='vq': over keys quantised to `codebook`, see favor.vq_attention).
 
@@ -117,6 +117,10 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
     ([m] or [heads, m], or a .npy path) on the drawn projection and kernel (only lambda^2
     enters). decay: gamma in (0, 1], one value or one per head: causal attention weights
     times gamma^(i - j) (DiJiang, RetNet); 1 is no decay.
+    precision (FAVOR): 'f32', or 'bf16': inputs, projection and features rounded to bfloat16
+    for the GEMMs, fp32 accumulation, states and output, where favor.bf16_available()
+    (AVX512-BF16 and oneDNN); bidirectional only. Elsewhere 'bf16' runs the f32 path
+    (docs/numerics.md, "bf16 forward").
     """
     if method != "favor":
         for name, value in (("feature_map", feature_map), ("feature_weights", feature_weights),
@@ -124,6 +128,9 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
             if value is not None:
                 raise _core.Error(f"{name}: only method='favor' takes a {name} "
                                   f"(method is '{method}')")
+        if precision != "f32":
+            raise _core.Error(f"precision: only method='favor' takes precision='{precision}' "
+                              f"(method is '{method}')")
     if codebook is not None and method != "vq":
         raise _core.Error(f"codebook: only method='vq' takes a codebook (method is '{method}')")
     if method == "vq":
@@ -148,13 +155,14 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
     if fm is not None:
         y, zero_rows, context = _core.attention_map(q, k, v, fm, causal=causal, key_mask=key_mask,
                                                     decay=decay_values(decay),
-                                                    save_context=full_output)
+                                                    save_context=full_output,
+                                                    precision=precision)
         return AttentionOutput(y, context, zero_rows) if full_output else y
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
     y, zero_rows, context = _core.attention(q, k, v, w, kernel=kernel, causal=causal,
                                             scale=scale, key_mask=key_mask,
                                             fit=fit_for(fit, kernel, d, batch_heads(q)),
-                                            save_context=full_output)
+                                            save_context=full_output, precision=precision)
     return AttentionOutput(y, context, zero_rows) if full_output else y
 
 

@@ -89,9 +89,11 @@ void bind_attention(py::module_& m) {
       "attention",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const Projection& w,
          const std::string& kernel, bool causal, std::optional<double> scale,
-         const py::handle& key_mask, const std::optional<KernelFit>& fit, bool save_context) {
+         const py::handle& key_mask, const std::optional<KernelFit>& fit, bool save_context,
+         const std::string& precision) {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
-        const AttentionOptions o = attention_options(kernel, causal, scale, c.mask_view(), fit);
+        AttentionOptions o = attention_options(kernel, causal, scale, c.mask_view(), fit);
+        o.precision = parse_precision(precision, "precision");
         return run_attention(c, save_context, [&](MutableTensorView out, AttentionContext* ctx) {
           return favor_attention(c.q.view, c.k.view, c.v.view, w, out, o, ctx);
         });
@@ -99,7 +101,7 @@ void bind_attention(py::module_& m) {
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("projection"),
       py::arg("kernel") = "positive", py::arg("causal") = false, py::arg("scale") = py::none(),
       py::arg("key_mask") = py::none(), py::arg("fit") = py::none(),
-      py::arg("save_context") = false);
+      py::arg("save_context") = false, py::arg("precision") = "f32");
 
   m.def(
       "attention_backward",

@@ -12,6 +12,9 @@ namespace favor::python {
 
 void bind_runtime(py::module_& m) {
   m.def("build_info", &build_info);
+  m.def("bf16_available", &bf16_available,
+        "Whether attention(..., precision='bf16') runs in bf16 here (AVX512-BF16, oneDNN, "
+        "FAVOR_NO_BF16 unset)");
   m.def("set_num_threads", &set_num_threads, py::arg("n"));
   m.def("num_threads", &num_threads);
   m.def("kernel_info", [] {

@@ -68,7 +68,7 @@ def attention_args(kernel="positive", causal=False, save=True, mask=False, learn
         fit_a = torch.full((1, 8), -0.05, dtype=torch.float64)
         fit_basis = torch.eye(8, dtype=torch.float64)[None]
     return (q, k, v, w_tensor(True), weights, bias, lam, gamma, kpm, fit_a, fit_basis, kernel,
-            causal, None, save and not causal)
+            causal, None, save and not causal, "f32")
 
 
 ATTENTION_CASES = {
@@ -250,6 +250,24 @@ def test_attention_op_gradients_equal_the_numpy_api(case):
                                        v.detach().numpy(), dy.numpy(), proj,
                                        projection_grad=True, **opts)
     for t, ref in zip((q, k, v, w), g):
+        assert torch.equal(t.grad, torch.from_numpy(ref))
+
+
+def test_bf16_precision_equals_the_numpy_api():
+    """favor.torch.attention(precision='bf16') is favor.attention(precision='bf16') bit for
+    bit (the same C++ call), forward, and its backward the float32 backward from the key
+    state the bf16 forward saved."""
+    q, k, v = qkv()
+    w = w_tensor()
+    y = ft.attention(q, k, v, projection=w, precision="bf16")
+    arrays = [t.detach().numpy() for t in (q, k, v)]
+    proj = favor._core.Projection.from_matrix(w.numpy())
+    y_ref, _, ctx = favor._core.attention(*arrays, proj, precision="bf16", save_context=True)
+    assert torch.equal(y.detach(), torch.from_numpy(y_ref))
+    dy = randn(*y.shape, seed=11)
+    y.backward(dy)
+    g = favor._core.attention_backward(*arrays, dy.numpy(), proj, context=ctx)
+    for t, ref in zip((q, k, v), g):
         assert torch.equal(t.grad, torch.from_numpy(ref))
 
 
@@ -523,7 +541,7 @@ def test_eager_calls_without_grad_equal_the_op():
     q, k, v = randn(2, 4, 5, 16, seed=1), randn(2, 4, 7, 16, seed=2), randn(2, 4, 7, 8, seed=3)
     w = projection_op("orthogonal", 64, 16, "chi", 0)
     op_y = attention_op(q, k, v, w, None, None, None, None, None, None, None, "positive",
-                        False, None, False)[0]
+                        False, None, False, "f32")[0]
     with torch.no_grad():
         assert torch.equal(ft.attention(q, k, v, features=64), op_y)
         assert torch.equal(ft.attention(q, k, v, projection=w), op_y)

@@ -47,6 +47,10 @@ std::string build_info() {
          "; threads " + std::to_string(num_threads());
 }
 
+bool bf16_available() {
+  return kernels::backend().has_bf16();
+}
+
 KernelInfo kernel_info() {
   const kernels::Tuning t = kernels::backend().tuning();
   return {t.row_tile, t.causal_chunk};

@@ -32,6 +32,8 @@ int64_t favor_bidirectional(const AttentionParams& p, const Config& config);
 /// state to save or start from).
 bool favor_bidirectional_short_pays(const AttentionParams& p);
 int64_t favor_bidirectional_short(const AttentionParams& p, const Config& config);
+/// The same with bf16 GEMMs (p.bf16; only where bf16_supported(): cpu/bf16_gemm.hpp).
+int64_t favor_bidirectional_bf16(const AttentionParams& p, const Config& config);
 /// Causal FAVOR attention (chunked); returns the number of rows written as zeros.
 int64_t favor_causal(const AttentionParams& p, const Config& config);
 /// Gradients of bidirectional and causal FAVOR attention.

@@ -4,6 +4,7 @@
 
 #include "cpu/attention_params.hpp"
 #include "cpu/backend_info.hpp"
+#include "cpu/bf16_gemm.hpp"
 #include "cpu/blas.hpp"
 #include "cpu/codebook_ops.hpp"
 #include "cpu/config.hpp"
@@ -40,8 +41,10 @@ class CpuBackend final : public kernels::Backend {
  public:
   kernels::Tuning tuning() const override { return cpu::tuning(); }
   std::string describe() const override { return cpu::describe(); }
+  bool has_bf16() const override { return bf16_supported(); }
   int64_t favor_bidirectional(const AttentionParams& p) override {
-    return cpu::favor_bidirectional(p, runtime_config());
+    return p.bf16 ? favor_bidirectional_bf16(p, runtime_config())
+                  : cpu::favor_bidirectional(p, runtime_config());
   }
   int64_t favor_causal(const AttentionParams& p) override {
     return cpu::favor_causal(p, runtime_config());

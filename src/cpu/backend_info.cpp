@@ -4,6 +4,7 @@
 
 #include <cblas.h>
 
+#include "cpu/bf16_gemm.hpp"
 #include "cpu/tiles.hpp"
 #include "cpu/vec_math.hpp"
 #include "cpu/vq_grad_tile.hpp"
@@ -32,7 +33,7 @@ kernels::Tuning tuning() {
 
 std::string describe() {
   return std::string("simd ") + simd_target() + "; blas " + openblas_get_config() + " (" +
-         blas_threading() + " threading)";
+         blas_threading() + " threading); bf16 " + bf16_status();
 }
 
 }  // namespace favor::cpu

@@ -35,6 +35,9 @@ struct AttentionParams {
   // Causal backward with decay gradients: the distance state of the keys before key 0,
   // sum_{j < 0} (0 - j) phi(k_j) [v_j | 1] relative to init_maxima (B*H x F x (dv + 1)).
   const float* init_distance = nullptr;
+  // Bidirectional forward with bf16 GEMMs (AttentionOptions::precision); the facade sets it
+  // only where backend().has_bf16().
+  bool bf16 = false;
 };
 
 /// The backward pass: the forward's params plus dy and the gradient outputs, which are

@@ -50,6 +50,8 @@ class Backend {
   virtual Tuning tuning() const = 0;
   /// What favor::build_info() reports of the backend (CPU: "simd ...; blas ... (...)").
   virtual std::string describe() const = 0;
+  /// Whether favor_bidirectional runs AttentionParams::bf16 in bf16 here (checked per call).
+  virtual bool has_bf16() const { return false; }
   /// FAVOR attention; return the number of rows written as zeros.
   virtual int64_t favor_bidirectional(const AttentionParams& p) = 0;
   virtual int64_t favor_causal(const AttentionParams& p) = 0;

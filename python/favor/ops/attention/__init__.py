@@ -158,7 +158,7 @@ def _map_tensors(inputs, d, projection, features, norms, seed, kernel, scale, fi
 def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogonal",
               features=None, norms="chi", seed=0, scale=None, key_padding_mask=None, fit=None,
               method="favor", feature_map=None, weights=None, bias=None, feature_weights=None,
-              decay=None, backend=None):
+              decay=None, backend=None, precision="f32"):
     """Differentiable FAVOR attention (exact attention with method='exact') on torch tensors.
 
     q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] (or [N, D]) -> [B, H, Nq, Dv], in the
@@ -187,6 +187,12 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     'cpu', 'torch' (plain torch operations on any device, autograd; favor/ops/attention/
     generic.py), 'triton' (CUDA tensors; CPU tensors under TRITON_INTERPRET=1). Every path
     computes the same formula with the same stabiliser and the same errors (docs/gpu.md).
+
+    precision: 'f32', or 'bf16' on the 'cpu' path: the forward's GEMMs in bfloat16 with
+    fp32 accumulation where favor.bf16_available() (AVX512-BF16 and oneDNN; bidirectional;
+    elsewhere f32), the backward in float32 (docs/numerics.md, "bf16 forward"). bfloat16
+    tensors are converted to float32 as above whatever the precision (then 'bf16' rounds
+    nothing more of q, k, v). The other paths compute as they do and ignore it.
     """
     q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")  # checked
     out_dtype = q.dtype
@@ -230,7 +236,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
                     proj = _core.Projection.from_matrix(T.array(w))
                 fit_a, fit_basis = fit_tensors(fit, kernel, d, inputs)
                 y = eager_attention(q32, k32, v32, proj, mask, fit_a, fit_basis, kernel,
-                                    bool(causal), _args.optional_number(scale, "scale"))
+                                    bool(causal), _args.optional_number(scale, "scale"),
+                                    str(precision))
                 return y if out_dtype == torch.float32 else y.to(out_dtype)
             w = projection_tensor(projection, d, features, norms, seed)
             wt = b = lam = gamma = None
@@ -249,7 +256,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
         save = (not causal and torch.is_grad_enabled()
                 and any(t is not None and t.requires_grad for t in tensors))
         y = attention_op(q32, k32, v32, w, wt, b, lam, gamma, mask, fit_a, fit_basis, kernel,
-                         bool(causal), _args.optional_number(scale, "scale"), save)[0]
+                         bool(causal), _args.optional_number(scale, "scale"), save,
+                         str(precision))[0]
     else:
         raise _core.Error(f"method: '{method}' is not a method; use favor or exact")
     return y if out_dtype == torch.float32 else y.to(out_dtype)

@@ -79,15 +79,18 @@ def eager(tensors):
     return True
 
 
-def eager_attention(q, k, v, proj, key_padding_mask, fit_a, fit_basis, kernel, causal, scale):
+def eager_attention(q, k, v, proj, key_padding_mask, fit_a, fit_basis, kernel, causal, scale,
+                    precision):
     """y of favor::attention without the op (eager() said so), for a plain projection given
     as a favor.Projection (drawn ones are cached: no m x d copy per call)."""
     return T.tensor(_call(q, k, v, None, None, None, None, None, key_padding_mask, fit_a,
-                          fit_basis, kernel, causal, scale, False, proj=proj)[0])
+                          fit_basis, kernel, causal, scale, False, proj=proj,
+                          precision=precision)[0])
 
 
 def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel,
-          causal, scale, save_context, dy=None, parameter_grads=False, context=None, proj=None):
+          causal, scale, save_context, dy=None, parameter_grads=False, context=None, proj=None,
+          precision="f32"):
     """The C++ call of the forward (dy None) or the backward, on numpy views of the tensors
     (proj: the favor.Projection of w, when the caller has it)."""
     T.follow_torch_threads()
@@ -99,7 +102,8 @@ def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_ba
         fit = None if fit_a is None else _core.KernelFit(T.array(fit_a), T.array(fit_basis))
         if dy is None:
             return _core.attention(qv, kv, vv, proj, kernel=kernel, causal=causal, scale=scale,
-                                   key_mask=keep, fit=fit, save_context=save_context)
+                                   key_mask=keep, fit=fit, save_context=save_context,
+                                   precision=precision)
         return _core.attention_backward(qv, kv, vv, T.view(dy), proj, kernel=kernel,
                                         causal=causal, scale=scale, key_mask=keep, fit=fit,
                                         projection_grad=parameter_grads, context=context)
@@ -107,7 +111,7 @@ def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_ba
     gammas = decay_list(decay)
     if dy is None:
         return _core.attention_map(qv, kv, vv, fm, causal=causal, key_mask=keep, decay=gammas,
-                                   save_context=save_context)
+                                   save_context=save_context, precision=precision)
     return _core.attention_map_backward(qv, kv, vv, T.view(dy), fm, causal=causal,
                                         key_mask=keep, decay=gammas,
                                         parameter_grads=parameter_grads, context=context)
@@ -118,10 +122,11 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, w: Tensor, weights: Optional[T
                  bias: Optional[Tensor], lam: Optional[Tensor], decay: Optional[Tensor],
                  key_padding_mask: Optional[Tensor], fit_a: Optional[Tensor],
                  fit_basis: Optional[Tensor], kernel: str, causal: bool, scale: Optional[float],
-                 save_context: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """y [.., Nq, Dv] float32, and the saved key state (empty unless save_context)."""
+                 save_context: bool, precision: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """y [.., Nq, Dv] float32, and the saved key state (empty unless save_context).
+    precision: 'f32' or 'bf16' (AttentionOptions::precision; the backward is float32)."""
     y, _, ctx = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
-                      kernel, causal, scale, save_context)
+                      kernel, causal, scale, save_context, precision=precision)
     n_states, n_maxima = _state_size(q, v, w, kernel) if save_context else (0, 0)
     if ctx is None:  # nothing saved (or no state to save): the backward recomputes
         return (T.tensor(y), torch.zeros(n_states), torch.zeros(n_maxima, dtype=torch.float64),
@@ -136,7 +141,7 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, w: Tensor, weights: Optional[T
 
 @attention_op.register_fake
 def _(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel, causal,
-      scale, save_context):
+      scale, save_context, precision):
     n_states, n_maxima = _state_size(q, v, w, kernel) if save_context else (0, 0)
     y = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
     return (y, q.new_empty(n_states, dtype=torch.float32),
@@ -211,7 +216,7 @@ def _(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_ba
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel, causal,
-     scale, _) = inputs
+     scale, _, _) = inputs
     _, states, maxima, fingerprint = output
     ctx.save_for_backward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
                           fit_basis, states, maxima, fingerprint)
@@ -226,7 +231,7 @@ def _backward(ctx, dy, *_):
         dy.to(torch.float32), q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
         fit_basis, states, maxima, fingerprint, *ctx.options, any(need[3:8]))
     return (*input_grads(need, dq, dk, dv, dw, db, dl, dd, weights), None, None, None, None,
-            None, None, None)
+            None, None, None, None)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
