@@ -77,14 +77,23 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
   p.map = resolved.params();
   if (context) {
     *context = AttentionContext{};
-    if (!options.causal) {  // causal attention saves nothing: its state depends on the position
-      const int64_t F = map.features();
-      context->states.resize(static_cast<size_t>(s.batch * s.heads * F * (s.dv + 1)));
-      context->maxima.resize(static_cast<size_t>(s.batch * s.heads));
+    const int64_t F = map.features(), heads = s.batch * s.heads;
+    if (!options.causal) {
+      context->states.resize(static_cast<size_t>(heads * F * (s.dv + 1)));
+      context->maxima.resize(static_cast<size_t>(heads));
       p.ctx_states = context->states.data();
       p.ctx_maxima = context->maxima.data();
-      context->fingerprint = detail::context_fingerprint(k, v, options) ^ resolved.fingerprint();
+    } else if (options.save_causal_states) {  // else nothing: the state depends on the position
+      const int64_t chunks = kernels::causal_chunks(s.nq);
+      context->states.resize(static_cast<size_t>(heads * (chunks + 1) * F * (s.dv + 1)));
+      context->maxima.resize(static_cast<size_t>(heads * (chunks + 1)));
+      context->rows.resize(static_cast<size_t>(heads * s.nq * (s.dv + 1)));
+      p.ctx_chunk_states = context->states.data();
+      p.ctx_chunk_maxima = context->maxima.data();
+      p.ctx_rows = context->rows.data();
     }
+    if (context->valid())
+      context->fingerprint = detail::context_fingerprint(q, k, v, options) ^ resolved.fingerprint();
   }
   AttentionStats stats;
   kernels::Backend& be = kernels::backend();

@@ -266,11 +266,42 @@ void add_chunk_queries(int64_t rows, bool scaled, Workspace& w) {
   }
 }
 
+// A head's part of a causal context (save_causal_states): the state before each chunk
+// ((chunks + 1) x F x (dv + 1)) and each row's [num | den] (N x (dv + 1)).
+struct SavedForward {
+  const float* states;
+  const float* rows;
+};
+
+// Sweep A's work on one chunk, from a saved forward: gx from the saved [num | den], then
+// dphi(Q_c) = gx [S | s]_{<c}^T (rows at exp(M_{<c} - M_i)) + D phi(K_c) -> dq. Leaves D in
+// w.dmat and gx in `gx`.
+void saved_query_chunk(const BackwardParams& bp, int64_t bh, int64_t c0, int64_t rows, bool moved,
+                       const float* state, double state_max, const float* saved_rows,
+                       const float* vx, float* gx, Workspace& w) {
+  const AttentionParams& p = bp.fwd;
+  ChunkWorkspace& ws = w.chunk;
+  const int64_t F = ws.F, ldv = p.dv + 1, d = p.d;
+  const float* dyh = bp.dy + (bh / p.heads) * bp.dy_strides[0] + (bh % p.heads) * bp.dy_strides[1];
+  upstream_rows(saved_rows, dyh + c0 * bp.dy_strides[2], bp.dy_strides[2], bp.dy_strides[3], rows,
+                p.dv, gx);
+  for (int64_t i = 0; i < rows; ++i)
+    std::copy_n(ws.qg.data() + i * ws.ldq(), F, w.phiq.data() + i * F);
+  scale_rows(gx, rows, ldv, state_max, ws.run_max, w.gscaled.data());
+  gemm(false, true, rows, F, ldv, 1.0f, w.gscaled.data(), ldv, state, ldv, 0.0f, w.dphi.data(), F);
+  chunk_d_matrix(rows, moved, gx, vx, ldv, w);
+  gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
+       w.dphi.data(), F);
+  feature_backward(p.map, bh, nullptr, rows, ws.x.data() + rows * d, w.phiq.data(), w.dphi.data(),
+                   w.pa.data(), bp.dq + (bh * p.nq + c0) * d, bp.head_dw(bh), bp.head_dbias(bh));
+}
+
 // B. Reverse sweep: dk, dv, with R = later queries' phi(q) gx^T, starting from suffix_r (the
 // later ranks' queries, relative to exp(suffix_ref); null: none). R is held as R' = sigma R
 // (positive family; sigma = 1 otherwise), sigma of the normaliser after the current chunk.
+// With `saved` (a causal context) it also does sweep A's work on each chunk (gx, dq).
 void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const HeadStore& st,
-             const float* suffix_r, double suffix_ref) {
+             const float* suffix_r, double suffix_ref, const SavedForward* saved = nullptr) {
   const AttentionParams& p = bp.fwd;
   ChunkWorkspace& ws = w.chunk;
   const int64_t F = ws.F, m = p.map.m, dv = p.dv, ldv = dv + 1, n = p.nq;
@@ -290,7 +321,12 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
     chunk_query_features(p, rows, st.chunk_s + ci * F, prev_max, ws);
     chunk_kernel_matrix(rows, moved, ws);
     const float* gx = st.gx + c0 * ldv;
-    chunk_d_matrix(rows, moved, gx, vx, ldv, w);
+    if (saved) {
+      saved_query_chunk(bp, bh, c0, rows, moved, saved->states + ci * F * ldv, prev_max,
+                        saved->rows + c0 * ldv, vx, st.gx + c0 * ldv, w);
+    } else {
+      chunk_d_matrix(rows, moved, gx, vx, ldv, w);
+    }
     const double end_max = ws.run_max[rows - 1];
     floor_normaliser(st.chunk_s + (ci + 1) * F, scaled, F, sigma, inv_sigma);
     if (ci == chunks - 1 && suffix_r && !std::isinf(suffix_ref) && !std::isinf(end_max)) {
@@ -349,6 +385,22 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
   sweep_b(bp, b, h, w, st, nullptr, 0.0);
 }
 
+// One reverse sweep over a causal context: the chunk normalisers and maxima come from the
+// saved states, gx and dq from saved_query_chunk.
+void run_head_saved(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t F = p.map.features(), ldv = p.dv + 1, chunks = kernels::causal_chunks(p.nq);
+  const int64_t bh = b * p.heads + h;
+  const float* states = bp.ctx_chunk_states + bh * (chunks + 1) * F * ldv;
+  for (int64_t c = 0; c <= chunks; ++c) {
+    for (int64_t f = 0; f < F; ++f) w.chunk_s[c * F + f] = states[(c * F + f) * ldv + p.dv];
+    if (c < chunks) w.chunk_max[c] = bp.ctx_chunk_maxima[bh * (chunks + 1) + c];
+  }
+  const SavedForward saved{states, bp.ctx_rows + bh * p.nq * ldv};
+  const HeadStore st{w.gstore.data(), w.chunk_s.data(), w.chunk_max.data()};
+  sweep_b(bp, b, h, w, st, nullptr, 0.0, &saved);
+}
+
 HeadStore store_of(const BackwardParams& bp, CausalBackwardStore& store, int64_t bh) {
   const AttentionParams& p = bp.fwd;
   const int64_t chunks = (p.nq + kChunk - 1) / kChunk, F = p.map.features();
@@ -362,8 +414,15 @@ void favor_backward_causal(const BackwardParams& bp, const Config& config) {
   const AttentionParams& p = bp.fwd;
   backward_over_heads<Workspace>(
       p.batch * p.heads, config.threads,
-      [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d,
-      p.map.m, p.map.features(), p.dv, p.nq, bp.drate != nullptr);
+      [&](int64_t bh, Workspace& ws) {
+        // The decay's gradient needs sweep A's distance state: it recomputes.
+        if (bp.ctx_chunk_states && bp.drate == nullptr) {
+          run_head_saved(bp, bh / p.heads, bh % p.heads, ws);
+        } else {
+          run_head(bp, bh / p.heads, bh % p.heads, ws);
+        }
+      },
+      p.d, p.map.m, p.map.features(), p.dv, p.nq, bp.drate != nullptr);
 }
 
 void CausalBackwardStore::reserve(int64_t heads, int64_t n, int64_t features, int64_t dv) {
