@@ -9,12 +9,15 @@
 #include "core/fingerprint.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
+#include "favor/causal_context.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
 #include "kernels/backend.hpp"
 
 namespace favor {
 namespace {
+
+static_assert(kernels::kSavedChunk == kCausalContextChunk, "the context layout is the kernels'");
 
 kernels::AttentionParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const MutableTensorView& out, const detail::AttentionShape& s,
@@ -84,9 +87,9 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
       p.ctx_states = context->states.data();
       p.ctx_maxima = context->maxima.data();
     } else if (options.save_causal_states) {  // else nothing: the state depends on the position
-      const int64_t chunks = kernels::causal_chunks(s.nq);
-      context->states.resize(static_cast<size_t>(heads * (chunks + 1) * F * (s.dv + 1)));
-      context->maxima.resize(static_cast<size_t>(heads * (chunks + 1)));
+      const int64_t slots = causal_context_states(s.nq);
+      context->states.resize(static_cast<size_t>(heads * slots * F * (s.dv + 1)));
+      context->maxima.resize(static_cast<size_t>(heads * slots));
       context->rows.resize(static_cast<size_t>(heads * s.nq * (s.dv + 1)));
       p.ctx_chunk_states = context->states.data();
       p.ctx_chunk_maxima = context->maxima.data();

@@ -10,6 +10,7 @@
 #include "core/parameter_grads.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
+#include "favor/causal_context.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
 #include "kernels/backend.hpp"
@@ -68,7 +69,7 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
           "context: only a bidirectional forward call, or a causal one with "
           "save_causal_states, saves a context (this one is empty)");
     }
-    const int64_t states = options.causal ? kernels::causal_chunks(s.nq) + 1 : 1;
+    const int64_t states = options.causal ? causal_context_states(s.nq) : 1;
     if (context->states.size() != static_cast<size_t>(heads * states * F * (s.dv + 1)) ||
         context->maxima.size() != static_cast<size_t>(heads * states) ||
         context->rows.size() !=
