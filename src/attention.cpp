@@ -79,14 +79,21 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
   kernels::AttentionParams p = make_params(q, k, v, out, s, resolved.scale, options.key_mask);
   p.map = resolved.params();
   if (context) {
-    *context = AttentionContext{};
+    // A causal context keeps its buffers (resized): a training loop that reuses it allocates
+    // once. The forward overwrites every entry (each chunk's state, the final one, each row).
+    const bool saves_chunks = options.causal && options.save_causal_states;
+    if (saves_chunks) {
+      context->fingerprint = 0;
+    } else {
+      *context = AttentionContext{};
+    }
     const int64_t F = map.features(), heads = s.batch * s.heads;
     if (!options.causal) {
       context->states.resize(static_cast<size_t>(heads * F * (s.dv + 1)));
       context->maxima.resize(static_cast<size_t>(heads));
       p.ctx_states = context->states.data();
       p.ctx_maxima = context->maxima.data();
-    } else if (options.save_causal_states) {  // else nothing: the state depends on the position
+    } else if (saves_chunks) {  // else nothing: the state depends on the position
       const int64_t slots = causal_context_states(s.nq);
       context->states.resize(static_cast<size_t>(heads * slots * F * (s.dv + 1)));
       context->maxima.resize(static_cast<size_t>(heads * slots));

@@ -488,6 +488,7 @@ TEST(Backward, SavedCausalStatesGiveTheSameGradients) {
                  dy = testing::random_tensor({1, heads, 100, 5}, 4);
     const Projection w = Projection::draw(24, 8, {ProjectionKind::orthogonal, NormMode::chi, 3});
     std::vector<uint8_t> mask = testing::periodic_mask(100, 4, 1);
+    AttentionContext ctx;  // reused: its buffers are resized (F = m, 2m, m), not reallocated
     for (Kernel kernel : {Kernel::positive, Kernel::trig, Kernel::favorsharp}) {
       AttentionOptions o;
       o.kernel = kernel;
@@ -496,7 +497,6 @@ TEST(Backward, SavedCausalStatesGiveTheSameGradients) {
       o.key_mask = KeyMaskView::contiguous(mask.data(), 1, 100);
       if (data_adapted(kernel)) o.fit = fit_kernel(kernel, q, k);
       Tensor y({1, heads, 100, 5}), y_plain({1, heads, 100, 5});
-      AttentionContext ctx;
       favor_attention(q, k, v, w, y.mutable_view(), o, &ctx);
       ASSERT_TRUE(ctx.valid());
       favor_attention(q, k, v, w, y_plain.mutable_view(), o);
