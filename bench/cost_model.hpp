@@ -49,6 +49,17 @@ inline double favor_backward_flops_with_context(const Problem& p) {
   return double(p.bh) * n * (8.0 * dm + 10.0 * fv);
 }
 
+/// The causal backward given the forward's saved chunk states and rows
+/// (AttentionOptions::save_causal_states): one sweep, each projection once (2 x 2 N d m),
+/// two feature gradients (2 x 2 N d m), four N x F x (dv + 1) products (dphi(Q), dphi(K),
+/// dV, R) and, per chunk, G, D phi(K), D^T phi(Q) (3 x 2 N C F) and D, G^T gx (2 x 2 N C
+/// (dv + 1)).
+inline double favor_causal_backward_flops_with_context(const Problem& p, int64_t chunk) {
+  const double n = double(p.n), dm = double(p.d) * double(p.m), fv = double(p.f) * double(p.dv + 1);
+  return double(p.bh) * n *
+         (8.0 * dm + 8.0 * fv + 2.0 * double(chunk) * (3.0 * p.f + 2.0 * (p.dv + 1)));
+}
+
 /// Exact backward as implemented (src/cpu/exact_backward.cpp): the forward with the row
 /// log-sum-exp (4 N^2 d), then Q K^T, dy V^T and dS K for dq, then Q K^T, dy V^T, P^T dy and
 /// dS^T Q for dk and dv: 18 N^2 d for d = dv, half of it when causal.

@@ -286,12 +286,11 @@ void run(ByteReader& in) {
   const std::optional<double> scale = o.scale;
   favor::Kernel kernel = o.kernel;  // of the map in ops 1 and 4
   const auto outputs_bounded = [&] { return tame(check, scale, D, kOutputBound); };
-  // Causal FAVOR++ / FAVOR# gradients are left out: R overflows where a prefix key sum is
-  // tiny and dk is NaN for values of a few units (open, docs/reliability.md). Bidirectional
-  // ones are checked (fixed: regressions/attention/favorsharp_backward_dk_nan.bin).
+  // FAVOR++ / FAVOR# gradients are checked causal and not (R overflowed where a key sum is
+  // tiny: fixed, regressions/attention/favorsharp_backward_dk_nan.bin and
+  // Stability.CausalFavorBackwardWithTinyPrefixSumsIsFinite).
   const auto grads_bounded = [&] {
     note("max|x|=" + std::to_string(check.max_input));
-    if (favor::data_adapted(kernel) && causal) return false;
     return check.max_input <= kGradMagnitude && tame(check, scale, D, kGradBound);
   };
   switch (op) {

@@ -9,12 +9,15 @@
 #include "core/fingerprint.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
+#include "favor/causal_context.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
 #include "kernels/backend.hpp"
 
 namespace favor {
 namespace {
+
+static_assert(kernels::kSavedChunk == kCausalContextChunk, "the context layout is the kernels'");
 
 kernels::AttentionParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const MutableTensorView& out, const detail::AttentionShape& s,
@@ -82,15 +85,31 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
   kernels::AttentionParams p = make_params(q, k, v, out, s, resolved.scale, options.key_mask);
   p.map = resolved.params();
   if (context) {
-    *context = AttentionContext{};
-    if (!options.causal) {  // causal attention saves nothing: its state depends on the position
-      const int64_t F = map.features();
-      context->states.resize(static_cast<size_t>(s.batch * s.heads * F * (s.dv + 1)));
-      context->maxima.resize(static_cast<size_t>(s.batch * s.heads));
+    // A causal context keeps its buffers (resized): a training loop that reuses it allocates
+    // once. The forward overwrites every entry (each chunk's state, the final one, each row).
+    const bool saves_chunks = options.causal && options.save_causal_states;
+    if (saves_chunks) {
+      context->fingerprint = 0;
+    } else {
+      *context = AttentionContext{};
+    }
+    const int64_t F = map.features(), heads = s.batch * s.heads;
+    if (!options.causal) {
+      context->states.resize(static_cast<size_t>(heads * F * (s.dv + 1)));
+      context->maxima.resize(static_cast<size_t>(heads));
       p.ctx_states = context->states.data();
       p.ctx_maxima = context->maxima.data();
-      context->fingerprint = detail::context_fingerprint(k, v, options) ^ resolved.fingerprint();
+    } else if (saves_chunks) {  // else nothing: the state depends on the position
+      const int64_t slots = causal_context_states(s.nq);
+      context->states.resize(static_cast<size_t>(heads * slots * F * (s.dv + 1)));
+      context->maxima.resize(static_cast<size_t>(heads * slots));
+      context->rows.resize(static_cast<size_t>(heads * s.nq * (s.dv + 1)));
+      p.ctx_chunk_states = context->states.data();
+      p.ctx_chunk_maxima = context->maxima.data();
+      p.ctx_rows = context->rows.data();
     }
+    if (context->valid())
+      context->fingerprint = detail::context_fingerprint(q, k, v, options) ^ resolved.fingerprint();
   }
   AttentionStats stats;
   kernels::Backend& be = kernels::backend();

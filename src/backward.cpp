@@ -10,6 +10,7 @@
 #include "core/parameter_grads.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
+#include "favor/causal_context.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
 #include "kernels/backend.hpp"
@@ -62,19 +63,30 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
       make_params(q, k, v, dy, Checked{s, resolved.scale}, options.key_mask, g);
   bp.fwd.map = resolved.params();
   if (context) {
-    const int64_t F = map.features();
-    if (options.causal || !context->valid()) {
-      throw Error("context: only a bidirectional forward call saves a context (this one is empty)");
-    }
-    if (context->states.size() != static_cast<size_t>(s.batch * s.heads * F * (s.dv + 1)) ||
-        context->maxima.size() != static_cast<size_t>(s.batch * s.heads) ||
-        context->fingerprint !=
-            (detail::context_fingerprint(k, v, options) ^ resolved.fingerprint())) {
+    const int64_t F = map.features(), heads = s.batch * s.heads;
+    if (!context->valid()) {
       throw Error(
-          "context: it was saved for other k, v, W, mask or options than this backward call's");
+          "context: only a bidirectional forward call, or a causal one with "
+          "save_causal_states, saves a context (this one is empty)");
     }
-    bp.ctx_states = context->states.data();
-    bp.ctx_maxima = context->maxima.data();
+    const int64_t states = options.causal ? causal_context_states(s.nq) : 1;
+    if (context->states.size() != static_cast<size_t>(heads * states * F * (s.dv + 1)) ||
+        context->maxima.size() != static_cast<size_t>(heads * states) ||
+        context->rows.size() !=
+            (options.causal ? static_cast<size_t>(heads * s.nq * (s.dv + 1)) : 0) ||
+        context->fingerprint !=
+            (detail::context_fingerprint(q, k, v, options) ^ resolved.fingerprint())) {
+      throw Error(
+          "context: it was saved for other q, k, v, W, mask or options than this backward call's");
+    }
+    if (options.causal) {
+      bp.ctx_chunk_states = context->states.data();
+      bp.ctx_chunk_maxima = context->maxima.data();
+      bp.ctx_rows = context->rows.data();
+    } else {
+      bp.ctx_states = context->states.data();
+      bp.ctx_maxima = context->maxima.data();
+    }
   }
   detail::ParameterGrads pg(resolved, map, s, with_parameter_grads, bp);
   if (options.causal) {

@@ -465,6 +465,52 @@ TEST(Backward, StaleOrCausalContextIsRefused) {
   EXPECT_FALSE(causal_ctx.valid());
   EXPECT_THROW(favor_attention_backward(q, k, v, dy, w, causal, false, &causal_ctx), Error);
   EXPECT_NO_THROW(favor_attention_backward(q, k, v, dy, w, {}, false, &ctx));
+  // A causal context (save_causal_states) covers q too: its rows are q's [num | den].
+  causal.save_causal_states = true;
+  favor_attention(q, k, v, w, y.mutable_view(), causal, &causal_ctx);
+  ASSERT_TRUE(causal_ctx.valid());
+  Tensor q2 = q;
+  q2.at(0, 0, 3, 1) += 1.0f;
+  EXPECT_THROW(favor_attention_backward(q2, k, v, dy, w, causal, false, &causal_ctx), Error);
+  EXPECT_THROW(favor_attention_backward(q, k, v, dy, w, {}, false, &causal_ctx), Error);
+  EXPECT_NO_THROW(favor_attention_backward(q, k, v, dy, w, causal, false, &causal_ctx));
+}
+
+// The causal context: one reverse sweep from the forward's chunk states and rows gives the
+// gradients of the two recomputing sweeps, up to the summation order of dW (per chunk
+// instead of all queries, then all keys). N = 100: three full 32-token chunks and a partial
+// one; one head: the forward splits it over threads (segment states).
+TEST(Backward, SavedCausalStatesGiveTheSameGradients) {
+  for (int64_t heads : {int64_t{1}, int64_t{3}}) {
+    const Tensor q = testing::random_tensor({1, heads, 100, 8}, 1, 1.5),
+                 k = testing::random_tensor({1, heads, 100, 8}, 2, 1.5),
+                 v = testing::random_tensor({1, heads, 100, 5}, 3),
+                 dy = testing::random_tensor({1, heads, 100, 5}, 4);
+    const Projection w = Projection::draw(24, 8, {ProjectionKind::orthogonal, NormMode::chi, 3});
+    std::vector<uint8_t> mask = testing::periodic_mask(100, 4, 1);
+    AttentionContext ctx;  // reused: its buffers are resized (F = m, 2m, m), not reallocated
+    for (Kernel kernel : {Kernel::positive, Kernel::trig, Kernel::favorsharp}) {
+      AttentionOptions o;
+      o.kernel = kernel;
+      o.causal = true;
+      o.save_causal_states = true;
+      o.key_mask = KeyMaskView::contiguous(mask.data(), 1, 100);
+      if (data_adapted(kernel)) o.fit = fit_kernel(kernel, q, k);
+      Tensor y({1, heads, 100, 5}), y_plain({1, heads, 100, 5});
+      favor_attention(q, k, v, w, y.mutable_view(), o, &ctx);
+      ASSERT_TRUE(ctx.valid());
+      favor_attention(q, k, v, w, y_plain.mutable_view(), o);
+      EXPECT_EQ(y.values(), y_plain.values());  // saving changes nothing in the output
+      const AttentionGrads with = favor_attention_backward(q, k, v, dy, w, o, true, &ctx);
+      const AttentionGrads without = favor_attention_backward(q, k, v, dy, w, o, true);
+      EXPECT_LE(relative_frobenius_error(with.dq, without.dq), 1e-6) << to_string(kernel);
+      EXPECT_LE(relative_frobenius_error(with.dk, without.dk), 1e-6) << to_string(kernel);
+      EXPECT_LE(relative_frobenius_error(with.dv, without.dv), 1e-6) << to_string(kernel);
+      EXPECT_LE(relative_frobenius_error(Tensor({1, 1, 1, int64_t(with.dw.size())}, with.dw),
+                                         Tensor({1, 1, 1, int64_t(without.dw.size())}, without.dw)),
+                1e-6);
+    }
+  }
 }
 
 }  // namespace

@@ -175,8 +175,9 @@ void BenchRunner::backward_record(const char* method, int64_t bh, int64_t n, boo
   emit(std::move(r));
 }
 
-// Bidirectional: also the training pattern, a forward that saves its key state
-// (AttentionContext) and a backward that uses it; its ratio is to that forward.
+// Also the training pattern, a forward that saves its context (bidirectional: the key state;
+// causal: the chunk states and rows, save_causal_states) and a backward that uses it; its
+// ratio is to that forward.
 double BenchRunner::favor_backward_row(int64_t bh, int64_t n, bool causal, double forward_seconds,
                                        bool with_context) {
   const auto qkv = inputs(bh, n);
@@ -193,15 +194,18 @@ double BenchRunner::favor_backward_row(int64_t bh, int64_t n, bool causal, doubl
       measure([&] { favor_attention_backward(q, k, v, dy, w, o); }, a_.repeats, a_.min_time);
   backward_record("favor", bh, n, causal, t, favor_backward_flops(prob, causal, chunk),
                   forward_seconds, false);
-  if (!causal && with_context) {
+  if (with_context) {
     Tensor out({1, bh, n, a_.d});
     AttentionContext ctx;
+    o.save_causal_states = causal;
     const Measured f = measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o, &ctx); },
                                a_.repeats, a_.min_time);
     const Measured b = measure([&] { favor_attention_backward(q, k, v, dy, w, o, false, &ctx); },
                                a_.repeats, a_.min_time);
-    backward_record("favor", bh, n, causal, b, favor_backward_flops_with_context(prob), f.seconds,
-                    true);
+    backward_record("favor", bh, n, causal, b,
+                    causal ? favor_causal_backward_flops_with_context(prob, chunk)
+                           : favor_backward_flops_with_context(prob),
+                    f.seconds, true);
   }
   return t.seconds;
 }

@@ -39,6 +39,11 @@ struct AttentionOptions {
   std::vector<double> decay;
   /// GEMM precision of the forward pass (see Precision). The backward pass is float32.
   Precision precision = Precision::f32;
+  /// Causal, with a context (favor_attention's last argument): also save each 32-token
+  /// chunk's starting state [S | s] and every row's [num | den], N ((F / 32) + 1) (Dv + 1)
+  /// floats per head, so that favor_attention_backward runs one reverse sweep instead of
+  /// recomputing the forward (docs/gradients.md). Off: a causal context stays empty.
+  bool save_causal_states = false;
 };
 
 /// What happened to rows whose output favor had to define (docs/numerics.md).
@@ -56,10 +61,13 @@ struct AttentionStats {
 /// head) the key state [S | s] (F x (Dv + 1) floats) and its stabiliser, plus a fingerprint
 /// of k, v, W, the mask and the options, which favor_attention_backward checks before using
 /// it (a context from other inputs is refused, not silently used). Causal attention saves
-/// nothing (its state depends on the position); the backward pass then recomputes.
+/// nothing unless AttentionOptions::save_causal_states: then per head the state before every
+/// chunk and after the last, [chunks + 1][F][Dv + 1] with its maxima, and every row's
+/// [num | den] (the fingerprint then covers q too); else the backward pass recomputes.
 struct AttentionContext {
-  std::vector<float> states;   ///< [B*H][F][Dv + 1]
-  std::vector<double> maxima;  ///< [B*H]
+  std::vector<float> states;   ///< [B*H][F][Dv + 1]; causal: [B*H][chunks + 1][F][Dv + 1]
+  std::vector<double> maxima;  ///< [B*H]; causal: [B*H][chunks + 1]
+  std::vector<float> rows;     ///< causal: [B*H][N][Dv + 1], each row's [num | den]
   uint64_t fingerprint = 0;
   bool valid() const { return !states.empty(); }
 };

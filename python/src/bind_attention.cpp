@@ -6,6 +6,7 @@
 #include "arrays.hpp"
 #include "attention_call.hpp"
 #include "bindings.hpp"
+#include "favor/causal_context.hpp"
 #include "options.hpp"
 
 namespace favor::python {
@@ -35,15 +36,21 @@ TensorView rows(const Input& in, const std::string& name) {
 }  // namespace
 
 void bind_attention(py::module_& m) {
-  // The saved key state of a bidirectional forward. Its arrays can be taken out and put back
-  // (favor.torch's custom ops carry it between forward and backward as tensors): states
-  // [B*H * F * (Dv + 1)] float32, maxima [B*H] float64, and the fingerprint of the inputs and
-  // options it belongs to (the backward refuses a context of other inputs).
+  // The saved key state of a bidirectional forward (or, save_causal_states, the chunk states
+  // and rows of a causal one). Its arrays can be taken out and put back (favor.torch's custom
+  // ops carry it between forward and backward as tensors): states [B*H * F * (Dv + 1)]
+  // float32 (causal: [B*H * causal_context_states(N) * F * (Dv + 1)]), maxima [B*H] float64
+  // (causal: [B*H * causal_context_states(N)]), rows (causal: [B*H * N * (Dv + 1)]) and the
+  // fingerprint of the inputs and options it belongs to (the backward refuses a context of
+  // other inputs).
+  m.def("causal_context_states", &causal_context_states, py::arg("n"),
+        "Chunk states a causal context saves over n tokens (AttentionOptions::save_causal_states)");
+  m.attr("causal_context_chunk") = kCausalContextChunk;
   py::class_<AttentionContext>(m, "AttentionContext")
       .def_property_readonly("valid", &AttentionContext::valid)
       .def_property_readonly("nbytes",
                              [](const AttentionContext& c) {
-                               return c.states.size() * sizeof(float) +
+                               return (c.states.size() + c.rows.size()) * sizeof(float) +
                                       c.maxima.size() * sizeof(double);
                              })
       .def_property_readonly("states",
@@ -64,36 +71,54 @@ void bind_attention(py::module_& m) {
                                }
                                return a;
                              })
+      .def_property_readonly("rows",
+                             [](const AttentionContext& c) {
+                               py::array_t<float> a(static_cast<py::ssize_t>(c.rows.size()));
+                               if (!c.rows.empty()) {
+                                 std::memcpy(a.mutable_data(), c.rows.data(),
+                                             sizeof(float) * c.rows.size());
+                               }
+                               return a;
+                             })
       .def_readonly("fingerprint", &AttentionContext::fingerprint)
       .def_static(
           "from_arrays",
-          [](const py::handle& states, const py::handle& maxima, uint64_t fingerprint) {
+          [](const py::handle& states, const py::handle& maxima, uint64_t fingerprint,
+             const py::handle& rows) {
             auto s = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(states);
             auto x = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(maxima);
             if (!s || s.ndim() != 1 || s.size() == 0) {
               throw Error("states: must be a non-empty 1-D float array");
             }
             if (!x || x.ndim() != 1 || x.size() == 0 || s.size() % x.size() != 0) {
-              throw Error("maxima: must be a non-empty 1-D float array, one entry per (batch, "
-                          "head) of states");
+              throw Error(
+                  "maxima: must be a non-empty 1-D float array, one entry per (batch, "
+                  "head) of states");
             }
             AttentionContext c;
             c.states.assign(s.data(), s.data() + s.size());
             c.maxima.assign(x.data(), x.data() + x.size());
             c.fingerprint = fingerprint;
+            if (!rows.is_none()) {  // a causal context's rows (its size is checked when used)
+              auto r = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(rows);
+              if (!r || r.ndim() != 1) throw Error("rows: must be a 1-D float array");
+              c.rows.assign(r.data(), r.data() + r.size());
+            }
             return c;
           },
-          py::arg("states"), py::arg("maxima"), py::arg("fingerprint"));
+          py::arg("states"), py::arg("maxima"), py::arg("fingerprint"),
+          py::arg("rows") = py::none());
 
   m.def(
       "attention",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const Projection& w,
          const std::string& kernel, bool causal, std::optional<double> scale,
          const py::handle& key_mask, const std::optional<KernelFit>& fit, bool save_context,
-         const std::string& precision) {
+         const std::string& precision, bool save_causal_states) {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         AttentionOptions o = attention_options(kernel, causal, scale, c.mask_view(), fit);
         o.precision = parse_precision(precision, "precision");
+        o.save_causal_states = save_causal_states;
         return run_attention(c, save_context, [&](MutableTensorView out, AttentionContext* ctx) {
           return favor_attention(c.q.view, c.k.view, c.v.view, w, out, o, ctx);
         });
@@ -101,7 +126,8 @@ void bind_attention(py::module_& m) {
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("projection"),
       py::arg("kernel") = "positive", py::arg("causal") = false, py::arg("scale") = py::none(),
       py::arg("key_mask") = py::none(), py::arg("fit") = py::none(),
-      py::arg("save_context") = false, py::arg("precision") = "f32");
+      py::arg("save_context") = false, py::arg("precision") = "f32",
+      py::arg("save_causal_states") = false);
 
   m.def(
       "attention_backward",

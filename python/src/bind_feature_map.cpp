@@ -96,10 +96,11 @@ void bind_feature_map(py::module_& m) {
       "attention_map",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const FeatureMap& map,
          bool causal, const py::handle& key_mask, std::vector<double> decay, bool save_context,
-         const std::string& precision) {
+         const std::string& precision, bool save_causal_states) {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         AttentionOptions o = map_options(causal, c, std::move(decay));
         o.precision = parse_precision(precision, "precision");
+        o.save_causal_states = save_causal_states;
         return run_attention(c, save_context, [&](MutableTensorView out, AttentionContext* ctx) {
           return renaming_map(
               [&] { return favor_attention(c.q.view, c.k.view, c.v.view, map, out, o, ctx); });
@@ -107,7 +108,8 @@ void bind_feature_map(py::module_& m) {
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("feature_map"), py::arg("causal") = false,
       py::arg("key_mask") = py::none(), py::arg("decay") = std::vector<double>{},
-      py::arg("save_context") = false, py::arg("precision") = "f32");
+      py::arg("save_context") = false, py::arg("precision") = "f32",
+      py::arg("save_causal_states") = false);
 
   m.def(
       "attention_map_backward",

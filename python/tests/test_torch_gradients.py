@@ -82,6 +82,32 @@ def test_saved_context_gives_the_gradients_of_a_recomputation():
         assert torch.equal(got, torch.from_numpy(want))
 
 
+@pytest.mark.parametrize("kernel", ["positive", "favorsharp"])
+def test_saved_causal_states_give_the_gradients_of_a_recomputation(kernel):
+    """save_causal_states: the forward keeps the chunk states and rows (N = 70: two full
+    32-token chunks and a partial one) and the backward's one sweep gives the gradients of
+    the recomputing backward (without the option) to rounding (dW's summation order)."""
+    q, k, v = qkv(n=70)
+    fit = fit_for(kernel, q, k)
+    grads = []
+    for save in (False, True):
+        ts = [t.float().clone().requires_grad_() for t in (q, k, v)]
+        y = ft.attention(*ts, causal=True, kernel=kernel, features=32, seed=1, fit=fit,
+                         save_causal_states=save)
+        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+        grads.append([t.grad for t in ts])
+    for plain_grad, saved_grad in zip(*grads):
+        assert rel(saved_grad, plain_grad) <= 1e-6
+    # The context the op carries: 4 chunk states (3 chunks and the final one) of F x (Dv + 1)
+    # floats per head, their maxima, and 70 rows of Dv + 1.
+    w = favor._core.Projection.draw(32, 6)
+    *_, ctx = favor._core.attention(*(t.float().numpy() for t in (q, k, v)), w, kernel=kernel,
+                                    causal=True, fit=fit, save_context=True,
+                                    save_causal_states=True)
+    assert favor._core.causal_context_states(70) == 4
+    assert ctx.valid and ctx.states.size == 4 * 4 * 32 * 6 and ctx.rows.size == 4 * 70 * 6
+
+
 def test_exact_method_matches_plain_softmax_and_its_gradients():
     q, k, v = qkv(seed=2)
     for causal in (False, True):

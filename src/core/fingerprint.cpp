@@ -54,9 +54,10 @@ class Hasher {
 
 }  // namespace
 
-uint64_t context_fingerprint(const TensorView& k, const TensorView& v,
+uint64_t context_fingerprint(const TensorView& q, const TensorView& k, const TensorView& v,
                              const AttentionOptions& options) {
   Hasher f;
+  if (options.causal) f.tensor(q);
   f.tensor(k);
   f.tensor(v);
   f.value(options.causal);

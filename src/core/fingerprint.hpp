@@ -9,7 +9,8 @@
 
 namespace favor::detail {
 
-uint64_t context_fingerprint(const TensorView& k, const TensorView& v,
+/// Causal: q too (a causal context saves each row's [num | den]).
+uint64_t context_fingerprint(const TensorView& q, const TensorView& k, const TensorView& v,
                              const AttentionOptions& options);
 
 }  // namespace favor::detail

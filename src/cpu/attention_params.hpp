@@ -15,8 +15,9 @@ using kernels::BackwardParams;
 
 /// Per-head buffers a sequence-parallel causal backward keeps between its two phases.
 struct CausalBackwardStore {
-  std::vector<float> gx;          // [B*H][N][dv + 1]: the upstream gradient in augmented form
-  std::vector<float> chunk_s;     // [B*H][chunks][F]: each chunk's starting normaliser
+  std::vector<float> gx;  // [B*H][N][dv + 1]: the upstream gradient in augmented form
+  std::vector<float>
+      chunk_s;  // [B*H][chunks + 1][F]: each chunk's starting normaliser, then the final one
   std::vector<double> chunk_max;  // [B*H][chunks]: ... and max
   std::vector<float> r;           // [B*H][F][dv + 1]: phase A's R of the slice's queries
   std::vector<double> r_max;      // [B*H]: the slice's starting max, R's reference

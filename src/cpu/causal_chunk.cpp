@@ -17,6 +17,7 @@ ChunkWorkspace::ChunkWorkspace(int64_t d, int64_t m, int64_t F_, int64_t dv_)
       phik(kChunk * F_),
       qg(kChunk * (F_ + kChunk)),
       prefix(kChunk * F_),
+      log_prefix(kChunk * F_),
       sv((F_ + kChunk) * (dv_ + 1)),
       yx(kChunk * (dv_ + 1)),
       s(F_),
@@ -78,16 +79,16 @@ void chunk_query_features(const AttentionParams& p, int64_t rows, const float* s
   const bool pos = positive_family(p.map.kernel);
   for (int64_t r = 0; pos && r < rows; ++r) {
     float* row = ws.prefix.data() + r * F;
-    const float* prev = r == 0 ? s_prev : row - F;  // still the raw prefix of row r-1
+    const float* prev = r == 0 ? s_prev : row - F;
     const float f = rescale(r == 0 ? prev_max : ws.run_max[r - 1], ws.run_max[r]);
     const float* phik = ws.phik.data() + r * F;
     for (int64_t x = 0; x < F; ++x) row[x] = prev[x] * f + phik[x];
   }
-  if (pos) log_or_neg_inf(ws.prefix.data(), ws.prefix.data(), rows * F);
+  if (pos) log_or_neg_inf(ws.prefix.data(), ws.log_prefix.data(), rows * F);
   for (int64_t r = 0; r < rows; ++r) {
     const float* a = aq + r * m;
     float* phi = ws.qg.data() + r * ws.ldq();
-    const float* log_p = ws.prefix.data() + r * F;
+    const float* log_p = ws.log_prefix.data() + r * F;
     const float c = query_shift(p.map.kernel, a, m, log_p);
     if (std::isinf(c)) {  // no visible key yet: zero features give a zero denominator
       std::fill(phi, phi + F, 0.0f);

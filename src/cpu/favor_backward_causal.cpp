@@ -17,9 +17,18 @@
 // the earlier keys give phi(q_i) [(i - c) [S | s] + Dx] and the chunk's own keys
 // sum_j (i - j) G_ij [v_j | 1]. Each row's terms combine into dy_i . sum_j (i - j) A_ij
 // (v_j - y_i) / den_i: nothing cancels across rows (docs/gradients.md).
+//
+// Positive family: query i's features are stabilised against its prefix normaliser,
+// phi_if <= 1 / P_if, which may be near 1 / FLT_MIN where the prefix key sum is tiny, so R and
+// D^T phi(Q_c) could overflow float (dk was NaN). Sweep B keeps R' = sigma R with
+// sigma_f = max(s_f, FLT_MIN) of the normaliser s at the chunk's end, and gives the feature
+// backward of key j the pair (phi_jf / P*_jf, P*_jf dphi_jf), P*_jf = max(P_jf, FLT_MIN): the
+// products are the same, and every factor is at most 1 or a sum of |gx| (the bound and its
+// proof: docs/numerics.md, "Causal backward").
 #include <omp.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <vector>
 
@@ -27,6 +36,7 @@
 #include "cpu/blas.hpp"
 #include "cpu/causal_chunk.hpp"
 #include "cpu/feature_grad.hpp"
+#include "cpu/feature_tile.hpp"
 #include "cpu/head_state.hpp"
 #include "cpu/schedule.hpp"
 
@@ -36,8 +46,9 @@ namespace {
 struct Workspace {
   ChunkWorkspace chunk;
   std::vector<float> phiq, gscaled, dmat, dphi, pa, dx, dvv, R;
-  std::vector<float> gstore, chunk_s;  // per head: N x (dv + 1); chunks x F
-  std::vector<double> chunk_max;       // per head: chunks
+  std::vector<float> kscaled, inner, sigma, inv_sigma;  // sweep B: C x F, C x F, F, F
+  std::vector<float> gstore, chunk_s;                   // per head: N x (dv + 1); (chunks + 1) x F
+  std::vector<double> chunk_max;                        // per head: chunks
   std::vector<float> dist, dist_rows;  // decay only: Dx (F x (dv + 1)); C x (dv + 1) scratch
   // Sized for a whole head of n tokens here, before the parallel region (allocation failures
   // then throw to the caller).
@@ -51,8 +62,12 @@ struct Workspace {
         dx(kChunk * d),
         dvv(kChunk * dv),
         R(F * (dv + 1)),
+        kscaled(kChunk * F),
+        inner(kChunk * F),
+        sigma(F),
+        inv_sigma(F),
         gstore(n * (dv + 1)),
-        chunk_s((n + kChunk - 1) / kChunk * F),
+        chunk_s(((n + kChunk - 1) / kChunk + 1) * F),
         chunk_max((n + kChunk - 1) / kChunk),
         dist(decay ? F * (dv + 1) : 0),
         dist_rows(decay ? kChunk * (dv + 1) : 0) {}
@@ -135,7 +150,7 @@ void update_states(int64_t rows, bool moved, bool distance, HeadState& state, co
 }
 
 // Where a head's sweep A leaves what sweep B reads: gx (N x (dv + 1)), each chunk's starting
-// normaliser (chunks x F) and max (chunks).
+// normaliser and the final one ((chunks + 1) x F) and each chunk's starting max (chunks).
 struct HeadStore {
   float* gx;
   float* chunk_s;
@@ -197,20 +212,106 @@ void sweep_a(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
                      w.pa.data(), bp.dq + (bh * n + c0) * d, dw, db);
     update_states(rows, moved, drate && ci + 1 < chunks, state, vx, w);
   }
+  state.copy_normaliser(st.chunk_s + chunks * F);
   if (drate) *drate += rate_sum;
 }
 
+// sigma_f = max(s_f, FLT_MIN) of a normaliser s (positive family; else 1) and 1 / sigma.
+void floor_normaliser(const float* s, bool scaled, int64_t F, float* sigma, float* inv) {
+  for (int64_t f = 0; f < F; ++f) {
+    sigma[f] = scaled ? std::max(s[f], FLT_MIN) : 1.0f;
+    inv[f] = 1.0f / sigma[f];
+  }
+}
+
+// P*_jf = max(P_jf, FLT_MIN): key j's prefix normaliser (itself included), floored.
+float floored_prefix(const ChunkWorkspace& ws, bool scaled, int64_t j, int64_t f) {
+  return scaled ? std::max(ws.prefix[j * ws.F + f], FLT_MIN) : 1.0f;
+}
+
+// dphi += P* (D^T phi(Q_c)): the chunk's own later queries, read by key j (P* = 1 outside the
+// positive family). Each term (D_ij P*_jf) phi_if is at most |D_ij| in magnitude
+// (P*_jf exp(M_j - M_i) <= max(P_if, FLT_MIN) <= 1 / phi_if), but D^T phi(Q_c) alone is not
+// bounded (phi_if up to 1 / FLT_MIN): the GEMM forms it only where rows max|D| max phi stays
+// below FLT_MAX / 2, else the terms are summed in that order.
+void add_chunk_queries(int64_t rows, bool scaled, Workspace& w) {
+  ChunkWorkspace& ws = w.chunk;
+  const int64_t F = ws.F, ldq = ws.ldq();
+  const float* D = w.dmat.data();
+  float max_d = 0.0f, max_phi = 0.0f;
+  for (int64_t i = 0; scaled && i < rows; ++i) {
+    for (int64_t j = 0; j <= i; ++j) max_d = std::max(max_d, std::abs(D[i * kChunk + j]));
+    for (int64_t f = 0; f < F; ++f) max_phi = std::max(max_phi, ws.qg[i * ldq + f]);
+  }
+  if (!scaled) {
+    gemm(true, false, rows, F, rows, 1.0f, D, kChunk, ws.qg.data(), ldq, 1.0f, w.dphi.data(), F);
+    return;
+  }
+  float* inner = w.inner.data();
+  if (static_cast<double>(rows) * max_d * max_phi < 0.5 * FLT_MAX) {
+    gemm(true, false, rows, F, rows, 1.0f, D, kChunk, ws.qg.data(), ldq, 0.0f, inner, F);
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t f = 0; f < F; ++f)
+        w.dphi[j * F + f] += floored_prefix(ws, true, j, f) * inner[j * F + f];
+    return;
+  }
+  for (int64_t j = 0; j < rows; ++j) {
+    float* out = w.dphi.data() + j * F;
+    for (int64_t i = j; i < rows; ++i) {
+      const float dij = D[i * kChunk + j];
+      const float* phi = ws.qg.data() + i * ldq;
+      for (int64_t f = 0; dij != 0.0f && f < F; ++f)
+        out[f] += (dij * floored_prefix(ws, true, j, f)) * phi[f];
+    }
+  }
+}
+
+// A head's part of a causal context (save_causal_states): the state before each chunk
+// ((chunks + 1) x F x (dv + 1)) and each row's [num | den] (N x (dv + 1)).
+struct SavedForward {
+  const float* states;
+  const float* rows;
+};
+
+// Sweep A's work on one chunk, from a saved forward: gx from the saved [num | den], then
+// dphi(Q_c) = gx [S | s]_{<c}^T (rows at exp(M_{<c} - M_i)) + D phi(K_c) -> dq. Leaves D in
+// w.dmat and gx in `gx`.
+void saved_query_chunk(const BackwardParams& bp, int64_t bh, int64_t c0, int64_t rows, bool moved,
+                       const float* state, double state_max, const float* saved_rows,
+                       const float* vx, float* gx, Workspace& w) {
+  const AttentionParams& p = bp.fwd;
+  ChunkWorkspace& ws = w.chunk;
+  const int64_t F = ws.F, ldv = p.dv + 1, d = p.d;
+  const float* dyh = bp.dy + (bh / p.heads) * bp.dy_strides[0] + (bh % p.heads) * bp.dy_strides[1];
+  upstream_rows(saved_rows, dyh + c0 * bp.dy_strides[2], bp.dy_strides[2], bp.dy_strides[3], rows,
+                p.dv, gx);
+  for (int64_t i = 0; i < rows; ++i)
+    std::copy_n(ws.qg.data() + i * ws.ldq(), F, w.phiq.data() + i * F);
+  scale_rows(gx, rows, ldv, state_max, ws.run_max, w.gscaled.data());
+  gemm(false, true, rows, F, ldv, 1.0f, w.gscaled.data(), ldv, state, ldv, 0.0f, w.dphi.data(), F);
+  chunk_d_matrix(rows, moved, gx, vx, ldv, w);
+  gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
+       w.dphi.data(), F);
+  feature_backward(p.map, bh, nullptr, rows, ws.x.data() + rows * d, w.phiq.data(), w.dphi.data(),
+                   w.pa.data(), bp.dq + (bh * p.nq + c0) * d, bp.head_dw(bh), bp.head_dbias(bh));
+}
+
 // B. Reverse sweep: dk, dv, with R = later queries' phi(q) gx^T, starting from suffix_r (the
-// later ranks' queries, relative to exp(suffix_ref); null: none).
+// later ranks' queries, relative to exp(suffix_ref); null: none). R is held as R' = sigma R
+// (positive family; sigma = 1 otherwise), sigma of the normaliser after the current chunk.
+// With `saved` (a causal context) it also does sweep A's work on each chunk (gx, dq).
 void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const HeadStore& st,
-             const float* suffix_r, double suffix_ref) {
+             const float* suffix_r, double suffix_ref, const SavedForward* saved = nullptr) {
   const AttentionParams& p = bp.fwd;
   ChunkWorkspace& ws = w.chunk;
   const int64_t F = ws.F, m = p.map.m, dv = p.dv, ldv = dv + 1, n = p.nq;
   const int64_t chunks = (n + kChunk - 1) / kChunk, bh = b * p.heads + h;
+  const bool scaled = positive_family(p.map.kernel);
   float* dw = bp.head_dw(bh);
   float* db = bp.head_dbias(bh);
   float* vx = ws.sv.data() + F * ldv;
+  float* sigma = w.sigma.data();
+  float* inv_sigma = w.inv_sigma.data();
   std::fill(w.R.begin(), w.R.end(), 0.0f);
   for (int64_t ci = chunks - 1; ci >= 0; --ci) {
     const int64_t c0 = ci * kChunk, rows = std::min(kChunk, n - c0);
@@ -220,38 +321,60 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
     chunk_query_features(p, rows, st.chunk_s + ci * F, prev_max, ws);
     chunk_kernel_matrix(rows, moved, ws);
     const float* gx = st.gx + c0 * ldv;
-    chunk_d_matrix(rows, moved, gx, vx, ldv, w);
-    const double end_max = ws.run_max[rows - 1];
-    if (ci == chunks - 1 && suffix_r && !std::isinf(suffix_ref) && !std::isinf(end_max)) {
-      const auto f = static_cast<float>(std::exp(suffix_ref - end_max));  // ~1: the same max
-      for (int64_t x = 0; x < F * ldv; ++x) w.R[x] = f * suffix_r[x];
+    if (saved) {
+      saved_query_chunk(bp, bh, c0, rows, moved, saved->states + ci * F * ldv, prev_max,
+                        saved->rows + c0 * ldv, vx, st.gx + c0 * ldv, w);
+    } else {
+      chunk_d_matrix(rows, moved, gx, vx, ldv, w);
     }
-    // Later chunks, read by key j at scale exp(M_j - M_end).
+    const double end_max = ws.run_max[rows - 1];
+    floor_normaliser(st.chunk_s + (ci + 1) * F, scaled, F, sigma, inv_sigma);
+    if (ci == chunks - 1 && suffix_r && !std::isinf(suffix_ref) && !std::isinf(end_max)) {
+      const auto e = static_cast<float>(std::exp(suffix_ref - end_max));  // ~1: the same max
+      for (int64_t f = 0; f < F; ++f)
+        for (int64_t x = 0; x < ldv; ++x) w.R[f * ldv + x] = e * sigma[f] * suffix_r[f * ldv + x];
+    }
+    // Later chunks, read by key j at scale e_j = exp(M_j - M_end): dphi_jf = rho_jf ([V | 1]
+    // R'^T)_jf with rho_jf = (P*_jf e_j) / sigma_f <= 1, and dV_j = sum_f kscaled_jf R'_f with
+    // kscaled_jf = (phi_jf e_j) / sigma_f <= 1. Key j's features become phi_jf / P*_jf <= 1.
     gemm(false, true, rows, F, ldv, 1.0f, vx, ldv, w.R.data(), ldv, 0.0f, w.dphi.data(), F);
-    gemm(false, false, rows, dv, F, 1.0f, ws.phik.data(), F, w.R.data(), ldv, 0.0f, w.dvv.data(),
-         dv);
-    if (moved) {
-      for (int64_t j = 0; j < rows; ++j) {
-        const float f = rescale(ws.run_max[j], end_max);
-        for (int64_t x = 0; x < F; ++x) w.dphi[j * F + x] *= f;
-        for (int64_t x = 0; x < dv; ++x) w.dvv[j * dv + x] *= f;
+    for (int64_t j = 0; j < rows; ++j) {
+      const float e = rescale(ws.run_max[j], end_max);
+      float* phi = ws.phik.data() + j * F;
+      for (int64_t f = 0; f < F; ++f) {
+        const float pj = floored_prefix(ws, scaled, j, f);
+        w.dphi[j * F + f] *= (pj * e) * inv_sigma[f];
+        w.kscaled[j * F + f] = (phi[f] * e) * inv_sigma[f];
+        if (scaled) phi[f] *= 1.0f / pj;
       }
     }
-    // The chunk itself: D^T phi(Q_c) and G^T gx[:, :dv].
-    gemm(true, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.qg.data(), ws.ldq(), 1.0f,
-         w.dphi.data(), F);
+    gemm(false, false, rows, dv, F, 1.0f, w.kscaled.data(), F, w.R.data(), ldv, 0.0f, w.dvv.data(),
+         dv);
+    // The chunk itself: P* D^T phi(Q_c) and G^T gx[:, :dv].
+    add_chunk_queries(rows, scaled, w);
     gemm(true, false, rows, dv, rows, 1.0f, ws.qg.data() + F, ws.ldq(), gx, ldv, 1.0f, w.dvv.data(),
          dv);
     const KeyRows keys{bp.dlogw ? bp.dlogw + bh * m : nullptr};
     feature_backward(p.map, bh, &keys, rows, ws.x.data(), ws.phik.data(), w.dphi.data(),
                      w.pa.data(), bp.dk + (bh * n + c0) * p.d, dw, db);
     std::copy_n(w.dvv.data(), rows * dv, bp.dv + (bh * n + c0) * dv);
-    if (ci > 0) {  // R relative to the previous chunk's last max (= this chunk's starting max)
-      const float f = rescale(prev_max, end_max);
-      for (float& r : w.R) r *= f;
-      scale_rows(gx, rows, ldv, prev_max, ws.run_max, w.gscaled.data());
-      gemm(true, false, F, ldv, rows, 1.0f, ws.qg.data(), ws.ldq(), w.gscaled.data(), ldv, 1.0f,
-           w.R.data(), ldv);
+    if (ci > 0) {
+      // R' relative to the previous chunk's end (max prev_max, sigma' of chunk_s[ci]): times
+      // (sigma'_f exp(prev - end)) / sigma_f <= 1, plus the chunk's queries with the weights
+      // phi_if (sigma'_f exp(prev - M_i)) <= 1.
+      const float e_end = rescale(prev_max, end_max);
+      for (int64_t f = 0; f < F; ++f) {
+        const float next = scaled ? std::max(st.chunk_s[ci * F + f], FLT_MIN) : 1.0f;
+        const float ratio = (next * e_end) * inv_sigma[f];
+        for (int64_t x = 0; x < ldv; ++x) w.R[f * ldv + x] *= ratio;
+        sigma[f] = next;
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        const float e = rescale(prev_max, ws.run_max[i]);
+        const float* phi = ws.qg.data() + i * ws.ldq();
+        for (int64_t f = 0; f < F; ++f) w.kscaled[i * F + f] = phi[f] * (sigma[f] * e);
+      }
+      gemm(true, false, F, ldv, rows, 1.0f, w.kscaled.data(), F, gx, ldv, 1.0f, w.R.data(), ldv);
     }
   }
 }
@@ -262,10 +385,26 @@ void run_head(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
   sweep_b(bp, b, h, w, st, nullptr, 0.0);
 }
 
+// One reverse sweep over a causal context: the chunk normalisers and maxima come from the
+// saved states, gx and dq from saved_query_chunk.
+void run_head_saved(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t F = p.map.features(), ldv = p.dv + 1, chunks = kernels::causal_chunks(p.nq);
+  const int64_t bh = b * p.heads + h;
+  const float* states = bp.ctx_chunk_states + bh * (chunks + 1) * F * ldv;
+  for (int64_t c = 0; c <= chunks; ++c) {
+    for (int64_t f = 0; f < F; ++f) w.chunk_s[c * F + f] = states[(c * F + f) * ldv + p.dv];
+    if (c < chunks) w.chunk_max[c] = bp.ctx_chunk_maxima[bh * (chunks + 1) + c];
+  }
+  const SavedForward saved{states, bp.ctx_rows + bh * p.nq * ldv};
+  const HeadStore st{w.gstore.data(), w.chunk_s.data(), w.chunk_max.data()};
+  sweep_b(bp, b, h, w, st, nullptr, 0.0, &saved);
+}
+
 HeadStore store_of(const BackwardParams& bp, CausalBackwardStore& store, int64_t bh) {
   const AttentionParams& p = bp.fwd;
   const int64_t chunks = (p.nq + kChunk - 1) / kChunk, F = p.map.features();
-  return {store.gx.data() + bh * p.nq * (p.dv + 1), store.chunk_s.data() + bh * chunks * F,
+  return {store.gx.data() + bh * p.nq * (p.dv + 1), store.chunk_s.data() + bh * (chunks + 1) * F,
           store.chunk_max.data() + bh * chunks};
 }
 
@@ -275,14 +414,21 @@ void favor_backward_causal(const BackwardParams& bp, const Config& config) {
   const AttentionParams& p = bp.fwd;
   backward_over_heads<Workspace>(
       p.batch * p.heads, config.threads,
-      [&](int64_t bh, Workspace& ws) { run_head(bp, bh / p.heads, bh % p.heads, ws); }, p.d,
-      p.map.m, p.map.features(), p.dv, p.nq, bp.drate != nullptr);
+      [&](int64_t bh, Workspace& ws) {
+        // The decay's gradient needs sweep A's distance state: it recomputes.
+        if (bp.ctx_chunk_states && bp.drate == nullptr) {
+          run_head_saved(bp, bh / p.heads, bh % p.heads, ws);
+        } else {
+          run_head(bp, bh / p.heads, bh % p.heads, ws);
+        }
+      },
+      p.d, p.map.m, p.map.features(), p.dv, p.nq, bp.drate != nullptr);
 }
 
 void CausalBackwardStore::reserve(int64_t heads, int64_t n, int64_t features, int64_t dv) {
   const int64_t chunks = (n + kChunk - 1) / kChunk, ld = dv + 1;
   gx.assign(static_cast<size_t>(heads * n * ld), 0.0f);
-  chunk_s.assign(static_cast<size_t>(heads * chunks * features), 0.0f);
+  chunk_s.assign(static_cast<size_t>(heads * (chunks + 1) * features), 0.0f);
   chunk_max.assign(static_cast<size_t>(heads * chunks), 0.0);
   r.assign(static_cast<size_t>(heads * features * ld), 0.0f);
   r_max.assign(static_cast<size_t>(heads), -INFINITY);

@@ -44,9 +44,17 @@ namespace {
 // is about half a bidirectional pass (0.0304 s / 2) against a causal sweep of 0.0353 s.
 constexpr double kKeyPassCost = 0.43;
 
+// Saves the state before chunk `index` of head bh into the context (save_causal_states).
+void save_state(const AttentionParams& p, int64_t bh, int64_t index, const HeadState& state) {
+  const int64_t n = state.features * state.ld(), slots = kernels::causal_chunks(p.nq) + 1;
+  std::copy_n(state.Sx, n, p.ctx_chunk_states + (bh * slots + index) * n);
+  p.ctx_chunk_maxima[bh * slots + index] = state.max;
+}
+
 // Causal sweep over rows [begin, end) of head (b, h), starting from the state in ws.sv
 // (the keys before `begin`, relative to `max`), which it advances. Returns the rows written
-// as zeros.
+// as zeros. With a context (p.ctx_chunk_states; chunk == kChunk) it saves each chunk's
+// starting state, the final one and every row's [num | den].
 int64_t sweep(const AttentionParams& p, int64_t chunk, int64_t b, int64_t h, int64_t begin,
               int64_t end, double& max, ChunkWorkspace& ws) {
   const int64_t F = ws.F, dv = p.dv;
@@ -55,18 +63,23 @@ int64_t sweep(const AttentionParams& p, int64_t chunk, int64_t b, int64_t h, int
   state.max = max;
   float* vx = ws.sv.data() + F * (dv + 1);  // the chunk's [V_c | 1], right below the state
   int64_t zero_rows = 0;
+  const int64_t bh = b * p.heads + h;
+  const bool save = p.ctx_chunk_states != nullptr;
   for (int64_t c0 = begin; c0 < end; c0 += chunk) {
     const int64_t rows = std::min(chunk, end - c0);
+    if (save) save_state(p, bh, c0 / kChunk, state);
     load_chunk(p, b, h, c0, rows, vx, ws);
     const bool moved = chunk_key_features(p, rows, state.max, ws);
     state.copy_normaliser(ws.s.data());
     chunk_query_features(p, rows, ws.s.data(), state.max, ws);
     chunk_kernel_matrix(rows, moved, ws);
     chunk_output(rows, state.max, moved, ws);
+    if (save) std::copy_n(ws.yx.data(), rows * (dv + 1), p.ctx_rows + (bh * p.nq + c0) * (dv + 1));
     zero_rows += write_rows(ws.yx.data(), rows, dv, oh + c0 * p.out_strides[2], p.out_strides[2],
                             p.out_strides[3]);
     chunk_state_update(rows, moved, state, vx, ws);
   }
+  if (save && end == p.nq) save_state(p, bh, kernels::causal_chunks(p.nq), state);
   max = state.max;
   return zero_rows;
 }
@@ -129,6 +142,8 @@ std::vector<int64_t> segment_bounds(int64_t n, int64_t parts) {
 
 int64_t favor_causal(const AttentionParams& p, const Config& config) {
   const int64_t F = p.map.features();
+  // A saved context's states sit at kChunk boundaries (segment bounds are multiples of it).
+  const int64_t chunk = p.ctx_chunk_states ? kChunk : config.chunk;
   const double flops = double(p.batch * p.heads) * double(p.nq) *
                        (4.0 * double(p.d * p.map.m) + 4.0 * double(F * (p.dv + 1)));
   const Schedule plan = make_schedule(p.batch * p.heads, config.threads, flops);
@@ -138,7 +153,7 @@ int64_t favor_causal(const AttentionParams& p, const Config& config) {
     return for_each_head(plan, spaces, [&](int64_t bh, ChunkWorkspace& ws) {
       HeadState state = ws.state();
       initial_state(p, bh, state);
-      return sweep(p, config.chunk, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
+      return sweep(p, chunk, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
     });
   }
 
@@ -169,7 +184,7 @@ int64_t favor_causal(const AttentionParams& p, const Config& config) {
         state.add(local);
       }
       published.publish(task, state);
-      zero_rows += sweep(p, config.chunk, b, h, bounds[seg], bounds[seg + 1], state.max, ws);
+      zero_rows += sweep(p, chunk, b, h, bounds[seg], bounds[seg + 1], state.max, ws);
     }
   }
   return zero_rows;

@@ -2,6 +2,8 @@
 // Tile sizes of the FAVOR kernels.
 #include <cstdint>
 
+#include "kernels/attention_params.hpp"
+
 namespace favor::cpu {
 
 /// Rows per feature tile in the bidirectional pass: 256 rows x m = 256 features x 4 B =
@@ -12,7 +14,7 @@ constexpr int64_t kRowTile = 256;
 /// bidirectional 8 N m d, so short chunks save flops until per-chunk overhead wins. Measured
 /// with favor bench (one thread, B*H = 8): C = 32 beat 64 by ~10% at N = 1024 and 16384,
 /// and 16 at N = 1024.
-constexpr int64_t kChunk = 32;
+constexpr int64_t kChunk = kernels::kSavedChunk;
 
 /// Default causal block length L of Transformer-VQ attention (vq.hpp); the result does not
 /// depend on it. The intra-block matrix costs 2 N L (dv + 1) flops (soft: + 2 N L c) on top

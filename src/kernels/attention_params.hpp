@@ -11,6 +11,13 @@
 
 namespace favor::kernels {
 
+/// Chunk length of a causal context's saved states (AttentionOptions::save_causal_states);
+/// the CPU kernels' causal chunk (cpu/tiles.hpp) is this.
+constexpr int64_t kSavedChunk = 32;
+inline int64_t causal_chunks(int64_t n) {
+  return (n + kSavedChunk - 1) / kSavedChunk;
+}
+
 struct AttentionParams {
   const float* q;
   Shape4 q_strides;
@@ -27,6 +34,12 @@ struct AttentionParams {
   int64_t mask_stride_b, mask_stride_n;
   float* ctx_states = nullptr;   // bidirectional: save [S | s] per head here (B*H x F x (dv + 1))
   double* ctx_maxima = nullptr;  // ... and its max per head
+  // Causal with AttentionOptions::save_causal_states: the state before each kChunk chunk and
+  // after the last (B*H x (chunks + 1) x F x (dv + 1)), their maxima, each row's [num | den]
+  // (B*H x N x (dv + 1)). The forward then runs chunks of kChunk tokens.
+  float* ctx_chunk_states = nullptr;
+  double* ctx_chunk_maxima = nullptr;
+  float* ctx_rows = nullptr;
   // Sequence-parallel attention (favor/sequence_parallel.hpp), per head [S | s] (B*H x F x
   // (dv + 1)) and its max: bidirectional, the complete key state of every rank (the key pass
   // is skipped); causal, the state of the keys before key 0 (the earlier ranks' keys).
@@ -62,6 +75,10 @@ struct BackwardParams {
   double* drate = nullptr;
   const float* ctx_states = nullptr;  // bidirectional: the forward's saved [S | s] per head
   const double* ctx_maxima = nullptr;
+  // Causal: the forward's saved chunk states, maxima and rows (AttentionParams above).
+  const float* ctx_chunk_states = nullptr;
+  const double* ctx_chunk_maxima = nullptr;
+  const float* ctx_rows = nullptr;
   // Sequence-parallel bidirectional backward in two phases: with r_out, only the query pass
   // runs (dq) and writes each head's R = phi(Q)^T gx (B*H x F x (dv + 1), zeroed by the
   // caller); with r_in, only the key pass runs (dk, dv) with the given R (summed over ranks).

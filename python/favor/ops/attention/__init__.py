@@ -158,7 +158,7 @@ def _map_tensors(inputs, d, projection, features, norms, seed, kernel, scale, fi
 def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogonal",
               features=None, norms="chi", seed=0, scale=None, key_padding_mask=None, fit=None,
               method="favor", feature_map=None, weights=None, bias=None, feature_weights=None,
-              decay=None, backend=None, precision="f32"):
+              decay=None, backend=None, precision="f32", save_causal_states=False):
     """Differentiable FAVOR attention (exact attention with method='exact') on torch tensors.
 
     q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] (or [N, D]) -> [B, H, Nq, Dv], in the
@@ -193,6 +193,10 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     elsewhere f32), the backward in float32 (docs/numerics.md, "bf16 forward"). bfloat16
     tensors are converted to float32 as above whatever the precision (then 'bf16' rounds
     nothing more of q, k, v). The other paths compute as they do and ignore it.
+    save_causal_states: causal, 'cpu' path, under autograd: the forward keeps each 32-token
+    chunk's state and every row's [num | den] (N (F / 32 + 1) (Dv + 1) floats per head) so
+    that the backward runs one sweep instead of recomputing the forward (C++
+    AttentionOptions::save_causal_states; docs/gradients.md). Same gradients, more memory.
     """
     q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")  # checked
     out_dtype = q.dtype
@@ -253,7 +257,7 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
                     bool(causal), _args.optional_number(scale, "scale"))
             return y if y.dtype == out_dtype else y.to(out_dtype)
         tensors = (q32, k32, v32, w, wt, b, lam, gamma)
-        save = (not causal and torch.is_grad_enabled()
+        save = ((not causal or save_causal_states) and torch.is_grad_enabled()
                 and any(t is not None and t.requires_grad for t in tensors))
         y = attention_op(q32, k32, v32, w, wt, b, lam, gamma, mask, fit_a, fit_basis, kernel,
                          bool(causal), _args.optional_number(scale, "scale"), save,

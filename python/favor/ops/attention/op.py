@@ -9,6 +9,8 @@ takes back: no recomputation, and no Python object travels between the two.
 """
 from typing import Optional, Tuple
 
+import numpy as np
+
 import torch
 from torch import Tensor
 
@@ -32,13 +34,20 @@ def _uses_map(weights, bias, lam, decay):
     return any(t is not None for t in (weights, bias, lam, decay))
 
 
-def _state_size(q, v, w, kernel):
+def _state_size(q, v, w, kernel, causal=False):
     """(entries of the saved states, of the maxima) for q [.., Nq, D], v [.., Nk, Dv] and a
     projection w [m, D]: [B*H][F][Dv + 1] and [B*H], F = _core.feature_count(kernel, m)
-    (2m or m: linear in m, so the rule is asked for m = 1 and works on symbolic sizes)."""
+    (2m or m: linear in m, so the rule is asked for m = 1 and works on symbolic sizes).
+    Causal (save_causal_states): [B*H][S][F][Dv + 1] chunk states followed by the rows
+    [B*H][Nq][Dv + 1], and [B*H][S], S = _core.causal_context_states(Nq) (ceil(Nq / C) + 1,
+    C = _core.causal_context_chunk, written out for symbolic sizes)."""
     bh = q.shape[0] * q.shape[1] if q.dim() == 4 else 1
     f = _core.feature_count(kernel, 1) * w.shape[0]
-    return bh * f * (v.shape[-1] + 1), bh
+    if not causal:
+        return bh * f * (v.shape[-1] + 1), bh
+    n, chunk = q.shape[-2], _core.causal_context_chunk
+    slots = (n + chunk - 1) // chunk + 1
+    return bh * slots * f * (v.shape[-1] + 1) + bh * n * (v.shape[-1] + 1), bh * slots
 
 
 def feature_map(w, weights, bias, lam, fit_a, fit_basis, kernel, scale):
@@ -103,7 +112,7 @@ def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_ba
         if dy is None:
             return _core.attention(qv, kv, vv, proj, kernel=kernel, causal=causal, scale=scale,
                                    key_mask=keep, fit=fit, save_context=save_context,
-                                   precision=precision)
+                                   precision=precision, save_causal_states=save_context)
         return _core.attention_backward(qv, kv, vv, T.view(dy), proj, kernel=kernel,
                                         causal=causal, scale=scale, key_mask=keep, fit=fit,
                                         projection_grad=parameter_grads, context=context)
@@ -111,7 +120,8 @@ def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_ba
     gammas = decay_list(decay)
     if dy is None:
         return _core.attention_map(qv, kv, vv, fm, causal=causal, key_mask=keep, decay=gammas,
-                                   save_context=save_context, precision=precision)
+                                   save_context=save_context, precision=precision,
+                                   save_causal_states=save_context)
     return _core.attention_map_backward(qv, kv, vv, T.view(dy), fm, causal=causal,
                                         key_mask=keep, decay=gammas,
                                         parameter_grads=parameter_grads, context=context)
@@ -123,15 +133,18 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, w: Tensor, weights: Optional[T
                  key_padding_mask: Optional[Tensor], fit_a: Optional[Tensor],
                  fit_basis: Optional[Tensor], kernel: str, causal: bool, scale: Optional[float],
                  save_context: bool, precision: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """y [.., Nq, Dv] float32, and the saved key state (empty unless save_context).
+    """y [.., Nq, Dv] float32, and the saved key state (empty unless save_context; causal:
+    the chunk states and rows, save_causal_states).
     precision: 'f32' or 'bf16' (AttentionOptions::precision; the backward is float32)."""
     y, _, ctx = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                       kernel, causal, scale, save_context, precision=precision)
-    n_states, n_maxima = _state_size(q, v, w, kernel) if save_context else (0, 0)
+    n_states, n_maxima = _state_size(q, v, w, kernel, causal) if save_context else (0, 0)
     if ctx is None:  # nothing saved (or no state to save): the backward recomputes
         return (T.tensor(y), torch.zeros(n_states), torch.zeros(n_maxima, dtype=torch.float64),
                 torch.zeros(2, dtype=torch.int64))
     states, maxima = ctx.states, ctx.maxima
+    if causal:  # the rows ride along after the chunk states
+        states = np.concatenate([states, ctx.rows])
     if states.size != n_states or maxima.size != n_maxima:
         raise RuntimeError(f"favor::attention: saved state of {states.size} + {maxima.size} "
                            f"entries, expected {n_states} + {n_maxima}")
@@ -142,7 +155,7 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, w: Tensor, weights: Optional[T
 @attention_op.register_fake
 def _(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel, causal,
       scale, save_context, precision):
-    n_states, n_maxima = _state_size(q, v, w, kernel) if save_context else (0, 0)
+    n_states, n_maxima = _state_size(q, v, w, kernel, causal) if save_context else (0, 0)
     y = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
     return (y, q.new_empty(n_states, dtype=torch.float32),
             q.new_empty(n_maxima, dtype=torch.float64), q.new_empty(2, dtype=torch.int64))
@@ -161,8 +174,12 @@ def attention_backward_op(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor
     and ddecay those of bias, lam and decay, or empty when those are None)."""
     context = None
     if states.numel() and int(fingerprint[0]) == 1:
-        context = _core.AttentionContext.from_arrays(T.array(states), T.array(maxima),
-                                                     _unsigned(int(fingerprint[1])))
+        saved, rows = T.array(states), None
+        if causal:  # [chunk states | rows]
+            n_rows = q.numel() // q.shape[-1] * (v.shape[-1] + 1)
+            saved, rows = saved[:saved.size - n_rows], saved[saved.size - n_rows:]
+        context = _core.AttentionContext.from_arrays(saved, T.array(maxima),
+                                                     _unsigned(int(fingerprint[1])), rows)
     out = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                 kernel, causal, scale, False, dy=dy, parameter_grads=parameter_grads,
                 context=context)
