@@ -317,9 +317,9 @@ TEST_F(Cli, BenchWritesRecordsAndPlot) {
   // 2 lengths x 2 modes x (favor fwd, favor bwd) and, at 64 <= max-exact-backward-n, exact fwd +
   // bwd.
   // ... + backward: 2 lengths x 2 modes x (favor fwd, favor bwd, exact fwd, exact bwd), and
-  // for bidirectional favor also the backward with a saved context.
+  // for favor also the backward with a saved context (causal: the saved chunk states).
   // ... + estimators: 1 length x 2 modes x 5 kernels, each with its ratio to positive.
-  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 2u + 18u + 10u);
+  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 2u + 20u + 10u);
   size_t backward = 0;
   std::set<std::string> estimators;
   for (const auto& rec : records) {
@@ -329,7 +329,7 @@ TEST_F(Cli, BenchWritesRecordsAndPlot) {
     EXPECT_GT(rec["ratio_to_positive"].get<double>(), 0.0) << rec.dump();
     if (rec["kernel"] == "positive") EXPECT_EQ(rec["ratio_to_positive"].get<double>(), 1.0);
   }
-  EXPECT_EQ(backward, 10u);
+  EXPECT_EQ(backward, 12u);
   EXPECT_EQ(estimators,
             (std::set<std::string>{"positive", "trig", "hyperbolic", "favorpp", "favorsharp"}));
   const std::string png = slurp("bench.png");
