@@ -2,6 +2,7 @@
 // and causal segments over threads agrees with the reference (2x-naive rule) and with the
 // one-thread result. Thread counts above the core count are fine (OpenMP oversubscribes).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <string>
 
@@ -63,6 +64,32 @@ INSTANTIATE_TEST_SUITE_P(Splits, ThreadSplits,
                                   std::to_string(s.N) +
                                   (std::get<1>(info.param) ? "_causal" : "_bidir");
                          });
+
+// A small call (under cpu::kSerialFlops) runs on the calling thread without a parallel
+// region, with the thread count BLAS reads set to 1 for the call: the caller's OpenMP setting
+// is restored after it, whatever the call's size.
+TEST(Threads, CallsRestoreTheCallersOpenMPSetting) {
+  ThreadCount restore;
+  set_num_threads(2);
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(3);
+  const Projection w = Projection::draw(64, 16, {ProjectionKind::orthogonal, NormMode::chi, 1});
+  for (int64_t n : {1, 4, 300}) {  // short path, serial; tiled, serial; tiled, team of 2
+    const Tensor q = random_tensor({1, 2, n, 16}, 1), k = random_tensor({1, 2, n, 16}, 2),
+                 v = random_tensor({1, 2, n, 8}, 3);
+    for (bool causal : {false, true}) {
+      AttentionOptions o;
+      o.causal = causal;
+      favor_attention(q, k, v, w, o);
+      EXPECT_EQ(omp_get_max_threads(), 3) << n << (causal ? " causal" : "");
+      ExactOptions e;
+      e.causal = causal;
+      exact_attention(q, k, v, e);
+      EXPECT_EQ(omp_get_max_threads(), 3) << n << " exact";
+    }
+  }
+  omp_set_num_threads(before);
+}
 
 TEST(Threads, ExactAgreesAcrossThreadCounts) {
   ThreadCount restore;
