@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "core/validate.hpp"
 #include "core/vq_validate.hpp"
@@ -119,6 +120,53 @@ Tensor VQDecoder::query(TensorView q) const {
   detail::check_step(q, batch_, heads_, d_, "q", "D");
   Tensor out({batch_, heads_, q.shape[2], dv_});
   query(q, out.mutable_view());
+  return out;
+}
+
+void VQDecoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                     const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(q, batch_, heads_, d_, "q", "D");
+  detail::check_step(k, batch_, heads_, d_, "k", "D");
+  detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
+  for (const auto& [t, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}}) {
+    if (t.shape[2] != 1) {
+      throw Error(std::string(name) + " " + shape_string(t.shape) +
+                  ": a step takes one token per row (T = 1)");
+    }
+  }
+  if (key_mask) detail::check_key_mask(*key_mask, batch_, 1, "T");
+  detail::check_output(out, {batch_, heads_, 1, dv_}, "out", {q, k, v});
+  kernels::VQDecoderStep ds{};
+  ds.step = step_params(batch_, heads_, d_, dv_, codebook_, codes_, cb_heads_,
+                        static_cast<float>(scale_), static_cast<float>(options_.tau));
+  kernels::AttentionParams& p = ds.step.base;
+  p.q = q.data;
+  p.q_strides = q.strides;
+  p.k = k.data;
+  p.k_strides = k.strides;
+  p.v = v.data;
+  p.v_strides = v.strides;
+  p.out = out.data;
+  p.out_strides = out.strides;
+  p.nq = p.nk = 1;
+  if (key_mask) {
+    p.mask = key_mask->data;
+    p.mask_stride_b = key_mask->stride_b;
+    p.mask_stride_n = key_mask->stride_n;
+  }
+  ds.prepared = prepared_.get();
+  ds.sums = sums_.data();
+  ds.counts = counts_.data();
+  ds.workspace = &step_ws_;
+  kernels::backend().vq_decoder_step(ds);
+  position_ += 1;
+}
+
+Tensor VQDecoder::step(TensorView q, TensorView k, TensorView v,
+                       const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(q, batch_, heads_, d_, "q", "D");
+  Tensor out({batch_, heads_, 1, dv_});
+  step(q, k, v, out.mutable_view(), key_mask);
   return out;
 }
 

@@ -38,6 +38,15 @@ class VQDecoder {
   void query(TensorView q, MutableTensorView out) const;
   Tensor query(TensorView q) const;
 
+  /// One decode step of every row in one fused pass: append(k, v, key_mask) then query(q),
+  /// q, k [B, H, 1, D], v [B, H, 1, Dv], key_mask [B, 1]; out [B, H, 1, Dv]. The same float
+  /// operations as the two calls: the same bits. The out overload allocates nothing once the
+  /// decoder's step workspace has grown.
+  void step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+            const std::optional<KeyMaskView>& key_mask = {});
+  Tensor step(TensorView q, TensorView k, TensorView v,
+              const std::optional<KeyMaskView>& key_mask = {});
+
   int64_t position() const { return position_; }
   /// Bytes held by the state: fixed at construction, whatever the position.
   int64_t state_bytes() const {
@@ -70,8 +79,9 @@ class VQDecoder {
   VQDecoderOptions options_;
   double scale_;
   int64_t position_ = 0;
-  std::vector<float> sums_;    // [B*H][c][Dv]
-  std::vector<float> counts_;  // [B*H][c]
+  std::vector<float> sums_;     // [B*H][c][Dv]
+  std::vector<float> counts_;   // [B*H][c]
+  std::vector<float> step_ws_;  // step's workspace, grown only
 };
 
 }  // namespace favor

@@ -243,6 +243,11 @@ class Streaming:
     def query(self, q):
         return self._d.query(q)
 
+    def step(self, q, k, v, key_mask=None):
+        """One decode step of every row in one fused pass: append(k, v, key_mask) then
+        query(q), q/k [B, H, 1, D], v [B, H, 1, Dv], key_mask [B, 1] -> [B, H, 1, Dv]."""
+        return self._d.step(q, k, v, key_mask=key_mask)
+
     def reset(self):
         self._d.reset()
 

@@ -189,6 +189,59 @@ void TransposedMatvec(const float* S, const float* phi, int64_t F, int64_t dv, f
   for (int64_t f = 0; f < F; ++f) Axpy(phi[f], S + f * dv, y, dv);
 }
 
+// The same Axpy per row as Rank1Update then TransposedMatvec (the same bits), with the row
+// S_f kept in registers between its update and its read: S is read and written once.
+void UpdateAndRead(float* S, const float* phi_k, const float* vx, const float* phi_q, int64_t F,
+                   int64_t dv, float* y) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  constexpr int64_t kBlock = 4;  // vectors of y held in registers per pass over the rows
+  int64_t i = 0;
+  for (; i + kBlock * lanes <= dv; i += kBlock * lanes) {
+    auto y0 = hn::Zero(d), y1 = hn::Zero(d), y2 = hn::Zero(d), y3 = hn::Zero(d);
+    const auto v0 = hn::LoadU(d, vx + i), v1 = hn::LoadU(d, vx + i + lanes),
+               v2 = hn::LoadU(d, vx + i + 2 * lanes), v3 = hn::LoadU(d, vx + i + 3 * lanes);
+    for (int64_t f = 0; f < F; ++f) {
+      float* row = S + f * dv + i;
+      const auto ck = hn::Set(d, phi_k[f]), cq = hn::Set(d, phi_q[f]);
+      const auto s0 = hn::MulAdd(ck, v0, hn::LoadU(d, row));
+      const auto s1 = hn::MulAdd(ck, v1, hn::LoadU(d, row + lanes));
+      const auto s2 = hn::MulAdd(ck, v2, hn::LoadU(d, row + 2 * lanes));
+      const auto s3 = hn::MulAdd(ck, v3, hn::LoadU(d, row + 3 * lanes));
+      hn::StoreU(s0, d, row);
+      hn::StoreU(s1, d, row + lanes);
+      hn::StoreU(s2, d, row + 2 * lanes);
+      hn::StoreU(s3, d, row + 3 * lanes);
+      y0 = hn::MulAdd(cq, s0, y0);
+      y1 = hn::MulAdd(cq, s1, y1);
+      y2 = hn::MulAdd(cq, s2, y2);
+      y3 = hn::MulAdd(cq, s3, y3);
+    }
+    hn::StoreU(y0, d, y + i);
+    hn::StoreU(y1, d, y + i + lanes);
+    hn::StoreU(y2, d, y + i + 2 * lanes);
+    hn::StoreU(y3, d, y + i + 3 * lanes);
+  }
+  for (; i + lanes <= dv; i += lanes) {
+    auto y0 = hn::Zero(d);
+    const auto v0 = hn::LoadU(d, vx + i);
+    for (int64_t f = 0; f < F; ++f) {
+      float* row = S + f * dv + i;
+      const auto s0 = hn::MulAdd(hn::Set(d, phi_k[f]), v0, hn::LoadU(d, row));
+      hn::StoreU(s0, d, row);
+      y0 = hn::MulAdd(hn::Set(d, phi_q[f]), s0, y0);
+    }
+    hn::StoreU(y0, d, y + i);
+  }
+  if (i < dv) {  // the tail: Axpy's own scalar loop, row by row (the same rounding)
+    for (int64_t x = i; x < dv; ++x) y[x] = 0.0f;
+    for (int64_t f = 0; f < F; ++f) {
+      Axpy(phi_k[f], vx + i, S + f * dv + i, dv - i);
+      Axpy(phi_q[f], S + f * dv + i, y + i, dv - i);
+    }
+  }
+}
+
 void SinCosScaled(const float* a, float mult, float* out_sin, float* out_cos, int64_t n) {
   // Highway's Sin/Cos hold 3 ulp on [-39000, 39000]; outside it use libm.
   constexpr float kRange = 39000.0f;
@@ -225,6 +278,7 @@ HWY_EXPORT(Dot);
 HWY_EXPORT(SumValues);
 HWY_EXPORT(Rank1Update);
 HWY_EXPORT(TransposedMatvec);
+HWY_EXPORT(UpdateAndRead);
 
 void exp_affine(const float* in, float sign, float offset, float* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(ExpAffine)(in, sign, offset, out, n);
@@ -266,6 +320,10 @@ void rank1_update(float* S, const float* phi, const float* v, int64_t F, int64_t
 }
 void transposed_matvec(const float* S, const float* phi, int64_t F, int64_t dv, float* y) {
   HWY_DYNAMIC_DISPATCH(TransposedMatvec)(S, phi, F, dv, y);
+}
+void update_and_read(float* S, const float* phi_k, const float* vx, const float* phi_q, int64_t F,
+                     int64_t dv, float* y) {
+  HWY_DYNAMIC_DISPATCH(UpdateAndRead)(S, phi_k, vx, phi_q, F, dv, y);
 }
 std::string simd_target() {
   const auto targets = hwy::SupportedAndGeneratedTargets();
