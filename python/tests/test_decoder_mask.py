@@ -96,7 +96,7 @@ def test_torch_decoder_step_and_decode_step_op():
         ref.prefill(Q[:, :, :10], K[:, :, :10], V[:, :, :10], key_mask=MASK[:, :10]))
     state = tuple(torch.from_numpy(np.asarray(ref.state()[n])) for n in
                   ("sums", "log_max", "row_positions")) + (torch.tensor([10]),)
-    w = torch.from_numpy(np.asarray(W.matrix))
+    w = torch.tensor(np.asarray(W.matrix))
     for i in range(10, N):
         s = slice(i, i + 1)
         want = ref.step(Q[:, :, s], K[:, :, s], V[:, :, s], key_mask=MASK[:, s])

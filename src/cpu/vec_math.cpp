@@ -189,56 +189,66 @@ void TransposedMatvec(const float* S, const float* phi, int64_t F, int64_t dv, f
   for (int64_t f = 0; f < F; ++f) Axpy(phi[f], S + f * dv, y, dv);
 }
 
+// Columns [i, i + R lanes) of UpdateAndRead, and with them (tail > 0) the `tail` columns
+// after them through Axpy's own scalar loop (the same rounding as TransposedMatvec's tail):
+// one sweep over the rows for both.
+template <int R>
+HWY_INLINE void UpdateAndReadBlock(float* S, const float* phi_k, const float* vx,
+                                   const float* phi_q, int64_t F, int64_t dv, int64_t i,
+                                   int64_t tail, float* y) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  using V = decltype(hn::Zero(d));
+  V acc[R > 0 ? R : 1], v[R > 0 ? R : 1];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = hn::Zero(d);
+    v[r] = hn::LoadU(d, vx + i + r * lanes);
+  }
+  const int64_t t0 = i + R * lanes;
+  for (int64_t x = t0; x < t0 + tail; ++x) y[x] = 0.0f;
+  for (int64_t f = 0; f < F; ++f) {
+    float* row = S + f * dv + i;
+    const auto ck = hn::Set(d, phi_k[f]), cq = hn::Set(d, phi_q[f]);
+    for (int r = 0; r < R; ++r) {
+      const auto s = hn::MulAdd(ck, v[r], hn::LoadU(d, row + r * lanes));
+      hn::StoreU(s, d, row + r * lanes);
+      acc[r] = hn::MulAdd(cq, s, acc[r]);
+    }
+    if (tail > 0) {
+      Axpy(phi_k[f], vx + t0, S + f * dv + t0, tail);
+      Axpy(phi_q[f], S + f * dv + t0, y + t0, tail);
+    }
+  }
+  for (int r = 0; r < R; ++r) hn::StoreU(acc[r], d, y + i + r * lanes);
+}
+
 // The same Axpy per row as Rank1Update then TransposedMatvec (the same bits), with the row
-// S_f kept in registers between its update and its read: S is read and written once.
+// S_f kept in registers between its update and its read: S is read and written once (up to
+// 4 vectors of y in registers per sweep, the scalar tail in the last sweep).
 void UpdateAndRead(float* S, const float* phi_k, const float* vx, const float* phi_q, int64_t F,
                    int64_t dv, float* y) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  constexpr int64_t kBlock = 4;  // vectors of y held in registers per pass over the rows
-  int64_t i = 0;
-  for (; i + kBlock * lanes <= dv; i += kBlock * lanes) {
-    auto y0 = hn::Zero(d), y1 = hn::Zero(d), y2 = hn::Zero(d), y3 = hn::Zero(d);
-    const auto v0 = hn::LoadU(d, vx + i), v1 = hn::LoadU(d, vx + i + lanes),
-               v2 = hn::LoadU(d, vx + i + 2 * lanes), v3 = hn::LoadU(d, vx + i + 3 * lanes);
-    for (int64_t f = 0; f < F; ++f) {
-      float* row = S + f * dv + i;
-      const auto ck = hn::Set(d, phi_k[f]), cq = hn::Set(d, phi_q[f]);
-      const auto s0 = hn::MulAdd(ck, v0, hn::LoadU(d, row));
-      const auto s1 = hn::MulAdd(ck, v1, hn::LoadU(d, row + lanes));
-      const auto s2 = hn::MulAdd(ck, v2, hn::LoadU(d, row + 2 * lanes));
-      const auto s3 = hn::MulAdd(ck, v3, hn::LoadU(d, row + 3 * lanes));
-      hn::StoreU(s0, d, row);
-      hn::StoreU(s1, d, row + lanes);
-      hn::StoreU(s2, d, row + 2 * lanes);
-      hn::StoreU(s3, d, row + 3 * lanes);
-      y0 = hn::MulAdd(cq, s0, y0);
-      y1 = hn::MulAdd(cq, s1, y1);
-      y2 = hn::MulAdd(cq, s2, y2);
-      y3 = hn::MulAdd(cq, s3, y3);
-    }
-    hn::StoreU(y0, d, y + i);
-    hn::StoreU(y1, d, y + i + lanes);
-    hn::StoreU(y2, d, y + i + 2 * lanes);
-    hn::StoreU(y3, d, y + i + 3 * lanes);
-  }
-  for (; i + lanes <= dv; i += lanes) {
-    auto y0 = hn::Zero(d);
-    const auto v0 = hn::LoadU(d, vx + i);
-    for (int64_t f = 0; f < F; ++f) {
-      float* row = S + f * dv + i;
-      const auto s0 = hn::MulAdd(hn::Set(d, phi_k[f]), v0, hn::LoadU(d, row));
-      hn::StoreU(s0, d, row);
-      y0 = hn::MulAdd(hn::Set(d, phi_q[f]), s0, y0);
-    }
-    hn::StoreU(y0, d, y + i);
-  }
-  if (i < dv) {  // the tail: Axpy's own scalar loop, row by row (the same rounding)
-    for (int64_t x = i; x < dv; ++x) y[x] = 0.0f;
-    for (int64_t f = 0; f < F; ++f) {
-      Axpy(phi_k[f], vx + i, S + f * dv + i, dv - i);
-      Axpy(phi_q[f], S + f * dv + i, y + i, dv - i);
-    }
+  const int64_t vectors = dv / lanes, tail = dv - vectors * lanes;
+  int64_t left = vectors, i = 0;
+  for (; left > 4; left -= 4, i += 4 * lanes)
+    UpdateAndReadBlock<4>(S, phi_k, vx, phi_q, F, dv, i, 0, y);
+  switch (left) {
+    case 4:
+      UpdateAndReadBlock<4>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
+      break;
+    case 3:
+      UpdateAndReadBlock<3>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
+      break;
+    case 2:
+      UpdateAndReadBlock<2>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
+      break;
+    case 1:
+      UpdateAndReadBlock<1>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
+      break;
+    default:
+      UpdateAndReadBlock<0>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
+      break;
   }
 }
 

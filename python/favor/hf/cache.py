@@ -15,15 +15,25 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .. import _core
 from ..ops._tensors import backend
+from ..torch.favor_core import FavorCore
 from .attention import hand_over
 
 
-def _fused(decoder, q, call):
-    """Whether the decoder's fused call (step, prefill) serves q: on CPU tensors without
-    autograd, a decoder that has it (VQDecoder has no prefill; device paths append and
-    query)."""
-    return (hasattr(decoder, call) and backend(q, "q", getattr(decoder, "backend", None)) == "cpu"
-            and not (torch.is_grad_enabled() and q.requires_grad))
+def _no_grad(q):
+    return not (torch.is_grad_enabled() and q.requires_grad)
+
+
+def _prefills(core, q):
+    """Whether the prompt goes through favor.torch.Decoder.prefill: a FAVOR core (VQ has no
+    prefill) on the CPU path, without autograd."""
+    return (isinstance(core, FavorCore) and core.method == "favor"
+            and backend(q, "q", core.backend) == "cpu" and _no_grad(q))
+
+
+def _steps(decoder, q):
+    """Whether a token goes through the decoder's fused step: on the CPU path (the device
+    paths append and query), without autograd."""
+    return backend(q, "q", getattr(decoder, "backend", None)) == "cpu" and _no_grad(q)
 
 
 class FavorCacheLayer(CacheLayerMixin):
@@ -59,17 +69,22 @@ class FavorCacheLayer(CacheLayerMixin):
             if self.length != t:
                 raise _core.Error("cache: a FavorCache layer starts at the prompt; this one "
                                   f"saw {self.length - t} tokens without a state")
+            pad = None if new is None else ~new
+            if _prefills(core, q):  # causal attention and the decoder's state in one sweep
+                core.prepare(k, pad)
+                self.decoder = core.decoder(q.shape[0])
+                y = self.decoder.prefill(q, k, v, key_mask=new)
+                core.learn(k, pad)
+                return y
+            y = core(q, k, v, key_padding_mask=pad, causal=True)
             self.decoder = core.decoder(q.shape[0])
-            if _fused(self.decoder, q, "prefill"):  # attention and state in one sweep
-                return self.decoder.prefill(q, k, v, key_mask=new)
-            y = core(q, k, v, key_padding_mask=None if new is None else ~new, causal=True)
             self.decoder.append(k.detach(), v.detach(), key_mask=new)
             return y
         rows = []
         for i in range(t):  # one token at a time (several after the prompt: each in turn)
             ki, vi, qi = k[:, :, i:i + 1], v[:, :, i:i + 1], q[:, :, i:i + 1]
             keep_i = None if new is None else new[:, i:i + 1]
-            if _fused(self.decoder, q, "step"):
+            if _steps(self.decoder, q):
                 rows.append(self.decoder.step(qi, ki, vi, key_mask=keep_i))
             else:
                 self.decoder.append(ki, vi, key_mask=keep_i)
