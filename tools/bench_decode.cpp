@@ -7,8 +7,13 @@
 //   vq_split, vq_step  the same for VQDecoder (hard VQ, --vq-codes codes);
 //   prefill      Decoder::prefill of a --decode-prompt prompt, against
 //   causal+app   causal favor_attention of the prompt then append (what a model did before).
-// tokens/s counts positions of one sequence (all heads): B per step.
+// tokens/s counts positions of one sequence (all heads): B per step. The step rows also
+// time single steps (JSON best_tokens_per_s, p10_tokens_per_s: the fastest and the 10th
+// percentile of 400), which a machine shared with other work (a preempted OpenMP thread
+// stalls a whole step) leaves closer to the code's own speed than the median.
 #include <algorithm>
+#include <chrono>
+#include <vector>
 
 #include "bench_runner.hpp"
 
@@ -48,8 +53,22 @@ void fill(BenchRunner& bench, Decoder& dec, int64_t position) {
   }
 }
 
+// The fastest and the 10th-percentile time of `runs` single calls of step.
+template <class Step>
+std::pair<double, double> single_steps(Step step, int runs = 400) {
+  std::vector<double> ts;
+  for (int r = 0; r < runs; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ts.begin(), ts.end());
+  return {ts.front(), ts[ts.size() / 10]};
+}
+
 void emit_step(BenchRunner& bench, const char* method, int64_t position, int64_t batch, int threads,
-               const Measured& t, int64_t steps, double flops_per_step = 0.0) {
+               const Measured& t, int64_t steps, std::pair<double, double> single,
+               double flops_per_step = 0.0) {
   const int64_t bh = batch * bench.args().bh;
   const double per_step = t.seconds / double(steps);
   if (flops_per_step == 0.0) flops_per_step = favor::bench::decode_step_flops(bench.problem(bh, 1));
@@ -62,6 +81,8 @@ void emit_step(BenchRunner& bench, const char* method, int64_t position, int64_t
               {"seconds", per_step},
               {"gflops", flops_per_step / per_step / 1e9},
               {"tokens_per_s", double(batch) / per_step},
+              {"best_tokens_per_s", double(batch) / single.first},
+              {"p10_tokens_per_s", double(batch) / single.second},
               {"peak_heap_mb", t.heap_mb},
               {"rss_growth_mb", t.rss_mb}});
 }
@@ -95,13 +116,14 @@ void step_row(BenchRunner& bench, int64_t position, int64_t batch, bool fused, b
         for (int64_t s = 0; s < steps; ++s) step();
       },
       a.repeats, a.min_time);
+  const auto single = single_steps(step);
   set_num_threads(saved);
   if (report)
     emit_step(bench,
               legacy  ? "decode"
               : fused ? "dec_step"
                       : "dec_split",
-              position, batch, threads, t, steps);
+              position, batch, threads, t, steps, single);
 }
 
 // VQDecoder steps of B sequences after `position` tokens: fused (step) or append + query.
@@ -117,23 +139,24 @@ void vq_step_row(BenchRunner& bench, int64_t position, int64_t batch, bool fused
   const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
   Tensor y({batch, heads, 1, a.d});
   int64_t i = 0;
+  const auto step = [&] {
+    const int64_t j = i++ % steps;
+    const TensorView qt = as_batch(q, batch, heads, j, 1), kt = as_batch(k, batch, heads, j, 1),
+                     vt = as_batch(v, batch, heads, j, 1);
+    if (fused) {
+      dec.step(qt, kt, vt, y.mutable_view());
+    } else {
+      dec.append(kt, vt);
+      dec.query(qt, y.mutable_view());
+    }
+  };
   const Measured t = measure(
       [&] {
-        for (int64_t s = 0; s < steps; ++s) {
-          const int64_t j = i++ % steps;
-          const TensorView qt = as_batch(q, batch, heads, j, 1),
-                           kt = as_batch(k, batch, heads, j, 1),
-                           vt = as_batch(v, batch, heads, j, 1);
-          if (fused) {
-            dec.step(qt, kt, vt, y.mutable_view());
-          } else {
-            dec.append(kt, vt);
-            dec.query(qt, y.mutable_view());
-          }
-        }
+        for (int64_t s = 0; s < steps; ++s) step();
       },
       a.repeats, a.min_time);
   emit_step(bench, fused ? "vq_step" : "vq_split", position, batch, num_threads(), t, steps,
+            single_steps(step),
             favor::bench::vq_decode_step_flops(bench.problem(batch * heads, 1), c, false));
 }
 
