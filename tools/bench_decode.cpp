@@ -9,7 +9,7 @@
 //   causal+app   causal favor_attention of the prompt then append (what a model did before).
 // tokens/s counts positions of one sequence (all heads): B per step. The step rows also
 // time single steps (JSON best_tokens_per_s, p10_tokens_per_s: the fastest and the 10th
-// percentile of 400), which a machine shared with other work (a preempted OpenMP thread
+// percentile of up to 400), which a machine shared with other work (a preempted OpenMP thread
 // stalls a whole step) leaves closer to the code's own speed than the median.
 #include <algorithm>
 #include <chrono>
@@ -53,14 +53,18 @@ void fill(BenchRunner& bench, Decoder& dec, int64_t position) {
   }
 }
 
-// The fastest and the 10th-percentile time of `runs` single calls of step.
+// The fastest and the 10th-percentile time of single calls of step: 400 of them, or fewer
+// (at least 20) once max_s seconds have passed.
 template <class Step>
-std::pair<double, double> single_steps(Step step, int runs = 400) {
+std::pair<double, double> single_steps(Step step, double max_s) {
   std::vector<double> ts;
-  for (int r = 0; r < runs; ++r) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < 400; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     step();
-    ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const auto t1 = std::chrono::steady_clock::now();
+    ts.push_back(std::chrono::duration<double>(t1 - t0).count());
+    if (r >= 20 && std::chrono::duration<double>(t1 - start).count() > max_s) break;
   }
   std::sort(ts.begin(), ts.end());
   return {ts.front(), ts[ts.size() / 10]};
@@ -116,7 +120,7 @@ void step_row(BenchRunner& bench, int64_t position, int64_t batch, bool fused, b
         for (int64_t s = 0; s < steps; ++s) step();
       },
       a.repeats, a.min_time);
-  const auto single = single_steps(step);
+  const auto single = single_steps(step, std::max(0.05, a.min_time));
   set_num_threads(saved);
   if (report)
     emit_step(bench,
@@ -156,7 +160,7 @@ void vq_step_row(BenchRunner& bench, int64_t position, int64_t batch, bool fused
       },
       a.repeats, a.min_time);
   emit_step(bench, fused ? "vq_step" : "vq_split", position, batch, num_threads(), t, steps,
-            single_steps(step),
+            single_steps(step, std::max(0.05, a.min_time)),
             favor::bench::vq_decode_step_flops(bench.problem(batch * heads, 1), c, false));
 }
 
