@@ -277,12 +277,6 @@ class Decoder(Streaming):
     state_bytes = property(lambda self: self._d.state_bytes,
                            doc="bytes of state (S, s, stabilisers): fixed, whatever the position")
 
-    def prefill(self, q, k, v, key_mask=None):
-        """Causal attention over a prompt of T tokens from the current state ->
-        [B, H, T, Dv]; leaves the state append(k, v, key_mask) would (key features computed
-        once)."""
-        return self._d.prefill(q, k, v, key_mask=key_mask)
-
     def __repr__(self):
         return (f"favor.Decoder(batch={self.batch}, heads={self.heads}, dv={self.dv}, "
                 f"m={self.projection.m}, position={self.position})")

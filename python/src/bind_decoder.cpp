@@ -33,17 +33,6 @@ void bind_decoder(py::module_& m) {
            }),
            py::arg("batch"), py::arg("heads"), py::arg("dv"), py::arg("feature_map"),
            py::arg("decay") = std::vector<double>{})
-      .def(
-          "prefill",
-          [](PyDecoder& self, const py::handle& q, const py::handle& k, const py::handle& v,
-             const py::handle& key_mask) {
-            return run_qkv(self, q, k, v, key_mask,
-                           [&](auto&... args) { self.decoder.prefill(args...); });
-          },
-          py::arg("q"), py::arg("k"), py::arg("v"), py::arg("key_mask") = py::none(),
-          "Causal attention over a prompt q, k [B, H, T, D], v [B, H, T, Dv] (key_mask [B, T]) "
-          "from the current state, returned [B, H, T, Dv]; leaves the state append(k, v, "
-          "key_mask) leaves, computing the key features once.")
       .def_property_readonly("projection", [](PyDecoder& s) { return s.decoder.projection(); })
       .def(
           "state",

@@ -71,9 +71,9 @@ py::array_t<float> run_qkv(Locked<D>& self, const py::handle& q, const py::handl
   return y;
 }
 
-/// The class `name` with append(k, v, key_mask), query(q), step(q, k, v, key_mask), reset(),
-/// select(indices) and the properties position, batch, heads, dv and state_bytes; the caller adds
-/// the constructor, state() and load_state() and what differs.
+/// The class `name` with append(k, v, key_mask), query(q), step and prefill(q, k, v, key_mask),
+/// reset(), select(indices) and the properties position, batch, heads, dv and state_bytes; the
+/// caller adds the constructor, state() and load_state() and what differs.
 template <typename D>
 py::class_<Locked<D>> bind_streaming_decoder(py::module_& m, const char* name) {
   using Self = Locked<D>;
@@ -119,6 +119,17 @@ py::class_<Locked<D>> bind_streaming_decoder(py::module_& m, const char* name) {
           py::arg("q"), py::arg("k"), py::arg("v"), py::arg("key_mask") = py::none(),
           "One decode step of every row, fused: append(k, v, key_mask) then query(q) with "
           "q, k [B, H, 1, D], v [B, H, 1, Dv], key_mask [B, 1]; returns [B, H, 1, Dv].")
+      .def(
+          "prefill",
+          [](Self& self, const py::handle& q, const py::handle& k, const py::handle& v,
+             const py::handle& key_mask) {
+            return run_qkv(self, q, k, v, key_mask,
+                           [&](auto&... args) { self.decoder.prefill(args...); });
+          },
+          py::arg("q"), py::arg("k"), py::arg("v"), py::arg("key_mask") = py::none(),
+          "Causal attention over a prompt q, k [B, H, T, D], v [B, H, T, Dv] (key_mask [B, T]) "
+          "from the current state, returned [B, H, T, Dv]; leaves the state append(k, v, "
+          "key_mask) leaves, computing the key features (codes) once.")
       .def("reset",
            [](Self& self) {
              std::lock_guard<std::mutex> lock(self.mutex);

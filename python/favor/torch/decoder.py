@@ -38,6 +38,14 @@ class _Streaming:
         y = T.tensor(self._d.step(*_cpu_views(q, k, v), key_mask=_keep(key_mask)))
         return y if q.device.type == "cpu" else y.to(q.device)
 
+    def prefill(self, q, k, v, key_mask=None):
+        """Causal attention over a prompt q, k [B, H, T, D], v [B, H, T, Dv] from the current
+        state -> [B, H, T, Dv], leaving the state append(k, v, key_mask) leaves: one C++ call
+        that computes the key features (VQ: codes) once."""
+        T.follow_torch_threads()
+        y = T.tensor(self._d.prefill(*_cpu_views(q, k, v), key_mask=_keep(key_mask)))
+        return y if q.device.type == "cpu" else y.to(q.device)
+
     def reset(self):
         self._d.reset()
 
@@ -124,8 +132,7 @@ class Decoder(_Streaming):
                             None if key_mask is None else key_mask[:, i:i + 1])
                 rows.append(self.query(q[:, :, i:i + 1]))
             return torch.cat(rows, dim=2)
-        T.follow_torch_threads()
-        return T.tensor(self._d.prefill(*_cpu_views(q, k, v), key_mask=_keep(key_mask)))
+        return super().prefill(q, k, v, key_mask)
 
     # A non-CPU path (tensors on another device, or backend 'torch' / 'triton') moves the
     # state into tensors on that device and runs favor::decode_step's torch path there
