@@ -312,18 +312,18 @@ TEST_F(Cli, BenchWritesRecordsAndPlot) {
     EXPECT_GT(rec["gflops"].get<double>(), 0.0);
     methods.insert(rec["method"].get<std::string>());
   }
-  EXPECT_EQ(methods,
-            (std::set<std::string>{"decode", "dec_split", "dec_step", "vq_split", "vq_step",
-                                   "prefill", "causal+app", "exact", "favor", "sgemm"}));
-  // 1 sgemm + 2 lengths x 2 modes x (favor, exact) + 2 long + 8 scaling + 16 decode (2
+  EXPECT_EQ(methods, (std::set<std::string>{"decode", "dec_split", "dec_step", "vq_split",
+                                            "vq_step", "prefill", "causal+app", "vq_prefill",
+                                            "vq_causal+app", "exact", "favor", "sgemm"}));
+  // 1 sgemm + 2 lengths x 2 modes x (favor, exact) + 2 long + 8 scaling + 18 decode (2
   // positions, 2 batches x 2 thread counts x (split, step), 2 VQ batches x (split, step), prefill
-  // and causal+app) + backward:
+  // and causal+app, FAVOR and VQ) + backward:
   // 2 lengths x 2 modes x (favor fwd, favor bwd) and, at 64 <= max-exact-backward-n, exact fwd +
   // bwd.
   // ... + backward: 2 lengths x 2 modes x (favor fwd, favor bwd, exact fwd, exact bwd), and
   // for bidirectional favor also the backward with a saved context.
   // ... + estimators: 1 length x 2 modes x 5 kernels, each with its ratio to positive.
-  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 16u + 18u + 10u);
+  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 18u + 18u + 10u);
   size_t backward = 0;
   std::set<std::string> estimators;
   for (const auto& rec : records) {

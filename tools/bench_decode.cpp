@@ -6,7 +6,8 @@
 //                baseline and its replacement; both at 1 thread and at all threads;
 //   vq_split, vq_step  the same for VQDecoder (hard VQ, --vq-codes codes);
 //   prefill      Decoder::prefill of a --decode-prompt prompt, against
-//   causal+app   causal favor_attention of the prompt then append (what a model did before).
+//   causal+app   causal favor_attention of the prompt then append (what a model did before);
+//   vq_prefill, vq_causal+app  the same for VQDecoder.
 // tokens/s counts positions of one sequence (all heads): B per step. The step rows also
 // time single steps (JSON best_tokens_per_s, p10_tokens_per_s: the fastest and the 10th
 // percentile of up to 400), which a machine shared with other work (a preempted OpenMP thread
@@ -195,6 +196,34 @@ void prefill_rows(BenchRunner& bench, int64_t n) {
   }
 }
 
+// The same for VQDecoder (hard VQ, --vq-codes codes): prefill against causal vq_attention
+// then append (every key assigned twice).
+void vq_prefill_rows(BenchRunner& bench, int64_t n) {
+  const BenchArgs& a = bench.args();
+  const int64_t c = std::min(a.vq_codes, n);
+  const Tensor codebook = std::get<1>(bench.inputs(a.bh, c, 4242));
+  const auto qkv = bench.inputs(a.bh, n, 5);
+  const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
+  Tensor y({1, a.bh, n, a.d});
+  VQOptions o;
+  o.causal = true;
+  for (bool fused : {true, false}) {
+    const Measured t = measure(
+        [&] {
+          VQDecoder dec(1, a.bh, a.d, codebook);
+          if (fused) {
+            dec.prefill(q, k, v, y.mutable_view());
+          } else {
+            vq_attention(q, k, v, codebook, y.mutable_view(), o);
+            dec.append(k, v);
+          }
+        },
+        a.repeats, a.min_time);
+    bench.emit(timed_record(fused ? "vq_prefill" : "vq_causal+app", true, n, a.bh, num_threads(), t,
+                            favor::bench::vq_flops(bench.problem(a.bh, n), c, true, a.vq_block)));
+  }
+}
+
 }  // namespace
 
 void section_decode(BenchRunner& bench) {
@@ -205,14 +234,17 @@ void section_decode(BenchRunner& bench) {
   for (int64_t pos : positions) step_row(bench, pos, 1, false, true, num_threads(), true);
   const int64_t pos = std::min<int64_t>(positions.front(), 1024);
   for (int64_t batch : a.decode_batch) {
-    for (int threads : {1, num_threads()}) {
+    for (int threads : {num_threads(), 1}) {
       for (bool fused : {false, true}) step_row(bench, pos, batch, fused, false, threads, true);
       if (num_threads() == 1) break;
     }
   }
   for (int64_t batch : a.decode_batch)
     for (bool fused : {false, true}) vq_step_row(bench, pos, batch, fused);
-  if (a.decode_prompt > 0) prefill_rows(bench, a.decode_prompt);
+  if (a.decode_prompt > 0) {
+    prefill_rows(bench, a.decode_prompt);
+    vq_prefill_rows(bench, a.decode_prompt);
+  }
 }
 
 }  // namespace favor::cli
