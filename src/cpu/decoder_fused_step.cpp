@@ -28,6 +28,12 @@
 namespace favor::cpu {
 namespace {
 
+// A step's flops from which its heads go over threads. Measured (p10 of 3000 single steps,
+// one sequence, D = 64, H = 2..8, m = 32..256, 2 cores): two threads cost 1.2-2.7x one
+// thread up to ~260k flops and broke even at ~0.5-1 MFLOP (one sequence of 8 heads at
+// m = 256 is 1.06 MFLOP: 58-62k tokens/s on two free cores against ~40k on one).
+constexpr double kStepThreadsFrom = 4e5;
+
 // The step's buffers, carved out of the decoder's workspace: rows 2 i (key) and 2 i + 1
 // (query) of x and a belong to the head at place i of the set-major order; then, per
 // thread, the feature rows and [v | 1], [y | den].
@@ -51,8 +57,8 @@ void decoder_step(const DecoderStep& ds, const Config& config) {
   const FeatureParams& fp = p.map;
   const int64_t m = fp.m, d = p.d, dv = p.dv, ld = dv + 1, F = fp.features(),
                 heads = p.batch * p.heads, sets = fp.w_sets;
-  const int threads =
-      threads_for(heads, 4.0 * double(d * m) + 4.0 * double(F * ld), config.threads);
+  const int threads = threads_for(heads, 4.0 * double(d * m) + 4.0 * double(F * ld), config.threads,
+                                  kStepThreadsFrom);
   const int64_t per_thread = 4 * F + 2 * ld;
   const auto floats = static_cast<size_t>(2 * heads * (d + m) + threads * per_thread);
   if (ds.workspace->size() < floats) ds.workspace->resize(floats);

@@ -26,7 +26,7 @@ void vq_decoder_step(const VQDecoderStep& ds, const Config& config) {
   const float tau = ds.step.tau, scale = ds.step.scale;
   const auto& tables = static_cast<const PreparedCodes*>(ds.prepared)->tables;
   const double work = 2.0 * c * d + (soft ? 2.0 * c * dv : double(dv)) + 2.0 * c * (d + dv);
-  const int threads = threads_for(heads, work, config.threads);
+  const int threads = threads_for(heads, work, config.threads, 4e5);  // as the FAVOR step
   const int64_t per_thread = 2 * d + 2 * dv + 4 * c;
   if (ds.workspace->size() < static_cast<size_t>(threads * per_thread))
     ds.workspace->resize(static_cast<size_t>(threads * per_thread));
