@@ -111,6 +111,14 @@ inline double decode_step_flops(const Problem& p) {
   return double(p.bh) * (4.0 * p.d * p.m + 4.0 * p.f * (p.dv + 1));
 }
 
+/// One VQ decode step per head with c codes: the key's assignment 2 c d, its add Dv (hard)
+/// or 2 c Dv (soft), the query's logits 2 c d and S^T e with the counts 2 c (dv + 1).
+inline double vq_decode_step_flops(const Problem& p, int64_t codes, bool soft) {
+  const double c = double(codes);
+  return double(p.bh) *
+         (4.0 * c * p.d + (soft ? 2.0 * c * p.dv : double(p.dv)) + 2.0 * c * (p.dv + 1));
+}
+
 /// C = A B for n x n matrices.
 inline double sgemm_flops(int64_t n) {
   return 2.0 * double(n) * double(n) * double(n);

@@ -3,6 +3,8 @@
 #include "favor/decoder.hpp"
 
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/feature_map_params.hpp"
@@ -107,6 +109,145 @@ Tensor Decoder::query(TensorView q) const {
   detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
   Tensor out({batch_, heads_, q.shape[2], dv_});
   query(q, out.mutable_view());
+  return out;
+}
+
+void Decoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                   const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
+  detail::check_step(k, batch_, heads_, w_.d(), "k", "D");
+  detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
+  for (const auto& [t, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}}) {
+    if (t.shape[2] != 1) {
+      throw Error(std::string(name) + " " + shape_string(t.shape) +
+                  ": a step takes one token per row (T = 1)");
+    }
+  }
+  if (key_mask) detail::check_key_mask(*key_mask, batch_, 1, "T");
+  detail::check_output(out, {batch_, heads_, 1, dv_}, "out", {q, k, v});
+  kernels::DecoderStep ds{};
+  kernels::AttentionParams& p = ds.step;
+  p.q = q.data;
+  p.q_strides = q.strides;
+  p.k = k.data;
+  p.k_strides = k.strides;
+  p.v = v.data;
+  p.v_strides = v.strides;
+  p.out = out.data;
+  p.out_strides = out.strides;
+  p.batch = batch_;
+  p.heads = heads_;
+  p.nq = p.nk = 1;
+  p.d = w_.d();
+  p.dv = dv_;
+  p.map = map_->params();
+  if (key_mask) {
+    p.mask = key_mask->data;
+    p.mask_stride_b = key_mask->stride_b;
+    p.mask_stride_n = key_mask->stride_n;
+  }
+  ds.wt = wt_.data();
+  ds.sums = S_.data();
+  ds.log_max = max_.data();
+  ds.row_positions = row_pos_.data();
+  ds.workspace = &step_ws_;
+  ds.workspace_d = &step_ws_d_;
+  kernels::backend().decoder_step(ds);
+  for (int64_t b = 0; b < batch_; ++b)
+    row_pos_[static_cast<size_t>(b)] += !key_mask || key_mask->at(b, 0) ? 1 : 0;
+  position_ += 1;
+}
+
+Tensor Decoder::step(TensorView q, TensorView k, TensorView v,
+                     const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
+  Tensor out({batch_, heads_, 1, dv_});
+  step(q, k, v, out.mutable_view(), key_mask);
+  return out;
+}
+
+void Decoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                      const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
+  detail::check_step(k, batch_, heads_, w_.d(), "k", "D");
+  detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
+  const int64_t T = q.shape[2];
+  if (k.shape[2] != T || v.shape[2] != T) {
+    throw Error("q " + shape_string(q.shape) + ", k " + shape_string(k.shape) + ", v " +
+                shape_string(v.shape) + ": same token count T");
+  }
+  if (key_mask) detail::check_key_mask(*key_mask, batch_, T, "T");
+  detail::check_output(out, {batch_, heads_, T, dv_}, "out", {q, k, v});
+  const kernels::FeatureParams fp = map_->params();
+  // Each row's leading masked tokens (left padding) and whether a masked token follows a
+  // kept one (a hole).
+  std::vector<int64_t> pad(static_cast<size_t>(batch_), 0), kept(static_cast<size_t>(batch_), T);
+  bool holes = false;
+  if (key_mask) {
+    for (int64_t b = 0; b < batch_; ++b) {
+      int64_t j = 0, n = 0;
+      while (j < T && !key_mask->at(b, j)) ++j;
+      pad[size_t(b)] = j;
+      for (; j < T; ++j) {
+        const bool keep = key_mask->at(b, j);
+        n += keep ? 1 : 0;
+        holes = holes || !keep;
+      }
+      kept[size_t(b)] = n;
+    }
+  }
+  const bool append_state = holes && fp.decay_rate != nullptr;
+  // The causal kernel gives key j of the prompt the decay position j; the decoder gives the
+  // row's kept key j the position row_pos + j - pad. Both differ by a constant per row, a
+  // factor exp(rate (row_pos - pad)) on every new key: the state goes in with its max
+  // lowered by that much and comes out raised back.
+  auto shift = [&](int64_t bh) {
+    const int64_t b = bh / heads_;
+    return fp.decay_rate ? fp.head_decay(bh) * double(row_pos_[size_t(b)] - pad[size_t(b)]) : 0.0;
+  };
+  const int64_t BH = batch_ * heads_;
+  for (int64_t bh = 0; bh < BH; ++bh) max_[size_t(bh)] -= shift(bh);
+  kernels::AttentionParams p{};
+  p.q = q.data;
+  p.q_strides = q.strides;
+  p.k = k.data;
+  p.k_strides = k.strides;
+  p.v = v.data;
+  p.v_strides = v.strides;
+  p.out = out.data;
+  p.out_strides = out.strides;
+  p.batch = batch_;
+  p.heads = heads_;
+  p.nq = p.nk = T;
+  p.d = w_.d();
+  p.dv = dv_;
+  p.map = fp;
+  if (key_mask) {
+    p.mask = key_mask->data;
+    p.mask_stride_b = key_mask->stride_b;
+    p.mask_stride_n = key_mask->stride_n;
+  }
+  p.init_states = S_.data();
+  p.init_maxima = max_.data();
+  if (!append_state) {
+    p.final_states = S_.data();
+    p.final_maxima = max_.data();
+  }
+  kernels::backend().favor_causal(p);
+  for (int64_t bh = 0; bh < BH; ++bh) max_[size_t(bh)] += shift(bh);
+  if (append_state) {
+    append(k, v, key_mask);
+    return;
+  }
+  for (int64_t b = 0; b < batch_; ++b) row_pos_[size_t(b)] += kept[size_t(b)];
+  position_ += T;
+}
+
+Tensor Decoder::prefill(TensorView q, TensorView k, TensorView v,
+                        const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
+  Tensor out({batch_, heads_, q.shape[2], dv_});
+  prefill(q, k, v, out.mutable_view(), key_mask);
   return out;
 }
 

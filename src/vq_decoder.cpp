@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "core/validate.hpp"
 #include "core/vq_validate.hpp"
@@ -119,6 +120,110 @@ Tensor VQDecoder::query(TensorView q) const {
   detail::check_step(q, batch_, heads_, d_, "q", "D");
   Tensor out({batch_, heads_, q.shape[2], dv_});
   query(q, out.mutable_view());
+  return out;
+}
+
+void VQDecoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                     const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(q, batch_, heads_, d_, "q", "D");
+  detail::check_step(k, batch_, heads_, d_, "k", "D");
+  detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
+  for (const auto& [t, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}}) {
+    if (t.shape[2] != 1) {
+      throw Error(std::string(name) + " " + shape_string(t.shape) +
+                  ": a step takes one token per row (T = 1)");
+    }
+  }
+  if (key_mask) detail::check_key_mask(*key_mask, batch_, 1, "T");
+  detail::check_output(out, {batch_, heads_, 1, dv_}, "out", {q, k, v});
+  kernels::VQDecoderStep ds{};
+  ds.step = step_params(batch_, heads_, d_, dv_, codebook_, codes_, cb_heads_,
+                        static_cast<float>(scale_), static_cast<float>(options_.tau));
+  kernels::AttentionParams& p = ds.step.base;
+  p.q = q.data;
+  p.q_strides = q.strides;
+  p.k = k.data;
+  p.k_strides = k.strides;
+  p.v = v.data;
+  p.v_strides = v.strides;
+  p.out = out.data;
+  p.out_strides = out.strides;
+  p.nq = p.nk = 1;
+  if (key_mask) {
+    p.mask = key_mask->data;
+    p.mask_stride_b = key_mask->stride_b;
+    p.mask_stride_n = key_mask->stride_n;
+  }
+  ds.prepared = prepared_.get();
+  ds.sums = sums_.data();
+  ds.counts = counts_.data();
+  ds.workspace = &step_ws_;
+  kernels::backend().vq_decoder_step(ds);
+  position_ += 1;
+}
+
+Tensor VQDecoder::step(TensorView q, TensorView k, TensorView v,
+                       const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(q, batch_, heads_, d_, "q", "D");
+  Tensor out({batch_, heads_, 1, dv_});
+  step(q, k, v, out.mutable_view(), key_mask);
+  return out;
+}
+
+void VQDecoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                        const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(q, batch_, heads_, d_, "q", "D");
+  detail::check_step(k, batch_, heads_, d_, "k", "D");
+  detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
+  const int64_t T = q.shape[2];
+  if (k.shape[2] != T || v.shape[2] != T) {
+    throw Error("q " + shape_string(q.shape) + ", k " + shape_string(k.shape) + ", v " +
+                shape_string(v.shape) + ": same token count T");
+  }
+  if (key_mask) detail::check_key_mask(*key_mask, batch_, T, "T");
+  detail::check_output(out, {batch_, heads_, T, dv_}, "out", {q, k, v});
+  // The causal kernel's state is [Vsum | n] per head (c x (dv + 1)); the decoder's holds the
+  // sums and the counts apart: interleaved in, split out.
+  const int64_t heads = batch_ * heads_, ld = dv_ + 1;
+  if (prefill_ws_.size() < static_cast<size_t>(heads * codes_ * ld))
+    prefill_ws_.resize(static_cast<size_t>(heads * codes_ * ld));
+  for (int64_t r = 0; r < heads * codes_; ++r) {
+    std::copy_n(sums_.begin() + r * dv_, dv_, prefill_ws_.begin() + r * ld);
+    prefill_ws_[static_cast<size_t>(r * ld + dv_)] = counts_[static_cast<size_t>(r)];
+  }
+  kernels::VQParams p = step_params(batch_, heads_, d_, dv_, codebook_, codes_, cb_heads_,
+                                    static_cast<float>(scale_), static_cast<float>(options_.tau));
+  p.block = kernels::backend().tuning().vq_block;
+  kernels::AttentionParams& a = p.base;
+  a.q = q.data;
+  a.q_strides = q.strides;
+  a.k = k.data;
+  a.k_strides = k.strides;
+  a.v = v.data;
+  a.v_strides = v.strides;
+  a.out = out.data;
+  a.out_strides = out.strides;
+  a.nq = a.nk = T;
+  if (key_mask) {
+    a.mask = key_mask->data;
+    a.mask_stride_b = key_mask->stride_b;
+    a.mask_stride_n = key_mask->stride_n;
+  }
+  p.init_states = prefill_ws_.data();
+  p.final_states = prefill_ws_.data();
+  kernels::backend().vq_causal(p);
+  for (int64_t r = 0; r < heads * codes_; ++r) {
+    std::copy_n(prefill_ws_.begin() + r * ld, dv_, sums_.begin() + r * dv_);
+    counts_[static_cast<size_t>(r)] = prefill_ws_[static_cast<size_t>(r * ld + dv_)];
+  }
+  position_ += T;
+}
+
+Tensor VQDecoder::prefill(TensorView q, TensorView k, TensorView v,
+                          const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(q, batch_, heads_, d_, "q", "D");
+  Tensor out({batch_, heads_, q.shape[2], dv_});
+  prefill(q, k, v, out.mutable_view(), key_mask);
   return out;
 }
 

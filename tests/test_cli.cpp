@@ -295,6 +295,7 @@ namespace {
 TEST_F(Cli, BenchWritesRecordsAndPlot) {
   const std::string args =
       "bench --lengths 64 96 --max-exact-n 96 --scaling-n 64 --decode-positions 8 40 --sgemm-n 64 "
+      "--decode-batch 1 2 --decode-prompt 16 "
       "--backward-lengths 64 96 --estimator-lengths 64 --repeats 1 --min-time 0 --threads 2 "
       "--out " +
       path("bench.json") + " --plot " + path("bench.png");
@@ -312,14 +313,18 @@ TEST_F(Cli, BenchWritesRecordsAndPlot) {
     EXPECT_GT(rec["gflops"].get<double>(), 0.0);
     methods.insert(rec["method"].get<std::string>());
   }
-  EXPECT_EQ(methods, (std::set<std::string>{"decode", "exact", "favor", "sgemm"}));
-  // 1 sgemm + 2 lengths x 2 modes x (favor, exact) + 2 long + 8 scaling + 2 decode + backward:
+  EXPECT_EQ(methods, (std::set<std::string>{"decode", "dec_split", "dec_step", "vq_split",
+                                            "vq_step", "prefill", "causal+app", "vq_prefill",
+                                            "vq_causal+app", "exact", "favor", "sgemm"}));
+  // 1 sgemm + 2 lengths x 2 modes x (favor, exact) + 2 long + 8 scaling + 18 decode (2
+  // positions, 2 batches x 2 thread counts x (split, step), 2 VQ batches x (split, step), prefill
+  // and causal+app, FAVOR and VQ) + backward:
   // 2 lengths x 2 modes x (favor fwd, favor bwd) and, at 64 <= max-exact-backward-n, exact fwd +
   // bwd.
   // ... + backward: 2 lengths x 2 modes x (favor fwd, favor bwd, exact fwd, exact bwd), and
   // for favor also the backward with a saved context (causal: the saved chunk states).
   // ... + estimators: 1 length x 2 modes x 5 kernels, each with its ratio to positive.
-  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 2u + 20u + 10u);
+  EXPECT_EQ(records.size(), 1u + 8u + 2u + 8u + 18u + 20u + 10u);
   size_t backward = 0;
   std::set<std::string> estimators;
   for (const auto& rec : records) {

@@ -152,6 +152,70 @@ TEST_P(VQDecoderVsNaive, StreamingEqualsTheCausalKernel) {
   }
 }
 
+TEST_P(VQDecoderVsNaive, StepEqualsAppendThenQueryAndTheCausalKernel) {
+  // VQDecoder::step runs append's and query's float operations in the same order: the same
+  // bits, with a mask that differs across rows (row 1 left-padded by 7, a hole at 20 in row
+  // 0). Unmasked, it reproduces causal vq_attention as the two calls do.
+  std::vector<uint8_t> mask(static_cast<size_t>(B * N), 1);
+  for (int64_t j = 0; j < 7; ++j) mask[static_cast<size_t>(N + j)] = 0;
+  mask[20] = 0;
+  VQOptions options;
+  options.causal = true;
+  options.scale = scale;
+  options.tau = tau;
+  options.block = 5;
+  const Tensor causal = vq_attention(q, k, v, codebook, options);
+  VQDecoder fused = make(), split = make(), plain = make();
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    const KeyMaskView m{mask.data() + i, B, 1, N, 1};
+    const Tensor y = fused.step(tokens(q, i), tokens(k, i), tokens(v, i), m);
+    split.append(tokens(k, i), tokens(v, i), m);
+    const Tensor ref = split.query(tokens(q, i));
+    for (size_t e = 0; e < y.values().size(); ++e) mismatches += y.values()[e] != ref.values()[e];
+    const Tensor yp = plain.step(tokens(q, i), tokens(k, i), tokens(v, i));
+    const double tol = 2 * bound(i + 1);  // each side within bound of the exact row
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t x = 0; x < Dv; ++x)
+          EXPECT_NEAR(yp.at(b, h, 0, x), causal.at(b, h, i, x), tol) << "row " << i;
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_EQ(fused.state().sums, split.state().sums);
+  EXPECT_EQ(fused.position(), N);
+}
+
+TEST_P(VQDecoderVsNaive, PrefillEqualsTheCausalKernelAndLeavesAppendsState) {
+  // A prompt of 25 tokens, row 1 left-padded by 7 and row 0 with a hole at 20: prefill from an
+  // empty decoder is causal vq_attention (the same kernel, the default block), bit for bit;
+  // the steps after it equal those after append (each within bound of the exact rows).
+  constexpr int64_t P = 25;
+  std::vector<uint8_t> mask(static_cast<size_t>(B * N), 1);
+  for (int64_t j = 0; j < 7; ++j) mask[static_cast<size_t>(N + j)] = 0;
+  mask[20] = 0;
+  const KeyMaskView prompt_mask{mask.data(), B, P, N, 1};
+  VQOptions options;
+  options.causal = true;
+  options.scale = scale;
+  options.tau = tau;
+  options.key_mask = prompt_mask;
+  const Tensor causal =
+      vq_attention(tokens(q, 0, P), tokens(k, 0, P), tokens(v, 0, P), codebook, options);
+  VQDecoder dec = make(), ref = make();
+  const Tensor y = dec.prefill(tokens(q, 0, P), tokens(k, 0, P), tokens(v, 0, P), prompt_mask);
+  EXPECT_EQ(y.values(), causal.values());
+  ref.append(tokens(k, 0, P), tokens(v, 0, P), prompt_mask);
+  EXPECT_EQ(dec.position(), P);
+  if (tau == 0.0) EXPECT_EQ(dec.state().counts, ref.state().counts);  // integers: exact
+  for (int64_t i = P; i < N; ++i) {
+    const KeyMaskView m{mask.data() + i, B, 1, N, 1};
+    const Tensor a = dec.step(tokens(q, i), tokens(k, i), tokens(v, i), m);
+    const Tensor b = ref.step(tokens(q, i), tokens(k, i), tokens(v, i), m);
+    for (size_t e = 0; e < a.values().size(); ++e)
+      EXPECT_NEAR(a.values()[e], b.values()[e], 2 * bound(i + 1)) << "row " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, VQDecoderVsNaive,
                          ::testing::Values(Case{false, false}, Case{false, true}, Case{true, false},
                                            Case{true, true}),

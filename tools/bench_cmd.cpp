@@ -56,6 +56,11 @@ void run(const BenchArgs& a) {
   for (int64_t n : a.call_lengths) {
     if (n < 1) throw Error("--call-lengths: " + std::to_string(n) + " must be >= 1");
   }
+  for (int64_t batch : a.decode_batch) {
+    if (batch < 1) throw Error("--decode-batch: " + std::to_string(batch) + " must be >= 1");
+  }
+  if (a.decode_prompt < 0)
+    throw Error("--decode-prompt: " + std::to_string(a.decode_prompt) + " must be >= 0");
   for (int64_t pos : a.decode_positions) {
     if (pos < 0) throw Error("--decode-positions: " + std::to_string(pos) + " must be >= 0");
   }
@@ -103,6 +108,14 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--scaling-n", a->scaling_n, "N of the one-thread vs all-threads rows")
       ->capture_default_str();
   cmd->add_option("--decode-positions", a->decode_positions, "decode positions to time")
+      ->capture_default_str();
+  cmd->add_option("--decode-batch", a->decode_batch,
+                  "sequences B of the batched decode rows (step vs append + query, B x --bh "
+                  "heads, at the first --decode-positions, at most 1024)")
+      ->capture_default_str();
+  cmd->add_option("--decode-prompt", a->decode_prompt,
+                  "prompt length of the prefill rows (prefill vs causal attention + append; 0: "
+                  "none)")
       ->capture_default_str();
   cmd->add_option("--sgemm-n", a->sgemm_n, "size of the yardstick sgemm")->capture_default_str();
   std::vector<std::string> names;

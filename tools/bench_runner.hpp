@@ -24,6 +24,8 @@ struct BenchArgs {
   std::vector<int64_t> lengths{256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
   int64_t bh = 8, d = 64, m = 256, max_exact_n = 32768, scaling_n = 16384, sgemm_n = 4096;
   std::vector<int64_t> decode_positions{1024, 65536};
+  std::vector<int64_t> decode_batch{1, 32};  // sequences B of the batched decode rows
+  int64_t decode_prompt = 1024;              // prompt of the prefill rows (0: none)
   std::vector<std::string> sections{"sweep", "long", "scaling", "decode", "backward", "estimators"};
   std::vector<std::string> estimators{"positive", "trig", "hyperbolic", "favorpp", "favorsharp"};
   std::vector<int64_t> estimator_lengths{4096, 16384};

@@ -32,7 +32,9 @@ const std::vector<BenchSection>& bench_sections() {
        "sequence-parallel attention over mpirun's ranks: strong and weak scaling"},
       {"io", section_io,
        "favor attention as a whole process on .npy files vs the same call in process"},
-      {"decode", section_decode, "decoder steps at --decode-positions"},
+      {"decode", section_decode,
+       "decoder steps at --decode-positions, batched steps (--decode-batch), prefill "
+       "(--decode-prompt)"},
       {"calls", section_calls,
        "one forward call at --call-lengths (short N): favor and exact, and the per-call "
        "overhead"},

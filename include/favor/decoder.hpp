@@ -53,6 +53,29 @@ class Decoder {
   void query(TensorView q, MutableTensorView out) const;
   Tensor query(TensorView q) const;
 
+  /// One decode step of every row in one fused pass: append(k, v, key_mask) then query(q),
+  /// q, k [B, H, 1, D], v [B, H, 1, Dv], key_mask [B, 1]; out [B, H, 1, Dv]. Each row keeps
+  /// its own position and mask. Equal to append then query up to the rounding of the
+  /// projections (one GEMM for the step's B*H keys and queries instead of a matvec per row);
+  /// every operation after them is the same, in the same order. The out overload allocates
+  /// nothing once the decoder's step workspace has grown to the batch.
+  void step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+            const std::optional<KeyMaskView>& key_mask = {});
+  Tensor step(TensorView q, TensorView k, TensorView v,
+              const std::optional<KeyMaskView>& key_mask = {});
+  /// Prefill of a prompt of T tokens: q, k [B, H, T, D], v [B, H, T, Dv], key_mask [B, T];
+  /// out [B, H, T, Dv]. out is causal attention over the prompt from the current state
+  /// (from an empty decoder: causal favor_attention with the key mask, bit for bit the
+  /// same kernel), and the decoder is left as append(k, v, key_mask) leaves it (equal up to
+  /// float rounding: the chunked sweep sums in another order), the key features computed
+  /// once. With decay and a mask with a masked token after a kept one in some row (a hole:
+  /// favor_attention counts it in the decay distance, the decoder does not), out is still
+  /// causal favor_attention's and the state is then computed by append.
+  void prefill(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+               const std::optional<KeyMaskView>& key_mask = {});
+  Tensor prefill(TensorView q, TensorView k, TensorView v,
+                 const std::optional<KeyMaskView>& key_mask = {});
+
   /// Tokens appended so far.
   int64_t position() const { return position_; }
   /// Bytes held by the state (S, s, the stabilisers and the row positions): fixed at
@@ -91,6 +114,8 @@ class Decoder {
   std::vector<float> S_;          // [B*H][F][Dv]
   std::vector<double> max_;       // running key log-max per (b, h)
   std::vector<int64_t> row_pos_;  // [B]: unmasked tokens per batch row (the decay clock)
+  std::vector<float> step_ws_;    // step's workspace (projections, features), grown only
+  std::vector<double> step_ws_d_;
 };
 
 }  // namespace favor

@@ -38,6 +38,25 @@ class VQDecoder {
   void query(TensorView q, MutableTensorView out) const;
   Tensor query(TensorView q) const;
 
+  /// One decode step of every row in one fused pass: append(k, v, key_mask) then query(q),
+  /// q, k [B, H, 1, D], v [B, H, 1, Dv], key_mask [B, 1]; out [B, H, 1, Dv]. The same float
+  /// operations as the two calls: the same bits. The out overload allocates nothing once the
+  /// decoder's step workspace has grown.
+  void step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+            const std::optional<KeyMaskView>& key_mask = {});
+  Tensor step(TensorView q, TensorView k, TensorView v,
+              const std::optional<KeyMaskView>& key_mask = {});
+
+  /// Prefill of a prompt of T tokens: q, k [B, H, T, D], v [B, H, T, Dv], key_mask [B, T];
+  /// out [B, H, T, Dv]. out is causal attention over the prompt from the current state (from
+  /// an empty decoder: causal vq_attention with that key mask and the default block, bit for
+  /// bit the same kernel), and the decoder is left as append(k, v, key_mask) leaves it (equal
+  /// up to float rounding: the block sums add in another order), each key assigned once.
+  void prefill(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+               const std::optional<KeyMaskView>& key_mask = {});
+  Tensor prefill(TensorView q, TensorView k, TensorView v,
+                 const std::optional<KeyMaskView>& key_mask = {});
+
   int64_t position() const { return position_; }
   /// Bytes held by the state: fixed at construction, whatever the position.
   int64_t state_bytes() const {
@@ -70,8 +89,11 @@ class VQDecoder {
   VQDecoderOptions options_;
   double scale_;
   int64_t position_ = 0;
-  std::vector<float> sums_;    // [B*H][c][Dv]
-  std::vector<float> counts_;  // [B*H][c]
+  std::vector<float> sums_;     // [B*H][c][Dv]
+  std::vector<float> counts_;   // [B*H][c]
+  std::vector<float> step_ws_;  // step's workspace, grown only
+
+  std::vector<float> prefill_ws_;  // [Vsum | n] per head for prefill, grown only
 };
 
 }  // namespace favor

@@ -243,6 +243,17 @@ class Streaming:
     def query(self, q):
         return self._d.query(q)
 
+    def step(self, q, k, v, key_mask=None):
+        """One decode step of every row in one fused pass: append(k, v, key_mask) then
+        query(q), q/k [B, H, 1, D], v [B, H, 1, Dv], key_mask [B, 1] -> [B, H, 1, Dv]."""
+        return self._d.step(q, k, v, key_mask=key_mask)
+
+    def prefill(self, q, k, v, key_mask=None):
+        """Causal attention over a prompt of T tokens from the current state ->
+        [B, H, T, Dv]; leaves the state append(k, v, key_mask) would (key features, or
+        codes, computed once)."""
+        return self._d.prefill(q, k, v, key_mask=key_mask)
+
     def reset(self):
         self._d.reset()
 

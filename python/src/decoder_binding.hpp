@@ -49,9 +49,31 @@ void state_input(const py::handle& obj, const std::vector<py::ssize_t>& shape, c
   values.assign(a.data(), a.data() + a.size());
 }
 
-/// The class `name` with append(k, v, key_mask), query(q), reset(), select(indices) and the
-/// properties position, batch, heads, dv and state_bytes; the caller adds the constructor,
-/// state() and load_state() and what differs.
+/// A call of the decoder on q, k, v and a key mask that writes [B, H, T, Dv] (step, prefill):
+/// call(q, k, v, out, mask) with the GIL released.
+template <typename D, class Call>
+py::array_t<float> run_qkv(Locked<D>& self, const py::handle& q, const py::handle& k,
+                           const py::handle& v, const py::handle& key_mask, Call call) {
+  const Input qi = as_input(q, "q"), ki = as_input(k, "k"), vi = as_input(v, "v");
+  check_same_rank({&qi, &ki, &vi}, "q, k, v");
+  const std::optional<Mask> mask =
+      as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
+  const Shape4 shape{qi.view.shape[0], qi.view.shape[1], qi.view.shape[2], self.decoder.dv()};
+  py::array_t<float> y = new_output(shape, qi.rank);
+  MutableTensorView out = output_view(y, shape);
+  TensorView qv = qi.view, kv = ki.view, vv = vi.view;
+  std::optional<KeyMaskView> mv = mask_view(mask);
+  {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(self.mutex);
+    call(qv, kv, vv, out, mv);
+  }
+  return y;
+}
+
+/// The class `name` with append(k, v, key_mask), query(q), step and prefill(q, k, v, key_mask),
+/// reset(), select(indices) and the properties position, batch, heads, dv and state_bytes; the
+/// caller adds the constructor, state() and load_state() and what differs.
 template <typename D>
 py::class_<Locked<D>> bind_streaming_decoder(py::module_& m, const char* name) {
   using Self = Locked<D>;
@@ -87,6 +109,27 @@ py::class_<Locked<D>> bind_streaming_decoder(py::module_& m, const char* name) {
             return y;
           },
           py::arg("q"))
+      .def(
+          "step",
+          [](Self& self, const py::handle& q, const py::handle& k, const py::handle& v,
+             const py::handle& key_mask) {
+            return run_qkv(self, q, k, v, key_mask,
+                           [&](auto&... args) { self.decoder.step(args...); });
+          },
+          py::arg("q"), py::arg("k"), py::arg("v"), py::arg("key_mask") = py::none(),
+          "One decode step of every row, fused: append(k, v, key_mask) then query(q) with "
+          "q, k [B, H, 1, D], v [B, H, 1, Dv], key_mask [B, 1]; returns [B, H, 1, Dv].")
+      .def(
+          "prefill",
+          [](Self& self, const py::handle& q, const py::handle& k, const py::handle& v,
+             const py::handle& key_mask) {
+            return run_qkv(self, q, k, v, key_mask,
+                           [&](auto&... args) { self.decoder.prefill(args...); });
+          },
+          py::arg("q"), py::arg("k"), py::arg("v"), py::arg("key_mask") = py::none(),
+          "Causal attention over a prompt q, k [B, H, T, D], v [B, H, T, Dv] (key_mask [B, T]) "
+          "from the current state, returned [B, H, T, Dv]; leaves the state append(k, v, "
+          "key_mask) leaves, computing the key features (codes) once.")
       .def("reset",
            [](Self& self) {
              std::lock_guard<std::mutex> lock(self.mutex);

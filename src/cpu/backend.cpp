@@ -101,6 +101,7 @@ class CpuBackend final : public kernels::Backend {
   void vq_assign(const VQAssignParams& p) override { vq_assign_keys(p, runtime_config()); }
   void decoder_append(const DecoderAppend& p) override { cpu::decoder_append(p, runtime_config()); }
   void decoder_query(const DecoderQuery& p) override { cpu::decoder_query(p, runtime_config()); }
+  void decoder_step(const DecoderStep& p) override { cpu::decoder_step(p, runtime_config()); }
   std::unique_ptr<kernels::KMeansRun> kmeans(const kernels::CodebookKeys& keys,
                                              int64_t codes) override {
     return kmeans_run(keys, codes, runtime_config());
@@ -124,6 +125,9 @@ class CpuBackend final : public kernels::Backend {
   }
   void vq_decoder_query(const VQDecoderQuery& p) override {
     cpu::vq_decoder_query(p, runtime_config());
+  }
+  void vq_decoder_step(const VQDecoderStep& p) override {
+    cpu::vq_decoder_step(p, runtime_config());
   }
 };
 

@@ -138,6 +138,14 @@ std::vector<int64_t> segment_bounds(int64_t n, int64_t parts) {
   return bounds;
 }
 
+// The state after a head's last key, for the decoder's prefill (if asked).
+void final_state(const AttentionParams& p, int64_t bh, const HeadState& state) {
+  if (p.final_states == nullptr) return;
+  const int64_t n = state.features * state.ld();
+  std::copy(state.Sx, state.Sx + n, p.final_states + bh * n);
+  p.final_maxima[bh] = state.max;
+}
+
 }  // namespace
 
 int64_t favor_causal(const AttentionParams& p, const Config& config) {
@@ -153,7 +161,10 @@ int64_t favor_causal(const AttentionParams& p, const Config& config) {
     return for_each_head(plan, spaces, [&](int64_t bh, ChunkWorkspace& ws) {
       HeadState state = ws.state();
       initial_state(p, bh, state);
-      return sweep(p, chunk, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
+      const int64_t zero_rows =
+          sweep(p, chunk, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
+      final_state(p, bh, state);
+      return zero_rows;
     });
   }
 
@@ -185,6 +196,7 @@ int64_t favor_causal(const AttentionParams& p, const Config& config) {
       }
       published.publish(task, state);
       zero_rows += sweep(p, chunk, b, h, bounds[seg], bounds[seg + 1], state.max, ws);
+      if (seg + 1 == plan.parts) final_state(p, bh, state);
     }
   }
   return zero_rows;

@@ -150,9 +150,10 @@ void backward_over_heads(int64_t heads, int threads, RunHead run_head, const Arg
 }
 
 /// Threads for a decoder's loop over `heads` heads of `work` flops each: one thread below
-/// ~50k flops in all, where the cost of a parallel region (~a microsecond) would dominate.
-inline int threads_for(int64_t heads, double work, int threads) {
-  if (heads < 2 || work * double(heads) < 5e4) return 1;
+/// min_total flops in all (default ~50k), where the cost of a parallel region (~a
+/// microsecond) would dominate.
+inline int threads_for(int64_t heads, double work, int threads, double min_total = 5e4) {
+  if (heads < 2 || work * double(heads) < min_total) return 1;
   return static_cast<int>(std::min<int64_t>(threads, heads));
 }
 

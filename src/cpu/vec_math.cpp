@@ -189,6 +189,69 @@ void TransposedMatvec(const float* S, const float* phi, int64_t F, int64_t dv, f
   for (int64_t f = 0; f < F; ++f) Axpy(phi[f], S + f * dv, y, dv);
 }
 
+// Columns [i, i + R lanes) of UpdateAndRead, and with them (tail > 0) the `tail` columns
+// after them through Axpy's own scalar loop (the same rounding as TransposedMatvec's tail):
+// one sweep over the rows for both.
+template <int R>
+HWY_INLINE void UpdateAndReadBlock(float* S, const float* phi_k, const float* vx,
+                                   const float* phi_q, int64_t F, int64_t dv, int64_t i,
+                                   int64_t tail, float* y) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  using V = decltype(hn::Zero(d));
+  V acc[R > 0 ? R : 1], v[R > 0 ? R : 1];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = hn::Zero(d);
+    v[r] = hn::LoadU(d, vx + i + r * lanes);
+  }
+  const int64_t t0 = i + R * lanes;
+  for (int64_t x = t0; x < t0 + tail; ++x) y[x] = 0.0f;
+  for (int64_t f = 0; f < F; ++f) {
+    float* row = S + f * dv + i;
+    const auto ck = hn::Set(d, phi_k[f]), cq = hn::Set(d, phi_q[f]);
+    for (int r = 0; r < R; ++r) {
+      const auto s = hn::MulAdd(ck, v[r], hn::LoadU(d, row + r * lanes));
+      hn::StoreU(s, d, row + r * lanes);
+      acc[r] = hn::MulAdd(cq, s, acc[r]);
+    }
+    if (tail > 0) {
+      Axpy(phi_k[f], vx + t0, S + f * dv + t0, tail);
+      Axpy(phi_q[f], S + f * dv + t0, y + t0, tail);
+    }
+  }
+  for (int r = 0; r < R; ++r) hn::StoreU(acc[r], d, y + i + r * lanes);
+}
+
+// The same Axpy per row as Rank1Update then TransposedMatvec (the same bits), with the row
+// S_f kept in registers between its update and its read: S is read and written once (up to
+// 4 vectors of y in registers per sweep, the scalar tail in the last sweep).
+void UpdateAndRead(float* S, const float* phi_k, const float* vx, const float* phi_q, int64_t F,
+                   int64_t dv, float* y) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t vectors = dv / lanes, tail = dv - vectors * lanes;
+  int64_t left = vectors, i = 0;
+  for (; left > 4; left -= 4, i += 4 * lanes)
+    UpdateAndReadBlock<4>(S, phi_k, vx, phi_q, F, dv, i, 0, y);
+  switch (left) {
+    case 4:
+      UpdateAndReadBlock<4>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
+      break;
+    case 3:
+      UpdateAndReadBlock<3>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
+      break;
+    case 2:
+      UpdateAndReadBlock<2>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
+      break;
+    case 1:
+      UpdateAndReadBlock<1>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
+      break;
+    default:
+      UpdateAndReadBlock<0>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
+      break;
+  }
+}
+
 void SinCosScaled(const float* a, float mult, float* out_sin, float* out_cos, int64_t n) {
   // Highway's Sin/Cos hold 3 ulp on [-39000, 39000]; outside it use libm.
   constexpr float kRange = 39000.0f;
@@ -225,6 +288,7 @@ HWY_EXPORT(Dot);
 HWY_EXPORT(SumValues);
 HWY_EXPORT(Rank1Update);
 HWY_EXPORT(TransposedMatvec);
+HWY_EXPORT(UpdateAndRead);
 
 void exp_affine(const float* in, float sign, float offset, float* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(ExpAffine)(in, sign, offset, out, n);
@@ -266,6 +330,10 @@ void rank1_update(float* S, const float* phi, const float* v, int64_t F, int64_t
 }
 void transposed_matvec(const float* S, const float* phi, int64_t F, int64_t dv, float* y) {
   HWY_DYNAMIC_DISPATCH(TransposedMatvec)(S, phi, F, dv, y);
+}
+void update_and_read(float* S, const float* phi_k, const float* vx, const float* phi_q, int64_t F,
+                     int64_t dv, float* y) {
+  HWY_DYNAMIC_DISPATCH(UpdateAndRead)(S, phi_k, vx, phi_q, F, dv, y);
 }
 std::string simd_target() {
   const auto targets = hwy::SupportedAndGeneratedTargets();

@@ -33,6 +33,11 @@ float dot(const float* a, const float* b, int64_t n);
 void rank1_update(float* S, const float* phi, const float* v, int64_t F, int64_t dv);
 /// y[:] = sum_f phi[f] * S[f, :] (S is F x dv): y = S^T phi.
 void transposed_matvec(const float* S, const float* phi, int64_t F, int64_t dv, float* y);
+/// S[f, :] += phi_k[f] * vx[:], then y[:] += phi_q[f] * S[f, :], for f < F in order (S is
+/// F x dv, y starts at zero): rank1_update then transposed_matvec, the same bits, with S
+/// read and written once.
+void update_and_read(float* S, const float* phi_k, const float* vx, const float* phi_q, int64_t F,
+                     int64_t dv, float* y);
 /// Name of the SIMD target chosen on this machine, e.g. "AVX3".
 std::string simd_target();
 

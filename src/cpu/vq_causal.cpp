@@ -93,6 +93,8 @@ int64_t head(const VQParams& p, int64_t b, int64_t h, const float* codebook, con
     for (int64_t s = 0; s < c; ++s) ws.count[s] = state[s * ld + a.dv];
     log_or_neg_inf(ws.count.data(), ws.log_n.data(), c);
   }
+  if (p.final_states)  // the decoder's prefill keeps the state
+    std::copy(state, state + c * ld, p.final_states + (b * a.heads + h) * c * ld);
   return zero_rows;
 }
 

@@ -13,6 +13,7 @@ namespace favor::cpu {
 
 using kernels::VQDecoderAppend;
 using kernels::VQDecoderQuery;
+using kernels::VQDecoderStep;
 
 /// The CPU's prepared codebook: one code table per codebook head.
 struct PreparedCodes final : kernels::PreparedCodebook {
@@ -25,5 +26,7 @@ std::shared_ptr<const kernels::PreparedCodebook> prepare_codebook(const float* c
                                                                   int64_t d);
 void vq_decoder_append(const VQDecoderAppend& p, const Config& config);
 void vq_decoder_query(const VQDecoderQuery& p, const Config& config);
+/// The fused step (cpu/vq_decoder_fused_step.cpp).
+void vq_decoder_step(const VQDecoderStep& p, const Config& config);
 
 }  // namespace favor::cpu

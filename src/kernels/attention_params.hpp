@@ -45,6 +45,11 @@ struct AttentionParams {
   // is skipped); causal, the state of the keys before key 0 (the earlier ranks' keys).
   const float* init_states = nullptr;
   const double* init_maxima = nullptr;
+  // Causal forward: if set, each head's [S | s] after its last key (B*H x F x (dv + 1)) and
+  // its max are written here, read by the decoder's prefill; may be init_states/init_maxima
+  // (a head's initial state is read before its final state is written).
+  float* final_states = nullptr;
+  double* final_maxima = nullptr;
   // Causal backward with decay gradients: the distance state of the keys before key 0,
   // sum_{j < 0} (0 - j) phi(k_j) [v_j | 1] relative to init_maxima (B*H x F x (dv + 1)).
   const float* init_distance = nullptr;

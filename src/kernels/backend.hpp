@@ -101,6 +101,7 @@ class Backend {
   /// One step of a streaming FAVOR decoder (kernels/decoder_params.hpp).
   virtual void decoder_append(const DecoderAppend& p) = 0;
   virtual void decoder_query(const DecoderQuery& p) = 0;
+  virtual void decoder_step(const DecoderStep& p) = 0;
   /// Codebook learning (kernels/codebook_params.hpp): a k-means run (codes <= the keys of
   /// every group), an EMA step (returns the codes re-seeded), sum_j |k_j - C_z|^2 over the
   /// keys in double, and that sum from the float differences with dk = grad (k - C_z)
@@ -116,6 +117,7 @@ class Backend {
                                                                       int64_t d) = 0;
   virtual void vq_decoder_append(const VQDecoderAppend& p) = 0;
   virtual void vq_decoder_query(const VQDecoderQuery& p) = 0;
+  virtual void vq_decoder_step(const VQDecoderStep& p) = 0;
 };
 
 /// The backend the facades call. One entry today: the CPU (src/cpu/backend.cpp), with

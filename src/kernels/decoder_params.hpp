@@ -3,6 +3,7 @@
 // The state is, per head bh = b * heads + h, [S | s] (features x (dv + 1)) relative to
 // exp(log_max[bh]). The facade (src/decoder.cpp) validates and fills; kernels never throw.
 #include <cstdint>
+#include <vector>
 
 #include "kernels/attention_params.hpp"
 
@@ -25,6 +26,21 @@ struct DecoderQuery {
   AttentionParams step;  // batch, heads, d, dv, map, q, nq, out
   const float* wt;       // [map.w_sets][d][m]
   const float* sums;     // [B*H][F][dv + 1]
+};
+
+/// One fused decode step (Decoder::step): appends one token per row, step.k and step.v
+/// (nk = 1; step.mask [B, 1]: a masked row's state is left as it was), then attends
+/// step.q (nq = 1) to the state after it, into step.out: append then query in one pass.
+/// The workspace vectors belong to the caller (the decoder) and are grown, never shrunk,
+/// before any parallel region: a step allocates nothing once they have their size.
+struct DecoderStep {
+  AttentionParams step;          // batch, heads, d, dv, map, q, k, v, out, mask
+  const float* wt;               // [map.w_sets][d][m]
+  float* sums;                   // [B*H][F][dv + 1]
+  double* log_max;               // [B*H]
+  const int64_t* row_positions;  // [B]: each row's kept tokens before the step
+  std::vector<float>* workspace;
+  std::vector<double>* workspace_d;
 };
 
 }  // namespace favor::kernels

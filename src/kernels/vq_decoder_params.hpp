@@ -4,6 +4,7 @@
 // sums_s (dv) and the count n_s of the keys assigned to s (soft VQ: both weighted by
 // p(s|k)). The facade (src/vq_decoder.cpp) validates and fills; kernels never throw.
 #include <cstdint>
+#include <vector>
 
 #include "kernels/vq_params.hpp"
 
@@ -34,6 +35,18 @@ struct VQDecoderQuery {
   VQParams step;       // base: batch, heads, d, dv, q, nq, out; codebook, codes, scale
   const float* sums;   // [B*H][c][dv]
   const float* counts; // [B*H][c]
+};
+
+/// One fused step (VQDecoder::step): appends one token per row, step.base.k and step.base.v
+/// (nk = 1; step.base.mask [B, 1]: a masked row adds nothing), then attends step.base.q
+/// (nq = 1) to the state after it, into step.base.out. The workspace belongs to the caller
+/// (grown, never shrunk).
+struct VQDecoderStep {
+  VQParams step;  // base: batch, heads, d, dv, q, k, v, out, mask; codebook, codes, scale, tau
+  const PreparedCodebook* prepared;
+  float* sums;    // [B*H][c][dv]
+  float* counts;  // [B*H][c]
+  std::vector<float>* workspace;
 };
 
 }  // namespace favor::kernels

@@ -21,6 +21,9 @@ struct VQParams {
   // skipped); causal, of the keys before key 0 (the earlier ranks' keys). Plain sums of key
   // weights in [0, 1]: no stabiliser.
   const float* init_states = nullptr;
+  // Causal: if set, each head's [Vsum | n] after its last key (B*H x c x (dv + 1)), read by
+  // VQDecoder::prefill; may be init_states (a head reads its initial state first).
+  float* final_states = nullptr;
 
   const float* head_codebook(int64_t bh) const {
     return codebook + (bh % base.heads) * codebook_head_stride;

@@ -2,16 +2,38 @@
 (a fixed-size favor.torch.Decoder or VQDecoder) instead of keys and values: generate()'s
 memory does not grow with the generated length.
 
-The prompt runs through the chunked causal kernel (the layer's favor_core), whose keys
-and values are then appended to a fresh decoder state (left padding: padded keys are
-masked out); every later token appends its key and value and queries the state. Beam
+The prompt runs through the chunked causal kernel: on CPU tensors, favor.torch.Decoder's
+prefill (causal attention that leaves the decoder's state, key features computed once);
+otherwise the layer's favor_core, whose keys and values are then appended to a fresh
+decoder state (left padding: padded keys are masked out). Every later token is one fused
+step (Decoder.step: append its key and value, query the state) on the CPU, append then
+query elsewhere. Beam
 search reorders the state by batch index (reorder_cache -> Decoder.select).
 """
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .. import _core
+from ..ops._tensors import backend
+from ..torch.favor_core import FavorCore
 from .attention import hand_over
+
+
+def _no_grad(q):
+    return not (torch.is_grad_enabled() and q.requires_grad)
+
+
+def _prefills(core, q):
+    """Whether the prompt goes through favor.torch.Decoder.prefill: a FAVOR core (VQ has no
+    prefill) on the CPU path, without autograd."""
+    return (isinstance(core, FavorCore) and core.method == "favor"
+            and backend(q, "q", core.backend) == "cpu" and _no_grad(q))
+
+
+def _steps(decoder, q):
+    """Whether a token goes through the decoder's fused step: on the CPU path (the device
+    paths append and query), without autograd."""
+    return backend(q, "q", getattr(decoder, "backend", None)) == "cpu" and _no_grad(q)
 
 
 class FavorCacheLayer(CacheLayerMixin):
@@ -47,19 +69,27 @@ class FavorCacheLayer(CacheLayerMixin):
             if self.length != t:
                 raise _core.Error("cache: a FavorCache layer starts at the prompt; this one "
                                   f"saw {self.length - t} tokens without a state")
-            y = core(q, k, v, key_padding_mask=None if new is None else ~new, causal=True)
+            pad = None if new is None else ~new
+            if _prefills(core, q):  # causal attention and the decoder's state in one sweep
+                core.prepare(k, pad)
+                self.decoder = core.decoder(q.shape[0])
+                y = self.decoder.prefill(q, k, v, key_mask=new)
+                core.learn(k, pad)
+                return y
+            y = core(q, k, v, key_padding_mask=pad, causal=True)
             self.decoder = core.decoder(q.shape[0])
             self.decoder.append(k.detach(), v.detach(), key_mask=new)
             return y
-        if t == 1:
-            self.decoder.append(k, v, key_mask=new)
-            return self.decoder.query(q).to(q.device)
         rows = []
-        for i in range(t):  # several tokens after the prompt: one at a time
-            self.decoder.append(k[:, :, i:i + 1], v[:, :, i:i + 1],
-                                key_mask=None if new is None else new[:, i:i + 1])
-            rows.append(self.decoder.query(q[:, :, i:i + 1]))
-        return torch.cat(rows, dim=2).to(q.device)
+        for i in range(t):  # one token at a time (several after the prompt: each in turn)
+            ki, vi, qi = k[:, :, i:i + 1], v[:, :, i:i + 1], q[:, :, i:i + 1]
+            keep_i = None if new is None else new[:, i:i + 1]
+            if _steps(self.decoder, q):
+                rows.append(self.decoder.step(qi, ki, vi, key_mask=keep_i))
+            else:
+                self.decoder.append(ki, vi, key_mask=keep_i)
+                rows.append(self.decoder.query(qi))
+        return (rows[0] if t == 1 else torch.cat(rows, dim=2)).to(q.device)
 
     def get_mask_sizes(self, query_length):
         return self.length + query_length, 0

@@ -31,6 +31,21 @@ class _Streaming:
         y = T.tensor(self._d.query(T.view(T.as_float32(q, "q").cpu())))
         return y if q.device.type == "cpu" else y.to(q.device)
 
+    def step(self, q, k, v, key_mask=None):
+        """One decode step of every row: append(k, v, key_mask) then query(q) (q/k
+        [B, H, 1, D], v [B, H, 1, Dv], key_mask [B, 1]) in one fused C++ pass."""
+        T.follow_torch_threads()
+        y = T.tensor(self._d.step(*_cpu_views(q, k, v), key_mask=_keep(key_mask)))
+        return y if q.device.type == "cpu" else y.to(q.device)
+
+    def prefill(self, q, k, v, key_mask=None):
+        """Causal attention over a prompt q, k [B, H, T, D], v [B, H, T, Dv] from the current
+        state -> [B, H, T, Dv], leaving the state append(k, v, key_mask) leaves: one C++ call
+        that computes the key features (VQ: codes) once."""
+        T.follow_torch_threads()
+        y = T.tensor(self._d.prefill(*_cpu_views(q, k, v), key_mask=_keep(key_mask)))
+        return y if q.device.type == "cpu" else y.to(q.device)
+
     def reset(self):
         self._d.reset()
 
@@ -95,6 +110,29 @@ class Decoder(_Streaming):
                                 fit=fit_for(fit, kernel, projection.d, (batch, heads)))
 
     projection = property(lambda self: self._d.projection)
+
+    def step(self, q, k, v, key_mask=None):
+        """One decode step of every row: append(k, v, key_mask) then query(q) (q/k
+        [B, H, 1, D], v [B, H, 1, Dv], key_mask [B, 1]); on the CPU in one fused C++ pass
+        (Decoder::step), on another device the two calls."""
+        if self._device_state(q) is not None:
+            self.append(k, v, key_mask)
+            return self.query(q)
+        return super().step(q, k, v, key_mask)
+
+    def prefill(self, q, k, v, key_mask=None):
+        """Causal attention over a prompt q, k [B, H, T, D], v [B, H, T, Dv] from the
+        current state -> [B, H, T, Dv], leaving the state append(k, v, key_mask) leaves; on
+        the CPU one C++ call that computes the key features once (Decoder::prefill), on
+        another device append and query token by token."""
+        if self._device_state(q) is not None:
+            rows = []
+            for i in range(q.shape[2]):
+                self.append(k[:, :, i:i + 1], v[:, :, i:i + 1],
+                            None if key_mask is None else key_mask[:, i:i + 1])
+                rows.append(self.query(q[:, :, i:i + 1]))
+            return torch.cat(rows, dim=2)
+        return super().prefill(q, k, v, key_mask)
 
     # A non-CPU path (tensors on another device, or backend 'torch' / 'triton') moves the
     # state into tensors on that device and runs favor::decode_step's torch path there
@@ -164,6 +202,18 @@ class Decoder(_Streaming):
 
     position = property(lambda self: self._on_device.position if self._on_device is not None
                         else self._d.position, doc="tokens appended so far")
+
+
+def _cpu_views(q, k, v):
+    """float32 CPU views of a step's q, k, v for the C++ decoder."""
+    return (T.view(T.as_float32(q, "q").cpu()), T.view(T.as_float32(k, "k").cpu()),
+            T.view(T.as_float32(v, "v").cpu()))
+
+
+def _keep(key_mask):
+    """A key mask as the C++ decoder takes it (a bool array; None: every token)."""
+    return key_mask.detach().cpu().ne(0).numpy() if isinstance(key_mask, torch.Tensor) \
+        else key_mask
 
 
 class _DeviceState:

@@ -5,7 +5,8 @@ float32 ([S | s] relative to exp(log_max)), log_max [B, H] float64, row_position
 (each row's decay clock), position [1] int64. The op is functional: it returns a new state
 and leaves its inputs as they were, so a compiled or exported generation loop can carry the
 state as tensors (a Hugging Face cache, a device move). One token per step (T = 1) gives
-row i of causal attention after tokens 0..i; with T > 1 every query reads the state after
+row i of causal attention after tokens 0..i (on the CPU one fused C++ pass,
+Decoder::step); with T > 1 every query reads the state after
 all T appends (prefill with causal attention, then append).
 """
 from typing import Optional, Tuple
@@ -49,8 +50,11 @@ def decode_step_op(sums: Tensor, log_max: Tensor, row_positions: Tensor, positio
     dec.load_state(sums=T.array(sums), log_max=T.array(log_max),
                    row_positions=T.array(row_positions), position=int(position[0]))
     keep = None if key_mask is None else T.array(key_mask.to(torch.bool))
-    dec.append(T.view(k), T.view(v), key_mask=keep)
-    y = T.tensor(dec.query(T.view(q)))
+    if q.shape[2] == 1 and k.shape[2] == 1:  # one token: the fused step (Decoder::step)
+        y = T.tensor(dec.step(T.view(q), T.view(k), T.view(v), key_mask=keep))
+    else:
+        dec.append(T.view(k), T.view(v), key_mask=keep)
+        y = T.tensor(dec.query(T.view(q)))
     st = dec.state()
     return (y, T.tensor(st["sums"]), T.tensor(st["log_max"]), T.tensor(st["row_positions"]),
             torch.tensor([st["position"]], dtype=torch.int64))
