@@ -132,7 +132,7 @@ def test_call_records(doc):
     assert {(r["causal"], r["n"]) for r in calls} == {(c, n) for c in (False, True)
                                                       for n in (1, 8)}
     for r in calls:
-        assert r["shape"] == [1, 1, r["n"], 64]
+        assert r["shape"] == [1, 8, r["n"], 64]  # --call-heads 8
         for impl in CALL_IMPLS:
             assert r[impl + "_us"] > 0 and r[impl + "_min_us"] <= r[impl + "_us"]
         assert r["torch_overhead_us"] == pytest.approx(r["torch_us"] - r["cpp_us"])
