@@ -284,7 +284,6 @@ void run(ByteReader& in) {
        " kernel=" + favor::to_string(o.kernel) + " m=" + std::to_string(m));
 
   const std::optional<double> scale = o.scale;
-  favor::Kernel kernel = o.kernel;  // of the map in ops 1 and 4
   const auto outputs_bounded = [&] { return tame(check, scale, D, kOutputBound); };
   // FAVOR++ / FAVOR# gradients are checked causal and not (R overflowed where a key sum is
   // tiny: fixed, regressions/attention/favorsharp_backward_dk_nan.bin and
@@ -309,7 +308,6 @@ void run(ByteReader& in) {
       favor::FeatureMap map(make_projection(in, m, D, check),
                             in.flag() ? favor::Kernel::hedgehog : o.kernel);
       map.scale = o.scale;
-      kernel = map.kernel;
       o.kernel = favor::Kernel::positive;
       o.scale.reset();
       const uint8_t sets = in.below(4);
