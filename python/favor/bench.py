@@ -314,7 +314,7 @@ def main(argv=None):
           f"(1 warm-up); fwd under torch.no_grad(); overhead: best of interleaved rounds")
     print(f"sdpa section: {bench_sdpa.SDPA_NAME} ({meta.get('sdpa_kernels')}); medians of "
           f"up to {args.repeats} runs totalling {args.point_seconds:g} s; call section: "
-          f"[1, 1, N, {DIM}], medians of {args.call_rounds} interleaved rounds; load average "
+          f"[1, {args.call_heads}, N, {DIM}], medians of {args.call_rounds} interleaved rounds; load average "
           f"{meta['loadavg_start']} at the start, {meta['loadavg_end']} at the end\n")
     print(tables(doc))
 

@@ -111,7 +111,8 @@ void chunk_kernel_matrix(int64_t rows, bool moved, ChunkWorkspace& ws) {
   }
 }
 
-void chunk_output(int64_t rows, double state_max, bool moved, ChunkWorkspace& ws) {
+void chunk_output(int64_t rows, double state_max, bool moved, ChunkWorkspace& ws,
+                  bool empty_state) {
   const int64_t F = ws.F, ldq = ws.ldq(), ldv = ws.dv + 1;
   if (moved) {
     for (int64_t i = 0; i < rows; ++i) {
@@ -119,6 +120,11 @@ void chunk_output(int64_t rows, double state_max, bool moved, ChunkWorkspace& ws
       float* phi = ws.qg.data() + i * ldq;
       for (int64_t x = 0; x < F; ++x) phi[x] *= f;
     }
+  }
+  if (empty_state) {  // G [V_c | 1] alone: the state's rows are zero
+    gemm(false, false, rows, ldv, rows, 1.0f, ws.qg.data() + F, ldq, ws.sv.data() + F * ldv, ldv,
+         0.0f, ws.yx.data(), ldv);
+    return;
   }
   gemm(false, false, rows, ldv, F + rows, 1.0f, ws.qg.data(), ldq, ws.sv.data(), ldv, 0.0f,
        ws.yx.data(), ldv);

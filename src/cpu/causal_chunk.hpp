@@ -59,7 +59,10 @@ void chunk_kernel_matrix(int64_t rows, bool moved, ChunkWorkspace& ws);
 
 /// [num | den] of the chunk into ws.yx: [phi(Q_c) | G] [S | s ; V_c | 1] in one GEMM, the
 /// state read by row i at scale exp(M_{<c} - M_i) (phi(Q_c) rows are scaled in place).
-void chunk_output(int64_t rows, double state_max, bool moved, ChunkWorkspace& ws);
+/// empty_state: no key before the chunk ([S | s] = 0, which need not be stored): only
+/// G [V_c | 1].
+void chunk_output(int64_t rows, double state_max, bool moved, ChunkWorkspace& ws,
+                  bool empty_state = false);
 
 /// Adds the chunk's keys to the state, relative to the chunk's last running max.
 void chunk_state_update(int64_t rows, bool moved, HeadState& state, const float* vx,

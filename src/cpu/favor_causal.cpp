@@ -65,19 +65,26 @@ int64_t sweep(const AttentionParams& p, int64_t chunk, int64_t b, int64_t h, int
   int64_t zero_rows = 0;
   const int64_t bh = b * p.heads + h;
   const bool save = p.ctx_chunk_states != nullptr;
+  // The state after `end` is read by a context or a decoder's prefill (final_states) only:
+  // otherwise the last chunk does not update it (a short call's one chunk never does).
+  const bool keep = save || p.final_states != nullptr;
   for (int64_t c0 = begin; c0 < end; c0 += chunk) {
     const int64_t rows = std::min(chunk, end - c0);
     if (save) save_state(p, bh, c0 / kChunk, state);
     load_chunk(p, b, h, c0, rows, vx, ws);
+    const bool empty = std::isinf(state.max);  // no key before the chunk: [S | s] = 0
     const bool moved = chunk_key_features(p, rows, state.max, ws);
-    state.copy_normaliser(ws.s.data());
+    if (empty)
+      std::fill(ws.s.begin(), ws.s.end(), 0.0f);
+    else
+      state.copy_normaliser(ws.s.data());
     chunk_query_features(p, rows, ws.s.data(), state.max, ws);
     chunk_kernel_matrix(rows, moved, ws);
-    chunk_output(rows, state.max, moved, ws);
+    chunk_output(rows, state.max, moved, ws, empty);
     if (save) std::copy_n(ws.yx.data(), rows * (dv + 1), p.ctx_rows + (bh * p.nq + c0) * (dv + 1));
     zero_rows += write_rows(ws.yx.data(), rows, dv, oh + c0 * p.out_strides[2], p.out_strides[2],
                             p.out_strides[3]);
-    chunk_state_update(rows, moved, state, vx, ws);
+    if (keep || c0 + rows < end) chunk_state_update(rows, moved, state, vx, ws);
   }
   if (save && end == p.nq) save_state(p, bh, kernels::causal_chunks(p.nq), state);
   max = state.max;
@@ -160,7 +167,10 @@ int64_t favor_causal(const AttentionParams& p, const Config& config) {
   if (plan.parts == 1) {
     return for_each_head(plan, spaces, [&](int64_t bh, ChunkWorkspace& ws) {
       HeadState state = ws.state();
-      initial_state(p, bh, state);
+      if (p.nq <= chunk && !p.init_states && !p.ctx_chunk_states && !p.final_states)
+        state.max = -INFINITY;  // one chunk from no state, none kept: [S | s] is never touched
+      else
+        initial_state(p, bh, state);
       const int64_t zero_rows =
           sweep(p, chunk, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
       final_state(p, bh, state);
