@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/feature_map_params.hpp"
+#include "core/params.hpp"
 #include "core/validate.hpp"
 #include "favor/error.hpp"
 #include "kernels/backend.hpp"
@@ -114,38 +115,13 @@ Tensor Decoder::query(TensorView q) const {
 
 void Decoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
                    const std::optional<KeyMaskView>& key_mask) {
-  detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
-  detail::check_step(k, batch_, heads_, w_.d(), "k", "D");
-  detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
-  for (const auto& [t, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}}) {
-    if (t.shape[2] != 1) {
-      throw Error(std::string(name) + " " + shape_string(t.shape) +
-                  ": a step takes one token per row (T = 1)");
-    }
-  }
-  if (key_mask) detail::check_key_mask(*key_mask, batch_, 1, "T");
-  detail::check_output(out, {batch_, heads_, 1, dv_}, "out", {q, k, v});
+  detail::check_decode_step(q, k, v, out, key_mask, batch_, heads_, w_.d(), dv_);
   kernels::DecoderStep ds{};
   kernels::AttentionParams& p = ds.step;
-  p.q = q.data;
-  p.q_strides = q.strides;
-  p.k = k.data;
-  p.k_strides = k.strides;
-  p.v = v.data;
-  p.v_strides = v.strides;
+  p = detail::attention_params(q, k, v, {batch_, heads_, 1, 1, w_.d(), dv_}, 1.0, key_mask);
   p.out = out.data;
   p.out_strides = out.strides;
-  p.batch = batch_;
-  p.heads = heads_;
-  p.nq = p.nk = 1;
-  p.d = w_.d();
-  p.dv = dv_;
   p.map = map_->params();
-  if (key_mask) {
-    p.mask = key_mask->data;
-    p.mask_stride_b = key_mask->stride_b;
-    p.mask_stride_n = key_mask->stride_n;
-  }
   ds.wt = wt_.data();
   ds.sums = S_.data();
   ds.log_max = max_.data();
@@ -207,26 +183,11 @@ void Decoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorVie
   };
   const int64_t BH = batch_ * heads_;
   for (int64_t bh = 0; bh < BH; ++bh) max_[size_t(bh)] -= shift(bh);
-  kernels::AttentionParams p{};
-  p.q = q.data;
-  p.q_strides = q.strides;
-  p.k = k.data;
-  p.k_strides = k.strides;
-  p.v = v.data;
-  p.v_strides = v.strides;
+  kernels::AttentionParams p =
+      detail::attention_params(q, k, v, {batch_, heads_, T, T, w_.d(), dv_}, 1.0, key_mask);
   p.out = out.data;
   p.out_strides = out.strides;
-  p.batch = batch_;
-  p.heads = heads_;
-  p.nq = p.nk = T;
-  p.d = w_.d();
-  p.dv = dv_;
   p.map = fp;
-  if (key_mask) {
-    p.mask = key_mask->data;
-    p.mask_stride_b = key_mask->stride_b;
-    p.mask_stride_n = key_mask->stride_n;
-  }
   p.init_states = S_.data();
   p.init_maxima = max_.data();
   if (!append_state) {

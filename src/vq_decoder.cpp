@@ -125,17 +125,7 @@ Tensor VQDecoder::query(TensorView q) const {
 
 void VQDecoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
                      const std::optional<KeyMaskView>& key_mask) {
-  detail::check_step(q, batch_, heads_, d_, "q", "D");
-  detail::check_step(k, batch_, heads_, d_, "k", "D");
-  detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
-  for (const auto& [t, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}}) {
-    if (t.shape[2] != 1) {
-      throw Error(std::string(name) + " " + shape_string(t.shape) +
-                  ": a step takes one token per row (T = 1)");
-    }
-  }
-  if (key_mask) detail::check_key_mask(*key_mask, batch_, 1, "T");
-  detail::check_output(out, {batch_, heads_, 1, dv_}, "out", {q, k, v});
+  detail::check_decode_step(q, k, v, out, key_mask, batch_, heads_, d_, dv_);
   kernels::VQDecoderStep ds{};
   ds.step = step_params(batch_, heads_, d_, dv_, codebook_, codes_, cb_heads_,
                         static_cast<float>(scale_), static_cast<float>(options_.tau));

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "favor/error.hpp"
 
@@ -105,6 +106,22 @@ void check_step(const TensorView& t, int64_t batch, int64_t heads, int64_t dim,
                 std::to_string(dim) + ']');
   }
   check_finite(t, name);
+}
+
+void check_decode_step(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const MutableTensorView& out, const std::optional<KeyMaskView>& key_mask,
+                       int64_t batch, int64_t heads, int64_t d, int64_t dv) {
+  check_step(q, batch, heads, d, "q", "D");
+  check_step(k, batch, heads, d, "k", "D");
+  check_step(v, batch, heads, dv, "v", "Dv");
+  for (const auto& [t, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}}) {
+    if (t.shape[2] != 1) {
+      throw Error(std::string(name) + " " + shape_string(t.shape) +
+                  ": a step takes one token per row (T = 1)");
+    }
+  }
+  if (key_mask) check_key_mask(*key_mask, batch, 1, "T");
+  check_output(out, {batch, heads, 1, dv}, "out", {q, k, v});
 }
 
 void check_output(const MutableTensorView& out, const Shape4& expected, const std::string& name,

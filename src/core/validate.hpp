@@ -23,6 +23,11 @@ void check_output(const MutableTensorView& out, const Shape4& expected, const st
 /// dim_name names the last extent in the message ("D", "Dv").
 void check_step(const TensorView& t, int64_t batch, int64_t heads, int64_t dim,
                 const std::string& name, const std::string& dim_name);
+/// The inputs of a decoder's fused step (Decoder::step, VQDecoder::step): q and k
+/// [B, H, 1, d], v [B, H, 1, dv], one token per row, the mask [B, 1], out [B, H, 1, dv].
+void check_decode_step(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const MutableTensorView& out, const std::optional<KeyMaskView>& key_mask,
+                       int64_t batch, int64_t heads, int64_t d, int64_t dv);
 /// A key mask [batch, n] (n_name names n in the message: "Nk", "T"): non-null data when
 /// n > 0, non-negative strides.
 void check_key_mask(const KeyMaskView& mask, int64_t batch, int64_t n, const char* n_name);

@@ -101,6 +101,7 @@ int64_t attend_head(const AttentionParams& p, int64_t b, int64_t h, const HeadRo
       for (int64_t f = 0; f < m; ++f) a[r * m + f] += bias[f];
   }
   double max = -INFINITY;  // the key stabiliser: the max of the one tile
+  // half_norm2 of a key row becomes its log weight g (map.key_log_weight), as KeyTile::g.
   for (int64_t r = 0; r < rows.keys; ++r) {
     const int64_t row = rows.first + r;
     ws.half_norm2[row] =
