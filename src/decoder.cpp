@@ -144,16 +144,8 @@ Tensor Decoder::step(TensorView q, TensorView k, TensorView v,
 
 void Decoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorView out,
                       const std::optional<KeyMaskView>& key_mask) {
-  detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
-  detail::check_step(k, batch_, heads_, w_.d(), "k", "D");
-  detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
-  const int64_t T = q.shape[2];
-  if (k.shape[2] != T || v.shape[2] != T) {
-    throw Error("q " + shape_string(q.shape) + ", k " + shape_string(k.shape) + ", v " +
-                shape_string(v.shape) + ": same token count T");
-  }
-  if (key_mask) detail::check_key_mask(*key_mask, batch_, T, "T");
-  detail::check_output(out, {batch_, heads_, T, dv_}, "out", {q, k, v});
+  const int64_t T =
+      detail::check_decode_prefill(q, k, v, out, key_mask, batch_, heads_, w_.d(), dv_);
   const kernels::FeatureParams fp = map_->params();
   // Each row's leading masked tokens (left padding) and whether a masked token follows a
   // kept one (a hole).

@@ -124,6 +124,23 @@ void check_decode_step(const TensorView& q, const TensorView& k, const TensorVie
   check_output(out, {batch, heads, 1, dv}, "out", {q, k, v});
 }
 
+int64_t check_decode_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const MutableTensorView& out,
+                             const std::optional<KeyMaskView>& key_mask, int64_t batch,
+                             int64_t heads, int64_t d, int64_t dv) {
+  check_step(q, batch, heads, d, "q", "D");
+  check_step(k, batch, heads, d, "k", "D");
+  check_step(v, batch, heads, dv, "v", "Dv");
+  const int64_t T = q.shape[2];
+  if (k.shape[2] != T || v.shape[2] != T) {
+    throw Error("q " + shape_string(q.shape) + ", k " + shape_string(k.shape) + ", v " +
+                shape_string(v.shape) + ": same token count T");
+  }
+  if (key_mask) check_key_mask(*key_mask, batch, T, "T");
+  check_output(out, {batch, heads, T, dv}, "out", {q, k, v});
+  return T;
+}
+
 void check_output(const MutableTensorView& out, const Shape4& expected, const std::string& name,
                   std::initializer_list<TensorView> inputs) {
   if (out.shape != expected) {

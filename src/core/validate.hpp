@@ -28,6 +28,12 @@ void check_step(const TensorView& t, int64_t batch, int64_t heads, int64_t dim,
 void check_decode_step(const TensorView& q, const TensorView& k, const TensorView& v,
                        const MutableTensorView& out, const std::optional<KeyMaskView>& key_mask,
                        int64_t batch, int64_t heads, int64_t d, int64_t dv);
+/// The inputs of a decoder's prefill (Decoder::prefill, VQDecoder::prefill): q and k
+/// [B, H, T, d], v [B, H, T, dv] with one T, the mask [B, T], out [B, H, T, dv]; returns T.
+int64_t check_decode_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const MutableTensorView& out,
+                             const std::optional<KeyMaskView>& key_mask, int64_t batch,
+                             int64_t heads, int64_t d, int64_t dv);
 /// A key mask [batch, n] (n_name names n in the message: "Nk", "T"): non-null data when
 /// n > 0, non-negative strides.
 void check_key_mask(const KeyMaskView& mask, int64_t batch, int64_t n, const char* n_name);

@@ -4,7 +4,6 @@
 // acc = acc e^{mx-mx_new} + p V (GEMM). Memory O(threads * block^2), never N x N.
 #include "cpu/exact_attention.hpp"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -148,29 +147,11 @@ int64_t run(const AttentionParams& p, bool causal, int max_threads) {
   const int threads =
       static_cast<int>(std::min<int64_t>(flops < kSerialFlops ? 1 : max_threads, items));
   auto lease = lend_workspaces<Workspace<T>>(threads, p.d, p.dv);
-  std::vector<Workspace<T>>& spaces = lease.spaces();
-  if (threads == 1) {
-    return on_calling_thread([&] {
-      int64_t empty_rows = 0;
-      for (int64_t item = 0; item < items; ++item) {
-        const int64_t bh = item / qblocks, i0 = (item % qblocks) * kQueryBlock;
-        empty_rows += run_block<T>(p, causal, bh / p.heads, bh % p.heads, i0, spaces[0]);
-      }
-      return empty_rows;
-    });
-  }
-  int64_t empty_rows = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : empty_rows)
-  {
-    blas_on_calling_thread();
-    Workspace<T>& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t bh = item / qblocks, i0 = (item % qblocks) * kQueryBlock;
-      empty_rows += run_block<T>(p, causal, bh / p.heads, bh % p.heads, i0, ws);
-    }
-  }
-  return empty_rows;
+  const Schedule plan{items, 1, items, threads};  // each item a task, dynamically spread
+  return for_each_head(plan, lease.spaces(), [&](int64_t item, Workspace<T>& ws) {
+    const int64_t bh = item / qblocks, i0 = (item % qblocks) * kQueryBlock;
+    return run_block<T>(p, causal, bh / p.heads, bh % p.heads, i0, ws);
+  });
 }
 
 }  // namespace

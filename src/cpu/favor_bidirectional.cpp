@@ -60,17 +60,12 @@ void load_state(const AttentionParams& p, int64_t bh, HeadState& state) {
   state.max = p.init_maxima[bh];
 }
 
-void write_zero_rows(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end) {
-  float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
-  for (int64_t i = begin; i < end; ++i)
-    for (int64_t x = 0; x < p.dv; ++x) oh[i * p.out_strides[2] + x * p.out_strides[3]] = 0.0f;
-}
-
 // Queries [begin, end) of head (b, h) against the complete key state; returns zero rows.
 int64_t attend_queries(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end,
                        const HeadState& state, Workspace& ws) {
   if (std::isinf(state.max)) {  // no visible key: every row is defined as zeros
-    write_zero_rows(p, b, h, begin, end);
+    write_zero_rows(p.out + b * p.out_strides[0] + h * p.out_strides[1] + begin * p.out_strides[2],
+                    end - begin, p.dv, p.out_strides[2], p.out_strides[3]);
     return end - begin;
   }
   const int64_t m = p.map.m, F = state.features, bh = b * p.heads + h;

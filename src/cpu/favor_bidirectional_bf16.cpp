@@ -117,8 +117,8 @@ int64_t attend_queries_bf16(const AttentionParams& p, int64_t b, int64_t h, int6
   const int64_t m = p.map.m, F = state.F, dv = p.dv, ld = dv + 1, bh = b * p.heads + h;
   float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
   if (std::isinf(state.max)) {  // no visible key: every row is defined as zeros
-    for (int64_t i = begin; i < end; ++i)
-      for (int64_t x = 0; x < dv; ++x) oh[i * p.out_strides[2] + x * p.out_strides[3]] = 0.0f;
+    write_zero_rows(oh + begin * p.out_strides[2], end - begin, dv, p.out_strides[2],
+                    p.out_strides[3]);
     return end - begin;
   }
   const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];

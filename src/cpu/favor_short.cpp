@@ -74,12 +74,6 @@ HeadRows gather_head(const AttentionParams& p, int64_t b, int64_t h, int64_t fir
   return {first, row - first};
 }
 
-void write_zero_rows(const AttentionParams& p, int64_t b, int64_t h) {
-  float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
-  for (int64_t i = 0; i < p.nq; ++i)
-    for (int64_t x = 0; x < p.dv; ++x) oh[i * p.out_strides[2] + x * p.out_strides[3]] = 0.0f;
-}
-
 // Features and products of head (b, h) from its projected rows; returns its zero rows.
 int64_t attend_head(const AttentionParams& p, int64_t b, int64_t h, const HeadRows& rows,
                     ShortWorkspace& ws) {
@@ -90,7 +84,8 @@ int64_t attend_head(const AttentionParams& p, int64_t b, int64_t h, const HeadRo
       std::fill(saved, saved + F * ld, 0.0f);
       p.ctx_maxima[bh] = -INFINITY;
     }
-    write_zero_rows(p, b, h);
+    write_zero_rows(p.out + b * p.out_strides[0] + h * p.out_strides[1], p.nq, p.dv,
+                    p.out_strides[2], p.out_strides[3]);
     return p.nq;
   }
   const float* ak = ws.a.data() + rows.first * m;

@@ -51,6 +51,11 @@ void gather_values(const float* base, int64_t stride_n, int64_t stride_d, int64_
   }
 }
 
+void write_zero_rows(float* out, int64_t rows, int64_t dv, int64_t stride_n, int64_t stride_d) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t x = 0; x < dv; ++x) out[r * stride_n + x * stride_d] = 0.0f;
+}
+
 int64_t write_rows(const float* yx, int64_t rows, int64_t dv, float* out, int64_t stride_n,
                    int64_t stride_d) {
   int64_t zero_rows = 0;

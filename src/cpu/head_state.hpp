@@ -36,6 +36,10 @@ struct HeadState {
 void gather_values(const float* base, int64_t stride_n, int64_t stride_d, int64_t rows, int64_t dv,
                    float* vx);
 
+/// Writes `rows` rows of dv zeros through (stride_n, stride_d): the output of query rows that
+/// see no key.
+void write_zero_rows(float* out, int64_t rows, int64_t dv, int64_t stride_n, int64_t stride_d);
+
 /// out[r] = yx[r, :dv] / yx[r, dv] for `rows` rows of yx (ld dv + 1), written through
 /// (stride_n, stride_d). A row whose denominator is not > 0 or whose quotient is not finite
 /// is written as zeros; returns how many such rows there were.
