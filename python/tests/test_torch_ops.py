@@ -12,6 +12,7 @@ that difference with a gain of order 1 for these well-conditioned inputs. The bo
 4 n u max|x| max|w| n-terms, computed from the tensors.
 """
 import copy
+import sys
 
 import pytest
 import torch
@@ -529,6 +530,68 @@ def test_mha_is_causal_without_reading_the_mask():
     with pytest.raises(favor.Error, match="attn_mask: a mask of shape \\[5, 5\\] without "
                                           "is_causal=True"):
         mha(x, x, x, need_weights=False, attn_mask=causal)
+
+
+def test_plain_cpu_calls_without_grad_take_the_short_layer(monkeypatch):
+    """favor.torch.attention on plain float32 CPU tensors without a gradient to record skips
+    the general argument layer (as_float32, device checks): the same bits as the op, for
+    masks (bool and float), a fit, 2-D inputs and strided views, and the same errors as the
+    general path for bad input."""
+    fa = sys.modules["favor.ops.attention"]  # the module (favor.ops.attention is the function)
+    q, k, v = randn(2, 4, 7, 16, seed=1), randn(2, 4, 7, 16, seed=2), randn(2, 4, 7, 8, seed=3)
+    w = projection_op("orthogonal", 64, 16, "chi", 0)
+    bool_mask = torch.tensor([[False] * 6 + [True], [True, False] + [False] * 5])
+    float_mask = torch.zeros(2, 7).masked_fill(bool_mask, float("-inf"))
+    cases = [dict(), dict(causal=True), dict(key_padding_mask=bool_mask),
+             dict(key_padding_mask=float_mask, causal=True), dict(scale=0.3),
+             dict(kernel="favorpp", fit=-0.1)]
+    expected = []
+    for c in cases:
+        fit_a, fit_basis = fa.fit_tensors(c.get("fit"), c.get("kernel", "positive"), 16, (2, 4))
+        expected.append(attention_op(q, k, v, w, None, None, None, None,
+                                     c.get("key_padding_mask"), fit_a, fit_basis,
+                                     c.get("kernel", "positive"), c.get("causal", False),
+                                     c.get("scale"), False, "f32")[0])
+    qt = q.transpose(2, 3).contiguous().transpose(2, 3)  # same values, other strides
+    assert qt.stride() != q.stride()
+
+    def general_layer_called(*a, **kw):
+        raise AssertionError("the general layer ran")
+
+    with torch.no_grad(), monkeypatch.context() as mp:
+        mp.setattr(fa.T, "as_float32", general_layer_called)
+        for c, y in zip(cases, expected):
+            assert torch.equal(ft.attention(q, k, v, features=64, **c), y), c
+            assert torch.equal(ft.attention(qt, k, v, features=64, **c), y), c
+        two_d = ft.attention(q[0, 0], k[0, 0], v[0, 0], features=64)
+        assert torch.equal(two_d, expected[0][0, 0])
+    # A requires-grad input under no_grad takes the short layer too (nothing to record).
+    with torch.no_grad():
+        assert torch.equal(ft.attention(q.clone().requires_grad_(), k, v, features=64),
+                           expected[0])
+
+    def message(grad, **kw):
+        args = dict(q=q, k=k, v=v)
+        args.update({n: kw.pop(n) for n in ("q", "k", "v") if n in kw})
+        if grad:
+            args["q"] = args["q"].detach().clone().requires_grad_()
+        with torch.set_grad_enabled(grad), pytest.raises(ValueError) as e:
+            ft.attention(args["q"], args["k"], args["v"], **kw)
+        return str(e.value)
+
+    nan_q = q.clone()
+    nan_q[0, 1, 2, 3] = float("nan")
+    bad = [dict(q=torch.tensor(1.0), k=torch.tensor(1.0), v=torch.tensor(1.0)),
+           dict(k=randn(2, 4, 7, 12)), dict(q=nan_q), dict(kernel="softmax"),
+           dict(key_padding_mask=torch.zeros(2, 7, dtype=torch.int64)),
+           dict(key_padding_mask=torch.zeros(2, 6, dtype=torch.bool)),
+           dict(key_padding_mask=torch.full((2, 7), 1.0)), dict(features=0),
+           dict(projection="nope"), dict(scale=float("nan")), dict(precision="f16")]
+    for kw in bad:
+        fast = message(False, **dict(kw))
+        assert fast == message(True, **dict(kw)), kw
+        assert fast.startswith(("q", "k", "key_padding_mask", "kernel", "features",
+                                "projection", "scale", "precision")), fast
 
 
 def test_eager_calls_without_grad_equal_the_op():

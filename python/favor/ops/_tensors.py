@@ -90,7 +90,7 @@ def as_float32(t, name):
 
 def view(t):
     """The numpy view of a float32 CPU tensor: no copy, strides kept."""
-    return t.detach().numpy()
+    return t.detach().numpy() if t.requires_grad else t.numpy()
 
 
 def tensor(a):

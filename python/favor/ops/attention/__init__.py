@@ -18,7 +18,7 @@ from ..exact import generic as exact_generic
 from ..exact.op import exact_attention
 from ..projection import projection as draw_projection
 from . import paths
-from .op import attention_op, eager, eager_attention
+from .op import attention_op, eager, eager_attention, eager_mode, plain_inputs
 from .triton_function import supported as triton_supported
 
 __all__ = ["attention", "check_parameters", "fit_tensors", "projection_tensor"]
@@ -198,6 +198,20 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     that the backward runs one sweep instead of recomputing the forward (C++
     AttentionOptions::save_causal_states; docs/gradients.md). Same gradients, more memory.
     """
+    if (method == "favor" and backend in (None, "cpu") and not isinstance(projection, torch.Tensor)
+            and feature_map is None and weights is None and bias is None
+            and feature_weights is None and decay is None
+            and plain_inputs(q, k, v, key_padding_mask) and eager_mode()):
+        # The eager CPU call without grad (most of a tiny call's time is this layer): the
+        # general path below with the checks these inputs pass by construction left out;
+        # the C++ call checks shapes and values as it always does.
+        d = _args.head_dim(q, "q")
+        proj = _args.make_projection(d, projection, features=features, norms=norms, seed=seed)
+        fit_a, fit_basis = (None, None) if fit is None else fit_tensors(
+            fit, kernel, d, _args.batch_heads(q))
+        return eager_attention(q, k, v, proj, T.check_mask(key_padding_mask), fit_a, fit_basis,
+                               kernel, bool(causal), _args.optional_number(scale, "scale"),
+                               str(precision))
     q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")  # checked
     out_dtype = q.dtype
     mask = T.check_mask(key_padding_mask)
@@ -223,7 +237,7 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
             y = exact_generic.exact_attention(q32, k32, v32, keep, bool(causal),
                                               _args.optional_number(scale, "scale"))
     elif method == "favor":
-        d, inputs = q.shape[-1], _args.batch_heads(q)
+        d, inputs = _args.head_dim(q, "q"), _args.batch_heads(q)
         if any(x is not None for x in map_args):
             w, wt, b, lam, kernel, scale, fit = _map_tensors(
                 inputs, d, projection, features, norms, seed, kernel, scale, fit, feature_map,

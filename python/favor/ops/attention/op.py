@@ -78,14 +78,36 @@ def eager(tensors):
     see the op (profilers, FlopCounter). The same kernel gives the same bits; what it saves is
     the op's dispatch (autograd and dynamo wrappers, output placeholders): tens of us per call,
     which is most of a tiny call (docs/performance.md, "Per-call overhead")."""
-    if (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack()):
+    if not eager_mode():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
         if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
             return False
     return True
+
+
+def eager_mode():
+    """eager()'s rule on the mode alone: not compiling, exporting or tracing, and no torch
+    function or dispatch mode active."""
+    return not (torch.compiler.is_compiling() or torch.jit.is_tracing()
+                or torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack())
+
+
+def plain_inputs(q, k, v, key_padding_mask):
+    """True when q, k, v are what the eager fast path of favor.torch.attention takes without
+    the general checks: plain dense float32 CPU tensors (no subclass, not nested), without a
+    gradient to record, and a mask that is None or a plain CPU tensor. Anything else (which
+    may still be valid) goes through the general path, which checks it and names the
+    argument: this only decides which path runs, never what is an error."""
+    grad = torch.is_grad_enabled()
+    for t in (q, k, v):
+        if (type(t) is not torch.Tensor or t.dtype is not torch.float32 or not t.is_cpu
+                or t.layout is not torch.strided or t.is_nested or (grad and t.requires_grad)):
+            return False
+    m = key_padding_mask
+    return m is None or (type(m) is torch.Tensor and m.is_cpu and m.layout is torch.strided
+                         and not (grad and m.requires_grad))
 
 
 def eager_attention(q, k, v, proj, key_padding_mask, fit_a, fit_basis, kernel, causal, scale,
@@ -103,7 +125,7 @@ def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_ba
     """The C++ call of the forward (dy None) or the backward, on numpy views of the tensors
     (proj: the favor.Projection of w, when the caller has it)."""
     T.follow_torch_threads()
-    keep = T.keep_mask(key_padding_mask)
+    keep = None if key_padding_mask is None else T.keep_mask(key_padding_mask)
     qv, kv, vv = T.view(q), T.view(k), T.view(v)
     if not _uses_map(weights, bias, lam, decay):
         if proj is None:
