@@ -4,6 +4,8 @@
 //   dec_split    append + query of B sequences x --bh heads (each --decode-batch B), and
 //   dec_step     Decoder::step, the fused step, on the same decoder state: the same run's
 //                baseline and its replacement; both at 1 thread and at all threads;
+//   state_rw     one read and write of those B x --bh states (no arithmetic to speak of):
+//                the memory floor of a step, the same run's ceiling for dec_step;
 //   vq_split, vq_step  the same for VQDecoder (hard VQ, --vq-codes codes);
 //   prefill      Decoder::prefill of a --decode-prompt prompt, against
 //   causal+app   causal favor_attention of the prompt then append (what a model did before);
@@ -131,6 +133,42 @@ void step_row(BenchRunner& bench, int64_t position, int64_t batch, bool fused, b
               position, batch, threads, t, steps, single);
 }
 
+// The floor of a step's memory traffic on this machine: one pass that reads and writes every
+// float of the B x --bh decoder states [F][Dv + 1] (what a step must do at least: update S and
+// read it), at `threads` threads, heads split as the step splits them. Its tokens/s
+// (B / pass) is the ceiling of a step whose states do not fit in the caches.
+void state_pass_row(BenchRunner& bench, int64_t batch, int threads) {
+  const BenchArgs& a = bench.args();
+  const int64_t heads = batch * a.bh, per_head = a.m * (a.d + 1);  // F = m (positive), Dv = D
+  std::vector<float> states(static_cast<size_t>(heads * per_head), 1.0f);
+  float* s = states.data();
+  const auto pass = [&] {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* x = s + h * per_head;
+      for (int64_t i = 0; i < per_head; ++i) x[i] = x[i] * 0.9999f + 1e-4f;
+    }
+  };
+  const Measured t = measure(
+      [&] {
+        for (int r = 0; r < 8; ++r) pass();
+      },
+      a.repeats, a.min_time);
+  const double per_pass = t.seconds / 8.0, bytes = 2.0 * double(heads * per_head) * sizeof(float);
+  bench.emit({{"method", "state_rw"},
+              {"causal", true},
+              {"n", 0},
+              {"bh", heads},
+              {"batch", batch},
+              {"threads", threads},
+              {"seconds", per_pass},
+              {"gflops", nullptr},
+              {"gbytes_per_s", bytes / per_pass / 1e9},
+              {"tokens_per_s", double(batch) / per_pass},
+              {"peak_heap_mb", t.heap_mb},
+              {"rss_growth_mb", t.rss_mb}});
+}
+
 // VQDecoder steps of B sequences after `position` tokens: fused (step) or append + query.
 void vq_step_row(BenchRunner& bench, int64_t position, int64_t batch, bool fused) {
   const BenchArgs& a = bench.args();
@@ -236,6 +274,7 @@ void section_decode(BenchRunner& bench) {
   for (int64_t batch : a.decode_batch) {
     for (int threads : {num_threads(), 1}) {
       for (bool fused : {false, true}) step_row(bench, pos, batch, fused, false, threads, true);
+      state_pass_row(bench, batch, threads);
       if (num_threads() == 1) break;
     }
   }
