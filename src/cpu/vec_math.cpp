@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 HWY_BEFORE_NAMESPACE();
 namespace favor::cpu::HWY_NAMESPACE {
@@ -208,29 +209,39 @@ HWY_INLINE void TransposedMatvecBlock(const float* S, const float* phi, int64_t 
   for (int r = 0; r < R; ++r) hn::StoreU(acc[r], d, y + i + r * lanes);
 }
 
-void TransposedMatvec(const float* S, const float* phi, int64_t F, int64_t dv, float* y) {
+// Calls block(std::integral_constant<int, R>(), i, tail) over the columns of a row of dv
+// floats: blocks of R = 4 vectors from column i, then the last block (R = 0..4 vectors) with
+// the `tail` columns after its vectors (TransposedMatvec, UpdateAndRead).
+template <class Block>
+HWY_INLINE void ForColumnBlocks(int64_t dv, const Block& block) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t vectors = dv / lanes, tail = dv - vectors * lanes;
   int64_t left = vectors, i = 0;
-  for (; left > 4; left -= 4, i += 4 * lanes) TransposedMatvecBlock<4>(S, phi, F, dv, i, 0, y);
+  for (; left > 4; left -= 4, i += 4 * lanes) block(std::integral_constant<int, 4>(), i, 0);
   switch (left) {
     case 4:
-      TransposedMatvecBlock<4>(S, phi, F, dv, i, tail, y);
+      block(std::integral_constant<int, 4>(), i, tail);
       break;
     case 3:
-      TransposedMatvecBlock<3>(S, phi, F, dv, i, tail, y);
+      block(std::integral_constant<int, 3>(), i, tail);
       break;
     case 2:
-      TransposedMatvecBlock<2>(S, phi, F, dv, i, tail, y);
+      block(std::integral_constant<int, 2>(), i, tail);
       break;
     case 1:
-      TransposedMatvecBlock<1>(S, phi, F, dv, i, tail, y);
+      block(std::integral_constant<int, 1>(), i, tail);
       break;
     default:
-      TransposedMatvecBlock<0>(S, phi, F, dv, i, tail, y);
+      block(std::integral_constant<int, 0>(), i, tail);
       break;
   }
+}
+
+void TransposedMatvec(const float* S, const float* phi, int64_t F, int64_t dv, float* y) {
+  ForColumnBlocks(dv, [&](auto r, int64_t i, int64_t tail) HWY_ATTR {
+    TransposedMatvecBlock<decltype(r)::value>(S, phi, F, dv, i, tail, y);
+  });
 }
 
 // Columns [i, i + R lanes) of UpdateAndRead, and with them (tail > 0) the `tail` columns
@@ -271,29 +282,9 @@ HWY_INLINE void UpdateAndReadBlock(float* S, const float* phi_k, const float* vx
 // 4 vectors of y in registers per sweep, the scalar tail in the last sweep).
 void UpdateAndRead(float* S, const float* phi_k, const float* vx, const float* phi_q, int64_t F,
                    int64_t dv, float* y) {
-  const DF d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t vectors = dv / lanes, tail = dv - vectors * lanes;
-  int64_t left = vectors, i = 0;
-  for (; left > 4; left -= 4, i += 4 * lanes)
-    UpdateAndReadBlock<4>(S, phi_k, vx, phi_q, F, dv, i, 0, y);
-  switch (left) {
-    case 4:
-      UpdateAndReadBlock<4>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
-      break;
-    case 3:
-      UpdateAndReadBlock<3>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
-      break;
-    case 2:
-      UpdateAndReadBlock<2>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
-      break;
-    case 1:
-      UpdateAndReadBlock<1>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
-      break;
-    default:
-      UpdateAndReadBlock<0>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
-      break;
-  }
+  ForColumnBlocks(dv, [&](auto r, int64_t i, int64_t tail) HWY_ATTR {
+    UpdateAndReadBlock<decltype(r)::value>(S, phi_k, vx, phi_q, F, dv, i, tail, y);
+  });
 }
 
 void SinCosScaled(const float* a, float mult, float* out_sin, float* out_cos, int64_t n) {
