@@ -38,12 +38,13 @@ build: deps
 run: build
 	$(BUILD_DIR)/tools/favor demo
 
-# After CTest, pytest's own summary line of every Python test file (from CTest's log), so
-# the log shows the Python suite ran in the project's venv, file by file.
+# After CTest, pytest's own summary line of every Python test file or group of small files
+# (python/CMakeLists.txt; from CTest's log), so the log shows the Python suite ran in the
+# project's venv.
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS); rc=$$?; \
-	echo "pytest summaries (.venv/bin/python, one CTest test per file):"; \
-	awk '/^[0-9]+\/[0-9]+ Testing: /{name=$$3} name ~ /^python_test/ && / in [0-9.]+s/ {print "  " name ": " $$0}' \
+	echo "pytest summaries (.venv/bin/python, one CTest test per file or group of small files):"; \
+	awk '/^[0-9]+\/[0-9]+ Testing: /{name=$$3} name ~ /^python_(test|group)_/ && / in [0-9.]+s/ {print "  " name ": " $$0}' \
 	    $(BUILD_DIR)/Testing/Temporary/LastTest.log; exit $$rc
 
 asan: deps
