@@ -12,8 +12,9 @@ namespace favor::cpu {
 ChunkWorkspace::ChunkWorkspace(int64_t d, int64_t m, int64_t F_, int64_t dv_)
     : F(F_),
       dv(dv_),
-      x(2 * kChunk * d),
-      a(2 * kChunk * m),
+      x(2 * kProjectBlock * d),
+      a(2 * kProjectBlock * m),
+      block_half_norm2(kProjectBlock),
       phik(kChunk * F_),
       qg(kChunk * (F_ + kChunk)),
       prefix(kChunk * F_),
@@ -22,7 +23,6 @@ ChunkWorkspace::ChunkWorkspace(int64_t d, int64_t m, int64_t F_, int64_t dv_)
       yx(kChunk * (dv_ + 1)),
       s(F_),
       local(F_ * (dv_ + 1)),
-      half_norm2(kChunk),
       g(kChunk),
       run_max(kChunk),
       visible(kChunk),
@@ -32,25 +32,42 @@ float rescale(double from, double to) {
   return from == to ? 1.0f : static_cast<float>(std::exp(from - to));
 }
 
-void load_chunk(const AttentionParams& p, int64_t b, int64_t h, int64_t c0, int64_t rows, float* vx,
+void load_block(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, int64_t end,
                 ChunkWorkspace& ws) {
-  const int64_t bh = b * p.heads + h;
-  ws.bh = bh;
-  ws.c0 = c0;
+  const int64_t bh = b * p.heads + h, n = end - begin;
+  ws.block_bh = bh;
+  ws.block_begin = begin;
+  ws.block_end = end;
   const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
   const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
-  const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
+  gather_rows(kh + begin * p.k_strides[2], p.k_strides[2], p.k_strides[3], n, p.d,
+              p.map.sqrt_scale, ws.x.data(), ws.block_half_norm2.data());
+  gather_rows(qh + begin * p.q_strides[2], p.q_strides[2], p.q_strides[3], n, p.d,
+              p.map.sqrt_scale, ws.x.data() + n * p.d, nullptr);
+  project_rows(ws.x.data(), 2 * n, p.d, p.map.head_w(bh), p.map.m, ws.a.data(),
+               p.map.head_bias(bh));  // keys and queries at once
+}
+
+bool block_holds(const ChunkWorkspace& ws, int64_t bh, int64_t c0, int64_t rows) {
+  return ws.block_bh == bh && c0 >= ws.block_begin && c0 + rows <= ws.block_end;
+}
+
+void load_chunk(const AttentionParams& p, int64_t b, int64_t h, int64_t c0, int64_t rows, float* vx,
+                ChunkWorkspace& ws) {
+  ws.bh = b * p.heads + h;
+  ws.c0 = c0;
+  const int64_t n = ws.block_end - ws.block_begin, o = c0 - ws.block_begin, m = p.map.m;
+  ws.xk = ws.x.data() + o * p.d;
+  ws.xq = ws.x.data() + (n + o) * p.d;
+  ws.ak = ws.a.data() + o * m;
+  ws.aq = ws.a.data() + (n + o) * m;
+  ws.half_norm2 = ws.block_half_norm2.data() + o;
   for (int64_t r = 0; r < rows; ++r) {
     ws.visible[r] =
         p.mask == nullptr || p.mask[b * p.mask_stride_b + (c0 + r) * p.mask_stride_n] != 0;
   }
-  gather_rows(kh + c0 * p.k_strides[2], p.k_strides[2], p.k_strides[3], rows, p.d, p.map.sqrt_scale,
-              ws.x.data(), ws.half_norm2.data());
-  gather_rows(qh + c0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], rows, p.d, p.map.sqrt_scale,
-              ws.x.data() + rows * p.d, nullptr);
+  const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
   gather_values(vh + c0 * p.v_strides[2], p.v_strides[2], p.v_strides[3], rows, p.dv, vx);
-  project_rows(ws.x.data(), 2 * rows, p.d, p.map.head_w(bh), p.map.m, ws.a.data(),
-               p.map.head_bias(bh));  // keys and queries at once
 }
 
 bool chunk_key_features(const AttentionParams& p, int64_t rows, double prev_max,
@@ -58,7 +75,7 @@ bool chunk_key_features(const AttentionParams& p, int64_t rows, double prev_max,
   const int64_t m = p.map.m, F = ws.F;
   double running = prev_max;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* a = ws.a.data() + r * m;
+    const float* a = ws.ak + r * m;
     ws.g[r] = p.map.key_log_weight(ws.half_norm2[r], ws.bh, p.first_position + ws.c0 + r);
     if (ws.visible[r]) running = std::max(running, key_log_max(p.map, ws.bh, a, ws.g[r]));
     ws.run_max[r] = running;
@@ -75,7 +92,7 @@ bool chunk_key_features(const AttentionParams& p, int64_t rows, double prev_max,
 void chunk_query_features(const AttentionParams& p, int64_t rows, const float* s_prev,
                           double prev_max, ChunkWorkspace& ws) {
   const int64_t m = p.map.m, F = ws.F;
-  const float* aq = ws.a.data() + rows * m;
+  const float* aq = ws.aq;
   const bool pos = positive_family(p.map.kernel);
   for (int64_t r = 0; pos && r < rows; ++r) {
     float* row = ws.prefix.data() + r * F;

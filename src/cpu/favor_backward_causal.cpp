@@ -182,8 +182,11 @@ void sweep_a(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
   }
   const double start_max = state.max;
   double rate_sum = 0.0;
+  ws.forget_block();
   for (int64_t ci = 0; ci < chunks; ++ci) {
     const int64_t c0 = ci * kChunk, rows = std::min(kChunk, n - c0);
+    if (!block_holds(ws, bh, c0, rows))
+      load_block(p, b, h, c0, std::min(n, c0 + kProjectBlock), ws);  // the chunks ahead
     load_chunk(p, b, h, c0, rows, vx, ws);
     const bool moved = chunk_key_features(p, rows, state.max, ws);
     state.copy_normaliser(st.chunk_s + ci * F);
@@ -208,7 +211,7 @@ void sweep_a(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
     chunk_d_matrix(rows, moved, gx, vx, ldv, w);
     gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
          w.dphi.data(), F);
-    feature_backward(p.map, bh, nullptr, rows, ws.x.data() + rows * d, w.phiq.data(), w.dphi.data(),
+    feature_backward(p.map, bh, nullptr, rows, ws.xq, w.phiq.data(), w.dphi.data(),
                      w.pa.data(), bp.dq + (bh * n + c0) * d, dw, db);
     update_states(rows, moved, drate && ci + 1 < chunks, state, vx, w);
   }
@@ -292,7 +295,7 @@ void saved_query_chunk(const BackwardParams& bp, int64_t bh, int64_t c0, int64_t
   chunk_d_matrix(rows, moved, gx, vx, ldv, w);
   gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
        w.dphi.data(), F);
-  feature_backward(p.map, bh, nullptr, rows, ws.x.data() + rows * d, w.phiq.data(), w.dphi.data(),
+  feature_backward(p.map, bh, nullptr, rows, ws.xq, w.phiq.data(), w.dphi.data(),
                    w.pa.data(), bp.dq + (bh * p.nq + c0) * d, bp.head_dw(bh), bp.head_dbias(bh));
 }
 
@@ -313,9 +316,12 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
   float* sigma = w.sigma.data();
   float* inv_sigma = w.inv_sigma.data();
   std::fill(w.R.begin(), w.R.end(), 0.0f);
+  ws.forget_block();
   for (int64_t ci = chunks - 1; ci >= 0; --ci) {
     const int64_t c0 = ci * kChunk, rows = std::min(kChunk, n - c0);
     const double prev_max = st.chunk_max[ci];
+    if (!block_holds(ws, bh, c0, rows))  // the chunks behind, this one last
+      load_block(p, b, h, std::max<int64_t>(0, c0 + kChunk - kProjectBlock), c0 + rows, ws);
     load_chunk(p, b, h, c0, rows, vx, ws);
     const bool moved = chunk_key_features(p, rows, prev_max, ws);
     chunk_query_features(p, rows, st.chunk_s + ci * F, prev_max, ws);
@@ -355,7 +361,7 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
     gemm(true, false, rows, dv, rows, 1.0f, ws.qg.data() + F, ws.ldq(), gx, ldv, 1.0f, w.dvv.data(),
          dv);
     const KeyRows keys{bp.dlogw ? bp.dlogw + bh * m : nullptr};
-    feature_backward(p.map, bh, &keys, rows, ws.x.data(), ws.phik.data(), w.dphi.data(),
+    feature_backward(p.map, bh, &keys, rows, ws.xk, ws.phik.data(), w.dphi.data(),
                      w.pa.data(), bp.dk + (bh * n + c0) * p.d, dw, db);
     std::copy_n(w.dvv.data(), rows * dv, bp.dv + (bh * n + c0) * dv);
     if (ci > 0) {
