@@ -18,7 +18,6 @@ ChunkWorkspace::ChunkWorkspace(int64_t d, int64_t m, int64_t F_, int64_t dv_)
       phik(kChunk * F_),
       qg(kChunk * (F_ + kChunk)),
       prefix(kChunk * F_),
-      log_prefix(kChunk * F_),
       sv((F_ + kChunk) * (dv_ + 1)),
       yx(kChunk * (dv_ + 1)),
       s(F_),
@@ -101,16 +100,15 @@ void chunk_query_features(const AttentionParams& p, int64_t rows, const float* s
     const float* phik = ws.phik.data() + r * F;
     for (int64_t x = 0; x < F; ++x) row[x] = prev[x] * f + phik[x];
   }
-  if (pos) log_or_neg_inf(ws.prefix.data(), ws.log_prefix.data(), rows * F);
   for (int64_t r = 0; r < rows; ++r) {
     const float* a = aq + r * m;
     float* phi = ws.qg.data() + r * ws.ldq();
-    const float* log_p = ws.log_prefix.data() + r * F;
-    const float c = query_shift(p.map.kernel, a, m, log_p);
+    const float* prefix = ws.prefix.data() + r * F;  // unused by trig
+    const float c = query_shift_sums(p.map.kernel, a, m, prefix);
     if (std::isinf(c)) {  // no visible key yet: zero features give a zero denominator
       std::fill(phi, phi + F, 0.0f);
     } else {
-      query_features(p.map.kernel, a, m, c, log_p, phi);
+      query_features_sums(p.map.kernel, a, m, c, prefix, phi);
     }
   }
 }

@@ -28,7 +28,6 @@ struct ChunkWorkspace {
   std::vector<float> phik;        // C x F
   std::vector<float> qg;          // C x (F + C): [phi(Q_c) | G]
   std::vector<float> prefix;      // C x F: prefix normalisers P_r (positive family)
-  std::vector<float> log_prefix;  // C x F: their logs (-inf below FLT_MIN)
   std::vector<float> sv;          // (F + C) x (dv + 1): [S | s] of the state, then [V_c | 1]
   std::vector<float> yx;          // C x (dv + 1)
   std::vector<float> s;           // F: the state's normaliser column
@@ -68,7 +67,7 @@ bool chunk_key_features(const AttentionParams& p, int64_t rows, double prev_max,
 
 /// Query features of the chunk into the left block of qg, each row shifted by
 /// max_f (L_f + log P_f), P_i = P_{i-1} exp(M_{i-1} - M_i) + phi(k_i), P_{-1} = s_prev (the
-/// state's normaliser, relative to prev_max). Leaves P in ws.prefix, log P in ws.log_prefix.
+/// state's normaliser, relative to prev_max). Leaves P in ws.prefix.
 void chunk_query_features(const AttentionParams& p, int64_t rows, const float* s_prev,
                           double prev_max, ChunkWorkspace& ws);
 

@@ -141,4 +141,39 @@ void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const
   }
 }
 
+float query_shift_sums(Kernel kernel, const float* a_row, int64_t m, const float* s) {
+  switch (kernel) {
+    case Kernel::positive:
+    case Kernel::favorpp:
+    case Kernel::favorsharp:
+      return max_of_signed_sum_log(a_row, 1.0f, s, m);
+    case Kernel::hyperbolic:
+    case Kernel::hedgehog:
+      return std::max(max_of_signed_sum_log(a_row, 1.0f, s, m),
+                      max_of_signed_sum_log(a_row, -1.0f, s + m, m));
+    case Kernel::trig:
+      return 0.0f;
+  }
+  return 0.0f;
+}
+
+void query_features_sums(Kernel kernel, const float* a_row, int64_t m, float c, const float* s,
+                         float* phi) {
+  switch (kernel) {
+    case Kernel::positive:
+    case Kernel::favorpp:
+    case Kernel::favorsharp:
+      exp_shift_live_sums(a_row, 1.0f, c, s, phi, m);
+      break;
+    case Kernel::hyperbolic:
+    case Kernel::hedgehog:
+      exp_shift_live_sums(a_row, 1.0f, c, s, phi, m);
+      exp_shift_live_sums(a_row, -1.0f, c, s + m, phi + m, m);
+      break;
+    case Kernel::trig:
+      sincos_scaled(a_row, 1.0f, phi, phi + m, m);
+      break;
+  }
+}
+
 }  // namespace favor::cpu

@@ -74,6 +74,77 @@ void ExpShiftLive(const float* a, float sign, float c, const float* log_s, float
     out[i] = log_s[i] > -std::numeric_limits<float>::infinity() ? std::exp(sign * a[i] - c) : 0.0f;
 }
 
+// max_i (sign * a[i] + log p[i]) over the p[i] >= FLT_MIN, as MaxOfSignedSum after
+// LogOrNegInf, to the bit: Mitchell's bound log p >= ln 2 (bits(p) - bits(1)) / 2^23 (within
+// 0.06 below log p for normal p) finds the lanes that can attain the max, and Highway's log
+// runs only on vectors that hold one. The tail goes through padded buffers (p = 0: dead), so
+// every lane's exact value is the one LogOrNegInf gives it.
+float MaxOfSignedSumLog(const float* a, float sign, const float* p, int64_t n) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const float ninf_s = -std::numeric_limits<float>::infinity();
+  const auto s = hn::Set(d, sign), ninf = hn::Set(d, ninf_s), one = hn::Set(d, 1.0f);
+  const auto tiny = hn::Set(d, std::numeric_limits<float>::min());
+  const auto one_bits = hn::Set(di, 0x3f800000);
+  const auto ln2_ulp = hn::Set(d, 0.693147181f / 8388608.0f);  // ln 2 / 2^23
+  const int64_t full = n - n % lanes;
+  HWY_ALIGN float ta[kTailLanes] = {0}, tp[kTailLanes] = {0};
+  for (int64_t i = full; i < n; ++i) {
+    ta[i - full] = a[i];
+    tp[i - full] = p[i];
+  }
+  const auto a_at = [&](int64_t i) { return i < full ? hn::LoadU(d, a + i) : hn::Load(d, ta); };
+  const auto p_at = [&](int64_t i) { return i < full ? hn::LoadU(d, p + i) : hn::Load(d, tp); };
+  const auto exact = [&](auto va, auto vp) {
+    const auto live = hn::Ge(vp, tiny);
+    return hn::MulAdd(va, s, hn::IfThenElse(live, hn::Log(d, hn::IfThenElse(live, vp, one)), ninf));
+  };
+  // Pass 1: the bounds (kept for pass 2 when n fits the buffer) and their max.
+  constexpr int64_t kKept = 1024;
+  HWY_ALIGN float kept[kKept + kTailLanes];
+  auto lower = ninf, top = ninf;
+  for (int64_t i = 0; i < n; i += lanes) {
+    const auto va = a_at(i), vp = p_at(i);
+    const auto approx = hn::Mul(hn::ConvertTo(d, hn::Sub(hn::BitCast(di, vp), one_bits)), ln2_ulp);
+    const auto bound = hn::IfThenElse(hn::Ge(vp, tiny), hn::MulAdd(va, s, approx), ninf);
+    if (n <= kKept) hn::Store(bound, d, kept + i);
+    lower = hn::Max(lower, bound);
+    top = hn::Max(top, vp);
+  }
+  const float low = hn::GetLane(hn::MaxOfLanes(d, lower));
+  auto best = ninf;
+  if (!(low > ninf_s)) return ninf_s;  // every p dead: every term is -inf
+  if (n > kKept || !std::isfinite(low) || !(hn::GetLane(hn::MaxOfLanes(d, top)) <= 3.0e38f)) {
+    for (int64_t i = 0; i < n; i += lanes) best = hn::Max(best, exact(a_at(i), p_at(i)));
+    return hn::GetLane(hn::MaxOfLanes(d, best));
+  }
+  // Pass 2: a lane whose bound is below low - 0.0597 (plus the roundings) is below the max.
+  const auto bar = hn::Set(d, low - (0.125f + std::abs(low) * 0x1p-10f));
+  for (int64_t i = 0; i < n; i += lanes) {
+    const auto candidate = hn::Ge(hn::Load(d, kept + i), bar);
+    if (!hn::AllFalse(d, candidate))
+      best = hn::Max(best, hn::IfThenElse(candidate, exact(a_at(i), p_at(i)), ninf));
+  }
+  return hn::GetLane(hn::MaxOfLanes(d, best));
+}
+
+// ExpShiftLive with the liveness of the key sums themselves: out[i] = exp(sign a[i] - c)
+// where p[i] >= FLT_MIN (where LogOrNegInf gives log p > -inf), else 0.
+void ExpShiftLiveSums(const float* a, float sign, float c, const float* p, float* out, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto s = hn::Set(d, sign), shift = hn::Set(d, -c);
+  const auto tiny = hn::Set(d, std::numeric_limits<float>::min());
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto e = ExpOrInf(d, hn::MulAdd(hn::LoadU(d, a + i), s, shift));
+    hn::StoreU(hn::IfThenElseZero(hn::Ge(hn::LoadU(d, p + i), tiny), e), d, out + i);
+  }
+  for (; i < n; ++i)
+    out[i] = p[i] >= std::numeric_limits<float>::min() ? std::exp(sign * a[i] - c) : 0.0f;
+}
+
 void ExpAffinePlus(const float* a, float sign, float offset, const float* b, float* out,
                    int64_t n) {
   const DF d;
@@ -315,6 +386,8 @@ HWY_EXPORT(LogOrNegInf);
 HWY_EXPORT(ExpShiftLive);
 HWY_EXPORT(ExpAffinePlus);
 HWY_EXPORT(MaxOfSignedSum);
+HWY_EXPORT(MaxOfSignedSumLog);
+HWY_EXPORT(ExpShiftLiveSums);
 HWY_EXPORT(MaxValue);
 HWY_EXPORT(MinValue);
 HWY_EXPORT(SinCosScaled);
@@ -341,6 +414,13 @@ void exp_affine_plus(const float* a, float sign, float offset, const float* b, f
 }
 float max_of_signed_sum(const float* a, float sign, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(MaxOfSignedSum)(a, sign, b, n);
+}
+float max_of_signed_sum_log(const float* a, float sign, const float* p, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(MaxOfSignedSumLog)(a, sign, p, n);
+}
+void exp_shift_live_sums(const float* a, float sign, float c, const float* p, float* out,
+                         int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ExpShiftLiveSums)(a, sign, c, p, out, n);
 }
 float max_value(const float* a, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(MaxValue)(a, n);

@@ -18,6 +18,13 @@ void exp_affine_plus(const float* a, float sign, float offset, const float* b, f
                      int64_t n);
 /// max_i (sign * a[i] + b[i]); -inf when n == 0 or every term is -inf.
 float max_of_signed_sum(const float* a, float sign, const float* b, int64_t n);
+/// max_of_signed_sum(a, sign, log_or_neg_inf(p)) to the bit, forming the log only where a
+/// term can be the max (a cheap bound of log p rules out the others).
+float max_of_signed_sum_log(const float* a, float sign, const float* p, int64_t n);
+/// exp_shift_live with log_s = log_or_neg_inf(p), to the bit: exp(sign * a[i] - c) where
+/// p[i] >= FLT_MIN, else 0.
+void exp_shift_live_sums(const float* a, float sign, float c, const float* p, float* out,
+                         int64_t n);
 /// max_i a[i] and min_i a[i].
 float max_value(const float* a, int64_t n);
 float min_value(const float* a, int64_t n);
