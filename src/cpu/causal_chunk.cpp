@@ -97,8 +97,7 @@ void chunk_query_features(const AttentionParams& p, int64_t rows, const float* s
     float* row = ws.prefix.data() + r * F;
     const float* prev = r == 0 ? s_prev : row - F;
     const float f = rescale(r == 0 ? prev_max : ws.run_max[r - 1], ws.run_max[r]);
-    const float* phik = ws.phik.data() + r * F;
-    for (int64_t x = 0; x < F; ++x) row[x] = prev[x] * f + phik[x];
+    scale_add(prev, f, ws.phik.data() + r * F, row, F);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const float* a = aq + r * m;

@@ -16,7 +16,9 @@ void gather_rows(const float* base, int64_t stride_n, int64_t stride_d, int64_t 
     const float* src = base + r * stride_n;
     float* out = dst + r * d;
     double norm2 = 0.0;
-    if (stride_d == 1) {
+    if (stride_d == 1 && !half_norm2) {
+      scale_copy(src, mult, out, d);  // the double norm's FMA chain costs as much as the copy
+    } else if (stride_d == 1) {
       norm2 = scale_copy_norm2(src, mult, out, d);
     } else {
       for (int64_t x = 0; x < d; ++x) {

@@ -218,6 +218,47 @@ double ScaleCopyNorm2(const float* src, float mult, float* dst, int64_t n) {
   return sum;
 }
 
+void ScaleCopy(const float* src, float mult, float* dst, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto m = hn::Set(d, mult);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::Mul(hn::LoadU(d, src + i), m), d, dst + i);
+  for (; i < n; ++i) dst[i] = mult * src[i];
+}
+
+// out = prev * f + add, rounded twice (multiply, then add) as the scalar loops it replaces.
+void ScaleAdd(const float* prev, float f, const float* add, float* out, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto vf = hn::Set(d, f);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto product = hn::Mul(hn::LoadU(d, prev + i), vf);
+    hn::StoreU(hn::Add(product, hn::LoadU(d, add + i)), d, out + i);
+  }
+  for (; i < n; ++i) out[i] = prev[i] * f + add[i];
+}
+
+bool ScaleCopyFinite(const float* src, float mult, float* dst, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto m = hn::Set(d, mult);
+  auto finite = hn::Eq(m, m);  // all true
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::Mul(hn::LoadU(d, src + i), m);
+    finite = hn::And(finite, hn::IsFinite(v));
+    hn::StoreU(v, d, dst + i);
+  }
+  bool ok = hn::AllTrue(d, finite);
+  for (; i < n; ++i) {
+    dst[i] = mult * src[i];
+    ok = ok && std::isfinite(dst[i]);
+  }
+  return ok;
+}
+
 float SumValues(const float* a, int64_t n) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -392,6 +433,9 @@ HWY_EXPORT(MaxValue);
 HWY_EXPORT(MinValue);
 HWY_EXPORT(SinCosScaled);
 HWY_EXPORT(ScaleCopyNorm2);
+HWY_EXPORT(ScaleCopy);
+HWY_EXPORT(ScaleAdd);
+HWY_EXPORT(ScaleCopyFinite);
 HWY_EXPORT(Dot);
 HWY_EXPORT(SumValues);
 HWY_EXPORT(Rank1Update);
@@ -433,6 +477,15 @@ void sincos_scaled(const float* a, float mult, float* out_sin, float* out_cos, i
 }
 double scale_copy_norm2(const float* src, float mult, float* dst, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(ScaleCopyNorm2)(src, mult, dst, n);
+}
+void scale_copy(const float* src, float mult, float* dst, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ScaleCopy)(src, mult, dst, n);
+}
+void scale_add(const float* prev, float f, const float* add, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ScaleAdd)(prev, f, add, out, n);
+}
+bool scale_copy_finite(const float* src, float mult, float* dst, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(ScaleCopyFinite)(src, mult, dst, n);
 }
 float sum_values(const float* a, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(SumValues)(a, n);

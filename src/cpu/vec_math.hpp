@@ -32,6 +32,12 @@ float min_value(const float* a, int64_t n);
 void sincos_scaled(const float* a, float mult, float* out_sin, float* out_cos, int64_t n);
 /// dst[i] = mult * src[i] (src contiguous); returns sum_i dst[i]^2 accumulated in double.
 double scale_copy_norm2(const float* src, float mult, float* dst, int64_t n);
+/// dst[i] = mult * src[i].
+void scale_copy(const float* src, float mult, float* dst, int64_t n);
+/// out[i] = prev[i] * f + add[i], the product rounded before the sum (no fused multiply-add).
+void scale_add(const float* prev, float f, const float* add, float* out, int64_t n);
+/// dst[i] = mult * src[i]; returns whether every dst[i] is finite.
+bool scale_copy_finite(const float* src, float mult, float* dst, int64_t n);
 /// sum_i a[i] (float accumulation in SIMD lanes).
 float sum_values(const float* a, int64_t n);
 /// sum_i a[i] b[i] (float accumulation in SIMD lanes).
