@@ -87,13 +87,30 @@ void chunk_d_matrix(int64_t rows, bool moved, const float* gx, const float* vx, 
   }
 }
 
-// gscaled = gx rows times exp(from - M_i).
+// gscaled = gx rows times exp(from - M_i) (w.gscaled: also their transposes, and [V | 1]^T).
 void scale_rows(const float* gx, int64_t rows, int64_t ldv, double from,
                 const std::vector<double>& run_max, float* out) {
   for (int64_t i = 0; i < rows; ++i) {
     const float f = rescale(from, run_max[i]);
     for (int64_t x = 0; x < ldv; ++x) out[i * ldv + x] = f * gx[i * ldv + x];
   }
+}
+
+// The same, transposed: out (ldv x rows) = scale_rows(...)^T.
+void scale_rows_transposed(const float* gx, int64_t rows, int64_t ldv, double from,
+                           const std::vector<double>& run_max, float* out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float f = rescale(from, run_max[i]);
+    for (int64_t x = 0; x < ldv; ++x) out[x * rows + i] = f * gx[i * ldv + x];
+  }
+}
+
+// dphi (rows x F) = A X^T for A (rows x ldv) given transposed, at (ldv x rows), and X (F x ldv):
+// with A^T stored the BLAS takes its small-matrix path (no packing of X), 102 against 75
+// GFLOP/s for rows = 32, F = 256, ldv = 65 (one thread).
+void rows_times_transposed(const float* a_t, int64_t rows, const float* x, int64_t F, int64_t ldv,
+                           float* dphi) {
+  gemm(true, true, rows, F, ldv, 1.0f, a_t, rows, x, ldv, 0.0f, dphi, F);
 }
 
 // The chunk's share of dL/drate, -sum_i gx_i . T_i over its queries (rows r = i - c):
@@ -205,9 +222,8 @@ void sweep_a(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
       gemm(true, false, F, ldv, rows, 1.0f, w.phiq.data(), F, w.gscaled.data(), ldv, 1.0f, r_out,
            ldv);
     }
-    scale_rows(gx, rows, ldv, state.max, ws.run_max, w.gscaled.data());
-    gemm(false, true, rows, F, ldv, 1.0f, w.gscaled.data(), ldv, state.Sx, ldv, 0.0f, w.dphi.data(),
-         F);
+    scale_rows_transposed(gx, rows, ldv, state.max, ws.run_max, w.gscaled.data());
+    rows_times_transposed(w.gscaled.data(), rows, state.Sx, F, ldv, w.dphi.data());
     chunk_d_matrix(rows, moved, gx, vx, ldv, w);
     gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
          w.dphi.data(), F);
@@ -290,8 +306,8 @@ void saved_query_chunk(const BackwardParams& bp, int64_t bh, int64_t c0, int64_t
                 p.dv, gx);
   for (int64_t i = 0; i < rows; ++i)
     std::copy_n(ws.qg.data() + i * ws.ldq(), F, w.phiq.data() + i * F);
-  scale_rows(gx, rows, ldv, state_max, ws.run_max, w.gscaled.data());
-  gemm(false, true, rows, F, ldv, 1.0f, w.gscaled.data(), ldv, state, ldv, 0.0f, w.dphi.data(), F);
+  scale_rows_transposed(gx, rows, ldv, state_max, ws.run_max, w.gscaled.data());
+  rows_times_transposed(w.gscaled.data(), rows, state, F, ldv, w.dphi.data());
   chunk_d_matrix(rows, moved, gx, vx, ldv, w);
   gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
        w.dphi.data(), F);
@@ -343,7 +359,9 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
     // Later chunks, read by key j at scale e_j = exp(M_j - M_end): dphi_jf = rho_jf ([V | 1]
     // R'^T)_jf with rho_jf = (P*_jf e_j) / sigma_f <= 1, and dV_j = sum_f kscaled_jf R'_f with
     // kscaled_jf = (phi_jf e_j) / sigma_f <= 1. Key j's features become phi_jf / P*_jf <= 1.
-    gemm(false, true, rows, F, ldv, 1.0f, vx, ldv, w.R.data(), ldv, 0.0f, w.dphi.data(), F);
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t x = 0; x < ldv; ++x) w.gscaled[x * rows + j] = vx[j * ldv + x];  // [V | 1]^T
+    rows_times_transposed(w.gscaled.data(), rows, w.R.data(), F, ldv, w.dphi.data());
     for (int64_t j = 0; j < rows; ++j) {
       const float e = rescale(ws.run_max[j], end_max);
       float* phi = ws.phik.data() + j * F;
