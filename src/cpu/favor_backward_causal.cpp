@@ -318,7 +318,8 @@ void saved_query_chunk(const BackwardParams& bp, int64_t bh, int64_t c0, int64_t
 // B. Reverse sweep: dk, dv, with R = later queries' phi(q) gx^T, starting from suffix_r (the
 // later ranks' queries, relative to exp(suffix_ref); null: none). R is held as R' = sigma R
 // (positive family; sigma = 1 otherwise), sigma of the normaliser after the current chunk.
-// With `saved` (a causal context) it also does sweep A's work on each chunk (gx, dq).
+// With `saved` (a causal context) it also does sweep A's work on each chunk (gx, dq) and
+// reads each chunk's starting normaliser from its saved state.
 void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const HeadStore& st,
              const float* suffix_r, double suffix_ref, const SavedForward* saved = nullptr) {
   const AttentionParams& p = bp.fwd;
@@ -336,6 +337,14 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
   for (int64_t ci = chunks - 1; ci >= 0; --ci) {
     const int64_t c0 = ci * kChunk, rows = std::min(kChunk, n - c0);
     const double prev_max = st.chunk_max[ci];
+    if (saved) {  // the chunk's starting normaliser; the state before the chunk ahead to L2
+      const float* state = saved->states + ci * F * ldv;
+      for (int64_t f = 0; f < F; ++f) st.chunk_s[ci * F + f] = state[f * ldv + dv];
+      if (ci > 0) {
+        constexpr int64_t kLine = 64 / sizeof(float);
+        for (int64_t x = 0; x < F * ldv; x += kLine) __builtin_prefetch(state - F * ldv + x, 0, 1);
+      }
+    }
     if (!block_holds(ws, bh, c0, rows))  // the chunks behind, this one last
       load_block(p, b, h, std::max<int64_t>(0, c0 + kChunk - kProjectBlock), c0 + rows, ws);
     load_chunk(p, b, h, c0, rows, vx, ws);
@@ -416,10 +425,10 @@ void run_head_saved(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w
   const int64_t F = p.map.features(), ldv = p.dv + 1, chunks = kernels::causal_chunks(p.nq);
   const int64_t bh = b * p.heads + h;
   const float* states = bp.ctx_chunk_states + bh * (chunks + 1) * F * ldv;
-  for (int64_t c = 0; c <= chunks; ++c) {
-    for (int64_t f = 0; f < F; ++f) w.chunk_s[c * F + f] = states[(c * F + f) * ldv + p.dv];
-    if (c < chunks) w.chunk_max[c] = bp.ctx_chunk_maxima[bh * (chunks + 1) + c];
-  }
+  // The normalisers: the final one here, each chunk's starting one as sweep_b reaches its
+  // state (a pass over every state here cost a read of the whole context).
+  for (int64_t f = 0; f < F; ++f) w.chunk_s[chunks * F + f] = states[(chunks * F + f) * ldv + p.dv];
+  for (int64_t c = 0; c < chunks; ++c) w.chunk_max[c] = bp.ctx_chunk_maxima[bh * (chunks + 1) + c];
   const SavedForward saved{states, bp.ctx_rows + bh * p.nq * ldv};
   const HeadStore st{w.gstore.data(), w.chunk_s.data(), w.chunk_max.data()};
   sweep_b(bp, b, h, w, st, nullptr, 0.0, &saved);
