@@ -39,6 +39,7 @@
 #include "cpu/feature_tile.hpp"
 #include "cpu/head_state.hpp"
 #include "cpu/schedule.hpp"
+#include "cpu/vec_math.hpp"
 
 namespace favor::cpu {
 namespace {
@@ -372,14 +373,9 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
       for (int64_t x = 0; x < ldv; ++x) w.gscaled[x * rows + j] = vx[j * ldv + x];  // [V | 1]^T
     rows_times_transposed(w.gscaled.data(), rows, w.R.data(), F, ldv, w.dphi.data());
     for (int64_t j = 0; j < rows; ++j) {
-      const float e = rescale(ws.run_max[j], end_max);
-      float* phi = ws.phik.data() + j * F;
-      for (int64_t f = 0; f < F; ++f) {
-        const float pj = floored_prefix(ws, scaled, j, f);
-        w.dphi[j * F + f] *= (pj * e) * inv_sigma[f];
-        w.kscaled[j * F + f] = (phi[f] * e) * inv_sigma[f];
-        if (scaled) phi[f] *= 1.0f / pj;
-      }
+      key_row_scales(scaled ? ws.prefix.data() + j * F : nullptr,
+                     rescale(ws.run_max[j], end_max), inv_sigma, w.dphi.data() + j * F,
+                     ws.phik.data() + j * F, w.kscaled.data() + j * F, F);
     }
     gemm(false, false, rows, dv, F, 1.0f, w.kscaled.data(), F, w.R.data(), ldv, 0.0f, w.dvv.data(),
          dv);
@@ -403,9 +399,8 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
         sigma[f] = next;
       }
       for (int64_t i = 0; i < rows; ++i) {
-        const float e = rescale(prev_max, ws.run_max[i]);
-        const float* phi = ws.qg.data() + i * ws.ldq();
-        for (int64_t f = 0; f < F; ++f) w.kscaled[i * F + f] = phi[f] * (sigma[f] * e);
+        mul_scaled(ws.qg.data() + i * ws.ldq(), sigma, rescale(prev_max, ws.run_max[i]),
+                   w.kscaled.data() + i * F, F);
       }
       gemm(true, false, F, ldv, rows, 1.0f, w.kscaled.data(), F, gx, ldv, 1.0f, w.R.data(), ldv);
     }

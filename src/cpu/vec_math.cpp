@@ -259,6 +259,67 @@ bool ScaleCopyFinite(const float* src, float mult, float* dst, int64_t n) {
   return ok;
 }
 
+void KeyRowScales(const float* prefix, float e, const float* inv_sigma, float* dphi, float* phi,
+                  float* kscaled, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto ve = hn::Set(d, e), one = hn::Set(d, 1.0f);
+  const auto tiny = hn::Set(d, std::numeric_limits<float>::min());
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto inv = hn::LoadU(d, inv_sigma + i), vphi = hn::LoadU(d, phi + i);
+    auto pj = one;
+    if (prefix) {
+      const auto p = hn::LoadU(d, prefix + i);
+      pj = hn::IfThenElse(hn::Lt(p, tiny), tiny, p);  // std::max(p, FLT_MIN)
+    }
+    hn::StoreU(hn::Mul(hn::LoadU(d, dphi + i), hn::Mul(hn::Mul(pj, ve), inv)), d, dphi + i);
+    hn::StoreU(hn::Mul(hn::Mul(vphi, ve), inv), d, kscaled + i);
+    if (prefix) hn::StoreU(hn::Mul(vphi, hn::Div(one, pj)), d, phi + i);
+  }
+  for (; i < n; ++i) {
+    const float pj = prefix ? std::max(prefix[i], std::numeric_limits<float>::min()) : 1.0f;
+    dphi[i] *= (pj * e) * inv_sigma[i];
+    kscaled[i] = (phi[i] * e) * inv_sigma[i];
+    if (prefix) phi[i] *= 1.0f / pj;
+  }
+}
+
+void MulScaled(const float* a, const float* b, float e, float* out, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto ve = hn::Set(d, e);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    hn::StoreU(hn::Mul(hn::LoadU(d, a + i), hn::Mul(hn::LoadU(d, b + i), ve)), d, out + i);
+  for (; i < n; ++i) out[i] = a[i] * (b[i] * e);
+}
+
+bool UpstreamRow(const float* num, float den, const float* dy, float* g, int64_t dv) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto vden = hn::Set(d, den);
+  auto finite = hn::Eq(vden, vden);
+  auto acc = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + lanes <= dv; i += lanes) {
+    const auto y = hn::Div(hn::LoadU(d, num + i), vden), vdy = hn::LoadU(d, dy + i);
+    finite = hn::And(finite, hn::IsFinite(y));
+    acc = hn::MulAdd(vdy, y, acc);
+    hn::StoreU(hn::Div(vdy, vden), d, g + i);
+  }
+  bool ok = hn::AllTrue(d, finite);
+  float dot = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; i < dv; ++i) {
+    const float y = num[i] / den;
+    ok = ok && std::isfinite(y);
+    dot += dy[i] * y;
+    g[i] = dy[i] / den;
+  }
+  g[dv] = -dot / den;
+  return ok;
+}
+
 float SumValues(const float* a, int64_t n) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -436,6 +497,9 @@ HWY_EXPORT(ScaleCopyNorm2);
 HWY_EXPORT(ScaleCopy);
 HWY_EXPORT(ScaleAdd);
 HWY_EXPORT(ScaleCopyFinite);
+HWY_EXPORT(KeyRowScales);
+HWY_EXPORT(MulScaled);
+HWY_EXPORT(UpstreamRow);
 HWY_EXPORT(Dot);
 HWY_EXPORT(SumValues);
 HWY_EXPORT(Rank1Update);
@@ -486,6 +550,16 @@ void scale_add(const float* prev, float f, const float* add, float* out, int64_t
 }
 bool scale_copy_finite(const float* src, float mult, float* dst, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(ScaleCopyFinite)(src, mult, dst, n);
+}
+void key_row_scales(const float* prefix, float e, const float* inv_sigma, float* dphi, float* phi,
+                    float* kscaled, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(KeyRowScales)(prefix, e, inv_sigma, dphi, phi, kscaled, n);
+}
+void mul_scaled(const float* a, const float* b, float e, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(MulScaled)(a, b, e, out, n);
+}
+bool upstream_row(const float* num, float den, const float* dy, float* g, int64_t dv) {
+  return HWY_DYNAMIC_DISPATCH(UpstreamRow)(num, den, dy, g, dv);
 }
 float sum_values(const float* a, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(SumValues)(a, n);

@@ -38,6 +38,17 @@ void scale_copy(const float* src, float mult, float* dst, int64_t n);
 void scale_add(const float* prev, float f, const float* add, float* out, int64_t n);
 /// dst[i] = mult * src[i]; returns whether every dst[i] is finite.
 bool scale_copy_finite(const float* src, float mult, float* dst, int64_t n);
+/// The causal backward's key row (favor_backward_causal.cpp, sweep B), with P*[i] =
+/// max(prefix[i], FLT_MIN) (1 when prefix is null): dphi[i] *= (P*[i] e) inv_sigma[i],
+/// kscaled[i] = (phi[i] e) inv_sigma[i], then phi[i] *= 1 / P*[i] (prefix non-null).
+void key_row_scales(const float* prefix, float e, const float* inv_sigma, float* dphi, float* phi,
+                    float* kscaled, int64_t n);
+/// out[i] = a[i] * (b[i] * e).
+void mul_scaled(const float* a, const float* b, float e, float* out, int64_t n);
+/// One row of the upstream gradient (feature_grad.hpp, upstream_rows) for contiguous dy:
+/// g[i] = dy[i] / den for i < dv, g[dv] = -(sum_i dy[i] y[i]) / den with y = num / den (the
+/// sum in SIMD lanes); returns whether every y[i] is finite.
+bool upstream_row(const float* num, float den, const float* dy, float* g, int64_t dv);
 /// sum_i a[i] (float accumulation in SIMD lanes).
 float sum_values(const float* a, int64_t n);
 /// sum_i a[i] b[i] (float accumulation in SIMD lanes).
