@@ -21,6 +21,8 @@ struct ChunkWorkspace {
   std::vector<float> x;  // 2B x d (B = kProjectBlock): the block's keys, then its queries
   std::vector<float> a;  // 2B x m: their projections
   std::vector<double> block_half_norm2;  // B: the keys' |x|^2 / 2
+  std::vector<float> wt;                 // d x m: W^T of head wt_bh (load_block)
+  int64_t wt_bh = -1;
   // The loaded chunk's rows in the block (load_chunk): keys and queries (x), projections (a),
   // the keys' |x|^2 / 2.
   const float *xk = nullptr, *xq = nullptr, *ak = nullptr, *aq = nullptr;
@@ -38,7 +40,10 @@ struct ChunkWorkspace {
   ChunkWorkspace(int64_t d, int64_t m, int64_t F_, int64_t dv_);
   HeadState state() { return HeadState{sv.data(), F, dv}; }
   /// Forgets the loaded block: a new sweep's inputs may differ from the last one's.
-  void forget_block() { block_bh = -1; }
+  void forget_block() {
+    block_bh = -1;
+    wt_bh = -1;
+  }
   int64_t ldq() const { return F + kChunk; }
 };
 

@@ -24,6 +24,10 @@ constexpr int64_t kChunk = kernels::kSavedChunk;
 /// block's 2 x 256 x m projections (512 KiB at m = 256) stay in L2.
 constexpr int64_t kProjectBlock = 8 * kChunk;
 
+/// The largest product M N K that OpenBLAS (0.3.21, SkylakeX/Cooperlake kernels) runs on its
+/// small-matrix path, which neither packs nor copies its operands.
+constexpr int64_t kSmallGemm = 1000000;
+
 /// Default causal block length L of Transformer-VQ attention (vq.hpp); the result does not
 /// depend on it. The intra-block matrix costs 2 N L (dv + 1) flops (soft: + 2 N L c) on top
 /// of the 6 N c d of the code GEMMs. Measured (one thread, B = 1, H = 8, N = 4096,
