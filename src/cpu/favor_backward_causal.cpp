@@ -261,7 +261,7 @@ void add_chunk_queries(int64_t rows, bool scaled, Workspace& w) {
   float max_d = 0.0f, max_phi = 0.0f;
   for (int64_t i = 0; scaled && i < rows; ++i) {
     for (int64_t j = 0; j <= i; ++j) max_d = std::max(max_d, std::abs(D[i * kChunk + j]));
-    for (int64_t f = 0; f < F; ++f) max_phi = std::max(max_phi, ws.qg[i * ldq + f]);
+    max_phi = std::max(max_phi, max_value(ws.qg.data() + i * ldq, F));
   }
   if (!scaled) {
     gemm(true, false, rows, F, rows, 1.0f, D, kChunk, ws.qg.data(), ldq, 1.0f, w.dphi.data(), F);
@@ -270,9 +270,7 @@ void add_chunk_queries(int64_t rows, bool scaled, Workspace& w) {
   float* inner = w.inner.data();
   if (static_cast<double>(rows) * max_d * max_phi < 0.5 * FLT_MAX) {
     gemm(true, false, rows, F, rows, 1.0f, D, kChunk, ws.qg.data(), ldq, 0.0f, inner, F);
-    for (int64_t j = 0; j < rows; ++j)
-      for (int64_t f = 0; f < F; ++f)
-        w.dphi[j * F + f] += floored_prefix(ws, true, j, f) * inner[j * F + f];
+    add_floored_product(ws.prefix.data(), inner, w.dphi.data(), rows * F);
     return;
   }
   for (int64_t j = 0; j < rows; ++j) {
@@ -395,7 +393,7 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
       for (int64_t f = 0; f < F; ++f) {
         const float next = scaled ? std::max(st.chunk_s[ci * F + f], FLT_MIN) : 1.0f;
         const float ratio = (next * e_end) * inv_sigma[f];
-        for (int64_t x = 0; x < ldv; ++x) w.R[f * ldv + x] *= ratio;
+        scale_copy(w.R.data() + f * ldv, ratio, w.R.data() + f * ldv, ldv);
         sigma[f] = next;
       }
       for (int64_t i = 0; i < rows; ++i) {

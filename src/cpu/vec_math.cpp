@@ -285,6 +285,19 @@ void KeyRowScales(const float* prefix, float e, const float* inv_sigma, float* d
   }
 }
 
+void AddFlooredProduct(const float* p, const float* b, float* out, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto tiny = hn::Set(d, std::numeric_limits<float>::min());
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto vp = hn::LoadU(d, p + i);
+    const auto floored = hn::IfThenElse(hn::Lt(vp, tiny), tiny, vp);  // std::max(p, FLT_MIN)
+    hn::StoreU(hn::Add(hn::LoadU(d, out + i), hn::Mul(floored, hn::LoadU(d, b + i))), d, out + i);
+  }
+  for (; i < n; ++i) out[i] += std::max(p[i], std::numeric_limits<float>::min()) * b[i];
+}
+
 void MulScaled(const float* a, const float* b, float e, float* out, int64_t n) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -499,6 +512,7 @@ HWY_EXPORT(ScaleAdd);
 HWY_EXPORT(ScaleCopyFinite);
 HWY_EXPORT(KeyRowScales);
 HWY_EXPORT(MulScaled);
+HWY_EXPORT(AddFlooredProduct);
 HWY_EXPORT(UpstreamRow);
 HWY_EXPORT(Dot);
 HWY_EXPORT(SumValues);
@@ -554,6 +568,9 @@ bool scale_copy_finite(const float* src, float mult, float* dst, int64_t n) {
 void key_row_scales(const float* prefix, float e, const float* inv_sigma, float* dphi, float* phi,
                     float* kscaled, int64_t n) {
   HWY_DYNAMIC_DISPATCH(KeyRowScales)(prefix, e, inv_sigma, dphi, phi, kscaled, n);
+}
+void add_floored_product(const float* p, const float* b, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(AddFlooredProduct)(p, b, out, n);
 }
 void mul_scaled(const float* a, const float* b, float e, float* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(MulScaled)(a, b, e, out, n);

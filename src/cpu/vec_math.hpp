@@ -43,6 +43,8 @@ bool scale_copy_finite(const float* src, float mult, float* dst, int64_t n);
 /// kscaled[i] = (phi[i] e) inv_sigma[i], then phi[i] *= 1 / P*[i] (prefix non-null).
 void key_row_scales(const float* prefix, float e, const float* inv_sigma, float* dphi, float* phi,
                     float* kscaled, int64_t n);
+/// out[i] += max(p[i], FLT_MIN) * b[i] (the product rounded before the sum).
+void add_floored_product(const float* p, const float* b, float* out, int64_t n);
 /// out[i] = a[i] * (b[i] * e).
 void mul_scaled(const float* a, const float* b, float e, float* out, int64_t n);
 /// One row of the upstream gradient (feature_grad.hpp, upstream_rows) for contiguous dy:
