@@ -507,9 +507,12 @@ TEST(Backward, SavedCausalStatesGiveTheSameGradients) {
       EXPECT_EQ(y.values(), y_plain.values());  // saving changes nothing in the output
       const AttentionGrads with = favor_attention_backward(q, k, v, dy, w, o, true, &ctx);
       const AttentionGrads without = favor_attention_backward(q, k, v, dy, w, o, true);
-      EXPECT_LE(relative_frobenius_error(with.dq, without.dq), 1e-6) << to_string(kernel) << " N = " << n;
-      EXPECT_LE(relative_frobenius_error(with.dk, without.dk), 1e-6) << to_string(kernel) << " N = " << n;
-      EXPECT_LE(relative_frobenius_error(with.dv, without.dv), 1e-6) << to_string(kernel) << " N = " << n;
+      EXPECT_LE(relative_frobenius_error(with.dq, without.dq), 1e-6)
+          << to_string(kernel) << " N = " << n;
+      EXPECT_LE(relative_frobenius_error(with.dk, without.dk), 1e-6)
+          << to_string(kernel) << " N = " << n;
+      EXPECT_LE(relative_frobenius_error(with.dv, without.dv), 1e-6)
+          << to_string(kernel) << " N = " << n;
       EXPECT_LE(relative_frobenius_error(Tensor({1, 1, 1, int64_t(with.dw.size())}, with.dw),
                                          Tensor({1, 1, 1, int64_t(without.dw.size())}, without.dw)),
                 1e-6);

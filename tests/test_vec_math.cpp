@@ -88,11 +88,20 @@ TEST(VecMath, MaxOfSignedSumLogIsTheLogRoute) {
       for (int64_t i = 0; i < n; ++i) {
         a[i] = spread * normal(rng);
         switch (kind(rng)) {
-          case 0: p[i] = 0.0f; break;
-          case 1: p[i] = FLT_MIN * 0.25f; break;  // denormal: dead
-          case 2: p[i] = FLT_MIN; break;
-          case 3: p[i] = 1.0f; break;
-          default: p[i] = std::exp(spread * normal(rng));
+          case 0:
+            p[i] = 0.0f;
+            break;
+          case 1:
+            p[i] = FLT_MIN * 0.25f;
+            break;  // denormal: dead
+          case 2:
+            p[i] = FLT_MIN;
+            break;
+          case 3:
+            p[i] = 1.0f;
+            break;
+          default:
+            p[i] = std::exp(spread * normal(rng));
         }
       }
       if (trial == 5) p[n / 2] = inf;
@@ -102,8 +111,8 @@ TEST(VecMath, MaxOfSignedSumLogIsTheLogRoute) {
       for (float sign : {1.0f, -1.0f}) {
         const float ref = cpu::max_of_signed_sum(a.data(), sign, log_p.data(), n);
         const float c = cpu::max_of_signed_sum_log(a.data(), sign, p.data(), n);
-        EXPECT_EQ(bits(c), bits(ref)) << "n = " << n << " trial " << trial << ": " << c << " vs "
-                                      << ref;
+        EXPECT_EQ(bits(c), bits(ref))
+            << "n = " << n << " trial " << trial << ": " << c << " vs " << ref;
         if (!std::isfinite(ref)) continue;
         cpu::exp_shift_live(a.data(), sign, ref, log_p.data(), want.data(), n);
         cpu::exp_shift_live_sums(a.data(), sign, ref, p.data(), got.data(), n);

@@ -40,10 +40,10 @@ void load_block(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, i
   ws.block_end = end;
   const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
   const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
-  gather_rows(kh + begin * p.k_strides[2], p.k_strides[2], p.k_strides[3], n, p.d,
-              p.map.sqrt_scale, ws.x.data(), ws.block_half_norm2.data());
-  gather_rows(qh + begin * p.q_strides[2], p.q_strides[2], p.q_strides[3], n, p.d,
-              p.map.sqrt_scale, ws.x.data() + n * p.d, nullptr);
+  gather_rows(kh + begin * p.k_strides[2], p.k_strides[2], p.k_strides[3], n, p.d, p.map.sqrt_scale,
+              ws.x.data(), ws.block_half_norm2.data());
+  gather_rows(qh + begin * p.q_strides[2], p.q_strides[2], p.q_strides[3], n, p.d, p.map.sqrt_scale,
+              ws.x.data() + n * p.d, nullptr);
   // Keys and queries at once. Calls of at least one block project through W^T in pieces of
   // at most kSmallGemm / (m d) rows, which OpenBLAS runs on its small-matrix path (no packing
   // of W): 112 against 96 GFLOP/s for one 512 x 256 x 64 product (one thread). Shorter calls

@@ -27,13 +27,13 @@ struct ChunkWorkspace {
   // the keys' |x|^2 / 2.
   const float *xk = nullptr, *xq = nullptr, *ak = nullptr, *aq = nullptr;
   const double* half_norm2 = nullptr;
-  std::vector<float> phik;        // C x F
-  std::vector<float> qg;          // C x (F + C): [phi(Q_c) | G]
-  std::vector<float> prefix;      // C x F: prefix normalisers P_r (positive family)
-  std::vector<float> sv;          // (F + C) x (dv + 1): [S | s] of the state, then [V_c | 1]
-  std::vector<float> yx;          // C x (dv + 1)
-  std::vector<float> s;           // F: the state's normaliser column
-  std::vector<float> local;       // F x (dv + 1): a segment's local key state
+  std::vector<float> phik;    // C x F
+  std::vector<float> qg;      // C x (F + C): [phi(Q_c) | G]
+  std::vector<float> prefix;  // C x F: prefix normalisers P_r (positive family)
+  std::vector<float> sv;      // (F + C) x (dv + 1): [S | s] of the state, then [V_c | 1]
+  std::vector<float> yx;      // C x (dv + 1)
+  std::vector<float> s;       // F: the state's normaliser column
+  std::vector<float> local;   // F x (dv + 1): a segment's local key state
   std::vector<double> g, run_max;
   std::vector<char> visible;
   KeyTile tile;

@@ -228,8 +228,8 @@ void sweep_a(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
     chunk_d_matrix(rows, moved, gx, vx, ldv, w);
     gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
          w.dphi.data(), F);
-    feature_backward(p.map, bh, nullptr, rows, ws.xq, w.phiq.data(), w.dphi.data(),
-                     w.pa.data(), bp.dq + (bh * n + c0) * d, dw, db);
+    feature_backward(p.map, bh, nullptr, rows, ws.xq, w.phiq.data(), w.dphi.data(), w.pa.data(),
+                     bp.dq + (bh * n + c0) * d, dw, db);
     update_states(rows, moved, drate && ci + 1 < chunks, state, vx, w);
   }
   state.copy_normaliser(st.chunk_s + chunks * F);
@@ -310,8 +310,8 @@ void saved_query_chunk(const BackwardParams& bp, int64_t bh, int64_t c0, int64_t
   chunk_d_matrix(rows, moved, gx, vx, ldv, w);
   gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
        w.dphi.data(), F);
-  feature_backward(p.map, bh, nullptr, rows, ws.xq, w.phiq.data(), w.dphi.data(),
-                   w.pa.data(), bp.dq + (bh * p.nq + c0) * d, bp.head_dw(bh), bp.head_dbias(bh));
+  feature_backward(p.map, bh, nullptr, rows, ws.xq, w.phiq.data(), w.dphi.data(), w.pa.data(),
+                   bp.dq + (bh * p.nq + c0) * d, bp.head_dw(bh), bp.head_dbias(bh));
 }
 
 // B. Reverse sweep: dk, dv, with R = later queries' phi(q) gx^T, starting from suffix_r (the
@@ -371,9 +371,9 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
       for (int64_t x = 0; x < ldv; ++x) w.gscaled[x * rows + j] = vx[j * ldv + x];  // [V | 1]^T
     rows_times_transposed(w.gscaled.data(), rows, w.R.data(), F, ldv, w.dphi.data());
     for (int64_t j = 0; j < rows; ++j) {
-      key_row_scales(scaled ? ws.prefix.data() + j * F : nullptr,
-                     rescale(ws.run_max[j], end_max), inv_sigma, w.dphi.data() + j * F,
-                     ws.phik.data() + j * F, w.kscaled.data() + j * F, F);
+      key_row_scales(scaled ? ws.prefix.data() + j * F : nullptr, rescale(ws.run_max[j], end_max),
+                     inv_sigma, w.dphi.data() + j * F, ws.phik.data() + j * F,
+                     w.kscaled.data() + j * F, F);
     }
     gemm(false, false, rows, dv, F, 1.0f, w.kscaled.data(), F, w.R.data(), ldv, 0.0f, w.dvv.data(),
          dv);
@@ -382,8 +382,8 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
     gemm(true, false, rows, dv, rows, 1.0f, ws.qg.data() + F, ws.ldq(), gx, ldv, 1.0f, w.dvv.data(),
          dv);
     const KeyRows keys{bp.dlogw ? bp.dlogw + bh * m : nullptr};
-    feature_backward(p.map, bh, &keys, rows, ws.xk, ws.phik.data(), w.dphi.data(),
-                     w.pa.data(), bp.dk + (bh * n + c0) * p.d, dw, db);
+    feature_backward(p.map, bh, &keys, rows, ws.xk, ws.phik.data(), w.dphi.data(), w.pa.data(),
+                     bp.dk + (bh * n + c0) * p.d, dw, db);
     std::copy_n(w.dvv.data(), rows * dv, bp.dv + (bh * n + c0) * dv);
     if (ci > 0) {
       // R' relative to the previous chunk's end (max prev_max, sigma' of chunk_s[ci]): times

@@ -48,8 +48,9 @@ HWY_INLINE V ExpOrInf(const DF d, V x) {
   // fewer instructions (exps were ~12% of a one-thread causal forward).
   hn::impl::ExpImpl<float> impl;
   const hn::Rebind<int32_t, DF> di;
-  const auto q = impl.ToInt32(d, hn::MulAdd(x, hn::Set(d, 1.442695040888963407359924681f),
-                                            hn::Or(hn::Set(d, 0.5f), hn::And(x, hn::Set(d, -0.0f)))));
+  const auto q =
+      impl.ToInt32(d, hn::MulAdd(x, hn::Set(d, 1.442695040888963407359924681f),
+                                 hn::Or(hn::Set(d, 0.5f), hn::And(x, hn::Set(d, -0.0f)))));
   if (hn::AllTrue(di, hn::And(hn::Gt(q, hn::Set(di, -126)), hn::Lt(q, hn::Set(di, 127))))) {
     const auto y = hn::Add(impl.ExpPoly(d, impl.ExpReduce(d, x, q)), hn::Set(d, 1.0f));
     return hn::Mul(y, impl.Pow2I(d, q));
