@@ -294,6 +294,9 @@ std::vector<Case> cases() {
       out.push_back({1, 1, 300, 300, 6, 9, 17, kernel, causal, true, false});
       out.push_back({1, 1, 1, 1, 4, 3, 8, kernel, causal, false, false});
     }
+    // Causal sweeps project 256 tokens at a time (kProjectBlock): three blocks, the last
+    // partial, forward from the start and in reverse from the end.
+    out.push_back({1, 2, 600, 600, 6, 9, 17, kernel, true, true, false});
   }
   // FAVOR++ / FAVOR#: per-head fits (dW_h per head) and shared ones (dW_h summed over heads,
   // with per-thread partials), the same tails; bidirectional calls also fit themselves.
@@ -479,33 +482,37 @@ TEST(Backward, StaleOrCausalContextIsRefused) {
 // The causal context: one reverse sweep from the forward's chunk states and rows gives the
 // gradients of the two recomputing sweeps, up to the summation order of dW (per chunk
 // instead of all queries, then all keys). N = 100: three full 32-token chunks and a partial
-// one; one head: the forward splits it over threads (segment states).
+// one; N = 600: three blocks of projections (kProjectBlock = 256), the last partial; one
+// head: the forward splits it over threads (segment states).
 TEST(Backward, SavedCausalStatesGiveTheSameGradients) {
-  for (int64_t heads : {int64_t{1}, int64_t{3}}) {
-    const Tensor q = testing::random_tensor({1, heads, 100, 8}, 1, 1.5),
-                 k = testing::random_tensor({1, heads, 100, 8}, 2, 1.5),
-                 v = testing::random_tensor({1, heads, 100, 5}, 3),
-                 dy = testing::random_tensor({1, heads, 100, 5}, 4);
+  for (auto [heads, n] : {std::pair<int64_t, int64_t>{1, 100}, {3, 100}, {1, 600}, {2, 600}}) {
+    const Tensor q = testing::random_tensor({1, heads, n, 8}, 1, 1.5),
+                 k = testing::random_tensor({1, heads, n, 8}, 2, 1.5),
+                 v = testing::random_tensor({1, heads, n, 5}, 3),
+                 dy = testing::random_tensor({1, heads, n, 5}, 4);
     const Projection w = Projection::draw(24, 8, {ProjectionKind::orthogonal, NormMode::chi, 3});
-    std::vector<uint8_t> mask = testing::periodic_mask(100, 4, 1);
+    std::vector<uint8_t> mask = testing::periodic_mask(n, 4, 1);
     AttentionContext ctx;  // reused: its buffers are resized (F = m, 2m, m), not reallocated
     for (Kernel kernel : {Kernel::positive, Kernel::trig, Kernel::favorsharp}) {
       AttentionOptions o;
       o.kernel = kernel;
       o.causal = true;
       o.save_causal_states = true;
-      o.key_mask = KeyMaskView::contiguous(mask.data(), 1, 100);
+      o.key_mask = KeyMaskView::contiguous(mask.data(), 1, n);
       if (data_adapted(kernel)) o.fit = fit_kernel(kernel, q, k);
-      Tensor y({1, heads, 100, 5}), y_plain({1, heads, 100, 5});
+      Tensor y({1, heads, n, 5}), y_plain({1, heads, n, 5});
       favor_attention(q, k, v, w, y.mutable_view(), o, &ctx);
       ASSERT_TRUE(ctx.valid());
       favor_attention(q, k, v, w, y_plain.mutable_view(), o);
       EXPECT_EQ(y.values(), y_plain.values());  // saving changes nothing in the output
       const AttentionGrads with = favor_attention_backward(q, k, v, dy, w, o, true, &ctx);
       const AttentionGrads without = favor_attention_backward(q, k, v, dy, w, o, true);
-      EXPECT_LE(relative_frobenius_error(with.dq, without.dq), 1e-6) << to_string(kernel);
-      EXPECT_LE(relative_frobenius_error(with.dk, without.dk), 1e-6) << to_string(kernel);
-      EXPECT_LE(relative_frobenius_error(with.dv, without.dv), 1e-6) << to_string(kernel);
+      EXPECT_LE(relative_frobenius_error(with.dq, without.dq), 1e-6)
+          << to_string(kernel) << " N = " << n;
+      EXPECT_LE(relative_frobenius_error(with.dk, without.dk), 1e-6)
+          << to_string(kernel) << " N = " << n;
+      EXPECT_LE(relative_frobenius_error(with.dv, without.dv), 1e-6)
+          << to_string(kernel) << " N = " << n;
       EXPECT_LE(relative_frobenius_error(Tensor({1, 1, 1, int64_t(with.dw.size())}, with.dw),
                                          Tensor({1, 1, 1, int64_t(without.dw.size())}, without.dw)),
                 1e-6);

@@ -32,8 +32,8 @@ Tensor causal_with_chunk(const Tensor& q, const Tensor& k, const Tensor& v, cons
   return out;
 }
 
-TEST(ChunkLength, DoesNotChangeTheResult) {
-  const int64_t B = 2, H = 2, N = 77, D = 8, Dv = 5;
+void check_chunk_lengths(int64_t N) {
+  const int64_t B = 2, H = 2, D = 8, Dv = 5;
   const Tensor q = random_tensor({B, H, N, D}, 61, 1.0), k = random_tensor({B, H, N, D}, 62, 1.0),
                v = random_tensor({B, H, N, Dv}, 63);
   std::vector<uint8_t> mask(B * N, 1);
@@ -59,6 +59,15 @@ TEST(ChunkLength, DoesNotChangeTheResult) {
         EXPECT_LE(rel_error(y, full_values), 4.0 * naive_err + 2e-6) << label << " C = " << chunk;
       }
     }
+  }
+}
+
+// N = 600: the sweep projects whole chunks of up to 256 tokens at a time (kProjectBlock):
+// blocks of 255 tokens for C = 5 and 17, the last one partial.
+TEST(ChunkLength, DoesNotChangeTheResult) {
+  for (int64_t N : {int64_t{77}, int64_t{600}}) {
+    SCOPED_TRACE("N = " + std::to_string(N));
+    check_chunk_lengths(N);
   }
 }
 

@@ -1,10 +1,18 @@
 // The decoder's row kernels (cpu/vec_math.hpp) at every column count around the SIMD width:
 // transposed_matvec against a double sum within the float summation bound, and
 // update_and_read bit for bit against rank1_update then transposed_matvec (its contract,
-// which the fused decoder steps rely on for outputs equal to append then query).
+// which the fused decoder steps rely on for outputs equal to append then query). The causal
+// chunk's query shift from the prefix normalisers themselves (max_of_signed_sum_log,
+// exp_shift_live_sums) gives the bits of the route through their logs (log_or_neg_inf, then
+// max_of_signed_sum and exp_shift_live): lengths around the vector width and past the bound
+// buffer (1024), dead sums (0, denormals), FLT_MIN, huge and infinite sums, both signs, terms
+// that tie within the bound's slack.
 #include <gtest/gtest.h>
 
+#include <cfloat>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -58,6 +66,59 @@ TEST(VecMath, UpdateAndReadIsRank1UpdateThenTransposedMatvecBitForBit) {
       cpu::update_and_read(S2.data(), phi_k.data(), v.data(), phi_q.data(), F, dv, y2.data());
       ASSERT_EQ(S1, S2) << "F = " << F << ", dv = " << dv;
       ASSERT_EQ(y1, y2) << "F = " << F << ", dv = " << dv;
+    }
+  }
+}
+
+uint32_t bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+TEST(VecMath, MaxOfSignedSumLogIsTheLogRoute) {
+  std::mt19937 rng(2027);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> kind(0, 9);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t n : {1, 7, 15, 16, 17, 31, 33, 64, 256, 257, 1000, 1024, 1025, 1500}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> a(n), p(n), log_p(n), want(n), got(n);
+      const float spread = trial % 3 == 0 ? 0.01f : (trial % 3 == 1 ? 1.0f : 30.0f);
+      for (int64_t i = 0; i < n; ++i) {
+        a[i] = spread * normal(rng);
+        switch (kind(rng)) {
+          case 0:
+            p[i] = 0.0f;
+            break;
+          case 1:
+            p[i] = FLT_MIN * 0.25f;
+            break;  // denormal: dead
+          case 2:
+            p[i] = FLT_MIN;
+            break;
+          case 3:
+            p[i] = 1.0f;
+            break;
+          default:
+            p[i] = std::exp(spread * normal(rng));
+        }
+      }
+      if (trial == 5) p[n / 2] = inf;
+      if (trial == 6) p[n - 1] = 1e38f;
+      if (trial == 7) std::fill(p.begin(), p.end(), 0.0f);  // all dead: -inf
+      cpu::log_or_neg_inf(p.data(), log_p.data(), n);
+      for (float sign : {1.0f, -1.0f}) {
+        const float ref = cpu::max_of_signed_sum(a.data(), sign, log_p.data(), n);
+        const float c = cpu::max_of_signed_sum_log(a.data(), sign, p.data(), n);
+        EXPECT_EQ(bits(c), bits(ref))
+            << "n = " << n << " trial " << trial << ": " << c << " vs " << ref;
+        if (!std::isfinite(ref)) continue;
+        cpu::exp_shift_live(a.data(), sign, ref, log_p.data(), want.data(), n);
+        cpu::exp_shift_live_sums(a.data(), sign, ref, p.data(), got.data(), n);
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(bits(got[i]), bits(want[i])) << "n = " << n << " trial " << trial << " i " << i;
+      }
     }
   }
 }

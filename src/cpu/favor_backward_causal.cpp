@@ -39,6 +39,7 @@
 #include "cpu/feature_tile.hpp"
 #include "cpu/head_state.hpp"
 #include "cpu/schedule.hpp"
+#include "cpu/vec_math.hpp"
 
 namespace favor::cpu {
 namespace {
@@ -87,13 +88,30 @@ void chunk_d_matrix(int64_t rows, bool moved, const float* gx, const float* vx, 
   }
 }
 
-// gscaled = gx rows times exp(from - M_i).
+// gscaled = gx rows times exp(from - M_i) (w.gscaled: also their transposes, and [V | 1]^T).
 void scale_rows(const float* gx, int64_t rows, int64_t ldv, double from,
                 const std::vector<double>& run_max, float* out) {
   for (int64_t i = 0; i < rows; ++i) {
     const float f = rescale(from, run_max[i]);
     for (int64_t x = 0; x < ldv; ++x) out[i * ldv + x] = f * gx[i * ldv + x];
   }
+}
+
+// The same, transposed: out (ldv x rows) = scale_rows(...)^T.
+void scale_rows_transposed(const float* gx, int64_t rows, int64_t ldv, double from,
+                           const std::vector<double>& run_max, float* out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float f = rescale(from, run_max[i]);
+    for (int64_t x = 0; x < ldv; ++x) out[x * rows + i] = f * gx[i * ldv + x];
+  }
+}
+
+// dphi (rows x F) = A X^T for A (rows x ldv) given transposed, at (ldv x rows), and X (F x ldv):
+// with A^T stored the BLAS takes its small-matrix path (no packing of X), 102 against 75
+// GFLOP/s for rows = 32, F = 256, ldv = 65 (one thread).
+void rows_times_transposed(const float* a_t, int64_t rows, const float* x, int64_t F, int64_t ldv,
+                           float* dphi) {
+  gemm(true, true, rows, F, ldv, 1.0f, a_t, rows, x, ldv, 0.0f, dphi, F);
 }
 
 // The chunk's share of dL/drate, -sum_i gx_i . T_i over its queries (rows r = i - c):
@@ -182,8 +200,11 @@ void sweep_a(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
   }
   const double start_max = state.max;
   double rate_sum = 0.0;
+  ws.forget_block();
   for (int64_t ci = 0; ci < chunks; ++ci) {
     const int64_t c0 = ci * kChunk, rows = std::min(kChunk, n - c0);
+    if (!block_holds(ws, bh, c0, rows))
+      load_block(p, b, h, c0, std::min(n, c0 + kProjectBlock), ws);  // the chunks ahead
     load_chunk(p, b, h, c0, rows, vx, ws);
     const bool moved = chunk_key_features(p, rows, state.max, ws);
     state.copy_normaliser(st.chunk_s + ci * F);
@@ -202,14 +223,13 @@ void sweep_a(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
       gemm(true, false, F, ldv, rows, 1.0f, w.phiq.data(), F, w.gscaled.data(), ldv, 1.0f, r_out,
            ldv);
     }
-    scale_rows(gx, rows, ldv, state.max, ws.run_max, w.gscaled.data());
-    gemm(false, true, rows, F, ldv, 1.0f, w.gscaled.data(), ldv, state.Sx, ldv, 0.0f, w.dphi.data(),
-         F);
+    scale_rows_transposed(gx, rows, ldv, state.max, ws.run_max, w.gscaled.data());
+    rows_times_transposed(w.gscaled.data(), rows, state.Sx, F, ldv, w.dphi.data());
     chunk_d_matrix(rows, moved, gx, vx, ldv, w);
     gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
          w.dphi.data(), F);
-    feature_backward(p.map, bh, nullptr, rows, ws.x.data() + rows * d, w.phiq.data(), w.dphi.data(),
-                     w.pa.data(), bp.dq + (bh * n + c0) * d, dw, db);
+    feature_backward(p.map, bh, nullptr, rows, ws.xq, w.phiq.data(), w.dphi.data(), w.pa.data(),
+                     bp.dq + (bh * n + c0) * d, dw, db);
     update_states(rows, moved, drate && ci + 1 < chunks, state, vx, w);
   }
   state.copy_normaliser(st.chunk_s + chunks * F);
@@ -241,7 +261,7 @@ void add_chunk_queries(int64_t rows, bool scaled, Workspace& w) {
   float max_d = 0.0f, max_phi = 0.0f;
   for (int64_t i = 0; scaled && i < rows; ++i) {
     for (int64_t j = 0; j <= i; ++j) max_d = std::max(max_d, std::abs(D[i * kChunk + j]));
-    for (int64_t f = 0; f < F; ++f) max_phi = std::max(max_phi, ws.qg[i * ldq + f]);
+    max_phi = std::max(max_phi, max_value(ws.qg.data() + i * ldq, F));
   }
   if (!scaled) {
     gemm(true, false, rows, F, rows, 1.0f, D, kChunk, ws.qg.data(), ldq, 1.0f, w.dphi.data(), F);
@@ -250,9 +270,7 @@ void add_chunk_queries(int64_t rows, bool scaled, Workspace& w) {
   float* inner = w.inner.data();
   if (static_cast<double>(rows) * max_d * max_phi < 0.5 * FLT_MAX) {
     gemm(true, false, rows, F, rows, 1.0f, D, kChunk, ws.qg.data(), ldq, 0.0f, inner, F);
-    for (int64_t j = 0; j < rows; ++j)
-      for (int64_t f = 0; f < F; ++f)
-        w.dphi[j * F + f] += floored_prefix(ws, true, j, f) * inner[j * F + f];
+    add_floored_product(ws.prefix.data(), inner, w.dphi.data(), rows * F);
     return;
   }
   for (int64_t j = 0; j < rows; ++j) {
@@ -287,19 +305,20 @@ void saved_query_chunk(const BackwardParams& bp, int64_t bh, int64_t c0, int64_t
                 p.dv, gx);
   for (int64_t i = 0; i < rows; ++i)
     std::copy_n(ws.qg.data() + i * ws.ldq(), F, w.phiq.data() + i * F);
-  scale_rows(gx, rows, ldv, state_max, ws.run_max, w.gscaled.data());
-  gemm(false, true, rows, F, ldv, 1.0f, w.gscaled.data(), ldv, state, ldv, 0.0f, w.dphi.data(), F);
+  scale_rows_transposed(gx, rows, ldv, state_max, ws.run_max, w.gscaled.data());
+  rows_times_transposed(w.gscaled.data(), rows, state, F, ldv, w.dphi.data());
   chunk_d_matrix(rows, moved, gx, vx, ldv, w);
   gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
        w.dphi.data(), F);
-  feature_backward(p.map, bh, nullptr, rows, ws.x.data() + rows * d, w.phiq.data(), w.dphi.data(),
-                   w.pa.data(), bp.dq + (bh * p.nq + c0) * d, bp.head_dw(bh), bp.head_dbias(bh));
+  feature_backward(p.map, bh, nullptr, rows, ws.xq, w.phiq.data(), w.dphi.data(), w.pa.data(),
+                   bp.dq + (bh * p.nq + c0) * d, bp.head_dw(bh), bp.head_dbias(bh));
 }
 
 // B. Reverse sweep: dk, dv, with R = later queries' phi(q) gx^T, starting from suffix_r (the
 // later ranks' queries, relative to exp(suffix_ref); null: none). R is held as R' = sigma R
 // (positive family; sigma = 1 otherwise), sigma of the normaliser after the current chunk.
-// With `saved` (a causal context) it also does sweep A's work on each chunk (gx, dq).
+// With `saved` (a causal context) it also does sweep A's work on each chunk (gx, dq) and
+// reads each chunk's starting normaliser from its saved state.
 void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const HeadStore& st,
              const float* suffix_r, double suffix_ref, const SavedForward* saved = nullptr) {
   const AttentionParams& p = bp.fwd;
@@ -313,9 +332,20 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
   float* sigma = w.sigma.data();
   float* inv_sigma = w.inv_sigma.data();
   std::fill(w.R.begin(), w.R.end(), 0.0f);
+  ws.forget_block();
   for (int64_t ci = chunks - 1; ci >= 0; --ci) {
     const int64_t c0 = ci * kChunk, rows = std::min(kChunk, n - c0);
     const double prev_max = st.chunk_max[ci];
+    if (saved) {  // the chunk's starting normaliser; the state before the chunk ahead to L2
+      const float* state = saved->states + ci * F * ldv;
+      for (int64_t f = 0; f < F; ++f) st.chunk_s[ci * F + f] = state[f * ldv + dv];
+      if (ci > 0) {
+        constexpr int64_t kLine = 64 / sizeof(float);
+        for (int64_t x = 0; x < F * ldv; x += kLine) __builtin_prefetch(state - F * ldv + x, 0, 1);
+      }
+    }
+    if (!block_holds(ws, bh, c0, rows))  // the chunks behind, this one last
+      load_block(p, b, h, std::max<int64_t>(0, c0 + kChunk - kProjectBlock), c0 + rows, ws);
     load_chunk(p, b, h, c0, rows, vx, ws);
     const bool moved = chunk_key_features(p, rows, prev_max, ws);
     chunk_query_features(p, rows, st.chunk_s + ci * F, prev_max, ws);
@@ -337,16 +367,13 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
     // Later chunks, read by key j at scale e_j = exp(M_j - M_end): dphi_jf = rho_jf ([V | 1]
     // R'^T)_jf with rho_jf = (P*_jf e_j) / sigma_f <= 1, and dV_j = sum_f kscaled_jf R'_f with
     // kscaled_jf = (phi_jf e_j) / sigma_f <= 1. Key j's features become phi_jf / P*_jf <= 1.
-    gemm(false, true, rows, F, ldv, 1.0f, vx, ldv, w.R.data(), ldv, 0.0f, w.dphi.data(), F);
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t x = 0; x < ldv; ++x) w.gscaled[x * rows + j] = vx[j * ldv + x];  // [V | 1]^T
+    rows_times_transposed(w.gscaled.data(), rows, w.R.data(), F, ldv, w.dphi.data());
     for (int64_t j = 0; j < rows; ++j) {
-      const float e = rescale(ws.run_max[j], end_max);
-      float* phi = ws.phik.data() + j * F;
-      for (int64_t f = 0; f < F; ++f) {
-        const float pj = floored_prefix(ws, scaled, j, f);
-        w.dphi[j * F + f] *= (pj * e) * inv_sigma[f];
-        w.kscaled[j * F + f] = (phi[f] * e) * inv_sigma[f];
-        if (scaled) phi[f] *= 1.0f / pj;
-      }
+      key_row_scales(scaled ? ws.prefix.data() + j * F : nullptr, rescale(ws.run_max[j], end_max),
+                     inv_sigma, w.dphi.data() + j * F, ws.phik.data() + j * F,
+                     w.kscaled.data() + j * F, F);
     }
     gemm(false, false, rows, dv, F, 1.0f, w.kscaled.data(), F, w.R.data(), ldv, 0.0f, w.dvv.data(),
          dv);
@@ -355,8 +382,8 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
     gemm(true, false, rows, dv, rows, 1.0f, ws.qg.data() + F, ws.ldq(), gx, ldv, 1.0f, w.dvv.data(),
          dv);
     const KeyRows keys{bp.dlogw ? bp.dlogw + bh * m : nullptr};
-    feature_backward(p.map, bh, &keys, rows, ws.x.data(), ws.phik.data(), w.dphi.data(),
-                     w.pa.data(), bp.dk + (bh * n + c0) * p.d, dw, db);
+    feature_backward(p.map, bh, &keys, rows, ws.xk, ws.phik.data(), w.dphi.data(), w.pa.data(),
+                     bp.dk + (bh * n + c0) * p.d, dw, db);
     std::copy_n(w.dvv.data(), rows * dv, bp.dv + (bh * n + c0) * dv);
     if (ci > 0) {
       // R' relative to the previous chunk's end (max prev_max, sigma' of chunk_s[ci]): times
@@ -366,13 +393,12 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
       for (int64_t f = 0; f < F; ++f) {
         const float next = scaled ? std::max(st.chunk_s[ci * F + f], FLT_MIN) : 1.0f;
         const float ratio = (next * e_end) * inv_sigma[f];
-        for (int64_t x = 0; x < ldv; ++x) w.R[f * ldv + x] *= ratio;
+        scale_copy(w.R.data() + f * ldv, ratio, w.R.data() + f * ldv, ldv);
         sigma[f] = next;
       }
       for (int64_t i = 0; i < rows; ++i) {
-        const float e = rescale(prev_max, ws.run_max[i]);
-        const float* phi = ws.qg.data() + i * ws.ldq();
-        for (int64_t f = 0; f < F; ++f) w.kscaled[i * F + f] = phi[f] * (sigma[f] * e);
+        mul_scaled(ws.qg.data() + i * ws.ldq(), sigma, rescale(prev_max, ws.run_max[i]),
+                   w.kscaled.data() + i * F, F);
       }
       gemm(true, false, F, ldv, rows, 1.0f, w.kscaled.data(), F, gx, ldv, 1.0f, w.R.data(), ldv);
     }
@@ -392,10 +418,10 @@ void run_head_saved(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w
   const int64_t F = p.map.features(), ldv = p.dv + 1, chunks = kernels::causal_chunks(p.nq);
   const int64_t bh = b * p.heads + h;
   const float* states = bp.ctx_chunk_states + bh * (chunks + 1) * F * ldv;
-  for (int64_t c = 0; c <= chunks; ++c) {
-    for (int64_t f = 0; f < F; ++f) w.chunk_s[c * F + f] = states[(c * F + f) * ldv + p.dv];
-    if (c < chunks) w.chunk_max[c] = bp.ctx_chunk_maxima[bh * (chunks + 1) + c];
-  }
+  // The normalisers: the final one here, each chunk's starting one as sweep_b reaches its
+  // state (a pass over every state here cost a read of the whole context).
+  for (int64_t f = 0; f < F; ++f) w.chunk_s[chunks * F + f] = states[(chunks * F + f) * ldv + p.dv];
+  for (int64_t c = 0; c < chunks; ++c) w.chunk_max[c] = bp.ctx_chunk_maxima[bh * (chunks + 1) + c];
   const SavedForward saved{states, bp.ctx_rows + bh * p.nq * ldv};
   const HeadStore st{w.gstore.data(), w.chunk_s.data(), w.chunk_max.data()};
   sweep_b(bp, b, h, w, st, nullptr, 0.0, &saved);

@@ -2,15 +2,17 @@
 //   [Y_c | den_c] = [phi(Q_c) | tril(phi(Q_c) phi(K_c)^T)] [S_{<c} | s_{<c} ; V_c | 1]
 //   [S | s]_{<c+1} = [S | s]_{<c} + phi(K_c)^T [V_c | 1]
 // The chunk's augmented values sit right below the state in one buffer, so the inter- and
-// intra-chunk terms, numerator and denominator, come out of a single GEMM. Per chunk:
-// one projection GEMM for keys and queries together, G, the fused output GEMM, and the
-// state update.
+// intra-chunk terms, numerator and denominator, come out of a single GEMM. Per chunk: G,
+// the fused output GEMM and the state update; one projection GEMM covers the keys and
+// queries of several chunks (kProjectBlock tokens).
 //
 // Stabilisation is the streaming decoder's, token by token: key j is scaled by its running
 // max M_j = max over visible keys <= j (never by a future key, which could underflow every
 // key a query may see), and row i rescales what it reads by exp(M_j - M_i) <= 1. Query row
 // i is shifted by c_i = max_f (L_if + log P_if), P_i = its exact prefix normaliser, so its
-// denominator is >= 1. Masked keys get zero features. Memory O(threads * C * (F + C + D)).
+// denominator is >= 1. Masked keys get zero features. The keys and queries of several chunks
+// (kProjectBlock tokens) are projected with one GEMM. Memory
+// O(threads * (kProjectBlock * (m + D) + C * (F + C))).
 //
 // With fewer heads than threads, each head's sequence is split into segments, one per
 // thread, chained: the thread of segment s first computes the local key state of segment
@@ -68,9 +70,13 @@ int64_t sweep(const AttentionParams& p, int64_t chunk, int64_t b, int64_t h, int
   // The state after `end` is read by a context or a decoder's prefill (final_states) only:
   // otherwise the last chunk does not update it (a short call's one chunk never does).
   const bool keep = save || p.final_states != nullptr;
+  // Blocks of whole chunks (at least one) projected at once.
+  const int64_t block = std::max<int64_t>(1, kProjectBlock / chunk) * chunk;
+  ws.forget_block();
   for (int64_t c0 = begin; c0 < end; c0 += chunk) {
     const int64_t rows = std::min(chunk, end - c0);
     if (save) save_state(p, bh, c0 / kChunk, state);
+    if (!block_holds(ws, bh, c0, rows)) load_block(p, b, h, c0, std::min(end, c0 + block), ws);
     load_chunk(p, b, h, c0, rows, vx, ws);
     const bool empty = std::isinf(state.max);  // no key before the chunk: [S | s] = 0
     const bool moved = chunk_key_features(p, rows, state.max, ws);

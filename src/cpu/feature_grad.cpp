@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "cpu/blas.hpp"
+#include "cpu/vec_math.hpp"
 
 namespace favor::cpu {
 
@@ -61,8 +62,7 @@ void feature_backward(const FeatureParams& map, int64_t bh, const KeyRows* key, 
   if (key && map.key_norm != KeyNorm::none) {
     const float sign = map.key_norm == KeyNorm::plus_half ? 1.0f : -1.0f;
     for (int64_t r = 0; r < rows; ++r) {
-      float total = 0.0f;
-      for (int64_t f = 0; f < F; ++f) total += dphi[r * F + f] * phi[r * F + f];
+      const float total = dot(dphi + r * F, phi + r * F, F);
       for (int64_t t = 0; t < d; ++t) dx[r * d + t] += sqrt_scale * sign * total * x[r * d + t];
     }
   }
@@ -78,6 +78,11 @@ void upstream_rows(const float* yx, const float* dy, int64_t dy_stride_n, int64_
     const float* src = yx + r * (dv + 1);
     float* g = gx + r * (dv + 1);
     const float den = src[dv];
+    if (dy_stride_d == 1) {
+      if (!(den > 0.0f) || !upstream_row(src, den, dy + r * dy_stride_n, g, dv))
+        std::fill(g, g + dv + 1, 0.0f);
+      continue;
+    }
     bool ok = den > 0.0f;
     float dot = 0.0f;
     for (int64_t x = 0; ok && x < dv; ++x) {

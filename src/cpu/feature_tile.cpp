@@ -16,7 +16,9 @@ void gather_rows(const float* base, int64_t stride_n, int64_t stride_d, int64_t 
     const float* src = base + r * stride_n;
     float* out = dst + r * d;
     double norm2 = 0.0;
-    if (stride_d == 1) {
+    if (stride_d == 1 && !half_norm2) {
+      scale_copy(src, mult, out, d);  // the double norm's FMA chain costs as much as the copy
+    } else if (stride_d == 1) {
       norm2 = scale_copy_norm2(src, mult, out, d);
     } else {
       for (int64_t x = 0; x < d; ++x) {
@@ -134,6 +136,41 @@ void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const
     case Kernel::hedgehog:
       exp_shift_live(a_row, 1.0f, c, log_s, phi, m);
       exp_shift_live(a_row, -1.0f, c, log_s + m, phi + m, m);
+      break;
+    case Kernel::trig:
+      sincos_scaled(a_row, 1.0f, phi, phi + m, m);
+      break;
+  }
+}
+
+float query_shift_sums(Kernel kernel, const float* a_row, int64_t m, const float* s) {
+  switch (kernel) {
+    case Kernel::positive:
+    case Kernel::favorpp:
+    case Kernel::favorsharp:
+      return max_of_signed_sum_log(a_row, 1.0f, s, m);
+    case Kernel::hyperbolic:
+    case Kernel::hedgehog:
+      return std::max(max_of_signed_sum_log(a_row, 1.0f, s, m),
+                      max_of_signed_sum_log(a_row, -1.0f, s + m, m));
+    case Kernel::trig:
+      return 0.0f;
+  }
+  return 0.0f;
+}
+
+void query_features_sums(Kernel kernel, const float* a_row, int64_t m, float c, const float* s,
+                         float* phi) {
+  switch (kernel) {
+    case Kernel::positive:
+    case Kernel::favorpp:
+    case Kernel::favorsharp:
+      exp_shift_live_sums(a_row, 1.0f, c, s, phi, m);
+      break;
+    case Kernel::hyperbolic:
+    case Kernel::hedgehog:
+      exp_shift_live_sums(a_row, 1.0f, c, s, phi, m);
+      exp_shift_live_sums(a_row, -1.0f, c, s + m, phi + m, m);
       break;
     case Kernel::trig:
       sincos_scaled(a_row, 1.0f, phi, phi + m, m);

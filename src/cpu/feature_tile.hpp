@@ -46,6 +46,13 @@ float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log
 void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const float* log_s,
                     float* phi);
 
+/// query_shift and query_features from the key sums s rather than their logs (log_s =
+/// log_or_neg_inf(s)), the same bits: the causal chunk's prefix normalisers change every row,
+/// and their logs are formed only where they can give the max (max_of_signed_sum_log).
+float query_shift_sums(Kernel kernel, const float* a_row, int64_t m, const float* s);
+void query_features_sums(Kernel kernel, const float* a_row, int64_t m, float c, const float* s,
+                         float* phi);
+
 /// favor::features: the exact features of every row (cpu/exact_features.cpp).
 kernels::FeatureOverflow exact_features(const kernels::FeaturesParams& p);
 

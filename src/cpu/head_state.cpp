@@ -5,6 +5,7 @@
 
 #include "cpu/blas.hpp"
 #include "cpu/feature_tile.hpp"
+#include "cpu/vec_math.hpp"
 
 namespace favor::cpu {
 
@@ -64,7 +65,9 @@ int64_t write_rows(const float* yx, int64_t rows, int64_t dv, float* out, int64_
     const float* src = yx + r * (dv + 1);
     const float den = src[dv];
     bool ok = den > 0.0f;
-    if (ok) {
+    if (ok && stride_d == 1) {
+      ok = scale_copy_finite(src, 1.0f / den, dst, dv);
+    } else if (ok) {
       const float inv = 1.0f / den;
       for (int64_t x = 0; x < dv; ++x) {
         const float value = src[x] * inv;

@@ -16,6 +16,18 @@ constexpr int64_t kRowTile = 256;
 /// and 16 at N = 1024.
 constexpr int64_t kChunk = kernels::kSavedChunk;
 
+/// Tokens whose keys and queries a causal sweep projects with one GEMM (load_block,
+/// cpu/causal_chunk.hpp), eight chunks: OpenBLAS packs W again in every call, and the
+/// 64 x d x m projection of one chunk ran at ~85% of the sgemm rate against ~95% for 256 rows
+/// and more (one thread, d = 64, m = 256). Causal forward, one thread, B*H = 8, N = 16384:
+/// 0.279 s with one chunk per GEMM, 0.272 s with 4 chunks, 0.269 s with 8 and with 16. The
+/// block's 2 x 256 x m projections (512 KiB at m = 256) stay in L2.
+constexpr int64_t kProjectBlock = 8 * kChunk;
+
+/// The largest product M N K that OpenBLAS (0.3.21, SkylakeX/Cooperlake kernels) runs on its
+/// small-matrix path, which neither packs nor copies its operands.
+constexpr int64_t kSmallGemm = 1000000;
+
 /// Default causal block length L of Transformer-VQ attention (vq.hpp); the result does not
 /// depend on it. The intra-block matrix costs 2 N L (dv + 1) flops (soft: + 2 N L c) on top
 /// of the 6 N c d of the code GEMMs. Measured (one thread, B = 1, H = 8, N = 4096,

@@ -18,6 +18,13 @@ void exp_affine_plus(const float* a, float sign, float offset, const float* b, f
                      int64_t n);
 /// max_i (sign * a[i] + b[i]); -inf when n == 0 or every term is -inf.
 float max_of_signed_sum(const float* a, float sign, const float* b, int64_t n);
+/// max_of_signed_sum(a, sign, log_or_neg_inf(p)) to the bit, forming the log only where a
+/// term can be the max (a cheap bound of log p rules out the others).
+float max_of_signed_sum_log(const float* a, float sign, const float* p, int64_t n);
+/// exp_shift_live with log_s = log_or_neg_inf(p), to the bit: exp(sign * a[i] - c) where
+/// p[i] >= FLT_MIN, else 0.
+void exp_shift_live_sums(const float* a, float sign, float c, const float* p, float* out,
+                         int64_t n);
 /// max_i a[i] and min_i a[i].
 float max_value(const float* a, int64_t n);
 float min_value(const float* a, int64_t n);
@@ -25,6 +32,25 @@ float min_value(const float* a, int64_t n);
 void sincos_scaled(const float* a, float mult, float* out_sin, float* out_cos, int64_t n);
 /// dst[i] = mult * src[i] (src contiguous); returns sum_i dst[i]^2 accumulated in double.
 double scale_copy_norm2(const float* src, float mult, float* dst, int64_t n);
+/// dst[i] = mult * src[i].
+void scale_copy(const float* src, float mult, float* dst, int64_t n);
+/// out[i] = prev[i] * f + add[i], the product rounded before the sum (no fused multiply-add).
+void scale_add(const float* prev, float f, const float* add, float* out, int64_t n);
+/// dst[i] = mult * src[i]; returns whether every dst[i] is finite.
+bool scale_copy_finite(const float* src, float mult, float* dst, int64_t n);
+/// The causal backward's key row (favor_backward_causal.cpp, sweep B), with P*[i] =
+/// max(prefix[i], FLT_MIN) (1 when prefix is null): dphi[i] *= (P*[i] e) inv_sigma[i],
+/// kscaled[i] = (phi[i] e) inv_sigma[i], then phi[i] *= 1 / P*[i] (prefix non-null).
+void key_row_scales(const float* prefix, float e, const float* inv_sigma, float* dphi, float* phi,
+                    float* kscaled, int64_t n);
+/// out[i] += max(p[i], FLT_MIN) * b[i] (the product rounded before the sum).
+void add_floored_product(const float* p, const float* b, float* out, int64_t n);
+/// out[i] = a[i] * (b[i] * e).
+void mul_scaled(const float* a, const float* b, float e, float* out, int64_t n);
+/// One row of the upstream gradient (feature_grad.hpp, upstream_rows) for contiguous dy:
+/// g[i] = dy[i] / den for i < dv, g[dv] = -(sum_i dy[i] y[i]) / den with y = num / den (the
+/// sum in SIMD lanes); returns whether every y[i] is finite.
+bool upstream_row(const float* num, float den, const float* dy, float* g, int64_t dv);
 /// sum_i a[i] (float accumulation in SIMD lanes).
 float sum_values(const float* a, int64_t n);
 /// sum_i a[i] b[i] (float accumulation in SIMD lanes).
