@@ -60,14 +60,8 @@ void load_block(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, i
       for (int64_t t = 0; t < p.d; ++t) ws.wt[t * m + f] = w[f * p.d + t];
     ws.wt_bh = bh;
   }
-  for (int64_t r0 = 0; r0 < 2 * n; r0 += piece) {
-    gemm(false, false, std::min(piece, 2 * n - r0), m, p.d, 1.0f, ws.x.data() + r0 * p.d, p.d,
-         ws.wt.data(), m, 0.0f, ws.a.data() + r0 * m, m);
-  }
-  if (const float* bias = p.map.head_bias(bh)) {
-    for (int64_t r = 0; r < 2 * n; ++r)
-      for (int64_t f = 0; f < m; ++f) ws.a[r * m + f] += bias[f];
-  }
+  project_rows_transposed(ws.x.data(), 2 * n, p.d, ws.wt.data(), m, ws.a.data(),
+                          p.map.head_bias(bh));
 }
 
 bool block_holds(const ChunkWorkspace& ws, int64_t bh, int64_t c0, int64_t rows) {

@@ -3,7 +3,8 @@
 //
 // 1. Projections: the step's key and query rows of a run of heads that share a parameter
 //    set go through one GEMM ([2 heads x d] x [d x m]; with shared projections, w_sets = 1,
-//    each thread's heads are one run).
+//    each thread's heads are one run), from the decoder's W^T on OpenBLAS's small-matrix
+//    path (project_rows_transposed: packing W took a third of a one-sequence step's GEMM).
 // 2. Per head, one pass over [S | s]: the key's features against the running max (raised
 //    first if the key exceeds it, docs/numerics.md), s updated first (the query's shift
 //    c = max_f (L_f + log s_f) needs the new s), then for each feature row f
@@ -87,7 +88,8 @@ void decoder_step(const DecoderStep& ds, const Config& config) {
       const int64_t set = head_at(i, heads, sets) % sets;
       int64_t end = i + 1;
       while (end < last && head_at(end, heads, sets) % sets == set) ++end;
-      project_rows(buf.x + 2 * i * d, 2 * (end - i), d, fp.head_w(set), m, buf.a + 2 * i * m);
+      project_rows_transposed(buf.x + 2 * i * d, 2 * (end - i), d, ds.wt + set * d * m, m,
+                              buf.a + 2 * i * m);
       i = end;
     }
     if (fp.bias) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu/blas.hpp"
+#include "cpu/tiles.hpp"
 #include "cpu/vec_math.hpp"
 
 namespace favor::cpu {
@@ -38,6 +39,17 @@ void project_rows(const float* x, int64_t rows, int64_t d, const float* w, int64
     float* row = a + r * m;
     for (int64_t f = 0; f < m; ++f) row[f] += bias[f];
   }
+}
+
+void project_rows_transposed(const float* x, int64_t rows, int64_t d, const float* wt, int64_t m,
+                             float* a, const float* bias) {
+  const int64_t piece = std::max<int64_t>(1, kSmallGemm / std::max<int64_t>(1, m * d));
+  for (int64_t r0 = 0; r0 < rows; r0 += piece)
+    gemm(false, false, std::min(piece, rows - r0), m, d, 1.0f, x + r0 * d, d, wt, m, 0.0f,
+         a + r0 * m, m);
+  if (!bias) return;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t f = 0; f < m; ++f) a[r * m + f] += bias[f];
 }
 
 double key_log_max(const FeatureParams& map, int64_t bh, const float* a_row, double g) {

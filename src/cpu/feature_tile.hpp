@@ -30,6 +30,11 @@ void gather_rows(const float* base, int64_t stride_n, int64_t stride_d, int64_t 
 /// log bias of FAVOR++ / FAVOR#, which enters every feature like a projection would).
 void project_rows(const float* x, int64_t rows, int64_t d, const float* w, int64_t m, float* a,
                   const float* bias = nullptr);
+/// project_rows from W^T (wt: d x m) in pieces of at most kSmallGemm / (m d) rows, which
+/// OpenBLAS runs on its small-matrix path: no packing of W per call (the causal sweeps'
+/// blocks, the decoder's step). Its sums may round differently from project_rows'.
+void project_rows_transposed(const float* x, int64_t rows, int64_t d, const float* wt, int64_t m,
+                             float* a, const float* bias = nullptr);
 
 /// Largest log-feature of a key row of head bh with log weight g (map.key_log_weight):
 /// max_f (L_f + l_f) + g (positive family; l = log lambda^2, or 0), g + max_f l_f (trig).
