@@ -120,74 +120,70 @@ void key_features(const FeatureParams& map, int64_t bh, const float* a_row, doub
   }
 }
 
-float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log_s) {
+namespace {
+
+// The exponential halves of a kernel's query features: the positive family has one (sign
+// +1, entries [0, m)), hyperbolic and hedgehog two (+1, then -1 at [m, 2m)), trig none (sin
+// and cos, no shift).
+int exp_halves(Kernel kernel) {
   switch (kernel) {
     case Kernel::positive:
     case Kernel::favorpp:
     case Kernel::favorsharp:
-      return max_of_signed_sum(a_row, 1.0f, log_s, m);
+      return 1;
     case Kernel::hyperbolic:
     case Kernel::hedgehog:
-      return std::max(max_of_signed_sum(a_row, 1.0f, log_s, m),
-                      max_of_signed_sum(a_row, -1.0f, log_s + m, m));
+      return 2;
     case Kernel::trig:
-      return 0.0f;
+      return 0;
   }
-  return 0.0f;
+  return 0;
+}
+
+// The query's shift: the max of max_half(sign, offset) over the halves (0 for trig).
+template <class MaxHalf>
+float shift_over_halves(Kernel kernel, int64_t m, const MaxHalf& max_half) {
+  const int halves = exp_halves(kernel);
+  if (halves == 0) return 0.0f;
+  const float first = max_half(1.0f, 0);
+  return halves == 2 ? std::max(first, max_half(-1.0f, m)) : first;
+}
+
+// The query's features: exp_half(sign, offset) per half, or sin and cos (trig).
+template <class ExpHalf>
+void features_over_halves(Kernel kernel, const float* a_row, int64_t m, float* phi,
+                          const ExpHalf& exp_half) {
+  const int halves = exp_halves(kernel);
+  if (halves == 0) sincos_scaled(a_row, 1.0f, phi, phi + m, m);
+  for (int h = 0; h < halves; ++h) exp_half(h == 0 ? 1.0f : -1.0f, h * m);
+}
+
+}  // namespace
+
+float query_shift(Kernel kernel, const float* a_row, int64_t m, const float* log_s) {
+  return shift_over_halves(kernel, m, [&](float sign, int64_t o) {
+    return max_of_signed_sum(a_row, sign, log_s + o, m);
+  });
 }
 
 void query_features(Kernel kernel, const float* a_row, int64_t m, float c, const float* log_s,
                     float* phi) {
-  switch (kernel) {
-    case Kernel::positive:
-    case Kernel::favorpp:
-    case Kernel::favorsharp:
-      exp_shift_live(a_row, 1.0f, c, log_s, phi, m);
-      break;
-    case Kernel::hyperbolic:
-    case Kernel::hedgehog:
-      exp_shift_live(a_row, 1.0f, c, log_s, phi, m);
-      exp_shift_live(a_row, -1.0f, c, log_s + m, phi + m, m);
-      break;
-    case Kernel::trig:
-      sincos_scaled(a_row, 1.0f, phi, phi + m, m);
-      break;
-  }
+  features_over_halves(kernel, a_row, m, phi, [&](float sign, int64_t o) {
+    exp_shift_live(a_row, sign, c, log_s + o, phi + o, m);
+  });
 }
 
 float query_shift_sums(Kernel kernel, const float* a_row, int64_t m, const float* s) {
-  switch (kernel) {
-    case Kernel::positive:
-    case Kernel::favorpp:
-    case Kernel::favorsharp:
-      return max_of_signed_sum_log(a_row, 1.0f, s, m);
-    case Kernel::hyperbolic:
-    case Kernel::hedgehog:
-      return std::max(max_of_signed_sum_log(a_row, 1.0f, s, m),
-                      max_of_signed_sum_log(a_row, -1.0f, s + m, m));
-    case Kernel::trig:
-      return 0.0f;
-  }
-  return 0.0f;
+  return shift_over_halves(kernel, m, [&](float sign, int64_t o) {
+    return max_of_signed_sum_log(a_row, sign, s + o, m);
+  });
 }
 
 void query_features_sums(Kernel kernel, const float* a_row, int64_t m, float c, const float* s,
                          float* phi) {
-  switch (kernel) {
-    case Kernel::positive:
-    case Kernel::favorpp:
-    case Kernel::favorsharp:
-      exp_shift_live_sums(a_row, 1.0f, c, s, phi, m);
-      break;
-    case Kernel::hyperbolic:
-    case Kernel::hedgehog:
-      exp_shift_live_sums(a_row, 1.0f, c, s, phi, m);
-      exp_shift_live_sums(a_row, -1.0f, c, s + m, phi + m, m);
-      break;
-    case Kernel::trig:
-      sincos_scaled(a_row, 1.0f, phi, phi + m, m);
-      break;
-  }
+  features_over_halves(kernel, a_row, m, phi, [&](float sign, int64_t o) {
+    exp_shift_live_sums(a_row, sign, c, s + o, phi + o, m);
+  });
 }
 
 }  // namespace favor::cpu
