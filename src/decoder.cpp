@@ -59,22 +59,8 @@ void Decoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView
   if (key_mask) detail::check_key_mask(*key_mask, batch_, k.shape[2], "T");
   const int64_t T = k.shape[2];
   kernels::DecoderAppend da{};
-  kernels::AttentionParams& p = da.step;
-  p.k = k.data;
-  p.k_strides = k.strides;
-  p.v = v.data;
-  p.v_strides = v.strides;
-  p.batch = batch_;
-  p.heads = heads_;
-  p.nk = T;
-  p.d = w_.d();
-  p.dv = dv_;
-  p.map = map_->params();
-  if (key_mask) {
-    p.mask = key_mask->data;
-    p.mask_stride_b = key_mask->stride_b;
-    p.mask_stride_n = key_mask->stride_n;
-  }
+  da.step = detail::attention_params({}, k, v, {batch_, heads_, 0, T, w_.d(), dv_}, 1.0, key_mask);
+  da.step.map = map_->params();
   da.wt = wt_.data();
   da.sums = S_.data();
   da.log_max = max_.data();
@@ -91,15 +77,10 @@ void Decoder::query(TensorView q, MutableTensorView out) const {
   detail::check_output(out, {batch_, heads_, q.shape[2], dv_}, "out", {q});
   kernels::DecoderQuery dq{};
   kernels::AttentionParams& p = dq.step;
-  p.q = q.data;
-  p.q_strides = q.strides;
+  p = detail::attention_params(q, {}, {}, {batch_, heads_, q.shape[2], 0, w_.d(), dv_}, 1.0,
+                               std::nullopt);
   p.out = out.data;
   p.out_strides = out.strides;
-  p.batch = batch_;
-  p.heads = heads_;
-  p.nq = q.shape[2];
-  p.d = w_.d();
-  p.dv = dv_;
   p.map = map_->params();
   dq.wt = wt_.data();
   dq.sums = S_.data();

@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "core/params.hpp"
 #include "core/validate.hpp"
 #include "core/vq_validate.hpp"
 #include "favor/error.hpp"
@@ -27,17 +28,18 @@ namespace favor {
 namespace {
 
 // The params of a step: the decoder's sizes and codebook; the caller sets the tokens.
-kernels::VQParams step_params(int64_t batch, int64_t heads, int64_t d, int64_t dv,
+// The kernel parameters of a decoder call over q, k, v (empty views where the call has
+// none) of shape s: the shared AttentionParams (detail::attention_params) and the codebook.
+kernels::VQParams step_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const detail::AttentionShape& s,
+                              const std::optional<KeyMaskView>& key_mask,
                               const std::vector<float>& codebook, int64_t codes, int64_t cb_heads,
                               float scale, float tau) {
   kernels::VQParams p{};
-  p.base.batch = batch;
-  p.base.heads = heads;
-  p.base.d = d;
-  p.base.dv = dv;
+  p.base = detail::attention_params(q, k, v, s, 1.0, key_mask);
   p.codebook = codebook.data();
   p.codes = codes;
-  p.codebook_head_stride = cb_heads == 1 ? 0 : codes * d;
+  p.codebook_head_stride = cb_heads == 1 ? 0 : codes * s.d;
   p.scale = scale;
   p.tau = tau;
   return p;
@@ -79,19 +81,10 @@ void VQDecoder::append(TensorView k, TensorView v, const std::optional<KeyMaskVi
   }
   if (key_mask) detail::check_key_mask(*key_mask, batch_, k.shape[2], "T");
   kernels::VQDecoderAppend da{};
-  da.step = step_params(batch_, heads_, d_, dv_, codebook_, codes_, cb_heads_,
-                        static_cast<float>(scale_), static_cast<float>(options_.tau));
-  kernels::AttentionParams& p = da.step.base;
-  p.k = k.data;
-  p.k_strides = k.strides;
-  p.v = v.data;
-  p.v_strides = v.strides;
-  p.nk = k.shape[2];
-  if (key_mask) {
-    p.mask = key_mask->data;
-    p.mask_stride_b = key_mask->stride_b;
-    p.mask_stride_n = key_mask->stride_n;
-  }
+  da.step =
+      step_params({}, k, v, {batch_, heads_, 0, k.shape[2], d_, dv_}, key_mask, codebook_, codes_,
+                  cb_heads_, static_cast<float>(scale_), static_cast<float>(options_.tau));
+  const kernels::AttentionParams& p = da.step.base;
   da.prepared = prepared_.get();
   da.sums = sums_.data();
   da.counts = counts_.data();
@@ -103,14 +96,11 @@ void VQDecoder::query(TensorView q, MutableTensorView out) const {
   detail::check_step(q, batch_, heads_, d_, "q", "D");
   detail::check_output(out, {batch_, heads_, q.shape[2], dv_}, "out", {q});
   kernels::VQDecoderQuery dq{};
-  dq.step = step_params(batch_, heads_, d_, dv_, codebook_, codes_, cb_heads_,
-                        static_cast<float>(scale_), static_cast<float>(options_.tau));
-  kernels::AttentionParams& p = dq.step.base;
-  p.q = q.data;
-  p.q_strides = q.strides;
-  p.out = out.data;
-  p.out_strides = out.strides;
-  p.nq = q.shape[2];
+  dq.step =
+      step_params(q, {}, {}, {batch_, heads_, q.shape[2], 0, d_, dv_}, std::nullopt, codebook_,
+                  codes_, cb_heads_, static_cast<float>(scale_), static_cast<float>(options_.tau));
+  dq.step.base.out = out.data;
+  dq.step.base.out_strides = out.strides;
   dq.sums = sums_.data();
   dq.counts = counts_.data();
   kernels::backend().vq_decoder_query(dq);
@@ -127,23 +117,10 @@ void VQDecoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView
                      const std::optional<KeyMaskView>& key_mask) {
   detail::check_decode_step(q, k, v, out, key_mask, batch_, heads_, d_, dv_);
   kernels::VQDecoderStep ds{};
-  ds.step = step_params(batch_, heads_, d_, dv_, codebook_, codes_, cb_heads_,
-                        static_cast<float>(scale_), static_cast<float>(options_.tau));
-  kernels::AttentionParams& p = ds.step.base;
-  p.q = q.data;
-  p.q_strides = q.strides;
-  p.k = k.data;
-  p.k_strides = k.strides;
-  p.v = v.data;
-  p.v_strides = v.strides;
-  p.out = out.data;
-  p.out_strides = out.strides;
-  p.nq = p.nk = 1;
-  if (key_mask) {
-    p.mask = key_mask->data;
-    p.mask_stride_b = key_mask->stride_b;
-    p.mask_stride_n = key_mask->stride_n;
-  }
+  ds.step = step_params(q, k, v, {batch_, heads_, 1, 1, d_, dv_}, key_mask, codebook_, codes_,
+                        cb_heads_, static_cast<float>(scale_), static_cast<float>(options_.tau));
+  ds.step.base.out = out.data;
+  ds.step.base.out_strides = out.strides;
   ds.prepared = prepared_.get();
   ds.sums = sums_.data();
   ds.counts = counts_.data();
@@ -172,24 +149,12 @@ void VQDecoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorV
     std::copy_n(sums_.begin() + r * dv_, dv_, prefill_ws_.begin() + r * ld);
     prefill_ws_[static_cast<size_t>(r * ld + dv_)] = counts_[static_cast<size_t>(r)];
   }
-  kernels::VQParams p = step_params(batch_, heads_, d_, dv_, codebook_, codes_, cb_heads_,
-                                    static_cast<float>(scale_), static_cast<float>(options_.tau));
+  kernels::VQParams p =
+      step_params(q, k, v, {batch_, heads_, T, T, d_, dv_}, key_mask, codebook_, codes_, cb_heads_,
+                  static_cast<float>(scale_), static_cast<float>(options_.tau));
   p.block = kernels::backend().tuning().vq_block;
-  kernels::AttentionParams& a = p.base;
-  a.q = q.data;
-  a.q_strides = q.strides;
-  a.k = k.data;
-  a.k_strides = k.strides;
-  a.v = v.data;
-  a.v_strides = v.strides;
-  a.out = out.data;
-  a.out_strides = out.strides;
-  a.nq = a.nk = T;
-  if (key_mask) {
-    a.mask = key_mask->data;
-    a.mask_stride_b = key_mask->stride_b;
-    a.mask_stride_n = key_mask->stride_n;
-  }
+  p.base.out = out.data;
+  p.base.out_strides = out.strides;
   p.init_states = prefill_ws_.data();
   p.final_states = prefill_ws_.data();
   kernels::backend().vq_causal(p);

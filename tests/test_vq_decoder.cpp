@@ -82,6 +82,15 @@ class VQDecoderVsNaive : public ::testing::TestWithParam<Case> {
   const double scale = 0.25, tau = GetParam().soft ? 0.7 : 0.0;
 
   VQDecoder make() const { return VQDecoder(B, H, Dv, codebook, {scale, tau}); }
+  // Causal vq_attention's options with this decoder's scale and tau, blocks of `block`.
+  VQOptions causal_options(int64_t block) const {
+    VQOptions options;
+    options.causal = true;
+    options.scale = scale;
+    options.tau = tau;
+    options.block = block;
+    return options;
+  }
   double bound(int64_t n) const { return row_bound(q, k, v, codebook, scale, tau, n); }
 
   // Compares query row i of the decoder (after tokens 0..i) with row i of `naive`.
@@ -134,11 +143,7 @@ TEST_P(VQDecoderVsNaive, PrefillThenAllQueriesEqualBidirectional) {
 TEST_P(VQDecoderVsNaive, StreamingEqualsTheCausalKernel) {
   // The float kernels against each other: token-by-token decoding reproduces causal
   // vq_attention (blocks of 5, so rows meet both the block and the per-code prefix sums).
-  VQOptions options;
-  options.causal = true;
-  options.scale = scale;
-  options.tau = tau;
-  options.block = 5;
+  const VQOptions options = causal_options(5);
   const Tensor causal = vq_attention(q, k, v, codebook, options);
   VQDecoder dec = make();
   for (int64_t i = 0; i < N; ++i) {
@@ -159,11 +164,7 @@ TEST_P(VQDecoderVsNaive, StepEqualsAppendThenQueryAndTheCausalKernel) {
   std::vector<uint8_t> mask(static_cast<size_t>(B * N), 1);
   for (int64_t j = 0; j < 7; ++j) mask[static_cast<size_t>(N + j)] = 0;
   mask[20] = 0;
-  VQOptions options;
-  options.causal = true;
-  options.scale = scale;
-  options.tau = tau;
-  options.block = 5;
+  const VQOptions options = causal_options(5);
   const Tensor causal = vq_attention(q, k, v, codebook, options);
   VQDecoder fused = make(), split = make(), plain = make();
   int64_t mismatches = 0;
@@ -194,10 +195,7 @@ TEST_P(VQDecoderVsNaive, PrefillEqualsTheCausalKernelAndLeavesAppendsState) {
   for (int64_t j = 0; j < 7; ++j) mask[static_cast<size_t>(N + j)] = 0;
   mask[20] = 0;
   const KeyMaskView prompt_mask{mask.data(), B, P, N, 1};
-  VQOptions options;
-  options.causal = true;
-  options.scale = scale;
-  options.tau = tau;
+  VQOptions options = causal_options(0);  // the default block, as prefill uses
   options.key_mask = prompt_mask;
   const Tensor causal =
       vq_attention(tokens(q, 0, P), tokens(k, 0, P), tokens(v, 0, P), codebook, options);

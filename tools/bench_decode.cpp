@@ -94,13 +94,15 @@ void emit_step(BenchRunner& bench, const char* method, int64_t position, int64_t
               {"rss_growth_mb", t.rss_mb}});
 }
 
-// Prefill `position` tokens, then time steps of B sequences: fused (step) or append + query.
-void step_row(BenchRunner& bench, int64_t position, int64_t batch, bool fused, bool legacy,
-              int threads, bool report) {
+// Times `steps` decode steps of dec (a Decoder or a VQDecoder of B sequences x --bh heads),
+// each on the next token of `steps` fixed ones: the fused step or append + query. Returns
+// the timed loop and the fastest and 10th-percentile single steps.
+template <class Dec>
+std::pair<Measured, std::pair<double, double>> time_steps(BenchRunner& bench, Dec& dec,
+                                                          int64_t batch, bool fused,
+                                                          int64_t steps) {
   const BenchArgs& a = bench.args();
-  const int64_t heads = a.bh, steps = 64;
-  Decoder dec(batch, heads, a.d, bench_projection(a), decoder_options(bench));
-  fill(bench, dec, position);
+  const int64_t heads = a.bh;
   const auto qkv = bench.inputs(batch * heads, steps, 99);
   const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
   Tensor y({batch, heads, 1, a.d});
@@ -116,14 +118,24 @@ void step_row(BenchRunner& bench, int64_t position, int64_t batch, bool fused, b
       dec.query(qt, y.mutable_view());
     }
   };
-  const int saved = num_threads();
-  set_num_threads(threads);
   const Measured t = measure(
       [&] {
         for (int64_t s = 0; s < steps; ++s) step();
       },
       a.repeats, a.min_time);
-  const auto single = single_steps(step, std::max(0.05, a.min_time));
+  return {t, single_steps(step, std::max(0.05, a.min_time))};
+}
+
+// Prefill `position` tokens, then time steps of B sequences: fused (step) or append + query.
+void step_row(BenchRunner& bench, int64_t position, int64_t batch, bool fused, bool legacy,
+              int threads, bool report) {
+  const BenchArgs& a = bench.args();
+  const int64_t steps = 64;
+  Decoder dec(batch, a.bh, a.d, bench_projection(a), decoder_options(bench));
+  fill(bench, dec, position);
+  const int saved = num_threads();
+  set_num_threads(threads);
+  const auto [t, single] = time_steps(bench, dec, batch, fused, steps);
   set_num_threads(saved);
   if (report)
     emit_step(bench,
@@ -178,28 +190,8 @@ void vq_step_row(BenchRunner& bench, int64_t position, int64_t batch, bool fused
   const auto prompt = bench.inputs(batch * heads, position, 7);
   dec.append(as_batch(std::get<1>(prompt), batch, heads, 0, position),
              as_batch(std::get<2>(prompt), batch, heads, 0, position));
-  const auto qkv = bench.inputs(batch * heads, steps, 99);
-  const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
-  Tensor y({batch, heads, 1, a.d});
-  int64_t i = 0;
-  const auto step = [&] {
-    const int64_t j = i++ % steps;
-    const TensorView qt = as_batch(q, batch, heads, j, 1), kt = as_batch(k, batch, heads, j, 1),
-                     vt = as_batch(v, batch, heads, j, 1);
-    if (fused) {
-      dec.step(qt, kt, vt, y.mutable_view());
-    } else {
-      dec.append(kt, vt);
-      dec.query(qt, y.mutable_view());
-    }
-  };
-  const Measured t = measure(
-      [&] {
-        for (int64_t s = 0; s < steps; ++s) step();
-      },
-      a.repeats, a.min_time);
-  emit_step(bench, fused ? "vq_step" : "vq_split", position, batch, num_threads(), t, steps,
-            single_steps(step, std::max(0.05, a.min_time)),
+  const auto [t, single] = time_steps(bench, dec, batch, fused, steps);
+  emit_step(bench, fused ? "vq_step" : "vq_split", position, batch, num_threads(), t, steps, single,
             favor::bench::vq_decode_step_flops(bench.problem(batch * heads, 1), c, false));
 }
 

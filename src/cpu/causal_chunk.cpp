@@ -49,8 +49,8 @@ void load_block(const AttentionParams& p, int64_t b, int64_t h, int64_t begin, i
   // of W): 112 against 96 GFLOP/s for one 512 x 256 x 64 product (one thread). Shorter calls
   // skip the transpose of W. The path depends on the call alone, so that every sweep of a
   // call (forward and backward, whatever its blocks) projects a row the same way.
-  const int64_t m = p.map.m, piece = kSmallGemm / std::max<int64_t>(1, m * p.d);
-  if (p.nq < kProjectBlock || piece < 8) {
+  const int64_t m = p.map.m;
+  if (p.nq < kProjectBlock || small_gemm_rows(m, p.d) < 8) {
     project_rows(ws.x.data(), 2 * n, p.d, p.map.head_w(bh), m, ws.a.data(), p.map.head_bias(bh));
     return;
   }

@@ -43,7 +43,7 @@ void project_rows(const float* x, int64_t rows, int64_t d, const float* w, int64
 
 void project_rows_transposed(const float* x, int64_t rows, int64_t d, const float* wt, int64_t m,
                              float* a, const float* bias) {
-  const int64_t piece = std::max<int64_t>(1, kSmallGemm / std::max<int64_t>(1, m * d));
+  const int64_t piece = small_gemm_rows(m, d);
   for (int64_t r0 = 0; r0 < rows; r0 += piece)
     gemm(false, false, std::min(piece, rows - r0), m, d, 1.0f, x + r0 * d, d, wt, m, 0.0f,
          a + r0 * m, m);

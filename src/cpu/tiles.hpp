@@ -1,5 +1,6 @@
 #pragma once
 // Tile sizes of the FAVOR kernels.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/attention_params.hpp"
@@ -27,6 +28,10 @@ constexpr int64_t kProjectBlock = 8 * kChunk;
 /// The largest product M N K that OpenBLAS (0.3.21, SkylakeX/Cooperlake kernels) runs on its
 /// small-matrix path, which neither packs nor copies its operands.
 constexpr int64_t kSmallGemm = 1000000;
+/// Rows of an x [rows x d] * W^T [d x m] product that stay on that path (at least 1).
+inline int64_t small_gemm_rows(int64_t m, int64_t d) {
+  return std::max<int64_t>(1, kSmallGemm / std::max<int64_t>(1, m * d));
+}
 
 /// Default causal block length L of Transformer-VQ attention (vq.hpp); the result does not
 /// depend on it. The intra-block matrix costs 2 N L (dv + 1) flops (soft: + 2 N L c) on top

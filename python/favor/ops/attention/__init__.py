@@ -155,6 +155,21 @@ def _map_tensors(inputs, d, projection, features, norms, seed, kernel, scale, fi
     return w, wt, b, lam, kernel, scale, fit
 
 
+def _eager_favor(q, k, v, mask, d, projection, features, norms, seed, fit, kernel, causal, scale,
+                 precision):
+    """FAVOR attention through the C++ call without the op (eager() or plain_inputs() said
+    so): a drawn projection from the cache, a projection tensor as a favor.Projection."""
+    if isinstance(projection, torch.Tensor):
+        w = projection_tensor(projection, d, features, norms, seed)
+        proj = _core.Projection.from_matrix(T.array(w))
+    else:
+        proj = _args.make_projection(d, projection, features=features, norms=norms, seed=seed)
+    fit_a, fit_basis = (None, None) if fit is None else fit_tensors(fit, kernel, d,
+                                                                    _args.batch_heads(q))
+    return eager_attention(q, k, v, proj, mask, fit_a, fit_basis, kernel, bool(causal),
+                           _args.optional_number(scale, "scale"), str(precision))
+
+
 def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogonal",
               features=None, norms="chi", seed=0, scale=None, key_padding_mask=None, fit=None,
               method="favor", feature_map=None, weights=None, bias=None, feature_weights=None,
@@ -205,13 +220,9 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
         # The eager CPU call without grad (most of a tiny call's time is this layer): the
         # general path below with the checks these inputs pass by construction left out;
         # the C++ call checks shapes and values as it always does.
-        d = _args.head_dim(q, "q")
-        proj = _args.make_projection(d, projection, features=features, norms=norms, seed=seed)
-        fit_a, fit_basis = (None, None) if fit is None else fit_tensors(
-            fit, kernel, d, _args.batch_heads(q))
-        return eager_attention(q, k, v, proj, T.check_mask(key_padding_mask), fit_a, fit_basis,
-                               kernel, bool(causal), _args.optional_number(scale, "scale"),
-                               str(precision))
+        return _eager_favor(q, k, v, T.check_mask(key_padding_mask), _args.head_dim(q, "q"),
+                            projection, features, norms, seed, fit, kernel, causal, scale,
+                            precision)
     q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")  # checked
     out_dtype = q.dtype
     mask = T.check_mask(key_padding_mask)
@@ -246,16 +257,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
         else:
             w_in = projection if isinstance(projection, torch.Tensor) else None
             if path == "cpu" and eager((q32, k32, v32, mask, w_in)):  # no op dispatch
-                if w_in is None:  # drawn projections are cached
-                    proj = _args.make_projection(d, projection, features=features, norms=norms,
-                                                 seed=seed)
-                else:
-                    w = projection_tensor(projection, d, features, norms, seed)
-                    proj = _core.Projection.from_matrix(T.array(w))
-                fit_a, fit_basis = fit_tensors(fit, kernel, d, inputs)
-                y = eager_attention(q32, k32, v32, proj, mask, fit_a, fit_basis, kernel,
-                                    bool(causal), _args.optional_number(scale, "scale"),
-                                    str(precision))
+                y = _eager_favor(q32, k32, v32, mask, d, projection, features, norms, seed, fit,
+                                 kernel, causal, scale, precision)
                 return y if out_dtype == torch.float32 else y.to(out_dtype)
             w = projection_tensor(projection, d, features, norms, seed)
             wt = b = lam = gamma = None

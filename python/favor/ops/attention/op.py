@@ -125,7 +125,7 @@ def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_ba
     """The C++ call of the forward (dy None) or the backward, on numpy views of the tensors
     (proj: the favor.Projection of w, when the caller has it)."""
     T.follow_torch_threads()
-    keep = None if key_padding_mask is None else T.keep_mask(key_padding_mask)
+    keep = T.keep_mask(key_padding_mask)
     qv, kv, vv = T.view(q), T.view(k), T.view(v)
     if not _uses_map(weights, bias, lam, decay):
         if proj is None:
