@@ -1,7 +1,11 @@
 # The two commands of the README:
 #   make run   installs missing Debian packages, makes the project venv (.venv, PyPI packages
-#              pinned in requirements.txt), builds (Release) and runs `favor demo`
-#   make test  the same set-up and build, then the whole test suite (C++ and Python) through CTest
+#              pinned in requirements.txt), builds what the demo needs (libfavor and the `favor`
+#              tool, Release) and runs `favor demo`
+#   make test  the same set-up, builds everything, then the whole test suite (C++ and Python)
+#              through CTest
+# FAVOR_CPU=avx512|avx2|sse4|scalar runs `make run` or `make test` as a CPU with fewer
+# instructions would (scripts/as-cpu.sh; docs/reliability.md, "Other CPUs on this one").
 # Sanitizers (clang++; scripts/sanitize.sh, docs/reliability.md):
 #   make asan      AddressSanitizer + UBSan build in build-asan, the whole C++ suite
 #   make tsan      ThreadSanitizer build in build-tsan, the multi-threaded tests
@@ -15,7 +19,10 @@ FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= npy npz cli attention
 
-.PHONY: all deps build run test install clean format asan tsan sanitize fuzz
+# The commands that run favor, under the FAVOR_CPU cap when one is given.
+AS_CPU = $(if $(FAVOR_CPU),scripts/as-cpu.sh $(FAVOR_CPU))
+
+.PHONY: all deps configure build build-demo run test install clean format asan tsan sanitize fuzz
 
 all: build
 
@@ -30,19 +37,27 @@ deps:
 NEW_TREE_GENERATOR = $(if $(wildcard $(BUILD_DIR)/CMakeCache.txt)$(CMAKE_GENERATOR),,\
                        $(if $(shell command -v ninja),-G Ninja))
 
-build: deps
+configure: deps
 	cmake -S . -B $(BUILD_DIR) $(NEW_TREE_GENERATOR) -DCMAKE_BUILD_TYPE=Release \
 	  -DPython_EXECUTABLE=$(PYTHON) -DFAVOR_PYTHON=$(PYTHON)
+
+build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-run: build
-	$(BUILD_DIR)/tools/favor demo
+# Only what the demo runs: libfavor and the command-line tool (not the tests, fuzzers,
+# benchmarks or the Python extension, which `make test` builds).
+build-demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target favor_cli_main
+
+run: build-demo
+	$(AS_CPU) $(BUILD_DIR)/tools/favor demo
 
 # After CTest, pytest's own summary line of every Python test file or group of small files
 # (python/CMakeLists.txt; from CTest's log), so the log shows the Python suite ran in the
 # project's venv.
 test: build
-	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS); rc=$$?; \
+	@$(AS_CPU) $(BUILD_DIR)/tools/favor --version | sed 's/^/make test runs on: /'
+	$(AS_CPU) ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS); rc=$$?; \
 	echo "pytest summaries (.venv/bin/python, one CTest test per file or group of small files):"; \
 	awk '/^[0-9]+\/[0-9]+ Testing: /{name=$$3} name ~ /^python_(test|group)_/ && / in [0-9.]+s/ {print "  " name ": " $$0}' \
 	    $(BUILD_DIR)/Testing/Temporary/LastTest.log; exit $$rc

@@ -3,7 +3,7 @@
 // Threads: FAVOR_NUM_THREADS (printed in the context).
 #include <benchmark/benchmark.h>
 
-#include <cblas.h>
+#include "blas_yardstick.hpp"
 
 #include <cmath>
 
@@ -87,11 +87,8 @@ void BM_Decode(benchmark::State& state) {
 void BM_Sgemm(benchmark::State& state) {
   const int64_t n = state.range(0);
   std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
-  openblas_set_num_threads(favor::num_threads());
-  for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(n), int(n), 1.0f, a.data(),
-                int(n), b.data(), int(n), 0.0f, c.data(), int(n));
-  }
+  const favor::bench::BlasThreads lend(favor::num_threads());
+  for (auto _ : state) favor::bench::sgemm_square(n, a.data(), b.data(), c.data());
   set_rate(state, favor::bench::sgemm_flops(n), 0.0);
 }
 

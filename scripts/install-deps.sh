@@ -7,7 +7,8 @@ packages=(
   g++ make cmake pkg-config        # toolchain (CMake >= 3.25)
   ninja-build ccache               # faster builds: Ninja, and the compiler cache that the
                                    # pip-install test's build shares (cmake/FavorCcache.cmake)
-  libopenblas-openmp-dev           # BLAS, OpenMP build: single-threaded inside our parallel regions
+  libopenblas-openmp-dev           # the fallback BLAS (-DFAVOR_BLAS=openblas); favor links PyPI's
+                                   # scipy-openblas32 from the venv (cmake/FindFavorBLAS.cmake)
   libeigen3-dev                    # QR of the orthogonal projection blocks, FAVOR# eigenvectors
   libboost-dev                     # Boost.Math (chi quantiles, inverse normal CDF), Sobol points
   libhwy-dev                       # Highway: run-time dispatched SIMD exp/log/sin/cos

@@ -43,8 +43,10 @@ asan() {
 
 tsan() {
   # Archer (LLVM's OMPT tool) tells TSan about libomp's barriers, tasks and reductions.
-  # OpenBLAS is Debian's libgomp build and not instrumented: it runs on the calling thread
-  # (OPENBLAS_NUM_THREADS=1), and TSan ignores accesses inside uninstrumented libraries.
+  # OpenBLAS (scipy-openblas32, or Debian's libgomp build with -DFAVOR_BLAS=openblas) is not
+  # instrumented: it runs on the calling thread (libfavor sets it to one thread;
+  # OPENBLAS_NUM_THREADS=1 for the other build), and TSan ignores accesses inside
+  # uninstrumented libraries.
   local archer
   archer=$("$cxx" -print-file-name=libarcher.so)
   if [[ ! -f $archer ]]; then archer=/usr/lib/llvm-14/lib/libarcher.so; fi

@@ -295,7 +295,7 @@ namespace {
 TEST_F(Cli, BenchWritesRecordsAndPlot) {
   const std::string args =
       "bench --lengths 64 96 --max-exact-n 96 --scaling-n 64 --decode-positions 8 40 --sgemm-n 64 "
-      "--decode-batch 1 2 --decode-prompt 16 "
+      "--no-sgemm-peers --decode-batch 1 2 --decode-prompt 16 "
       "--backward-lengths 64 96 --estimator-lengths 64 --repeats 1 --min-time 0 --threads 2 "
       "--out " +
       path("bench.json") + " --plot " + path("bench.png");
@@ -347,6 +347,43 @@ TEST_F(Cli, BenchWritesRecordsAndPlot) {
   const std::string png = slurp("bench.png");
   ASSERT_GE(png.size(), 8u);
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+}
+
+// A bad FAVOR_CPU (the switch of scripts/as-cpu.sh) stops the tool with one line naming it,
+// before any output file.
+TEST_F(Cli, ABadFavorCpuStopsWithOneLine) {
+  write_qkv(6);
+  ::setenv("FAVOR_CPU", "avx3", 1);
+  expect_failure("attention " + qkv() + " --out " + path("y.npy"),
+                 "FAVOR_CPU: 'avx3' must be native, avx512, avx2, sse4 or scalar");
+  ::unsetenv("FAVOR_CPU");
+}
+
+// The yardstick: favor's BLAS and, in the same run, numpy's and torch's (the project venv,
+// tools/sgemm_peers.py); every rated row is read against both, %best against the fastest.
+TEST_F(Cli, BenchYardstickTimesNumpyAndTorchBesideFavorsBlas) {
+  const Result r =
+      run("bench --lengths 32 --sections sweep --max-exact-n 32 --sgemm-n 64 "
+          "--repeats 1 --min-time 0 --threads 2 --out " +
+          path("b.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("yardstick: favor's BLAS"), std::string::npos) << r.out;
+  const nlohmann::json records = nlohmann::json::parse(slurp("b.json"));
+  std::set<std::string> libraries;
+  double best = 0.0, own = 0.0;
+  for (const auto& rec : records) {
+    if (rec["method"] != "sgemm") continue;
+    libraries.insert(rec["library"].get<std::string>());
+    EXPECT_FALSE(rec["blas"].get<std::string>().empty()) << rec.dump();
+    best = std::max(best, rec["gflops"].get<double>());
+    if (rec["library"] == "favor") own = rec["gflops"].get<double>();
+  }
+  EXPECT_EQ(libraries, (std::set<std::string>{"favor", "numpy", "torch"}));
+  for (const auto& rec : records) {
+    const double g = rec["gflops"].get<double>();
+    EXPECT_NEAR(rec["percent_of_sgemm"].get<double>(), 100.0 * g / own, 1e-9) << rec.dump();
+    EXPECT_NEAR(rec["percent_of_best_sgemm"].get<double>(), 100.0 * g / best, 1e-9) << rec.dump();
+  }
 }
 
 TEST_F(Cli, BenchErrorsLeaveNoFiles) {

@@ -176,8 +176,8 @@ TEST_F(VQCli, ErrorsExitTwoWithOneLineAndNoOutput) {
 TEST_F(VQCli, BenchSectionWritesRatiosAndCrossovers) {
   const Result r = run_cli(
       "bench --sections vq --vq-lengths 64 128 --vq-codes 16 --vq-block 16 --bh 2 --dim 8 "
-      "--features 16 --max-exact-backward-n 128 --sgemm-n 64 --repeats 1 --min-time 0 "
-      "--threads 2 --out " +
+      "--features 16 --max-exact-backward-n 128 --sgemm-n 64 --no-sgemm-peers --repeats 1 "
+      "--min-time 0 --threads 2 --out " +
       path("b.json"));
   ASSERT_EQ(r.code, 0) << r.err;
   const json records = json::parse(slurp("b.json"));

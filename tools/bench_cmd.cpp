@@ -118,6 +118,9 @@ void add_bench_command(CLI::App& app) {
                   "none)")
       ->capture_default_str();
   cmd->add_option("--sgemm-n", a->sgemm_n, "size of the yardstick sgemm")->capture_default_str();
+  cmd->add_flag("!--no-sgemm-peers", a->sgemm_peers,
+                "do not time numpy's and torch's sgemm beside favor's BLAS (the project venv's "
+                "Python, FAVOR_PYTHON overrides; %best is then against favor's BLAS)");
   std::vector<std::string> names;
   for (const BenchSection& s : bench_sections()) names.push_back(s.name);
   cmd->add_option("--sections", a->sections, bench_sections_help(a->sections))

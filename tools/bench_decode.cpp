@@ -256,6 +256,14 @@ void vq_prefill_rows(BenchRunner& bench, int64_t n) {
 
 }  // namespace
 
+void decode_step_row(BenchRunner& bench, int64_t position, int threads) {
+  step_row(bench, position, 1, true, false, threads, true);
+}
+
+void state_rw_row(BenchRunner& bench, int threads) {
+  state_pass_row(bench, 1, threads);
+}
+
 void section_decode(BenchRunner& bench) {
   const BenchArgs& a = bench.args();
   const std::vector<int64_t>& positions = a.decode_positions;

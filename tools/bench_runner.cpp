@@ -3,7 +3,6 @@
 // same run's large-sgemm rate as the machine's yardstick.
 #include "bench_runner.hpp"
 
-#include <cblas.h>
 #include <fmt/core.h>
 
 #include <cmath>
@@ -11,7 +10,9 @@
 #include <cstring>
 
 #include "bench_sections.hpp"
+#include "blas_yardstick.hpp"
 #include "cli_common.hpp"
+#include "plot_runner.hpp"
 
 namespace favor::cli {
 
@@ -67,8 +68,8 @@ void BenchRunner::header() {
   if (a_.json) return;
   fmt::print("favor bench: D = Dv = {}, m = {}, kernel {}; {}\n", a_.d, a_.m, to_string(kernel_),
              build_info());
-  fmt::print("{:>7} {:>4} {:>6} {:>6} {:>3} {:>3} {:>11} {:>9} {:>7} {:>12} {:>9} {:>9}\n",
-             "method", "pass", "causal", "N", "BH", "thr", "seconds", "GFLOP/s", "%sgemm",
+  fmt::print("{:>7} {:>4} {:>6} {:>6} {:>3} {:>3} {:>11} {:>9} {:>7} {:>6} {:>12} {:>9} {:>9}\n",
+             "method", "pass", "causal", "N", "BH", "thr", "seconds", "GFLOP/s", "%sgemm", "%best",
              "tokens/s", "heap MiB", "rss MiB");
 }
 
@@ -83,17 +84,24 @@ void BenchRunner::emit(nlohmann::json r) {
   const bool rated = r["gflops"].is_number();
   const double pct =
       rated && sgemm_gflops_ > 0 ? 100.0 * r["gflops"].get<double>() / sgemm_gflops_ : 0.0;
+  const double best = rated && best_sgemm_gflops_ > 0
+                          ? 100.0 * r["gflops"].get<double>() / best_sgemm_gflops_
+                          : 0.0;
   r["percent_of_sgemm"] = rated ? nlohmann::json(pct) : nlohmann::json(nullptr);
+  r["percent_of_best_sgemm"] = rated ? nlohmann::json(best) : nlohmann::json(nullptr);
   if (!a_.json) {
     fmt::print(
-        "{:>7} {:>4} {:>6} {:>6} {:>3} {:>3} {:>11.5f} {:>9} {:>7} {:>12.4g} {:>9.1f} "
+        "{:>7} {:>4} {:>6} {:>6} {:>3} {:>3} {:>11.5f} {:>9} {:>7} {:>6} {:>12.4g} {:>9.1f} "
         "{:>9.1f}\n",
-        r["method"].get<std::string>(), r["pass"].get<std::string>() == "backward" ? "bwd" : "fwd",
+        r.contains("library") && r["library"] != "favor" ? r["library"].get<std::string>()
+                                                         : r["method"].get<std::string>(),
+        r["pass"].get<std::string>() == "backward" ? "bwd" : "fwd",
         r["causal"].get<bool>() ? "yes" : "no", r["n"].get<int64_t>(), r["bh"].get<int64_t>(),
         r["threads"].get<int>(), r["seconds"].get<double>(),
         rated ? fmt::format("{:.1f}", r["gflops"].get<double>()) : "-",
-        rated ? fmt::format("{:.0f}%", pct) : "-", r["tokens_per_s"].get<double>(),
-        r["peak_heap_mb"].get<double>(), r["rss_growth_mb"].get<double>());
+        rated ? fmt::format("{:.0f}%", pct) : "-", rated ? fmt::format("{:.0f}%", best) : "-",
+        r["tokens_per_s"].get<double>(), r["peak_heap_mb"].get<double>(),
+        r["rss_growth_mb"].get<double>());
     std::fflush(stdout);
   }
   records_.push_back(std::move(r));
@@ -102,23 +110,54 @@ void BenchRunner::emit(nlohmann::json r) {
 void BenchRunner::sgemm() {
   const int64_t n = a_.sgemm_n;
   std::vector<float> A(n * n, 1.0f), B(n * n, 0.5f), C(n * n, 0.0f);
-  const auto fn = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(n), int(n), 1.0f, A.data(),
-                int(n), B.data(), int(n), 0.0f, C.data(), int(n));
-  };
-  openblas_set_num_threads(num_threads());
-  const Measured t = measure(fn, a_.repeats, a_.min_time);
-  sgemm_gflops_ = sgemm_flops(n) / t.seconds / 1e9;
-  emit({{"method", "sgemm"},
-        {"causal", false},
-        {"n", n},
-        {"bh", 1},
-        {"threads", num_threads()},
-        {"seconds", t.seconds},
-        {"gflops", sgemm_gflops_},
-        {"tokens_per_s", 0.0},
-        {"peak_heap_mb", t.heap_mb},
-        {"rss_growth_mb", t.rss_mb}});
+  const Measured t = [&] {
+    const BlasThreads lend(num_threads());
+    return measure([&] { sgemm_square(n, A.data(), B.data(), C.data()); }, a_.repeats, a_.min_time);
+  }();
+  sgemm_gflops_ = best_sgemm_gflops_ = sgemm_flops(n) / t.seconds / 1e9;
+  nlohmann::json row = {{"method", "sgemm"},
+                        {"library", "favor"},
+                        {"blas", blas_config()},
+                        {"causal", false},
+                        {"n", n},
+                        {"bh", 1},
+                        {"threads", num_threads()},
+                        {"seconds", t.seconds},
+                        {"gflops", sgemm_gflops_},
+                        {"tokens_per_s", 0.0},
+                        {"peak_heap_mb", t.heap_mb},
+                        {"rss_growth_mb", t.rss_mb}};
+  // The peers: numpy's and torch's BLAS in the same run (another process, one at a time).
+  nlohmann::json peers = nlohmann::json::object();
+  if (a_.sgemm_peers) {
+    const std::string text = sgemm_peers_json(n, num_threads(), a_.repeats, a_.min_time);
+    if (!text.empty()) peers = nlohmann::json::parse(text, nullptr, false);
+    if (!peers.is_object()) peers = nlohmann::json::object();
+  }
+  for (const auto& [library, peer] : peers.items())
+    best_sgemm_gflops_ = std::max(best_sgemm_gflops_, peer["gflops"].get<double>());
+  emit(row);
+  for (const auto& [library, peer] : peers.items()) {
+    const double gflops = peer["gflops"].get<double>();
+    nlohmann::json r = row;
+    r["library"] = library;
+    r["blas"] = peer["blas"];
+    r["gflops"] = gflops;
+    r["seconds"] = sgemm_flops(n) / gflops / 1e9;
+    r["peak_heap_mb"] = r["rss_growth_mb"] = 0.0;
+    emit(r);
+  }
+  if (!a_.json) {
+    std::string text = fmt::format("yardstick: favor's BLAS {:.1f} GFLOP/s", sgemm_gflops_);
+    for (const auto& [library, peer] : peers.items())
+      text += fmt::format("; {} ({}) {:.1f}", library, peer["blas"].get<std::string>(),
+                          peer["gflops"].get<double>());
+    if (peers.empty())
+      text += a_.sgemm_peers ? "; numpy, torch: not measured (no Python with them)"
+                             : "; peers not measured (--no-sgemm-peers)";
+    fmt::print("{}: %sgemm is against favor's BLAS, %best against {:.1f}\n", text,
+               best_sgemm_gflops_);
+  }
 }
 
 // Bidirectional FAVOR++ / FAVOR# fit themselves inside the timed call; causal ones are given a

@@ -39,6 +39,7 @@ struct BenchArgs {
   int64_t distributed_n = 262144, distributed_weak_n = 262144;
   std::vector<int> distributed_ranks{1, 2, 4};
   int64_t io_n = 16384;
+  bool sgemm_peers = true;  // time numpy's and torch's sgemm too (tools/sgemm_peers.py)
   std::vector<int64_t> call_lengths{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
   bool has(const std::string& section) const {
     return std::find(sections.begin(), sections.end(), section) != sections.end();
@@ -87,8 +88,9 @@ class BenchRunner {
   /// Fields added to every record emitted while set (null: none).
   void set_tag(nlohmann::json tag) { tag_ = std::move(tag); }
 
-  /// Completes a record (section, d, m, kernel, pass, percent_of_sgemm), prints its table
-  /// row unless --json and keeps it.
+  /// Completes a record (section, d, m, kernel, pass, percent_of_sgemm against favor's BLAS,
+  /// percent_of_best_sgemm against the best BLAS of the run), prints its table row unless
+  /// --json and keeps it.
   void emit(nlohmann::json r);
 
   /// One FAVOR forward row; returns its seconds. kernel: the --kernel one unless given.
@@ -115,7 +117,8 @@ class BenchRunner {
   Kernel kernel_;
   nlohmann::json tag_;
   std::string section_ = "yardstick";
-  double sgemm_gflops_ = 0.0;
+  double sgemm_gflops_ = 0.0;       // favor's BLAS
+  double best_sgemm_gflops_ = 0.0;  // the best of favor's, numpy's and torch's
   nlohmann::json records_ = nlohmann::json::array();
 };
 

@@ -18,6 +18,7 @@ void section_io(BenchRunner& bench);           // bench_process_sections.cpp
 void section_decode(BenchRunner& bench);       // bench_decode.cpp
 void section_calls(BenchRunner& bench);        // bench_calls.cpp
 void section_bf16(BenchRunner& bench);         // bench_bf16.cpp
+void section_load(BenchRunner& bench);         // bench_load.cpp
 
 const std::vector<BenchSection>& bench_sections() {
   static const std::vector<BenchSection> table{
@@ -39,6 +40,9 @@ const std::vector<BenchSection>& bench_sections() {
        "one forward call at --call-lengths (short N): favor and exact, and the per-call "
        "overhead"},
       {"bf16", section_bf16, "bidirectional forward, fp32 vs bf16 GEMMs, at --bf16-lengths"},
+      {"load", section_load,
+       "a decode step, a tiny call and N = 1024 calls on 1 thread and all, idle and with "
+       "another process busy on a core (at the same priority, and at nice -10)"},
   };
   return table;
 }

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "blas_yardstick.hpp"
 #include "cli_common.hpp"
 #include "commands.hpp"
 #include "workload.hpp"
@@ -36,6 +37,16 @@ void run(bool json, const std::vector<int64_t>& lengths, double norm, int64_t fe
         "N(0, 1)\n",
         kHeads, kDim, norm);
     fmt::print("{}\n", build_info());
+    // The machine's yardstick, so that figures from different machines compare: favor's rows
+    // run at some fraction of it (docs/performance.md).
+    const int64_t n = 2048;
+    std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
+    const double t = [&] {
+      const bench::BlasThreads lend(num_threads());
+      return median_seconds([&] { bench::sgemm_square(n, a.data(), b.data(), c.data()); }, 5);
+    }();
+    fmt::print("sgemm {}^3 through favor's BLAS on {} threads: {:.1f} GFLOP/s\n", n, num_threads(),
+               2.0 * double(n) * double(n) * double(n) / t / 1e9);
     fmt::print("{:>6} {:>8} {:>12} {:>12} {:>9} {:>14}\n", "N", "mode", "favor [ms]", "exact [ms]",
                "speedup", "rel. error");
   }

@@ -45,6 +45,26 @@ std::string accuracy_plot_script() {
                           "plot_accuracy.py");
 }
 
+std::string sgemm_peers_json(int64_t n, int threads, int repeats, double min_time) {
+  std::string script;
+  for (const char* candidate : {FAVOR_SGEMM_PEERS_INSTALLED, FAVOR_SGEMM_PEERS_SOURCE}) {
+    if (::access(candidate, R_OK) == 0) {
+      script = candidate;
+      break;
+    }
+  }
+  if (script.empty()) return "";
+  const std::string cmd = python_interpreter() + " '" + script + "' " + std::to_string(n) + " " +
+                          std::to_string(threads) + " " + std::to_string(repeats) + " " +
+                          std::to_string(min_time) + " 2>/dev/null";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return "";
+  std::string out;
+  char buf[512];
+  for (size_t got; (got = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, got);
+  return ::pclose(pipe) == 0 ? out : "";
+}
+
 void draw_plot(const std::string& script, const std::string& json_text, const std::string& plot,
                StagedOutputs& outputs) {
   char json_path[] = "/tmp/favor-plot-XXXXXX";

@@ -1,6 +1,8 @@
 #pragma once
-// Draws a plot with one of favor's matplotlib scripts (plot_bench.py, plot_accuracy.py)
-// through Debian's /usr/bin/python3 (FAVOR_PYTHON overrides), into a staged output.
+// favor's Python scripts, run through the project venv's interpreter (FAVOR_PYTHON overrides):
+// the matplotlib plots (plot_bench.py, plot_accuracy.py) into a staged output, and the sgemm
+// rates of numpy's and torch's BLAS (sgemm_peers.py) for favor bench's yardstick.
+#include <cstdint>
 #include <string>
 
 #include "io_names.hpp"
@@ -17,5 +19,9 @@ std::string accuracy_plot_script();
 /// last stderr line, when it fails (the staged file is then discarded with `outputs`).
 void draw_plot(const std::string& script, const std::string& json_text, const std::string& plot,
                StagedOutputs& outputs);
+
+/// sgemm_peers.py's JSON ({"numpy": {"gflops", "blas"}, "torch": {...}}) for an n^3 sgemm on
+/// `threads` threads, or "" when the script or its interpreter cannot run (no peers then).
+std::string sgemm_peers_json(int64_t n, int threads, int repeats, double min_time);
 
 }  // namespace favor::cli

@@ -11,7 +11,8 @@ namespace favor {
 void set_num_threads(int n);
 int num_threads();
 
-/// One line: version, SIMD target chosen at run time, BLAS and its threading, threads.
+/// One line: version, the CPU (its brand string), the SIMD target chosen at run time, the BLAS
+/// (its kernel) and its threading, bf16, the FAVOR_CPU cap when set, threads.
 std::string build_info();
 
 /// Whether AttentionOptions::precision = bf16 runs in bf16 here: the CPU has AVX512-BF16,

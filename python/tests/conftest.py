@@ -60,6 +60,19 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(_hypothesis_profile())
 
 
+def opcheck_tolerance(n, features):
+    """atol and rtol for torch.library.opcheck of favor's ops on N tokens and F features.
+    opcheck compares eager gradients with AOTDispatcher's: both run favor's float32 kernels,
+    and the torch side of a formula may sum in another order (another SIMD width gives other
+    bits), so each is within (N + F) 2^-24 of the exact value relative to its size, as any two
+    float32 evaluations of one formula (docs/numerics.md, rule 4), and they differ by at most
+    twice that. This holds for float64 parameters too (a decay gamma, a fit): their gradients
+    come from float32 kernels, and opcheck's float64 default (1e-7) is below float32's own
+    resolution (on AVX2 learned decay's gamma gradient differed by 1.5e-7 relative)."""
+    tol = 2.0 * (n + features) * 2.0 ** -24
+    return dict(atol=tol, rtol=tol)
+
+
 KERNELS = ("positive", "trig", "hyperbolic", "favorpp", "favorsharp")
 ADAPTED = ("favorpp", "favorsharp")
 # 8 float32 ulps of slack (docs/numerics.md rule 1).

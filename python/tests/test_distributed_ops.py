@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import favor
 import favor.distributed as fd
+from conftest import opcheck_tolerance
 from distributed_helpers import Solo, as_threads
 from favor.ops.sequence_parallel import exchange_handle
 from favor.ops.sequence_parallel.attention import (sequence_parallel_attention_backward_op,
@@ -83,14 +84,18 @@ CASES = {
 # Dynamo is not thread-safe: two ranks as threads run opcheck's checks but the AOT dispatch
 # one (which compiles); one rank runs them all.
 THREAD_SAFE_CHECKS = ("test_schema", "test_autograd_registration", "test_faketensor")
+# N tokens, 16 features (W above).
+OPCHECK_TOL = opcheck_tolerance(N, 16)
 
 
 def over_ranks(check, ranks):
     """check(a, b, exchange, opcheck) on each rank's slice: two threads (ThreadExchange) or
     Solo."""
     if ranks == 1:
-        return [check(0, N, Solo(), torch.library.opcheck)]
-    opcheck = lambda op, args: torch.library.opcheck(op, args, test_utils=THREAD_SAFE_CHECKS)
+        opcheck = lambda op, args: torch.library.opcheck(op, args, **OPCHECK_TOL)
+        return [check(0, N, Solo(), opcheck)]
+    opcheck = lambda op, args: torch.library.opcheck(op, args, test_utils=THREAD_SAFE_CHECKS,
+                                                     **OPCHECK_TOL)
     return as_threads(LENGTHS, lambda r, ex, a, b: check(int(a), int(b), ex, opcheck))
 
 

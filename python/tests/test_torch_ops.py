@@ -19,6 +19,7 @@ import torch
 
 import favor
 import favor.torch as ft
+from conftest import opcheck_tolerance
 from favor.ops.attention.op import attention_backward_op, attention_op
 from favor.ops.codebook import (codebook_ema_update_op, codebook_initialise_op,
                                 codebook_track_usage_op, vq_assign_op)
@@ -87,9 +88,13 @@ ATTENTION_CASES = {
 }
 
 
+# N = 12 tokens, m = 8 projections: F <= 16 features (trig, hyperbolic).
+OPCHECK_TOL = opcheck_tolerance(12, 16)
+
+
 @pytest.mark.parametrize("case", list(ATTENTION_CASES))
 def test_opcheck_attention(case):
-    torch.library.opcheck(attention_op, attention_args(**ATTENTION_CASES[case]))
+    torch.library.opcheck(attention_op, attention_args(**ATTENTION_CASES[case]), **OPCHECK_TOL)
 
 
 @pytest.mark.parametrize("case", ["positive", "causal", "hedgehog_learned", "learned_decay"])
@@ -99,7 +104,7 @@ def test_opcheck_attention_backward(case):
     dy = randn(*y.shape, seed=11)
     detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args[:11]]
     torch.library.opcheck(attention_backward_op,
-                          (dy, *detached, states, maxima, fp, *args[11:14], True))
+                          (dy, *detached, states, maxima, fp, *args[11:14], True), **OPCHECK_TOL)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -563,8 +568,13 @@ def test_plain_cpu_calls_without_grad_take_the_short_layer(monkeypatch):
         for c, y in zip(cases, expected):
             assert torch.equal(ft.attention(q, k, v, features=64, **c), y), c
             assert torch.equal(ft.attention(qt, k, v, features=64, **c), y), c
+        # A 2-D input is one head: the op's bits on that head alone. (Not those of the same
+        # head inside a batch: the short path projects a group of heads with one GEMM, and a
+        # BLAS kernel's result for a row may depend on the rows around it, as on AVX2.)
+        one_head = attention_op(q[:1, :1], k[:1, :1], v[:1, :1], w, None, None, None, None,
+                                None, None, None, "positive", False, None, False, "f32")[0]
         two_d = ft.attention(q[0, 0], k[0, 0], v[0, 0], features=64)
-        assert torch.equal(two_d, expected[0][0, 0])
+        assert torch.equal(two_d, one_head[0, 0])
     # A requires-grad input under no_grad takes the short layer too (nothing to record).
     with torch.no_grad():
         assert torch.equal(ft.attention(q.clone().requires_grad_(), k, v, features=64),

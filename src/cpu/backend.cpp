@@ -11,6 +11,7 @@
 #include "cpu/decoder_step.hpp"
 #include "cpu/exact_attention.hpp"
 #include "cpu/feature_tile.hpp"
+#include "cpu/isa_cap.hpp"
 #include "cpu/kernel_moments.hpp"
 #include "cpu/vq_assign.hpp"
 #include "cpu/vq_decoder_step.hpp"
@@ -39,6 +40,7 @@ class CpuCausalSplit final : public kernels::CausalBackwardSplit {
 
 class CpuBackend final : public kernels::Backend {
  public:
+  CpuBackend() { check_isa_cap(); }  // a bad FAVOR_CPU stops the first call
   kernels::Tuning tuning() const override { return cpu::tuning(); }
   std::string describe() const override { return cpu::describe(); }
   bool has_bf16() const override { return bf16_supported(); }
@@ -58,9 +60,7 @@ class CpuBackend final : public kernels::Backend {
   kernels::FeatureOverflow features(const kernels::FeaturesParams& p) override {
     return exact_features(p);
   }
-  void kernel_moments(const MomentsParams& p) override {
-    cpu::kernel_moments(p, runtime_config());
-  }
+  void kernel_moments(const MomentsParams& p) override { cpu::kernel_moments(p, runtime_config()); }
   void dgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
              const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C,
              int64_t ldc) override {
@@ -70,8 +70,10 @@ class CpuBackend final : public kernels::Backend {
                         float* distance) override {
     key_states(p, runtime_config(), states, maxima, distance);
   }
-  std::unique_ptr<kernels::CausalBackwardSplit> favor_backward_causal_split(
-      int64_t heads, int64_t n, int64_t features, int64_t dv) override {
+  std::unique_ptr<kernels::CausalBackwardSplit> favor_backward_causal_split(int64_t heads,
+                                                                            int64_t n,
+                                                                            int64_t features,
+                                                                            int64_t dv) override {
     return std::make_unique<CpuCausalSplit>(heads, n, features, dv);
   }
   int64_t exact_attention(const AttentionParams& p, bool causal, bool in_double) override {
@@ -116,8 +118,8 @@ class CpuBackend final : public kernels::Backend {
     return commitment_sum(p, grad, dk, runtime_config());
   }
   std::shared_ptr<const kernels::PreparedCodebook> vq_prepare_codebook(const float* codebook,
-                                                                      int64_t sets, int64_t codes,
-                                                                      int64_t d) override {
+                                                                       int64_t sets, int64_t codes,
+                                                                       int64_t d) override {
     return prepare_codebook(codebook, sets, codes, d);
   }
   void vq_decoder_append(const VQDecoderAppend& p) override {

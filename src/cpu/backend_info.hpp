@@ -8,5 +8,7 @@ namespace favor::cpu {
 
 kernels::Tuning tuning();
 std::string describe();
+/// The CPU's brand string (CPUID), e.g. "AMD EPYC 7B12".
+std::string cpu_model();
 
 }  // namespace favor::cpu

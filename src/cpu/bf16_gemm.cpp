@@ -1,5 +1,7 @@
 #include "cpu/bf16_gemm.hpp"
 
+#include "cpu/isa_cap.hpp"
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -70,7 +72,7 @@ const Probe& probe() {
 }  // namespace
 
 bool bf16_supported() {
-  if (forced_off()) return false;
+  if (forced_off() || isa_cap().bf16_off) return false;
 #ifdef FAVOR_HAVE_DNNL
   return probe().ok;
 #else
@@ -80,6 +82,7 @@ bool bf16_supported() {
 
 const char* bf16_status() {
   if (forced_off()) return "off (FAVOR_NO_BF16)";
+  if (isa_cap().bf16_off) return "off (FAVOR_CPU)";
 #ifdef FAVOR_HAVE_DNNL
   return probe().status.c_str();
 #else

@@ -70,76 +70,87 @@ void decoder_step(const DecoderStep& ds, const Config& config) {
   auto takes_part = [&](int64_t b) {
     return p.mask == nullptr || p.mask[b * p.mask_stride_b] != 0;
   };
-#pragma omp parallel num_threads(threads)
+  // The heads are split into `threads` runs (each projected by its own GEMMs) whatever team
+  // runs them (cpu/team.hpp: one thread while the machine is contended), so a head's bits do
+  // not depend on the team.
+  const int team_size =
+      team_now(threads, double(heads) * (4.0 * double(d * m) + 4.0 * double(F * ld)));
+  RegionClock clock(team_size);
+#pragma omp parallel num_threads(team_size)
   {
+    const int64_t arrived = clock.arrive();
     blas_on_calling_thread();
     const int tid = omp_get_thread_num(), team = omp_get_num_threads();
-    const int64_t first = heads * tid / team, last = heads * (tid + 1) / team;
-    // Gather the scaled key and query rows of this thread's heads.
-    for (int64_t i = first; i < last; ++i) {
-      const int64_t bh = head_at(i, heads, sets), b = bh / p.heads, h = bh % p.heads;
-      gather_rows(p.k + b * p.k_strides[0] + h * p.k_strides[1], 0, p.k_strides[3], 1, d,
-                  fp.sqrt_scale, buf.x + 2 * i * d, &buf.half_norm2[bh]);
-      gather_rows(p.q + b * p.q_strides[0] + h * p.q_strides[1], 0, p.q_strides[3], 1, d,
-                  fp.sqrt_scale, buf.x + (2 * i + 1) * d, nullptr);
-    }
-    // One GEMM per run of heads sharing a projection; the log bias per head after it.
-    for (int64_t i = first; i < last;) {
-      const int64_t set = head_at(i, heads, sets) % sets;
-      int64_t end = i + 1;
-      while (end < last && head_at(end, heads, sets) % sets == set) ++end;
-      project_rows_transposed(buf.x + 2 * i * d, 2 * (end - i), d, ds.wt + set * d * m, m,
-                              buf.a + 2 * i * m);
-      i = end;
-    }
-    if (fp.bias) {
+    for (int run = tid; run < threads; run += team) {
+      const int64_t first = heads * run / threads, last = heads * (run + 1) / threads;
+      // Gather the scaled key and query rows of this thread's heads.
       for (int64_t i = first; i < last; ++i) {
-        const float* bias = fp.head_bias(head_at(i, heads, sets));
-        float* a = buf.a + 2 * i * m;
-        for (int64_t f = 0; f < m; ++f) {
-          a[f] += bias[f];
-          a[m + f] += bias[f];
+        const int64_t bh = head_at(i, heads, sets), b = bh / p.heads, h = bh % p.heads;
+        gather_rows(p.k + b * p.k_strides[0] + h * p.k_strides[1], 0, p.k_strides[3], 1, d,
+                    fp.sqrt_scale, buf.x + 2 * i * d, &buf.half_norm2[bh]);
+        gather_rows(p.q + b * p.q_strides[0] + h * p.q_strides[1], 0, p.q_strides[3], 1, d,
+                    fp.sqrt_scale, buf.x + (2 * i + 1) * d, nullptr);
+      }
+      // One GEMM per run of heads sharing a projection; the log bias per head after it.
+      for (int64_t i = first; i < last;) {
+        const int64_t set = head_at(i, heads, sets) % sets;
+        int64_t end = i + 1;
+        while (end < last && head_at(end, heads, sets) % sets == set) ++end;
+        project_rows_transposed(buf.x + 2 * i * d, 2 * (end - i), d, ds.wt + set * d * m, m,
+                                buf.a + 2 * i * m);
+        i = end;
+      }
+      if (fp.bias) {
+        for (int64_t i = first; i < last; ++i) {
+          const float* bias = fp.head_bias(head_at(i, heads, sets));
+          float* a = buf.a + 2 * i * m;
+          for (int64_t f = 0; f < m; ++f) {
+            a[f] += bias[f];
+            a[m + f] += bias[f];
+          }
         }
       }
-    }
-    float* phik = buf.per_thread + tid * buf.per_thread_floats;
-    float *phiq = phik + F, *s = phiq + F, *log_s = s + F, *vx = log_s + F, *yx = vx + ld;
-    std::fill(log_s, log_s + F, 0.0f);  // trig reads no log_s
-    for (int64_t i = first; i < last; ++i) {
-      const int64_t bh = head_at(i, heads, sets), b = bh / p.heads, h = bh % p.heads;
-      const float *ak = buf.a + 2 * i * m, *aq = ak + m;
-      HeadState state{ds.sums + bh * F * ld, F, dv, ds.log_max[bh]};
-      const bool keep = takes_part(b);
-      if (keep) {
-        const double g = fp.key_log_weight(buf.half_norm2[bh], bh, ds.row_positions[b]);
-        const double row_max = key_log_max(fp, bh, ak, g);
-        if (row_max > state.max) state.raise_max(row_max);
-        key_features(fp, bh, ak, g - state.max, phik);
-        gather_values(p.v + b * p.v_strides[0] + h * p.v_strides[1], 0, p.v_strides[3], 1, dv, vx);
-      }
-      if (positive_family(fp.kernel)) {  // s after the key: the query's shift needs it
-        for (int64_t f = 0; f < F; ++f) {
-          s[f] = state.Sx[f * ld + dv];
-          if (keep) s[f] += phik[f] * vx[dv];  // as the update will: s_f + phi_f * 1
-        }
-        log_or_neg_inf(s, log_s, F);
-      }
-      const float c = query_shift(fp.kernel, aq, m, log_s);
-      if (std::isinf(c)) {  // no key in this head yet (and none added): zeros
-        if (keep) rank1_update(state.Sx, phik, vx, F, ld);
-        std::fill(yx, yx + ld, 0.0f);
-      } else {
-        query_features(fp.kernel, aq, m, c, log_s, phiq);
+      float* phik = buf.per_thread + tid * buf.per_thread_floats;
+      float *phiq = phik + F, *s = phiq + F, *log_s = s + F, *vx = log_s + F, *yx = vx + ld;
+      std::fill(log_s, log_s + F, 0.0f);  // trig reads no log_s
+      for (int64_t i = first; i < last; ++i) {
+        const int64_t bh = head_at(i, heads, sets), b = bh / p.heads, h = bh % p.heads;
+        const float *ak = buf.a + 2 * i * m, *aq = ak + m;
+        HeadState state{ds.sums + bh * F * ld, F, dv, ds.log_max[bh]};
+        const bool keep = takes_part(b);
         if (keep) {
-          update_and_read(state.Sx, phik, vx, phiq, F, ld, yx);
-        } else {
-          transposed_matvec(state.Sx, phiq, F, ld, yx);
+          const double g = fp.key_log_weight(buf.half_norm2[bh], bh, ds.row_positions[b]);
+          const double row_max = key_log_max(fp, bh, ak, g);
+          if (row_max > state.max) state.raise_max(row_max);
+          key_features(fp, bh, ak, g - state.max, phik);
+          gather_values(p.v + b * p.v_strides[0] + h * p.v_strides[1], 0, p.v_strides[3], 1, dv,
+                        vx);
         }
+        if (positive_family(fp.kernel)) {  // s after the key: the query's shift needs it
+          for (int64_t f = 0; f < F; ++f) {
+            s[f] = state.Sx[f * ld + dv];
+            if (keep) s[f] += phik[f] * vx[dv];  // as the update will: s_f + phi_f * 1
+          }
+          log_or_neg_inf(s, log_s, F);
+        }
+        const float c = query_shift(fp.kernel, aq, m, log_s);
+        if (std::isinf(c)) {  // no key in this head yet (and none added): zeros
+          if (keep) rank1_update(state.Sx, phik, vx, F, ld);
+          std::fill(yx, yx + ld, 0.0f);
+        } else {
+          query_features(fp.kernel, aq, m, c, log_s, phiq);
+          if (keep) {
+            update_and_read(state.Sx, phik, vx, phiq, F, ld, yx);
+          } else {
+            transposed_matvec(state.Sx, phiq, F, ld, yx);
+          }
+        }
+        write_rows(yx, 1, dv, p.out + b * p.out_strides[0] + h * p.out_strides[1], 0,
+                   p.out_strides[3]);
+        ds.log_max[bh] = state.max;
       }
-      write_rows(yx, 1, dv, p.out + b * p.out_strides[0] + h * p.out_strides[1], 0,
-                 p.out_strides[3]);
-      ds.log_max[bh] = state.max;
     }
+    clock.done(arrived);
   }
 }
 

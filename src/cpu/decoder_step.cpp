@@ -107,11 +107,16 @@ void decoder_append(const DecoderAppend& da, const Config& config) {
   auto takes_part = [&](int64_t b, int64_t j) {
     return !masked || p.mask[b * p.mask_stride_b + j * p.mask_stride_n] != 0;
   };
-#pragma omp parallel num_threads(threads)
+  const int team = team_now(
+      threads, double(heads) * double(T) *
+                   (2.0 * d * m + 2.0 * F * dv));  // one thread while contended (cpu/team.hpp)
+  RegionClock clock(team);
+#pragma omp parallel num_threads(team)
   {
+    const int64_t arrived = clock.arrive();
     blas_on_calling_thread();
     const auto tid = static_cast<size_t>(omp_get_thread_num());
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t bh = 0; bh < heads; ++bh) {
       const int64_t b = bh / p.heads, h = bh % p.heads;
       HeadState state{da.sums + bh * F * (dv + 1), F, dv, da.log_max[bh]};
@@ -150,6 +155,7 @@ void decoder_append(const DecoderAppend& da, const Config& config) {
       }
       da.log_max[bh] = state.max;
     }
+    clock.done(arrived);
   }
 }
 
@@ -162,28 +168,35 @@ void decoder_query(const DecoderQuery& dq, const Config& config) {
   std::vector<TokenBuffers> buffers;
   for (int t = 0; t < threads; ++t) buffers.emplace_back(d, m, F, dv);
   auto head_wt = [&](int64_t bh) { return dq.wt + (bh % fp.w_sets) * d * m; };
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t bh = 0; bh < heads; ++bh) {
-    const int64_t b = bh / p.heads, h = bh % p.heads;
-    TokenBuffers& buf = buffers[static_cast<size_t>(omp_get_thread_num())];
-    const float* Sx = dq.sums + bh * F * (dv + 1);  // [S | s]
-    if (positive_family(fp.kernel)) {
-      for (int64_t f = 0; f < F; ++f) buf.s[f] = Sx[f * (dv + 1) + dv];
-      log_or_neg_inf(buf.s.data(), buf.log_s.data(), F);
-    }
-    for (int64_t t = 0; t < T; ++t) {
-      gather_rows(query_row(p, b, h, t), 0, p.q_strides[3], 1, d, fp.sqrt_scale, buf.x.data(),
-                  nullptr);
-      project(head_wt(bh), fp.head_bias(bh), d, m, buf.x.data(), buf.a.data());
-      const float c = query_shift(fp.kernel, buf.a.data(), m, buf.log_s.data());
-      if (std::isinf(c)) {  // -inf: nothing appended for this head yet; den 0 gives zeros
-        std::fill(buf.yx.begin(), buf.yx.end(), 0.0f);
-      } else {
-        query_features(fp.kernel, buf.a.data(), m, c, buf.log_s.data(), buf.phi.data());
-        transposed_matvec(Sx, buf.phi.data(), F, dv + 1, buf.yx.data());  // [y | den]
+  const int team = team_now(threads, double(heads) * double(T) * (2.0 * d * m + 2.0 * F * dv));
+  RegionClock clock(team);
+#pragma omp parallel num_threads(team)
+  {
+    const int64_t arrived = clock.arrive();
+#pragma omp for schedule(static) nowait
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      const int64_t b = bh / p.heads, h = bh % p.heads;
+      TokenBuffers& buf = buffers[static_cast<size_t>(omp_get_thread_num())];
+      const float* Sx = dq.sums + bh * F * (dv + 1);  // [S | s]
+      if (positive_family(fp.kernel)) {
+        for (int64_t f = 0; f < F; ++f) buf.s[f] = Sx[f * (dv + 1) + dv];
+        log_or_neg_inf(buf.s.data(), buf.log_s.data(), F);
       }
-      write_rows(buf.yx.data(), 1, dv, output_row(p, b, h, t), 0, p.out_strides[3]);
+      for (int64_t t = 0; t < T; ++t) {
+        gather_rows(query_row(p, b, h, t), 0, p.q_strides[3], 1, d, fp.sqrt_scale, buf.x.data(),
+                    nullptr);
+        project(head_wt(bh), fp.head_bias(bh), d, m, buf.x.data(), buf.a.data());
+        const float c = query_shift(fp.kernel, buf.a.data(), m, buf.log_s.data());
+        if (std::isinf(c)) {  // -inf: nothing appended for this head yet; den 0 gives zeros
+          std::fill(buf.yx.begin(), buf.yx.end(), 0.0f);
+        } else {
+          query_features(fp.kernel, buf.a.data(), m, c, buf.log_s.data(), buf.phi.data());
+          transposed_matvec(Sx, buf.phi.data(), F, dv + 1, buf.yx.data());  // [y | den]
+        }
+        write_rows(buf.yx.data(), 1, dv, output_row(p, b, h, t), 0, p.out_strides[3]);
+      }
     }
+    clock.done(arrived);
   }
 }
 

@@ -178,8 +178,11 @@ void exact_attention_backward(const BackwardParams& bp, bool causal, const Confi
       static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(config.threads, heads * qblocks)));
   std::vector<Workspace> spaces = make_workspaces<Workspace>(threads, p.d, p.dv);
   std::vector<float> lse(static_cast<size_t>(heads * p.nq)), dd(static_cast<size_t>(heads * p.nq));
-#pragma omp parallel num_threads(threads)
+  const int team = team_now(threads);  // one thread while contended (cpu/team.hpp)
+  RegionClock clock(team);
+#pragma omp parallel num_threads(team)
   {
+    const int64_t arrived = clock.arrive();
     blas_on_calling_thread();
     Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
@@ -188,12 +191,13 @@ void exact_attention_backward(const BackwardParams& bp, bool causal, const Confi
       query_block(bp, causal, bh / p.heads, bh % p.heads, {i0, std::min(kBlock, p.nq - i0)},
                   lse.data() + bh * p.nq + i0, dd.data() + bh * p.nq + i0, ws);
     }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
     for (int64_t item = 0; item < heads * kblocks; ++item) {
       const int64_t bh = item / kblocks, j0 = (item % kblocks) * kBlock;
       key_block(bp, causal, bh / p.heads, bh % p.heads, {j0, std::min(kBlock, p.nk - j0)},
                 lse.data() + bh * p.nq, dd.data() + bh * p.nq, ws);
     }
+    clock.done(arrived);
   }
 }
 

@@ -203,8 +203,11 @@ int64_t favor_bidirectional_bf16(const AttentionParams& p, const Config& config)
   }
   int64_t zero_rows = 0;
   PartialStates partial(plan.tasks, size);
-#pragma omp parallel num_threads(plan.team) reduction(+ : zero_rows)
+  const int team_size = team_now(plan.team);
+  RegionClock clock(team_size);
+#pragma omp parallel num_threads(team_size) reduction(+ : zero_rows)
   {
+    const int64_t arrived = clock.arrive();
     blas_on_calling_thread();
     const int tid = omp_get_thread_num(), team = omp_get_num_threads();
     Workspace& ws = spaces[static_cast<size_t>(tid)];
@@ -227,6 +230,7 @@ int64_t favor_bidirectional_bf16(const AttentionParams& p, const Config& config)
           attend_queries_bf16(p, bh / p.heads, bh % p.heads, split_point(p.nq, plan.parts, part),
                               split_point(p.nq, plan.parts, part + 1), merged, ws);
     }
+    clock.done(arrived);
   }
   return zero_rows;
 }

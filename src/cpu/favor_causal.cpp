@@ -177,8 +177,7 @@ int64_t favor_causal(const AttentionParams& p, const Config& config) {
         state.max = -INFINITY;  // one chunk from no state, none kept: [S | s] is never touched
       else
         initial_state(p, bh, state);
-      const int64_t zero_rows =
-          sweep(p, chunk, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
+      const int64_t zero_rows = sweep(p, chunk, bh / p.heads, bh % p.heads, 0, p.nq, state.max, ws);
       final_state(p, bh, state);
       return zero_rows;
     });
@@ -189,8 +188,11 @@ int64_t favor_causal(const AttentionParams& p, const Config& config) {
   Published published(plan.tasks, F, p.dv);
   // Tasks run in increasing order on each thread and depend only on lower tasks, which
   // publish before their long sweep: no deadlock even with fewer threads than tasks.
-#pragma omp parallel num_threads(plan.team) reduction(+ : zero_rows)
+  const int team_size = team_now(plan.team, plan.flops);
+  RegionClock clock(team_size);
+#pragma omp parallel num_threads(team_size) reduction(+ : zero_rows)
   {
+    const int64_t arrived = clock.arrive();
     blas_on_calling_thread();
     const int tid = omp_get_thread_num(), team = omp_get_num_threads();
     ChunkWorkspace& ws = spaces[static_cast<size_t>(tid)];
@@ -214,6 +216,7 @@ int64_t favor_causal(const AttentionParams& p, const Config& config) {
       zero_rows += sweep(p, chunk, b, h, bounds[seg], bounds[seg + 1], state.max, ws);
       if (seg + 1 == plan.parts) final_state(p, bh, state);
     }
+    clock.done(arrived);
   }
   return zero_rows;
 }

@@ -177,7 +177,7 @@ int64_t favor_bidirectional_short(const AttentionParams& p, const Config& config
   int64_t per_group = std::max<int64_t>(1, kGroupRows / (p.nk + p.nq));
   if (threads > 1) per_group = std::min(per_group, (heads + threads - 1) / threads);
   const int64_t groups = (heads + per_group - 1) / per_group;
-  const Schedule plan = heads_only(groups, threads);
+  const Schedule plan = heads_only(groups, threads, flops);
   auto lease = lend_workspaces<ShortWorkspace>(plan.team, p.d, p.map.m, F, p.dv);
   return for_each_head(plan, lease.spaces(), [&](int64_t group, ShortWorkspace& ws) {
     return run_group(p, group * per_group, std::min(heads, (group + 1) * per_group), ws);

@@ -9,6 +9,7 @@
 
 #include "cpu/blas.hpp"
 #include "cpu/feature_tile.hpp"
+#include "cpu/team.hpp"
 
 namespace favor::cpu {
 namespace {
@@ -76,12 +77,15 @@ void add_head_moments(const float* head, int64_t sn, int64_t sx, int64_t n, int6
 void kernel_moments(const MomentsParams& p, const Config& config) {
   const AttentionParams& s = p.rows;
   const int64_t d = s.d, heads = s.batch * s.heads;
-#pragma omp parallel num_threads(config.threads)
+  const int team = team_now(config.threads);  // one thread while contended (cpu/team.hpp)
+  RegionClock clock(team);
+#pragma omp parallel num_threads(team)
   {
+    const int64_t arrived = clock.arrive();
     blas_on_calling_thread();
     std::vector<float> tile(static_cast<size_t>(kMomentRows * d));
     std::vector<double> dtile(p.full ? static_cast<size_t>(kMomentRows * d) : 0);
-#pragma omp for schedule(dynamic)
+#pragma omp for schedule(dynamic) nowait
     for (int64_t bh = 0; bh < heads; ++bh) {
       const int64_t b = bh / s.heads, h = bh % s.heads;
       if (s.nq > 0)
@@ -93,6 +97,7 @@ void kernel_moments(const MomentsParams& p, const Config& config) {
                          s.k_strides[3], s.nk, d, s.mask ? s.mask + b * s.mask_stride_b : nullptr,
                          s.mask_stride_n, p.sqrt_scale, p.full, tile, dtile, moments_at(p, bh, 1));
     }
+    clock.done(arrived);
   }
 }
 

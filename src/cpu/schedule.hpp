@@ -11,12 +11,14 @@
 #include <vector>
 
 #include "cpu/blas.hpp"
+#include "cpu/team.hpp"
 
 namespace favor::cpu {
 
 struct Schedule {
   int64_t heads, parts, tasks;
-  int team;  // threads in the parallel region
+  int team;             // threads in the parallel region (planned: cpu/team.hpp may use one)
+  double flops = 1e30;  // the work of the whole region, where known (cpu/team.hpp)
 };
 
 inline Schedule make_schedule(int64_t heads, int threads) {
@@ -33,14 +35,16 @@ constexpr double kSerialFlops = 4e6;
 
 /// make_schedule for a call of `flops` in all: one thread below kSerialFlops.
 inline Schedule make_schedule(int64_t heads, int threads, double flops) {
-  return make_schedule(heads, flops < kSerialFlops ? 1 : threads);
+  Schedule plan = make_schedule(heads, flops < kSerialFlops ? 1 : threads);
+  plan.flops = flops;
+  return plan;
 }
 
 /// One task per (batch, head): a head is never split over threads, so its sums keep one
 /// order and the result is the same bits for any thread count.
-inline Schedule heads_only(int64_t heads, int threads) {
+inline Schedule heads_only(int64_t heads, int threads, double flops = 1e30) {
   return {heads, 1, heads,
-          static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, heads)))};
+          static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, heads))), flops};
 }
 
 /// One workspace per thread of the team, allocated before the parallel region so that an
@@ -117,9 +121,11 @@ auto on_calling_thread(Fn fn) {
 /// fn(bh, workspace) for every (batch, head) pair, spread over the team (BLAS on the
 /// calling thread); returns the sum of fn's results. A team of one runs on the calling
 /// thread without a parallel region.
+/// The team is plan.team, or 1 while the machine is contended (cpu/team.hpp).
 template <class Workspace, class Fn>
 int64_t for_each_head(const Schedule& plan, std::vector<Workspace>& spaces, Fn fn) {
-  if (plan.team == 1) {
+  const int team = team_now(plan.team, plan.flops);
+  if (team == 1) {
     return on_calling_thread([&] {
       int64_t total = 0;
       for (int64_t bh = 0; bh < plan.heads; ++bh) total += fn(bh, spaces[0]);
@@ -127,12 +133,15 @@ int64_t for_each_head(const Schedule& plan, std::vector<Workspace>& spaces, Fn f
     });
   }
   int64_t total = 0;
-#pragma omp parallel num_threads(plan.team) reduction(+ : total)
+  RegionClock clock(team);
+#pragma omp parallel num_threads(team) reduction(+ : total)
   {
+    const int64_t arrived = clock.arrive();
     blas_on_calling_thread();
     Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
     for (int64_t bh = 0; bh < plan.heads; ++bh) total += fn(bh, ws);
+    clock.done(arrived);
   }
   return total;
 }

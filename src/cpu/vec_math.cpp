@@ -609,9 +609,5 @@ void update_and_read(float* S, const float* phi_k, const float* vx, const float*
                      int64_t dv, float* y) {
   HWY_DYNAMIC_DISPATCH(UpdateAndRead)(S, phi_k, vx, phi_q, F, dv, y);
 }
-std::string simd_target() {
-  const auto targets = hwy::SupportedAndGeneratedTargets();
-  return targets.empty() ? "unknown" : hwy::TargetName(targets.front());
-}
 }  // namespace favor::cpu
 #endif  // HWY_ONCE

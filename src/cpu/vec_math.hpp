@@ -64,7 +64,5 @@ void transposed_matvec(const float* S, const float* phi, int64_t F, int64_t dv, 
 /// read and written once.
 void update_and_read(float* S, const float* phi_k, const float* vx, const float* phi_q, int64_t F,
                      int64_t dv, float* y);
-/// Name of the SIMD target chosen on this machine, e.g. "AVX3".
-std::string simd_target();
 
 }  // namespace favor::cpu

@@ -30,8 +30,12 @@ void vq_decoder_step(const VQDecoderStep& ds, const Config& config) {
   const int64_t per_thread = 2 * d + 2 * dv + 4 * c;
   if (ds.workspace->size() < static_cast<size_t>(threads * per_thread))
     ds.workspace->resize(static_cast<size_t>(threads * per_thread));
-#pragma omp parallel num_threads(threads)
+  const int team_size =
+      team_now(threads, double(heads) * work);  // one thread while contended (cpu/team.hpp)
+  RegionClock clock(team_size);
+#pragma omp parallel num_threads(team_size)
   {
+    const int64_t arrived = clock.arrive();
     blas_on_calling_thread();
     const int tid = omp_get_thread_num(), team = omp_get_num_threads();
     float* x = ds.workspace->data() + tid * per_thread;
@@ -81,6 +85,7 @@ void vq_decoder_step(const VQDecoderStep& ds, const Config& config) {
       float* row = p.out + b * p.out_strides[0] + h * p.out_strides[1];
       for (int64_t i = 0; i < dv; ++i) row[i * p.out_strides[3]] = y[i] * inv_den;
     }
+    clock.done(arrived);
   }
 }
 

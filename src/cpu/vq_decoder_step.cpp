@@ -57,58 +57,59 @@ void vq_decoder_append(const VQDecoderAppend& da, const Config& config) {
   const double work = double(T) * (2.0 * c * d + (soft ? 2.0 * c * dv : double(dv)));
   const int threads = threads_for(heads, work, config.threads);
   std::vector<AppendSpace> spaces = make_workspaces<AppendSpace>(threads, rows, d, dv, c);
-  for_each_head(heads_only(heads, threads), spaces, [&](int64_t bh, AppendSpace& ws) {
-    const int64_t b = bh / p.heads, h = bh % p.heads;
-    const CodeTable& table = tables[da.step.codebook_head_stride == 0 ? 0 : h];
-    const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
-    const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
-    float* sums = da.sums + bh * c * dv;
-    float* counts = da.counts + bh * c;
-    // The tokens that take part, in tiles: a masked token is skipped, so a masked append
-    // equals an append of the kept tokens alone (same tiles).
-    int64_t next = 0;
-    while (next < T) {
-      int64_t n = 0;
-      if (!p.mask) {
-        n = std::min(rows, T - next);
-        gather_rows(kh + next * p.k_strides[2], p.k_strides[2], p.k_strides[3], n, d, 1.0f,
-                    ws.x.data(), nullptr);
-        gather_rows(vh + next * p.v_strides[2], p.v_strides[2], p.v_strides[3], n, dv, 1.0f,
-                    ws.v.data(), nullptr);
-        next += n;
-      } else {
-        for (; n < rows && next < T; ++next) {
-          if (!p.mask[b * p.mask_stride_b + next * p.mask_stride_n]) continue;
-          gather_rows(kh + next * p.k_strides[2], 0, p.k_strides[3], 1, d, 1.0f,
-                      ws.x.data() + n * d, nullptr);
-          gather_rows(vh + next * p.v_strides[2], 0, p.v_strides[3], 1, dv, 1.0f,
-                      ws.v.data() + n * dv, nullptr);
-          ++n;
+  for_each_head(
+      heads_only(heads, threads, double(heads) * work), spaces, [&](int64_t bh, AppendSpace& ws) {
+        const int64_t b = bh / p.heads, h = bh % p.heads;
+        const CodeTable& table = tables[da.step.codebook_head_stride == 0 ? 0 : h];
+        const float* kh = p.k + b * p.k_strides[0] + h * p.k_strides[1];
+        const float* vh = p.v + b * p.v_strides[0] + h * p.v_strides[1];
+        float* sums = da.sums + bh * c * dv;
+        float* counts = da.counts + bh * c;
+        // The tokens that take part, in tiles: a masked token is skipped, so a masked append
+        // equals an append of the kept tokens alone (same tiles).
+        int64_t next = 0;
+        while (next < T) {
+          int64_t n = 0;
+          if (!p.mask) {
+            n = std::min(rows, T - next);
+            gather_rows(kh + next * p.k_strides[2], p.k_strides[2], p.k_strides[3], n, d, 1.0f,
+                        ws.x.data(), nullptr);
+            gather_rows(vh + next * p.v_strides[2], p.v_strides[2], p.v_strides[3], n, dv, 1.0f,
+                        ws.v.data(), nullptr);
+            next += n;
+          } else {
+            for (; n < rows && next < T; ++next) {
+              if (!p.mask[b * p.mask_stride_b + next * p.mask_stride_n]) continue;
+              gather_rows(kh + next * p.k_strides[2], 0, p.k_strides[3], 1, d, 1.0f,
+                          ws.x.data() + n * d, nullptr);
+              gather_rows(vh + next * p.v_strides[2], 0, p.v_strides[3], 1, dv, 1.0f,
+                          ws.v.data() + n * dv, nullptr);
+              ++n;
+            }
+            if (n == 0) break;
+          }
+          float* pk = ws.scores.data();
+          assign_rows(ws.x.data(), n, table, tau, ws.z.data(), pk);
+          if (!soft) {  // one row add per token: O(Dv)
+            for (int64_t r = 0; r < n; ++r) {
+              float* row = sums + ws.z[r] * dv;
+              const float* value = ws.v.data() + r * dv;
+              for (int64_t x = 0; x < dv; ++x) row[x] += value[x];
+              // Exact while a code holds fewer than 2^24 tokens.
+              counts[ws.z[r]] += 1.0f;
+            }
+            continue;
+          }
+          if (n == 1) {  // a decode step: the vectorised rank-1 update, no BLAS call overhead
+            rank1_update(sums, pk, ws.v.data(), c, dv);
+          } else {  // sums += P^T V
+            gemm(true, false, c, dv, n, 1.0f, pk, c, ws.v.data(), dv, 1.0f, sums, dv);
+          }
+          for (int64_t r = 0; r < n; ++r)
+            for (int64_t s = 0; s < c; ++s) counts[s] += pk[r * c + s];
         }
-        if (n == 0) break;
-      }
-      float* pk = ws.scores.data();
-      assign_rows(ws.x.data(), n, table, tau, ws.z.data(), pk);
-      if (!soft) {  // one row add per token: O(Dv)
-        for (int64_t r = 0; r < n; ++r) {
-          float* row = sums + ws.z[r] * dv;
-          const float* value = ws.v.data() + r * dv;
-          for (int64_t x = 0; x < dv; ++x) row[x] += value[x];
-          // Exact while a code holds fewer than 2^24 tokens.
-          counts[ws.z[r]] += 1.0f;
-        }
-        continue;
-      }
-      if (n == 1) {  // a decode step: the vectorised rank-1 update, no BLAS call overhead
-        rank1_update(sums, pk, ws.v.data(), c, dv);
-      } else {  // sums += P^T V
-        gemm(true, false, c, dv, n, 1.0f, pk, c, ws.v.data(), dv, 1.0f, sums, dv);
-      }
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t s = 0; s < c; ++s) counts[s] += pk[r * c + s];
-    }
-    return int64_t{0};
-  });
+        return int64_t{0};
+      });
 }
 
 void vq_decoder_query(const VQDecoderQuery& dq, const Config& config) {
@@ -118,40 +119,45 @@ void vq_decoder_query(const VQDecoderQuery& dq, const Config& config) {
   const float scale = dq.step.scale;
   const int threads = threads_for(heads, double(T) * 2.0 * c * (d + dv), config.threads);
   std::vector<QuerySpace> spaces = make_workspaces<QuerySpace>(threads, rows, d, dv, c);
-  for_each_head(heads_only(heads, threads), spaces, [&](int64_t bh, QuerySpace& ws) {
-    const int64_t b = bh / p.heads, h = bh % p.heads;
-    const float* codebook = dq.step.head_codebook(bh);
-    const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
-    float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
-    const float* sums = dq.sums + bh * c * dv;
-    const float* counts = dq.counts + bh * c;
-    // Codes with no token (or a soft count below FLT_MIN) get log n_s = -inf: weight 0.
-    log_or_neg_inf(counts, ws.log_counts.data(), c);
-    for (int64_t t0 = 0; t0 < T; t0 += rows) {
-      const int64_t n = std::min(rows, T - t0);
-      gather_rows(qh + t0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], n, d, 1.0f,
-                  ws.x.data(), nullptr);
-      gemm(false, true, n, c, d, scale, ws.x.data(), d, codebook, d, 0.0f, ws.logits.data(), c);
-      for (int64_t r = 0; r < n; ++r) {
-        const float* logits = ws.logits.data() + r * c;
-        // m = max_s (l_s + log n_s), the largest summand of the denominator: after the shift
-        // the denominator sum_s e^(l_s - m) n_s lies in [1, c], and e^(l_s - m) <= 1 / n_s
-        // <= 1 / FLT_MIN stays finite. -inf: no token yet, the row is zeros.
-        const float m = max_of_signed_sum(logits, 1.0f, ws.log_counts.data(), c);
-        float inv_den = 0.0f;
-        if (std::isinf(m)) {
-          std::fill(ws.y.begin(), ws.y.end(), 0.0f);
-        } else {
-          exp_shift_live(logits, 1.0f, m, ws.log_counts.data(), ws.e.data(), c);
-          transposed_matvec(sums, ws.e.data(), c, dv, ws.y.data());
-          inv_den = 1.0f / dot(ws.e.data(), counts, c);
-        }
-        float* row = oh + (t0 + r) * p.out_strides[2];
-        for (int64_t x = 0; x < dv; ++x) row[x * p.out_strides[3]] = ws.y[x] * inv_den;
-      }
-    }
-    return int64_t{0};
-  });
+  for_each_head(heads_only(heads, threads, double(heads * T) * 2.0 * c * (d + dv)), spaces,
+                [&](int64_t bh, QuerySpace& ws) {
+                  const int64_t b = bh / p.heads, h = bh % p.heads;
+                  const float* codebook = dq.step.head_codebook(bh);
+                  const float* qh = p.q + b * p.q_strides[0] + h * p.q_strides[1];
+                  float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
+                  const float* sums = dq.sums + bh * c * dv;
+                  const float* counts = dq.counts + bh * c;
+                  // Codes with no token (or a soft count below FLT_MIN) get log n_s = -inf: weight
+                  // 0.
+                  log_or_neg_inf(counts, ws.log_counts.data(), c);
+                  for (int64_t t0 = 0; t0 < T; t0 += rows) {
+                    const int64_t n = std::min(rows, T - t0);
+                    gather_rows(qh + t0 * p.q_strides[2], p.q_strides[2], p.q_strides[3], n, d,
+                                1.0f, ws.x.data(), nullptr);
+                    gemm(false, true, n, c, d, scale, ws.x.data(), d, codebook, d, 0.0f,
+                         ws.logits.data(), c);
+                    for (int64_t r = 0; r < n; ++r) {
+                      const float* logits = ws.logits.data() + r * c;
+                      // m = max_s (l_s + log n_s), the largest summand of the denominator: after
+                      // the shift the denominator sum_s e^(l_s - m) n_s lies in [1, c], and e^(l_s
+                      // - m) <= 1 / n_s
+                      // <= 1 / FLT_MIN stays finite. -inf: no token yet, the row is zeros.
+                      const float m = max_of_signed_sum(logits, 1.0f, ws.log_counts.data(), c);
+                      float inv_den = 0.0f;
+                      if (std::isinf(m)) {
+                        std::fill(ws.y.begin(), ws.y.end(), 0.0f);
+                      } else {
+                        exp_shift_live(logits, 1.0f, m, ws.log_counts.data(), ws.e.data(), c);
+                        transposed_matvec(sums, ws.e.data(), c, dv, ws.y.data());
+                        inv_den = 1.0f / dot(ws.e.data(), counts, c);
+                      }
+                      float* row = oh + (t0 + r) * p.out_strides[2];
+                      for (int64_t x = 0; x < dv; ++x)
+                        row[x * p.out_strides[3]] = ws.y[x] * inv_den;
+                    }
+                  }
+                  return int64_t{0};
+                });
 }
 
 }  // namespace favor::cpu

@@ -8,6 +8,7 @@
 
 #include "core/rng.hpp"
 #include "cpu/blas.hpp"
+#include "cpu/team.hpp"
 
 namespace favor::cpu {
 namespace {
@@ -91,12 +92,16 @@ int64_t codebook_ema(const KeyGroups& keys, const EMAParams& p, const Config& co
     ws.keys.reserve(static_cast<size_t>(largest));
   }
   int64_t reseeded = 0;
-#pragma omp parallel num_threads(team) reduction(+ : reseeded)
+  const int now = team_now(team);  // one thread while contended (cpu/team.hpp)
+  RegionClock clock(now);
+#pragma omp parallel num_threads(now) reduction(+ : reseeded)
   {
+    const int64_t arrived = clock.arrive();
     blas_on_calling_thread();
     Workspace& ws = spaces[static_cast<size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
     for (int64_t g = 0; g < keys.groups; ++g) reseeded += update_group(keys, g, z.data(), p, ws);
+    clock.done(arrived);
   }
   return reseeded;
 }

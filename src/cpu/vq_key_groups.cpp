@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cpu/blas.hpp"
+#include "cpu/team.hpp"
 #include "cpu/vq_assign.hpp"
 
 namespace favor::cpu {
@@ -45,16 +46,20 @@ void assign_groups(const KeyGroups& keys, const float* codebook, int64_t codeboo
   const int team = static_cast<int>(std::clamp<int64_t>(tasks, 1, threads));
   std::vector<std::vector<float>> scratch(static_cast<size_t>(team),
                                           std::vector<float>(kAssignTile * codes));
-#pragma omp parallel num_threads(team)
+  const int now = team_now(team);  // one thread while contended (cpu/team.hpp)
+  RegionClock clock(now);
+#pragma omp parallel num_threads(now)
   {
+    const int64_t arrived = clock.arrive();
     blas_on_calling_thread();
     float* ws = scratch[static_cast<size_t>(omp_get_thread_num())].data();
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
     for (int64_t t = 0; t < tasks; ++t) {
       const int64_t g = task_group[t], r = task_row[t];
       const int64_t n = std::min(kAssignTile, keys.start[g + 1] - r);
       nearest_codes(keys.row(r), keys.d, n, tables[g], z + r, dist2 + r, ws);
     }
+    clock.done(arrived);
   }
 }
 

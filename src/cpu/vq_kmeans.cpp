@@ -7,6 +7,7 @@
 
 #include "core/rng.hpp"
 #include "cpu/blas.hpp"
+#include "cpu/team.hpp"
 #include "cpu/vec_math.hpp"
 
 namespace favor::cpu {
@@ -20,13 +21,17 @@ int64_t uniform_index(detail::Rng& rng, int64_t n) {
 // fn(g, thread) for every group with active[g], groups over at most `threads` threads.
 template <class Fn>
 void for_each_group(int64_t groups, int team, const std::vector<uint8_t>& active, Fn fn) {
+  team = team_now(team);  // one thread while contended (cpu/team.hpp)
+  RegionClock clock(team);
 #pragma omp parallel num_threads(team)
   {
+    const int64_t arrived = clock.arrive();
     blas_on_calling_thread();
     const int thread = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
     for (int64_t g = 0; g < groups; ++g)
       if (active[g]) fn(g, thread);
+    clock.done(arrived);
   }
 }
 
