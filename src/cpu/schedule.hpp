@@ -125,6 +125,7 @@ auto on_calling_thread(Fn fn) {
 template <class Workspace, class Fn>
 int64_t for_each_head(const Schedule& plan, std::vector<Workspace>& spaces, Fn fn) {
   const int team = team_now(plan.team, plan.flops);
+  RegionClock clock(team);
   if (team == 1) {
     return on_calling_thread([&] {
       int64_t total = 0;
@@ -133,7 +134,6 @@ int64_t for_each_head(const Schedule& plan, std::vector<Workspace>& spaces, Fn f
     });
   }
   int64_t total = 0;
-  RegionClock clock(team);
 #pragma omp parallel num_threads(team) reduction(+ : total)
   {
     const int64_t arrived = clock.arrive();

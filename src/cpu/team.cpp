@@ -37,18 +37,21 @@ constexpr int64_t kFirstWindowNs = 50'000'000, kLongestWindowNs = 2'000'000'000;
 constexpr int64_t kSlowedNs = 200'000;
 // Regions at least this long (judged by the last one) read the threads' CPU time.
 constexpr int64_t kCpuClockFromNs = 100'000;
-// After this long without a region of the team its threads sleep, and a virtual machine's
-// host may have descheduled their idle vCPUs: waking them costs up to a few ms, which calls
-// under kColdFlops do not recover.
-constexpr int64_t kColdGapNs = 500'000;
-constexpr double kColdFlops = 1e9;
+// After this long without a region of the team its threads sleep (a hot thread arrives within
+// ~10 us), and a virtual machine's host may deschedule their idle vCPUs: waking them took
+// 0.03-0.3 ms after pauses of 1-10 ms here, 2-4 ms after 20 ms.
+constexpr int64_t kColdGapNs = 500'000, kDeepSleepNs = 10'000'000;
+constexpr double kLightWakeNs = 300'000, kDeepWakeNs = 4'000'000;
+// What an isolated call saves with two threads, counted cautiously: half its time on one
+// thread at 50 GFLOP/s (an AVX2 core; AVX-512 ones are faster, so save less).
+constexpr double kOneThreadFlopsPerNs = 50.0;
 
 std::atomic<int64_t> g_serial_until{0};  // regions run alone until this time
 std::atomic<int64_t> g_window{kFirstWindowNs};
 std::atomic<int64_t> g_last_window_end{0};
 std::atomic<int> g_strikes{0};            // regions in a row slowed by the load
 std::atomic<int64_t> g_last_span{0};      // of the last region of a team
-std::atomic<int64_t> g_last_call{0};      // the start of the last region, any team
+std::atomic<int64_t> g_last_end{0};       // the end of the last region, any team
 std::atomic<int64_t> g_last_team_end{0};  // the end of the last region of a team
 
 void condemn(int64_t now) {
@@ -68,13 +71,16 @@ void condemn(int64_t now) {
 }  // namespace
 
 int team_now(int planned, double flops) {
-  const int64_t now = now_ns();
-  const int64_t last = g_last_call.exchange(now, std::memory_order_relaxed);
   if (planned <= 1) return 1;
+  const int64_t now = now_ns();
   if (now < g_serial_until.load(std::memory_order_relaxed)) return 1;
-  // A small call after a pause: the team sleeps, and waking it costs more than it saves.
-  if (now - last > kColdGapNs && flops < kColdFlops) return 1;
-  return planned;
+  const int64_t slept = now - g_last_team_end.load(std::memory_order_relaxed);
+  if (slept <= kColdGapNs) return planned;  // the team is awake
+  // Calls back to back (this one starts as the last one ended): wake the team once for all.
+  if (now - g_last_end.load(std::memory_order_relaxed) <= kColdGapNs) return planned;
+  // An isolated call after a pause: the team sleeps; wake it only when it saves more.
+  const double wake = slept < kDeepSleepNs ? kLightWakeNs : kDeepWakeNs;
+  return flops / kOneThreadFlopsPerNs / 2.0 > wake ? planned : 1;
 }
 
 bool team_contended() {
@@ -87,7 +93,7 @@ void reset_team_state() {
   g_last_window_end.store(0);
   g_strikes.store(0);
   g_last_span.store(0);
-  g_last_call.store(0);
+  g_last_end.store(0);
   g_last_team_end.store(0);
 }
 
@@ -126,8 +132,10 @@ void RegionClock::done(int64_t arrived) noexcept {
 }
 
 RegionClock::~RegionClock() {
+  const int64_t end = now_ns();
+  g_last_end.store(end, std::memory_order_relaxed);
   if (team_ <= 1) return;
-  const int64_t end = now_ns(), span = end - begin_;
+  const int64_t span = end - begin_;
   g_last_span.store(span, std::memory_order_relaxed);
   g_last_team_end.store(end, std::memory_order_relaxed);
   const int64_t waited = kept_waiting_.load(std::memory_order_relaxed);

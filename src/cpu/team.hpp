@@ -13,15 +13,17 @@
 // always a loss. After two such regions in a row (one if the last window ended moments ago;
 // a lone stall, as a virtual machine's host causes now and then, is absorbed), regions run on the
 // calling thread alone for a while (50 ms, doubling while the load lasts, up to 2 s); then the team
-// is tried again. FAVOR_TEAM_LOG=1 prints each window on stderr. Waking a team that has slept is
-// not load: after more than 0.5 ms without a region its threads stop spinning and sleep, and a
-// virtual machine's host may deschedule their idle vCPUs (measured here: 0.03-0.3 ms to wake after
-// a 1-10 ms pause, 2-4 ms after 20 ms). Such a region's wait before its threads arrive is not
-// judged; and a call after such a pause that is small (under 1e9 flops, a few ms on one thread)
-// runs on the calling thread: it would wait longer for the team than the team saves. Imbalanced
-// work (a thread with little to do, never kept waiting) is not load and is left alone. A team of
-// one runs the same decomposition (parts, tasks and groups come from the configured threads, never
-// from the team), so results do not depend on the team.
+// is tried again. FAVOR_TEAM_LOG=1 prints each window on stderr.
+// Waking a team that has slept is not load: after more than 0.5 ms without a region its
+// threads stop spinning and sleep, and a virtual machine's host may deschedule their idle
+// vCPUs (measured here: 0.03-0.3 ms to wake after a 1-10 ms pause, 2-4 ms after 20 ms). Such
+// a region's wait before its threads arrive is not judged. Calls back to back wake the team
+// once for all; an isolated call after a pause uses it only when half its time on one
+// thread (counted at 50 GFLOP/s) exceeds the wake-up (0.3 ms, 4 ms after 10 ms asleep): a
+// decode step between two Python statements runs on the calling thread. Imbalanced work (a
+// thread with little to do, never kept waiting) is not load and is left alone. A team of one
+// runs the same decomposition (parts, tasks and groups come from the configured threads,
+// never from the team), so results do not depend on the team.
 #include <omp.h>
 
 #include <atomic>
@@ -34,9 +36,10 @@ namespace favor::cpu {
 /// follows a pause.
 int team_now(int planned, double flops = 1e30);
 
-/// Times one parallel region: construct it before the region; every thread calls
+/// Times one parallel region: construct it before the region (also for a team of one: its end
+/// tells the next call whether calls come back to back); every thread calls
 /// `const auto t = clock.arrive();` first thing inside and `clock.done(t)` when its share is
-/// over; the destructor judges the region. A region of one thread is not timed.
+/// over; the destructor judges the region. A region of one thread is not judged.
 class RegionClock {
  public:
   explicit RegionClock(int team);
