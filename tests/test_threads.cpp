@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cstring>
 #include <string>
 
+#include "cpu/team.hpp"
 #include "reference/naive.hpp"
 #include "test_helpers.hpp"
 
@@ -64,6 +66,60 @@ INSTANTIATE_TEST_SUITE_P(Splits, ThreadSplits,
                                   std::to_string(s.N) +
                                   (std::get<1>(info.param) ? "_causal" : "_bidir");
                          });
+
+// Under a load favor runs its regions on the calling thread (cpu/team.hpp), with the split
+// the configured threads give: the same bits as the team. One head and two threads splits the
+// head into parts (bidirectional) and segments (causal); eight heads split the decoder's fused
+// step into two runs of GEMMs.
+TEST(Threads, ACallingThreadAloneGivesTheTeamsBits) {
+  ThreadCount restore;
+  set_num_threads(2);
+  const auto bits_equal = [](const Tensor& a, const Tensor& b) {
+    return a.values().size() == b.values().size() &&
+           std::memcmp(a.values().data(), b.values().data(), a.values().size() * sizeof(float)) ==
+               0;
+  };
+  const Projection w = Projection::draw(64, 16, {ProjectionKind::orthogonal, NormMode::chi, 4});
+  for (bool causal : {false, true}) {  // one head, 2 threads: parts, or causal segments
+    const Tensor q = random_tensor({1, 1, 3000, 16}, 1, 1.5),
+                 k = random_tensor({1, 1, 3000, 16}, 2, 1.5), v = random_tensor({1, 1, 3000, 8}, 3);
+    AttentionOptions o;
+    o.causal = causal;
+    cpu::reset_team_state();
+    favor_attention(q, k, v, w, o);  // an isolated call runs alone; the next one comes back to back
+    const int64_t before = cpu::team_regions();
+    const Tensor team = favor_attention(q, k, v, w, o);
+    EXPECT_GT(cpu::team_regions(), before) << "the team did not run";
+    cpu::run_alone_for(10'000'000'000);
+    ASSERT_TRUE(cpu::team_contended());
+    const int64_t during = cpu::team_regions();
+    const Tensor alone = favor_attention(q, k, v, w, o);
+    EXPECT_EQ(cpu::team_regions(), during) << "a team ran while contended";
+    cpu::reset_team_state();
+    EXPECT_TRUE(bits_equal(team, alone)) << (causal ? "causal" : "bidirectional");
+  }
+  // The decoder's fused step at the bench's size (D = Dv = 64, m = 256, 8 heads: two runs of
+  // four heads' GEMMs), steps back to back (so the team is woken for them).
+  const Projection wd = Projection::draw(256, 64, {ProjectionKind::orthogonal, NormMode::chi, 5});
+  const int64_t T = 6;
+  const Tensor q = random_tensor({1, 8, T, 64}, 4, 2.8), k = random_tensor({1, 8, T, 64}, 5, 2.8),
+               v = random_tensor({1, 8, T, 64}, 6);
+  Decoder a(1, 8, 64, wd), b(1, 8, 64, wd);
+  std::vector<Tensor> team, alone;
+  cpu::reset_team_state();
+  const int64_t before = cpu::team_regions();
+  for (int64_t t = 0; t < T; ++t)
+    team.push_back(a.step(testing::tokens(q, t), testing::tokens(k, t), testing::tokens(v, t)));
+  EXPECT_GT(cpu::team_regions(), before) << "the team did not run";
+  cpu::run_alone_for(10'000'000'000);
+  const int64_t during = cpu::team_regions();
+  for (int64_t t = 0; t < T; ++t)
+    alone.push_back(b.step(testing::tokens(q, t), testing::tokens(k, t), testing::tokens(v, t)));
+  EXPECT_EQ(cpu::team_regions(), during) << "a team ran while contended";
+  cpu::reset_team_state();
+  for (int64_t t = 0; t < T; ++t)
+    EXPECT_TRUE(bits_equal(team[t], alone[t])) << "decoder step " << t;
+}
 
 // A small call (under cpu::kSerialFlops) runs on the calling thread without a parallel
 // region, with the thread count BLAS reads set to 1 for the call: the caller's OpenMP setting

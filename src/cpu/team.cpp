@@ -53,6 +53,7 @@ std::atomic<int> g_strikes{0};            // regions in a row slowed by the load
 std::atomic<int64_t> g_last_span{0};      // of the last region of a team
 std::atomic<int64_t> g_last_end{0};       // the end of the last region, any team
 std::atomic<int64_t> g_last_team_end{0};  // the end of the last region of a team
+std::atomic<int64_t> g_team_regions{0};
 
 void condemn(int64_t now) {
   const int64_t last_end = g_last_window_end.load(std::memory_order_relaxed);
@@ -97,6 +98,14 @@ void reset_team_state() {
   g_last_team_end.store(0);
 }
 
+int64_t team_regions() {
+  return g_team_regions.load(std::memory_order_relaxed);
+}
+
+void run_alone_for(int64_t ns) {
+  g_serial_until.store(now_ns() + ns, std::memory_order_relaxed);
+}
+
 RegionClock::RegionClock(int team) : team_(team) {
   if (team_ <= 1) return;
   cpu_ = g_last_span.load(std::memory_order_relaxed) >= kCpuClockFromNs;
@@ -135,6 +144,7 @@ RegionClock::~RegionClock() {
   const int64_t end = now_ns();
   g_last_end.store(end, std::memory_order_relaxed);
   if (team_ <= 1) return;
+  g_team_regions.fetch_add(1, std::memory_order_relaxed);
   const int64_t span = end - begin_;
   g_last_span.store(span, std::memory_order_relaxed);
   g_last_team_end.store(end, std::memory_order_relaxed);

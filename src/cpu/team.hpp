@@ -66,4 +66,10 @@ bool team_contended();
 /// Forgets what was learnt (tests).
 void reset_team_state();
 
+/// Regions run on the calling thread for the next `ns` nanoseconds, as under a load (tests).
+void run_alone_for(int64_t ns);
+
+/// Regions of more than one thread run so far in this process (tests).
+int64_t team_regions();
+
 }  // namespace favor::cpu
