@@ -57,7 +57,7 @@ run: build-demo
 # project's venv.
 test: build
 	@$(AS_CPU) $(BUILD_DIR)/tools/favor --version | sed 's/^/make test runs on: /'
-	$(AS_CPU) ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS); rc=$$?; \
+	$(AS_CPU) ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) -LE isa_only; rc=$$?; \
 	echo "pytest summaries (.venv/bin/python, one CTest test per file or group of small files):"; \
 	awk '/^[0-9]+\/[0-9]+ Testing: /{name=$$3} name ~ /^python_(test|group)_/ && / in [0-9.]+s/ {print "  " name ": " $$0}' \
 	    $(BUILD_DIR)/Testing/Temporary/LastTest.log; exit $$rc

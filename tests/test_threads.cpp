@@ -86,9 +86,10 @@ TEST(Threads, ACallingThreadAloneGivesTheTeamsBits) {
     AttentionOptions o;
     o.causal = causal;
     cpu::reset_team_state();
-    favor_attention(q, k, v, w, o);  // an isolated call runs alone; the next one comes back to back
+    cpu::always_wake_team_for_test(true);  // whatever the timing of this build
     const int64_t before = cpu::team_regions();
     const Tensor team = favor_attention(q, k, v, w, o);
+    cpu::always_wake_team_for_test(false);
     EXPECT_GT(cpu::team_regions(), before) << "the team did not run";
     cpu::run_alone_for(10'000'000'000);
     ASSERT_TRUE(cpu::team_contended());
@@ -99,7 +100,7 @@ TEST(Threads, ACallingThreadAloneGivesTheTeamsBits) {
     EXPECT_TRUE(bits_equal(team, alone)) << (causal ? "causal" : "bidirectional");
   }
   // The decoder's fused step at the bench's size (D = Dv = 64, m = 256, 8 heads: two runs of
-  // four heads' GEMMs), steps back to back (so the team is woken for them).
+  // four heads' GEMMs).
   const Projection wd = Projection::draw(256, 64, {ProjectionKind::orthogonal, NormMode::chi, 5});
   const int64_t T = 6;
   const Tensor q = random_tensor({1, 8, T, 64}, 4, 2.8), k = random_tensor({1, 8, T, 64}, 5, 2.8),
@@ -107,9 +108,11 @@ TEST(Threads, ACallingThreadAloneGivesTheTeamsBits) {
   Decoder a(1, 8, 64, wd), b(1, 8, 64, wd);
   std::vector<Tensor> team, alone;
   cpu::reset_team_state();
+  cpu::always_wake_team_for_test(true);
   const int64_t before = cpu::team_regions();
   for (int64_t t = 0; t < T; ++t)
     team.push_back(a.step(testing::tokens(q, t), testing::tokens(k, t), testing::tokens(v, t)));
+  cpu::always_wake_team_for_test(false);
   EXPECT_GT(cpu::team_regions(), before) << "the team did not run";
   cpu::run_alone_for(10'000'000'000);
   const int64_t during = cpu::team_regions();

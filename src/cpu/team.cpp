@@ -54,6 +54,7 @@ std::atomic<int64_t> g_last_span{0};      // of the last region of a team
 std::atomic<int64_t> g_last_end{0};       // the end of the last region, any team
 std::atomic<int64_t> g_last_team_end{0};  // the end of the last region of a team
 std::atomic<int64_t> g_team_regions{0};
+std::atomic<bool> g_always_wake{false};  // tests
 
 void condemn(int64_t now) {
   const int64_t last_end = g_last_window_end.load(std::memory_order_relaxed);
@@ -76,7 +77,7 @@ int team_now(int planned, double flops) {
   const int64_t now = now_ns();
   if (now < g_serial_until.load(std::memory_order_relaxed)) return 1;
   const int64_t slept = now - g_last_team_end.load(std::memory_order_relaxed);
-  if (slept <= kColdGapNs) return planned;  // the team is awake
+  if (slept <= kColdGapNs || g_always_wake.load(std::memory_order_relaxed)) return planned;
   // Calls back to back (this one starts as the last one ended): wake the team once for all.
   if (now - g_last_end.load(std::memory_order_relaxed) <= kColdGapNs) return planned;
   // An isolated call after a pause: the team sleeps; wake it only when it saves more.
@@ -100,6 +101,10 @@ void reset_team_state() {
 
 int64_t team_regions() {
   return g_team_regions.load(std::memory_order_relaxed);
+}
+
+void always_wake_team_for_test(bool on) {
+  g_always_wake.store(on, std::memory_order_relaxed);
 }
 
 void run_alone_for(int64_t ns) {

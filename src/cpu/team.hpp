@@ -69,6 +69,10 @@ void reset_team_state();
 /// Regions run on the calling thread for the next `ns` nanoseconds, as under a load (tests).
 void run_alone_for(int64_t ns);
 
+/// Tests: while set, a region outside a window always uses its planned team (no judgement of
+/// pauses), whatever the timing (sanitizer builds are slow).
+void always_wake_team_for_test(bool on);
+
 /// Regions of more than one thread run so far in this process (tests).
 int64_t team_regions();
 
