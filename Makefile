@@ -10,6 +10,8 @@
 #   make asan      AddressSanitizer + UBSan build in build-asan, the whole C++ suite
 #   make tsan      ThreadSanitizer build in build-tsan, the multi-threaded tests
 #   make sanitize  both (run by .ci/run after make test)
+# make wheel: favor's wheel in dist/, repaired to install on any Linux x86-64 with this
+# glibc or newer (scripts/build-wheel.sh; docs/python.md)
 BUILD_DIR ?= build
 VENV ?= .venv
 PYTHON := $(abspath $(VENV))/bin/python
@@ -22,7 +24,7 @@ FUZZ_TARGETS ?= npy npz cli attention
 # The commands that run favor, under the FAVOR_CPU cap when one is given.
 AS_CPU = $(if $(FAVOR_CPU),scripts/as-cpu.sh $(FAVOR_CPU))
 
-.PHONY: all deps configure build build-demo run test install clean format asan tsan sanitize fuzz
+.PHONY: all deps configure build build-demo run test install clean format asan tsan sanitize fuzz wheel docs-test
 
 all: build
 
@@ -61,6 +63,9 @@ test: build
 	echo "pytest summaries (.venv/bin/python, one CTest test per file or group of small files):"; \
 	awk '/^[0-9]+\/[0-9]+ Testing: /{name=$$3} name ~ /^python_(test|group)_/ && / in [0-9.]+s/ {print "  " name ": " $$0}' \
 	    $(BUILD_DIR)/Testing/Temporary/LastTest.log; exit $$rc
+
+wheel: deps
+	FAVOR_WHEEL_PYTHON=$(PYTHON) scripts/build-wheel.sh . dist
 
 asan: deps
 	JOBS=$(JOBS) scripts/sanitize.sh asan

@@ -13,11 +13,17 @@ k-means (k-means++ seeding, Lloyd iterations) in numpy, fixed seeds.
 usage: vq_product_quantisation.py OUT.json [--qkv DIR] [--n 2048] [--heads 4] [--plot OUT.png]
   --qkv DIR   q.npy, k.npy, v.npy [1, H, N, D] (e.g. from scripts/shakespeare_qkv.py);
               without it, Gaussian inputs with |q| = |k| = 4.2 D^(1/4) / 2.83 are drawn.
+  --quick     3 Lloyd iterations, VQ with 16 and 64 codes, PQ with 4 and 16 codes per group,
+              Gaussian N = 512 unless --n is given: a smoke test of the command line
 """
 import argparse
 import json
 
 import numpy as np
+
+VQ_CODES = (16, 64, 256, 1024)
+PQ_CODES = (4, 8, 16, 32, 64)
+QUICK_VQ_CODES, QUICK_PQ_CODES = (16, 64), (4, 16)
 
 
 def kmeans(x, c, rng, iterations=25):
@@ -52,7 +58,7 @@ def rel_error(y, exact):
     return float(np.linalg.norm(y - exact) / np.linalg.norm(exact))
 
 
-def study(q, k, v, seed):
+def study(q, k, v, seed, vq_codes=VQ_CODES, pq_codes=PQ_CODES, iterations=25):
     """Rows of (method, c or c_g, G, state entries, codebook floats, error) averaged over heads."""
     H, N, D = q.shape[1], q.shape[2], q.shape[3]
     scale = 1.0 / np.sqrt(D)
@@ -60,18 +66,19 @@ def study(q, k, v, seed):
     for h in range(H):
         qh, kh, vh = (x[0, h].astype(np.float64) for x in (q, k, v))
         exact = attention(qh, kh, vh, scale)
-        for c in (16, 64, 256, 1024):
+        for c in vq_codes:
             if c > N:
                 continue
-            C, z = kmeans(kh, c, np.random.default_rng(seed + h))
+            C, z = kmeans(kh, c, np.random.default_rng(seed + h), iterations)
             err = rel_error(attention(qh, C[z], vh, scale), exact)
             rows.setdefault(("vq", c, 1), []).append((c, c * D, err))
         for G in (2, 4):
-            for cg in (4, 8, 16, 32, 64):
+            for cg in pq_codes:
                 w = D // G
                 parts, tuples = [], np.zeros(N, dtype=np.int64)
                 for g in range(G):
-                    Cg, zg = kmeans(kh[:, g * w:(g + 1) * w], cg, np.random.default_rng(seed + 97 * g + h))
+                    Cg, zg = kmeans(kh[:, g * w:(g + 1) * w], cg,
+                                    np.random.default_rng(seed + 97 * g + h), iterations)
                     parts.append(Cg[zg])
                     tuples = tuples * cg + zg
                 khat = np.concatenate(parts, axis=1)
@@ -90,24 +97,29 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--qkv")
-    ap.add_argument("--n", type=int, default=2048)
+    ap.add_argument("--n", type=int, default=None, help="Gaussian tokens (default 2048; "
+                    "--quick: 512)")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot")
+    ap.add_argument("--quick", action="store_true", help="a smoke test: few iterations and codes")
     args = ap.parse_args()
+    n = args.n or (512 if args.quick else 2048)
+    sizes = (dict(vq_codes=QUICK_VQ_CODES, pq_codes=QUICK_PQ_CODES, iterations=3) if args.quick
+             else {})
     print(f"seed {args.seed}")
     data = {}
     if args.qkv:
         q, k, v = (np.load(f"{args.qkv}/{x}.npy") for x in "qkv")
-        data["shakespeare"] = study(q, k, v, args.seed)
+        data["shakespeare"] = study(q, k, v, args.seed, **sizes)
     rng = np.random.default_rng(args.seed)
     D = 64
-    shape = (1, args.heads, args.n, D)
+    shape = (1, args.heads, n, D)
     norm = 4.2 / np.sqrt(8.0)  # |x| = 1.48, the scale of the real inputs above
     q, k, v = (rng.standard_normal(shape) for _ in range(3))
     q *= norm / np.sqrt(D)
     k *= norm / np.sqrt(D)
-    data["gaussian"] = study(q, k, v, args.seed)
+    data["gaussian"] = study(q, k, v, args.seed, **sizes)
     for name, rows in data.items():
         print(f"{name}:\n  method  codes  G  state_entries  codebook_floats  error")
         for r in rows:

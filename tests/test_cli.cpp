@@ -199,12 +199,25 @@ TEST_F(Cli, HelpAndVersion) {
   for (std::string sub : {"", "demo ", "attention ", "features ", "codebook "}) {
     const Result r = run(sub + "--help");
     EXPECT_EQ(r.code, 0) << sub;
-    EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub << r.out;
+    EXPECT_NE(r.out.find("Usage: favor " + sub), std::string::npos) << sub << r.out;
   }
   const Result r = run("--version");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("favor 0."), std::string::npos);
   EXPECT_NE(r.out.find("; bf16 "), std::string::npos) << r.out;  // the backend line
+}
+
+// The usage line names the tool `favor`, not the path or file name it was started by (the
+// wheel's console script runs favor/_bin/favor; a build runs build/tools/favor).
+TEST_F(Cli, HelpNamesTheToolFavorWhateverItsPath) {
+  const std::filesystem::path alias = dir / "favor_cli_main";
+  std::filesystem::create_symlink(FAVOR_CLI_PATH, alias);
+  const std::string cmd = alias.string() + " --help >" + path("stdout.txt");
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string out = slurp("stdout.txt");
+  EXPECT_NE(out.find("Usage: favor [OPTIONS] SUBCOMMAND"), std::string::npos) << out;
+  EXPECT_EQ(out.find(alias.string()), std::string::npos) << out;
+  EXPECT_EQ(out.find("favor_cli_main"), std::string::npos) << out;
 }
 
 TEST_F(Cli, DemoJsonRuns) {

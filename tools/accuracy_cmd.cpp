@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -284,8 +285,27 @@ void add_accuracy_command(CLI::App& app) {
   q->needs(k)->excludes(n)->excludes(d)->excludes(norm)->excludes(cos);
   k->needs(q);
   v->needs(q)->excludes(dv);
-  cmd->callback([a, vq_options] {
+  auto quick = std::make_shared<bool>(false);
+  cmd->add_flag(
+      "--quick", *quick,
+      "two seeds, a few Adam and Lloyd steps, and small sizes and sets (two estimators, one "
+      "projection) for every one not given "
+      "(a smoke test of the command line as written: docs/reliability.md, \"Docs that "
+      "run\")");
+  cmd->callback([a, vq_options, cmd, quick] {
     for (const CLI::Option* o : vq_options) a->vq_options_given |= o->count() > 0;
+    if (*quick) {  // effort is cut whatever was asked; sizes only where none was given
+      a->seeds = std::min<int64_t>(a->seeds, 2);
+      a->maps_steps = std::min(a->maps_steps, decltype(a->maps_steps){5});
+      a->vq_iterations = std::min<int64_t>(a->vq_iterations, 3);
+      if (cmd->count("--features") == 0) a->features = {16, 64};
+      if (cmd->count("--estimators") == 0) a->estimators = {"positive", "favorsharp"};
+      if (cmd->count("--projections") == 0) a->projections = {"orthogonal"};
+      if (cmd->count("--n") == 0) a->n = 128;
+      if (cmd->count("--vq-codes") == 0) a->vq_codes = {16};
+      if (cmd->count("--maps-features") == 0) a->maps_features = {32};
+      if (cmd->count("--kernel-pairs") == 0) a->kernel_pairs = 8;
+    }
     run(*a);
   });
 }

@@ -77,6 +77,37 @@ void run(const BenchArgs& a) {
   outputs.commit();
 }
 
+// --quick: every size the user did not give becomes a tiny one and every row runs once; the
+// sections and every other choice stay as given, so the command line runs as written, in
+// seconds.
+template <class Given>
+void shrink_for_quick(BenchArgs& a, Given given) {
+  auto set = [&](const char* opt, auto& field, auto value) {
+    if (!given(opt)) field = value;
+  };
+  set("--lengths", a.lengths, std::vector<int64_t>{128, 256});
+  set("--bh", a.bh, int64_t{2});
+  set("--max-exact-n", a.max_exact_n, int64_t{256});
+  set("--scaling-n", a.scaling_n, int64_t{256});
+  set("--sgemm-n", a.sgemm_n, int64_t{256});
+  set("--decode-positions", a.decode_positions, std::vector<int64_t>{64});
+  set("--decode-batch", a.decode_batch, std::vector<int64_t>{1, 2});
+  set("--decode-prompt", a.decode_prompt, int64_t{64});
+  set("--estimator-lengths", a.estimator_lengths, std::vector<int64_t>{256});
+  set("--bf16-lengths", a.bf16_lengths, std::vector<int64_t>{256});
+  set("--backward-lengths", a.backward_lengths, std::vector<int64_t>{128, 256});
+  set("--max-exact-backward-n", a.max_exact_backward_n, int64_t{256});
+  set("--vq-lengths", a.vq_lengths, std::vector<int64_t>{256});
+  set("--vq-codes", a.vq_codes, int64_t{16});
+  set("--distributed-n", a.distributed_n, int64_t{1024});
+  set("--distributed-weak-n", a.distributed_weak_n, int64_t{512});
+  set("--distributed-ranks", a.distributed_ranks, std::vector<int>{1, 2});
+  set("--io-n", a.io_n, int64_t{256});
+  set("--call-lengths", a.call_lengths, std::vector<int64_t>{1, 64});
+  a.repeats = 1;  // effort, not a choice: one run even where the command line asks for more
+  a.min_time = 0.0;
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
@@ -155,7 +186,14 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--repeats", a->repeats,
                   "timed repeats per row (median); runs over 1 s are timed once")
       ->capture_default_str();
-  cmd->callback([a] { run(*a); });
+  auto quick = std::make_shared<bool>(false);
+  cmd->add_flag("--quick", *quick,
+                "one run of every row, tiny sizes for every size not given (a smoke test of the "
+                "command line as written: docs/reliability.md, \"Docs that run\")");
+  cmd->callback([a, cmd, quick] {
+    if (*quick) shrink_for_quick(*a, [cmd](const char* opt) { return cmd->count(opt) > 0; });
+    run(*a);
+  });
 #ifdef FAVOR_WITH_MPI
   add_distributed_bench_rank_command(app);  // the hidden command each rank runs
 #endif

@@ -25,7 +25,10 @@ void add_commands(CLI::App& app, std::optional<int>& threads) {
 }
 
 int run_command_line(int argc, char** argv) {
-  CLI::App app{"favor: fast random-feature attention (FAVOR+) and exact attention on .npy arrays"};
+  // Named "favor" here, not after argv[0]: the usage lines read "favor ..." whether the binary
+  // runs as build/tools/favor or as the wheel's favor/_bin/favor behind the console script.
+  CLI::App app{"favor: fast random-feature attention (FAVOR+) and exact attention on .npy arrays",
+               "favor"};
   std::optional<int> threads;
   add_commands(app, threads);
   app.parse_complete_callback([&threads] {

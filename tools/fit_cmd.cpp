@@ -3,6 +3,7 @@
 // (map_file.hpp) for `favor attention --feature-map` and the Python package.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -245,7 +246,14 @@ void add_fit_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--causal", a->causal, "fit causal attention (query i sees keys j <= i)");
   cmd->add_flag("--json", a->json, "print the history and summary as JSON instead of lines");
-  cmd->callback([a] { run(*a); });
+  auto quick = std::make_shared<bool>(false);
+  cmd->add_flag("--quick", *quick,
+                "at most 5 Adam steps (a smoke test of the command line as written: "
+                "docs/reliability.md, \"Docs that run\")");
+  cmd->callback([a, quick] {
+    if (*quick) a->steps = std::min(a->steps, decltype(a->steps){5});
+    run(*a);
+  });
 }
 
 }  // namespace favor::cli

@@ -3,14 +3,16 @@ over P processes: each process ("rank") holds a contiguous slice of the sequence
 attention layers are favor.distributed.attention (causal), and only per-head states cross
 between the ranks, whatever the sequence length.
 
-    PYTHONPATH=build/python .venv/bin/python examples/distributed/train_split.py --procs 2
-    PYTHONPATH=build/python .venv/bin/python examples/distributed/train_split.py --procs 2 --steps 2 --check
-    PYTHONPATH=build/python torchrun --nproc_per_node 2 examples/distributed/train_split.py
+    python examples/distributed/train_split.py --procs 2
+    python examples/distributed/train_split.py --procs 2 --steps 2 --check
+    torchrun --nproc_per_node 2 examples/distributed/train_split.py
+    python examples/distributed/train_split.py --procs 2 --quick     # a smoke test, seconds
 
 (Debian's torchrun 1.13 on Python 3.11 needs --redirects 2 --tee 2 before --nproc_per_node:
 its default --redirects 0 parses to None there, since Python 3.11 iterates IntFlag members
 without the zero one.) Defaults: 2 layers, d_model 64, 4 heads, 64 features, windows of
-4096 characters, 200 steps: ~45 s with 2 ranks on 2 cores.
+4096 characters, 200 steps: ~45 s with 2 ranks on 2 cores (--quick: at most 3 steps, windows
+of 1024 characters unless --length is given).
 
 Every rank builds the same model (same seed), reads the same window of `--length` characters
 (the step's seed) and computes the loss of its slice: the summed cross-entropy of its
@@ -210,32 +212,38 @@ def shutdown(finished):
         dist.destroy_process_group()
 
 
-def spawned(rank, size, init_file, args):
-    """A process started by --procs: joins the group through a file:// rendezvous."""
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=size)
+def run_rank(rank, size, args):
+    """Trains as one rank of the group already initialised, then leaves the process without
+    the interpreter's teardown: even after the barrier and destroy_process_group, gloo's
+    worker threads still aborted a rank at exit now and then ("terminate called without an
+    active exception", SIGABRT; 3 of ~30 runs in CI-like conditions, torch 2.13, spawned and
+    under torchrun alike; pytorch/pytorch#179291 describes the teardown). Everything this rank
+    had to say is printed and flushed first."""
     finished = False
     try:
         ok = train(rank, size, args)
         finished = True
     finally:
         shutdown(finished)
-    # Leave without the interpreter's teardown: even after the barrier and
-    # destroy_process_group, gloo's worker threads still aborted a rank at exit now and then
-    # ("terminate called without an active exception", SIGABRT; 3 of ~30 runs in CI-like
-    # conditions, torch 2.13; pytorch/pytorch#179291 describes the teardown). Everything this
-    # rank had to say is printed and flushed.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if ok else 1)
+
+
+def spawned(rank, size, init_file, args):
+    """A process started by --procs: joins the group through a file:// rendezvous."""
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=size)
+    run_rank(rank, size, args)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--procs", type=int, default=2, help="processes to spawn (ignored under "
                    "torchrun, which sets the ranks)")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--length", type=int, default=4096, help="characters per window (split)")
+    p.add_argument("--steps", type=int, default=200, help="training steps (--quick: at most 3)")
+    p.add_argument("--length", type=int, default=None,
+                   help="characters per window, split over the ranks (default 4096; --quick: 1024)")
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=2)
@@ -246,16 +254,16 @@ def main(argv=None):
     p.add_argument("--data", default=DATA)
     p.add_argument("--check", action="store_true", help="compare the first step with a "
                    "single process (loss and gradients); exit 1 if they differ")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke test of the command line: at most 3 steps, short windows")
     args = p.parse_args(argv)
+    if args.quick:
+        args.steps = min(args.steps, 3)
+    if args.length is None:
+        args.length = 1024 if args.quick else 4096
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         dist.init_process_group("gloo")
-        finished = False
-        try:
-            ok = train(dist.get_rank(), dist.get_world_size(), args)
-            finished = True
-        finally:
-            shutdown(finished)
-        sys.exit(0 if ok else 1)
+        run_rank(dist.get_rank(), dist.get_world_size(), args)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             mp.spawn(spawned, args=(args.procs, os.path.join(tmp, "rendezvous"), args),

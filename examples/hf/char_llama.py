@@ -171,30 +171,33 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--data", default=None)
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 10 steps of 8 windows of 64 characters")
     a = p.parse_args(argv)
+    steps, batch, context = (10, 8, 64) if a.quick else (a.steps, 32, 256)
     torch.set_num_threads(a.threads)
     print(f"seed {a.seed}", flush=True)
     torch.manual_seed(a.seed)
     data = load_data(a.data)
     model = make_model(data.vocab)
     t0 = time.time()
-    evals = train(model, data, a.steps, seed=a.seed, eval_every=a.eval_every,
-                  log=lambda s: print(s, flush=True))
+    evals = train(model, data, steps, batch=batch, context=context, seed=a.seed,
+                  eval_every=a.eval_every, log=lambda s: print(s, flush=True))
     wall = time.time() - t0
     bpc = evals[-1][1]
-    print(f"done: {a.steps} steps in {wall:.0f} s ({wall / a.steps:.3f} s/step), "
+    print(f"done: {steps} steps in {wall:.0f} s ({wall / steps:.3f} s/step), "
           f"val bpc {bpc:.4f}", flush=True)
     training = dict(recipe=dict(model="LlamaForCausalLM", **CONFIG, vocab_size=data.vocab,
-                                attn_implementation="sdpa", batch=32, context=256,
+                                attn_implementation="sdpa", batch=batch, context=context,
                                 optimizer="AdamW(betas=(0.9, 0.95))", lr=3e-3, warmup=100,
                                 schedule="linear warmup, cosine", final_lr=3e-4,
                                 weight_decay=0.1, weight_decay_on="matrices (dim >= 2)",
                                 grad_clip=1.0, threads=a.threads,
                                 loss="cross-entropy of logits vs y = x shifted by one "
-                                     "(CharData.batch), all 256 positions"),
-                    seed=a.seed, steps=a.steps, wall_time_s=round(wall, 1),
-                    s_per_step=round(wall / a.steps, 4), evals=evals,
-                    final_val_bpc=bpc, val_bpc_eval="64 fixed windows of 256 chars "
+                                     f"(CharData.batch), all {context} positions"),
+                    seed=a.seed, steps=steps, wall_time_s=round(wall, 1),
+                    s_per_step=round(wall / steps, 4), evals=evals,
+                    final_val_bpc=bpc, val_bpc_eval=f"64 fixed windows of {context} chars "
                                                     "(CharData.windows)")
     save(model, data, a.out, training)
     print(f"wrote {a.out}", flush=True)

@@ -10,7 +10,7 @@ model equals the original's) and recall@1 / @10 on the pairing task (a docstring
 paragraph finds the rest of it among all held-out documents); time per batch of 8 at 128
 and 512 tokens against the original (its own sdpa attention).
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=build/python .venv/bin/python examples/hf/minilm_study.py --out runs/minilm
+    python examples/hf/minilm_study.py --out runs/minilm
     ... --quick    # a smoke version (two methods, few docstrings and steps), well under a minute
 """
 import argparse
@@ -250,7 +250,11 @@ def markdown(results):
 
 
 def plot(results, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # the hf extra brings it; without it, the tables are the results
+        print(f"matplotlib is not installed: no {path} (pip install matplotlib)")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = results["methods"]

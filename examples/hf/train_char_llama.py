@@ -1,7 +1,8 @@
 """Train the character Llama (char_llama.py) on tinyshakespeare and write its checkpoint.
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=build/python .venv/bin/python examples/hf/train_char_llama.py \
-        --out examples/hf/char_llama --steps 1500 --eval-every 250 --seed 0
+    python examples/hf/train_char_llama.py --out runs/char_llama --steps 1200 \
+        --eval-every 300 --seed 0
+    ... --quick    # a smoke run: 10 steps of 8 windows of 64 characters
 """
 import os
 import sys

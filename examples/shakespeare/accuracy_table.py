@@ -3,9 +3,9 @@
 error of the attention output against exact attention at equal state size F (features per
 query/key; VQ: codes).
 
-    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/dump_qkv.py \
-        examples/shakespeare/checkpoints/exact.pt --out runs/qkv
-    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/accuracy_table.py runs/qkv
+    python examples/shakespeare/dump_qkv.py examples/shakespeare/checkpoints/exact.pt \
+        --out runs/qkv
+    python examples/shakespeare/accuracy_table.py runs/qkv
 
 Writes QKV/accuracy_{MODE}_layer{L}.json (favor accuracy --json) and QKV/accuracy_{MODE}.md
 (MODE: causal with --causal, the model's attention, else bidirectional); prints the
@@ -16,6 +16,9 @@ the second half; the favor rows on the whole sequence) and Transformer-VQ with C
 (hard and soft, codebook from the first half, evaluated on the second). FAVOR++ / FAVOR# rows are
 fitted on the q, k they are scored on (favor accuracy's fit, in causal mode too): an
 optimistic, in-sample figure, labelled so. Errors are means over --seeds projection seeds.
+--quick is a smoke test of the command line: F = 16 and orthogonal projections unless given,
+one seed, and `favor accuracy --quick --kernel-pairs 8` (few Adam and Lloyd steps, two
+estimators).
 """
 import argparse
 import json
@@ -48,6 +51,8 @@ def run_layer(a, favor, layer):
            "--vq-codes", *map(str, a.features), "--out", out, "--json"]
     if a.causal:
         cmd.append("--causal")
+    if a.quick:  # the kernel MSE (not tabulated here) of 64 x 64 pairs is most of a quick run
+        cmd += ["--quick", "--kernel-pairs", "8"]
     print(" ".join(cmd), flush=True)
     if not (a.reuse and os.path.exists(out)):
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -82,15 +87,25 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("qkv", help="the directory of dump_qkv.py")
     p.add_argument("--favor", help="path of the favor CLI (default build/tools/favor)")
-    p.add_argument("--features", type=int, nargs="+", default=[64, 256])
-    p.add_argument("--projections", nargs="+",
-                   default=["iid", "orthogonal", "qmc", "radial", "sorf", "simplex", "dct"])
+    p.add_argument("--features", type=int, nargs="+", default=None,
+                   help="state sizes F (default 64 256; --quick: 16)")
+    p.add_argument("--projections", nargs="+", default=None,
+                   help="default: iid orthogonal qmc radial sorf simplex dct (--quick: "
+                   "orthogonal)")
     p.add_argument("--causal", action="store_true",
                    help="causal attention (the model's), else bidirectional")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--maps-steps", type=int, default=200)
     p.add_argument("--reuse", action="store_true", help="reuse existing JSON results")
+    p.add_argument("--quick", action="store_true", help="a smoke test (the module docstring)")
     a = p.parse_args(argv)
+    if a.features is None:
+        a.features = [16] if a.quick else [64, 256]
+    if a.projections is None:
+        a.projections = (["orthogonal"] if a.quick else
+                         ["iid", "orthogonal", "qmc", "radial", "sorf", "simplex", "dct"])
+    if a.quick:
+        a.seeds = 1
     favor = find_favor(a.favor)
     with open(os.path.join(a.qkv, "meta.json")) as fh:
         meta = json.load(fh)

@@ -3,8 +3,8 @@ to position --length (default 16384), for favor's streaming decoder (a fixed-siz
 layer) and for exact attention with a key-value cache (preallocated, doubled when full), in
 one run on the same model weights.
 
-    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/decode_speed.py \
-        --out runs/decode.json --plot runs/decode.png
+    python examples/shakespeare/decode_speed.py --out runs/decode.json --plot runs/decode.png
+    python examples/shakespeare/decode_speed.py --quick      # to position 64, bins of 16
 
 The model is the shipped baseline (sinusoidal positions: every position is reachable) as
 trained (exact) and converted (--methods: presets of favor.models.training, calibration as
@@ -19,12 +19,13 @@ import time
 
 import torch
 
-from common import DATA, HERE, setup
+from common import DATA, HERE, add_quick, calibration, setup
 from favor.models import CharData
-from favor.models.conversion import calibration_windows, convert_method
+from favor.models.conversion import convert_method
 from favor.models.training import load_model
 
 BASELINE = os.path.join(HERE, "checkpoints", "exact.pt")
+QUICK_LENGTH, QUICK_BIN = 64, 16
 
 
 def state_bytes(model, state):
@@ -63,15 +64,20 @@ def main(argv=None):
     p.add_argument("--length", type=int, default=16384)
     p.add_argument("--bin", type=int, default=256)
     p.add_argument("--prompt", default="ROMEO:")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default 2; --quick: 1)")
     p.add_argument("--out", help="JSON with every per-token time")
     p.add_argument("--plot", help="PNG: per-token time against position")
     p.add_argument("--data", default=DATA)
+    add_quick(p, f"to position {QUICK_LENGTH} at most, bins of {QUICK_BIN}, 4 calibration "
+              "windows")
     a = p.parse_args(argv)
-    setup(a.threads)
+    setup(a.threads, a.quick)
+    if a.quick:
+        a.length, a.bin = min(a.length, QUICK_LENGTH), min(a.bin, QUICK_BIN)
     base, ck = load_model(a.checkpoint)
     data = CharData.from_file(a.data, chars=ck.get("chars"))
-    calib = calibration_windows(data, base.context)
+    calib = calibration(data, base.context, 0, a.quick)
     prompt = data.encode(a.prompt)
     models = {"exact": base}
     for m in a.methods.split(","):
@@ -86,7 +92,7 @@ def main(argv=None):
                 for i in range(0, len(times), a.bin)]
         res[name] = dict(times=times, bins=bins, sizes=sizes, seconds=time.time() - t0)
         print(f"{name}: {len(times)} tokens in {res[name]['seconds']:.1f} s", flush=True)
-    show = [p_ for p_ in (256, 1024, 2048, 4096, 8192, 16384) if p_ <= a.length]
+    show = [p_ for p_ in (256, 1024, 2048, 4096, 8192, 16384) if p_ <= a.length] or [a.length]
     names = list(res)
     print("\n| position | " + " | ".join(f"{n} ms/token" for n in names) + " | "
           + " | ".join(f"{n} state" for n in names) + " |")
@@ -105,6 +111,9 @@ def main(argv=None):
         print(f"exact / {n} at position {res[n]['bins'][-1][0]}: "
               f"{last['exact'] / last[n]:.2f}x; {n} last bin / first bin "
               f"{last[n] / first[n]:.2f}, exact {last['exact'] / first['exact']:.2f}")
+    for path in (a.out, a.plot):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(dict(length=a.length, bin=a.bin, threads=torch.get_num_threads(),

@@ -1,9 +1,9 @@
 """Dump the queries, keys and values of every attention layer and head of a checkpoint on
 held-out text, as .npy files that `favor accuracy --q --k --v` reads.
 
-    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/dump_qkv.py \
-        examples/shakespeare/checkpoints/exact.pt --out runs/qkv
-    build/tools/favor accuracy --q runs/qkv/layer0_q.npy --k runs/qkv/layer0_k.npy \
+    python examples/shakespeare/dump_qkv.py examples/shakespeare/checkpoints/exact.pt \
+        --out runs/qkv
+    favor accuracy --q runs/qkv/layer0_q.npy --k runs/qkv/layer0_k.npy \
         --v runs/qkv/layer0_v.npy
 
 OUT/layer{L}_{q,k,v}.npy: float32 [windows, heads, length, head_dim], the inputs of layer
@@ -19,10 +19,12 @@ import os
 import numpy as np
 import torch
 
-from common import DATA, setup
+from common import DATA, add_quick, setup
 from favor.models import CharData
 from favor.models.conversion import layer_qkv
 from favor.models.training import load_model
+
+QUICK_WINDOWS, QUICK_LENGTH = 2, 64
 
 
 def main(argv=None):
@@ -32,13 +34,17 @@ def main(argv=None):
     p.add_argument("--windows", type=int, default=8)
     p.add_argument("--length", type=int, default=None, help="default: the model's context")
     p.add_argument("--split", default="val", choices=["train", "val"])
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default 2; --quick: 1)")
     p.add_argument("--data", default=DATA)
+    add_quick(p, f"at most {QUICK_WINDOWS} windows of at most {QUICK_LENGTH} characters")
     a = p.parse_args(argv)
-    setup(a.threads)
+    setup(a.threads, a.quick)
     model, ck = load_model(a.checkpoint)
     data = CharData.from_file(a.data, chars=ck.get("chars"))
     length = a.length or model.context
+    if a.quick:
+        a.windows, length = min(a.windows, QUICK_WINDOWS), min(length, QUICK_LENGTH)
     ids, _ = data.windows(a.split, length, a.windows)
     os.makedirs(a.out, exist_ok=True)
     layers = layer_qkv(model, ids)

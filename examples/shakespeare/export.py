@@ -1,7 +1,7 @@
 """Export the weights of a training checkpoint (no optimizer or RNG state): the file a fresh
 clone ships and evaluate.py / generate.py load.
 
-    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/export.py runs/exact.pt \
+    python examples/shakespeare/export.py runs/exact.pt \
         examples/shakespeare/checkpoints/exact.pt [--val-bpc 2.01]
 """
 import argparse
@@ -16,6 +16,9 @@ def main(argv=None):
     p.add_argument("checkpoint", help="a train.py checkpoint")
     p.add_argument("out", help="the weights-only file to write")
     p.add_argument("--val-bpc", type=float, help="record the measured validation bpc")
+    p.add_argument("--quick", action="store_true",
+                   help="accepted for the smoke tests of the docs' command lines, which pass it "
+                   "to every script of a block; an export has no long work to shorten")
     a = p.parse_args(argv)
     ck = torch.load(a.checkpoint, map_location="cpu", weights_only=False)
     out = dict(config=ck["config"], model=ck["model"], step=ck.get("step"), seed=ck.get("seed"),

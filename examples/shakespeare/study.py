@@ -2,9 +2,10 @@
 validation bits per character right after conversion and along a short fine-tune, and
 FAVOR+ and Transformer-VQ trained from scratch with the baseline's budget.
 
-    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/study.py --out runs/study
+    python examples/shakespeare/study.py --out runs/study
     ... --only favor-orth-256,hedgehog-128 --no-scratch      # a subset
     ... --table-only                                         # the table and plots from results
+    ... --quick                                              # a smoke test, seconds
 
 Every task (finetune:METHOD, scratch:METHOD) runs in its own process (--jobs at a time, each
 with 2 // jobs torch threads: two one-thread processes step about 25% faster than one
@@ -20,6 +21,10 @@ cosine to 1e-4) for 20% of the baseline's steps, batch as the baseline's; valida
 (--eval-windows fixed windows) at step 0 (right after conversion), at 5% of the baseline's
 steps and at a few more points, the last at 20%. Scratch: the baseline's TrainConfig and
 seed with the method's attention from the first step.
+
+--quick is a smoke test of the command line: vq-64 only (fine-tuned and from scratch) unless
+--only is given, 2 steps of batch 4 per task, 4 validation and 4 calibration windows, 10 Adam
+steps per learned-map fit.
 """
 import argparse
 import json
@@ -30,10 +35,10 @@ import time
 
 import torch
 
-from common import DATA, HERE, setup
+from common import DATA, HERE, QUICK, calibration, fit_options, setup
 from favor.models import CharData, bits_per_char
 from favor.models.char_transformer import CharTransformer
-from favor.models.conversion import calibration_windows, convert_method, parse_method
+from favor.models.conversion import convert_method, parse_method
 from favor.models.training import TrainConfig, Trainer, attention_preset, load_model
 
 METHODS = ["exact", "favor-iid-64", "favor-iid-128", "favor-iid-256", "favor-orth-64",
@@ -41,6 +46,7 @@ METHODS = ["exact", "favor-iid-64", "favor-iid-128", "favor-iid-256", "favor-ort
            "positive-fit-256", "wpff-256", "vq-64"]
 SCRATCH = ["favor-orth-256", "vq-64"]
 BASELINE = os.path.join(HERE, "checkpoints", "exact.pt")
+QUICK_METHODS, QUICK_STEPS = ["vq-64"], 2
 
 
 def log(*args):
@@ -57,16 +63,20 @@ def fine_tune(a, method, data):
     base, ck = load_model(a.baseline)
     steps0 = ck["train"]["steps"]
     budget = round(a.fine_tune * steps0)
+    if a.quick:
+        budget = min(budget, QUICK_STEPS)
     short = min(budget, round(0.05 * steps0))
-    calib = calibration_windows(data, base.context, a.seed)
+    calib = calibration(data, base.context, a.seed, a.quick)
     torch.manual_seed(a.seed)
     t0 = time.time()
-    model, info = convert_method(base, method, calib, seed=a.seed, verbose=True)
+    model, info = convert_method(base, method, calib, seed=a.seed, verbose=True,
+                                 **fit_options(a.quick))
     fit_seconds = time.time() - t0
     evaluate = lambda: bits_per_char(model, data, "val", count=a.eval_windows)
     curve = [(0, evaluate())]
     log(f"{method}: converted in {fit_seconds:.1f} s; step 0 val_bpc {curve[0][1]:.4f}")
-    config = TrainConfig(steps=budget, batch=ck["train"]["batch"], lr=a.lr, warmup=20,
+    batch = min(ck["train"]["batch"], QUICK["batch"]) if a.quick else ck["train"]["batch"]
+    config = TrainConfig(steps=budget, batch=batch, lr=a.lr, warmup=20,
                          min_lr=a.lr / 10, eval_every=budget, checkpoint_every=budget)
     t = Trainer(model, data, config, seed=a.seed)
     points = sorted({round(budget * x) for x in (1 / 12, 1 / 2, 1)} | {short})
@@ -100,6 +110,9 @@ def scratch(a, method, data):
         train = dict(ck["train"], eval_windows=a.eval_windows)
         if a.scratch_steps:
             train.update(steps=a.scratch_steps, eval_every=max(1, a.scratch_steps // 12))
+        if a.quick:
+            train.update(steps=min(train["steps"], QUICK_STEPS), batch=QUICK["batch"],
+                         eval_every=1)
         config = TrainConfig(**train)
         t = Trainer(model, data, config, seed=ck["seed"], extra=dict(curve=[]))
         curve = t.extra["curve"]
@@ -149,10 +162,12 @@ def run_all(a, tasks):
                    "--seed", str(a.seed), "--data", a.data]
             if a.scratch_steps:
                 cmd += ["--scratch-steps", str(a.scratch_steps)]
+            if a.quick:
+                cmd.append("--quick")
             running.append((task, subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT),
                             logf, time.time()))
             log(f"  started {task}")
-        time.sleep(2)
+        time.sleep(0.2 if a.quick else 2)  # a task takes minutes, a quick one seconds
         for item in list(running):
             task, proc, logf, t0 = item
             if proc.poll() is not None:
@@ -276,7 +291,11 @@ def main(argv=None):
     p.add_argument("--data", default=DATA)
     p.add_argument("--task", help=argparse.SUPPRESS)
     p.add_argument("--table-only", action="store_true")
+    p.add_argument("--quick", action="store_true", help="a smoke test (the module docstring)")
     a = p.parse_args(argv)
+    if a.quick:
+        a.eval_windows = min(a.eval_windows, QUICK["windows"])
+        a.only = a.only or ",".join(QUICK_METHODS)
     os.makedirs(a.out, exist_ok=True)
     if a.task:
         setup(a.threads or 1)

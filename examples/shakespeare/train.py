@@ -1,11 +1,12 @@
 """Train a character-level transformer on tinyshakespeare with favor's attention layers.
 
-    PYTHONPATH=build/python .venv/bin/python examples/shakespeare/train.py --out runs/exact.pt
+    python examples/shakespeare/train.py --out runs/exact.pt
     ... --resume --out runs/exact.pt                       # continue an interrupted run
     ... --attention favorsharp-256 --init runs/exact.pt --steps 360 --out runs/ft.pt
                                                            # convert the baseline, fine-tune
     ... --attention '{"method": "favor", "kernel": "hedgehog", "features": 64,
                       "learn_features": true}' ...
+    ... --out runs/exact.pt --quick                        # a smoke test: 2 steps of batch 4
 
 The model is favor.models.CharTransformer (preset --model, default 'shakespeare'); the loop,
 schedule and checkpoints are favor.models.training. A progress line goes to stderr; each
@@ -13,14 +14,15 @@ schedule and checkpoints are favor.models.training. A progress line goes to stde
 config, weights, optimizer, step, RNG states) is written atomically to --out.
 """
 import argparse
+import os
 import sys
 import time
 
 import torch
 
-from common import DATA, setup
+from common import DATA, QUICK, add_quick, calibration, fit_options, setup
 from favor.models import CharData, bits_per_char
-from favor.models.conversion import calibration_windows, convert_method
+from favor.models.conversion import convert_method
 from favor.models.char_transformer import CharTransformer
 from favor.models.training import (MODEL_PRESETS, TrainConfig, Trainer, attention_preset,
                                    load_model)
@@ -48,13 +50,23 @@ def main(argv=None):
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--eval-windows", type=int, default=d.eval_windows)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default 2; --quick: 1)")
     p.add_argument("--data", default=DATA)
     p.add_argument("--max-minutes", type=float, default=None,
                    help="stop (with a checkpoint) after this much wall time")
+    add_quick(p, f"at most {QUICK['steps']} steps (--resume: {QUICK['steps']} more) of batch "
+              f"{QUICK['batch']}, {QUICK['windows']} validation windows; --init --attention "
+              f"fitted on {QUICK['calibration']} windows, {QUICK['fit_steps']} steps per "
+              "learned-map fit")
     a = p.parse_args(argv)
-    setup(a.threads)
+    setup(a.threads, a.quick)
+    if a.quick:
+        a.steps, a.batch = min(a.steps, QUICK["steps"]), min(a.batch, QUICK["batch"])
+        a.eval_windows = min(a.eval_windows, QUICK["windows"])
+        a.eval_every = min(a.eval_every, a.steps)
     data = CharData.from_file(a.data)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
 
     if a.resume:
         t = Trainer.resume(a.out, data)
@@ -69,9 +81,9 @@ def main(argv=None):
         if a.init:
             model, _ = load_model(a.init)
             if a.attention:
-                calib = calibration_windows(data, model.context, a.seed)
+                calib = calibration(data, model.context, a.seed, a.quick)
                 model, info = convert_method(model, a.attention, calib, seed=a.seed,
-                                             verbose=True)
+                                             verbose=True, **fit_options(a.quick))
         else:
             spec = attention_preset(a.attention) if a.attention else None
             model = CharTransformer(vocab=data.vocab, attention=spec, **MODEL_PRESETS[a.model])
@@ -80,15 +92,18 @@ def main(argv=None):
         print(f"seed {a.seed} (model init torch.manual_seed({a.seed}), data generator "
               f"{a.seed + 1}); torch threads {torch.get_num_threads()}", flush=True)
     m, c = t.model, t.config
+    # --quick after --resume: a few more steps and windows, the run's own config kept
+    stop = min(c.steps, t.step + QUICK["steps"]) if a.quick else c.steps
+    windows = min(c.eval_windows, QUICK["windows"]) if a.quick else c.eval_windows
     print(f"model {m.config}; {m.num_parameters()} parameters", flush=True)
     print(f"train {c}", flush=True)
     if t.step == 0:
-        print(f"step 0 val_bpc {bits_per_char(m, data, 'val', count=c.eval_windows):.4f}",
+        print(f"step 0 val_bpc {bits_per_char(m, data, 'val', count=windows):.4f}",
               flush=True)
 
     start, first = time.time(), t.step
     loss_avg = None
-    while t.step < c.steps:
+    while t.step < stop:
         loss = t.train_step()
         loss_avg = loss if loss_avg is None else 0.95 * loss_avg + 0.05 * loss
         el = time.time() - start
@@ -98,8 +113,8 @@ def main(argv=None):
                          f"eta {per * (c.steps - t.step) / 60:.1f} min ")
         sys.stderr.flush()
         out_of_time = a.max_minutes is not None and el > 60 * a.max_minutes
-        if t.step % c.eval_every == 0 or t.step == c.steps or out_of_time:
-            bpc = bits_per_char(m, data, "val", count=c.eval_windows)
+        if t.step % c.eval_every == 0 or t.step == stop or out_of_time:
+            bpc = bits_per_char(m, data, "val", count=windows)
             sys.stderr.write("\n")
             print(f"step {t.step} train_loss {loss_avg:.4f} val_bpc {bpc:.4f} "
                   f"elapsed {el:.0f} s ({per:.3f} s/step)", flush=True)

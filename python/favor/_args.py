@@ -62,10 +62,16 @@ def make_projection(d, projection="orthogonal", *, features=None, norms="chi", s
         raise _core.Error("projection: must be a kind (iid, orthogonal, radial, qmc, sorf, "
                           f"simplex, dct) or a favor.Projection, not {type(projection).__name__}")
     m = check_features(DEFAULT_FEATURES if features is None else features)
-    s = check_seed(seed)
+    return drawn_projection(projection, m, operator.index(d), norms, check_seed(seed))
+
+
+def drawn_projection(projection, m, d, norms, seed):
+    """Projection.draw(m, d, kind=projection, norms=norms, seed=seed) (cached, _drawn), its
+    errors naming `projection`: the kind's name in every attention function and module
+    (Projection.draw's own is `kind`)."""
     try:
-        return _drawn(projection, m, operator.index(d), norms, s)
-    except _core.Error as e:  # Projection.draw calls the kind `kind`; here it is `projection`
+        return _drawn(projection, m, d, norms, seed)
+    except _core.Error as e:
         if str(e).startswith("kind:"):
             raise _core.Error("projection:" + str(e)[len("kind:"):]) from None
         raise

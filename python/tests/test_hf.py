@@ -9,6 +9,8 @@ Decoding through the state against the chunked causal kernel: the same estimator
 another order, atol 1e-4.
 """
 import copy
+import logging
+import warnings
 
 import pytest
 import torch
@@ -65,6 +67,10 @@ def test_exact_equals_the_original(family):
 @pytest.mark.parametrize("case", sorted(METHOD_CASES))
 def test_every_method_runs_forward_and_backward(family, case):
     method, options = METHOD_CASES[case]
+    if family == "bert" and "decay" in options:  # test_decay_on_a_bidirectional_model_...
+        with pytest.raises(favor.Error, match="^decay: .* causal attention only"):
+            converted(family, method, **options)
+        return
     model = converted(family, method, **options)
     model.train()
     ids, mask = inputs(left=family != "bert")
@@ -74,10 +80,9 @@ def test_every_method_runs_forward_and_backward(family, case):
     first = next(p for n, p in model.named_parameters() if "favor_core" not in n and
                  n.endswith(("q_proj.weight", "query.weight")))
     assert first.grad is not None and torch.isfinite(first.grad).all() and first.grad.abs().sum() > 0
-    for _, _, core in fh.cores(model):  # (a decay weighs causal layers only)
+    for _, _, core in fh.cores(model):
         for name, p in core.named_parameters():
-            if p.requires_grad and name != "codebook" and (name != "decay_logit"
-                                                           or family != "bert"):
+            if p.requires_grad and name != "codebook":
                 assert p.grad is not None and torch.isfinite(p.grad).all(), name
 
 
@@ -190,6 +195,60 @@ def test_from_pretrained_of_a_plain_model_is_refused(tmp_path):
         fh.from_pretrained(tmp_path)
 
 
+def test_from_pretrained_of_a_missing_directory_names_the_path(tmp_path):
+    missing = str(tmp_path / "no" / "such" / "dir")
+    with pytest.raises(favor.Error, match=f"^path: '{missing}' does not exist"):
+        fh.from_pretrained(missing)
+    a_file = tmp_path / "model.safetensors"
+    a_file.write_bytes(b"")
+    with pytest.raises(favor.Error, match=f"^path: '{a_file}' is not a directory"):
+        fh.from_pretrained(str(a_file))
+
+
+def test_from_pretrained_reports_only_the_tensors_that_do_not_fit(tmp_path, caplog):
+    """transformers' load report (a logged warning) leaves out favor's tensors, which
+    from_pretrained loads after converting, and still lists a tensor nothing loads."""
+    from safetensors.torch import load_file, save_file
+    fh.save_pretrained(converted("llama", "hedgehog", features=16), tmp_path)
+    with caplog.at_level(logging.WARNING, logger="transformers"):
+        with pytest.warns(UserWarning, match="favor checkpoint"):
+            tf.LlamaForCausalLM.from_pretrained(tmp_path)  # the report reaches caplog
+        assert "favor_core" in caplog.text
+        caplog.clear()
+        fh.from_pretrained(tmp_path)
+        assert "favor_core" not in caplog.text and "UNEXPECTED" not in caplog.text
+        weights = tmp_path / "model.safetensors"
+        tensors = load_file(weights)
+        tensors["model.layers.0.self_attn.stray"] = torch.zeros(2)
+        save_file(tensors, weights, metadata={"format": "pt"})
+        fh.from_pretrained(tmp_path)
+    rows = [line for line in caplog.text.splitlines() if "| UNEXPECTED" in line]
+    assert rows and all("stray" in line for line in rows), rows
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_favor_checkpoint_loaded_by_transformers_alone_warns(tmp_path, family):
+    """transformers' own from_pretrained of a favor checkpoint gives the softmax model (it
+    knows nothing of favor_core): with favor.hf imported, it warns, naming the way to load
+    it; favor.hf.from_pretrained does not."""
+    model = make(family)
+    fh.convert(model, "favor", features=16)
+    model.save_pretrained(tmp_path)
+    auto = tf.AutoModel if family == "bert" else tf.AutoModelForCausalLM
+    for load in (type(model).from_pretrained, auto.from_pretrained):
+        with pytest.warns(UserWarning, match=r"is a favor checkpoint .* runs softmax attention"
+                                             r".* favor\.hf\.from_pretrained\("):
+            plain = load(tmp_path)
+        assert type(plain) is type(model)
+        with pytest.raises(favor.Error, match="not converted"):
+            fh.cores(plain)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = fh.from_pretrained(tmp_path)
+    assert not [w for w in caught if "favor checkpoint" in str(w.message)]
+    assert len(fh.cores(loaded)) == 2
+
+
 def test_refusals_name_what_favor_cannot_serve():
     with pytest.raises(favor.Error, match="method: 'softmax' is not a favor.hf method"):
         fh.convert(make("llama"), "softmax")
@@ -221,6 +280,43 @@ def test_refusals_name_what_favor_cannot_serve():
     fh.convert(model, "exact")
     with pytest.raises(favor.Error, match="'exact' attends over a key-value cache"):
         model(ids, attention_mask=mask, cache=fh.FavorCache())
+
+
+def test_decay_on_a_bidirectional_model_is_refused():
+    """decay weighs causal attention only; an encoder's layers are bidirectional on every
+    call, so the decay would do nothing: refused before any layer is converted (vq's decay,
+    its codebook's moving average, is not attention decay)."""
+    model = make("bert")
+    for options in (dict(decay=0.9), dict(decay=[0.9] * 4, learn_decay=True)):
+        with pytest.raises(favor.Error, match=r"^decay: gamma\^\(i - j\) weighs causal "
+                                              "attention only.* bidirectional"):
+            fh.convert(model, "hedgehog", features=16, **options)
+    with pytest.raises(favor.Error, match="not converted"):
+        fh.cores(model)
+    fh.convert(model, "vq", codes=8, decay=0.9)
+    with pytest.raises(favor.Error, match=r"^projection: 'bogus' is not a projection"):
+        fh.convert(make("bert"), "favor", projection="bogus")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_position_ids_are_refused(family):
+    """Position ids that restart inside a row pack several sequences into it; favor attends
+    the row as one sequence, so it refuses them, with or without a mask or a cache. Padded
+    tokens' positions are not compared (left padding: test_greedy_generation...)."""
+    model = make(family)
+    fh.convert(model, "favor", features=16)
+    ids, mask = inputs(left=family != "bert")
+    packed = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4]] * 2)
+    message = r"^position_ids: row 0 goes from 4 to 0 at token 5: .* packed sequences"
+    calls = [dict(attention_mask=torch.ones_like(ids)), dict(attention_mask=mask)]
+    if family != "bert":
+        calls.append(dict(cache=fh.FavorCache()))
+    for kw in calls:
+        with pytest.raises(favor.Error, match=message):
+            model(ids, position_ids=packed, **kw)
+    model(ids, position_ids=torch.arange(3, 13).expand(2, -1))  # an offset is no restart
+    if family != "bert":
+        model(ids, attention_mask=mask, position_ids=positions(mask))  # left padding
 
 
 def test_a_second_conversion_replaces_the_first():

@@ -5,9 +5,9 @@ FAVOR+'s decoder state has one size at both prompt lengths while the key-value c
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+from examples_python import examples_python
 
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
@@ -19,9 +19,9 @@ CHECKPOINT = os.path.join(ROOT, "examples", "hf", "char_llama", "model.safetenso
 
 @pytest.mark.skipif(not os.path.exists(CHECKPOINT), reason="no examples/hf/char_llama checkpoint")
 def test_quick_decoder_study(tmp_path):
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    python, env = examples_python()
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--no-progress", "--out", str(out)],
+    proc = subprocess.run([python, SCRIPT, "--quick", "--no-progress", "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name in ("results.json", "decoder_study.md", "decoder_study.png"):

@@ -86,6 +86,32 @@ def test_drop_in_refuses_what_favor_cannot_do():
         ft.MultiheadAttention(16, 4, dropout=0.1)
 
 
+def test_errors_name_the_arguments_the_caller_gave():
+    """The projection kind and the key mask have other names in C++ and the numpy API
+    (Projection.draw's kind, key_mask): the torch functions and modules name them as their
+    callers gave them, projection and key_padding_mask, on every path."""
+    refused = r"^projection: 'bogus' is not a projection; use iid, orthogonal"
+    for make in (lambda: ft.FavorAttention(16, 4, projection="bogus"),
+                 lambda: ft.MultiheadAttention(16, 4, projection="bogus"),
+                 lambda: ft.FavorCore(4, 4, projection="bogus")):
+        with pytest.raises(favor.Error, match=refused):
+            make()
+    x = torch.randn(2, 6, 16)
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    q = torch.randn(2, 4, 6, 4)
+    wrong_shape = r"^key_padding_mask: shape \[2,5\] must be"
+    for call in (lambda: ft.FavorAttention(16, 4, features=8)(x, key_padding_mask=mask),
+                 lambda: ft.MultiheadAttention(16, 4, features=8, batch_first=True)(
+                     x, x, x, key_padding_mask=mask),
+                 lambda: ft.attention(q, q, q, key_padding_mask=mask, features=8),
+                 lambda: ft.attention(q, q, q, key_padding_mask=mask, features=8,
+                                      backend="torch"),
+                 lambda: ft.attention(q, q, q, key_padding_mask=mask, method="exact"),
+                 lambda: ft.vq_attention(q, q, q, torch.randn(3, 4), key_padding_mask=mask)):
+        with pytest.raises(favor.Error, match=wrong_shape):
+            call()
+
+
 def test_drop_in_keeps_torch_parameter_names_and_loads_its_state_dict():
     ref = nn.MultiheadAttention(16, 4)
     ours = ft.MultiheadAttention(16, 4, features=32)
@@ -287,3 +313,20 @@ def test_decoder_steps_equal_the_causal_forward_and_state_stays_fixed():
     assert rel(torch.cat(outs, 1), full) < 1e-5
     with pytest.raises(ValueError, match="prefill"):
         fa.step(x[:, :3], dec)
+
+
+@pytest.mark.parametrize("kernel", ["favorpp", "favorsharp"])
+def test_a_fitted_kernel_with_decay_decodes_as_its_causal_forward(kernel):
+    # The decoder of a core with a decay carries the map's fit too (a favor# layer converted
+    # with a decay could not generate: "a favorsharp decoder needs a fit").
+    torch.manual_seed(0)
+    calibration = 0.3 * np.random.default_rng(0).standard_normal((1, 4, 64, 8), np.float32)
+    fit = favor.fit_kernel(kernel, calibration, calibration)  # one per head
+    fa = ft.FavorAttention(32, 4, causal=True, features=64, kernel=kernel, fit=fit,
+                           decay=0.97).eval()
+    x = torch.randn(2, 20, 32)
+    with torch.no_grad():
+        full = fa(x)
+        dec = fa.decoder(2)
+        outs = [fa.step(x[:, :8], dec)] + [fa.step(x[:, i:i + 1], dec) for i in range(8, 20)]
+    assert rel(torch.cat(outs, 1), full) < 1e-5

@@ -31,6 +31,7 @@ def resolve_exchange(exchange, group, vq=False):
     return TorchExchange(group)
 
 
+@T.names_key_padding_mask
 def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogonal",
               features=None, norms="chi", seed=0, scale=None, key_padding_mask=None, fit=None,
               feature_map=None, weights=None, bias=None, feature_weights=None, decay=None,

@@ -16,6 +16,7 @@ from ._agreement import agreed, flag
 from .function import resolve_exchange
 
 
+@T.names_key_padding_mask
 def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mask=None,
                  tau=0.0, block=None, group=None, exchange=None):
     """Differentiable sequence-parallel Transformer-VQ attention on CPU tensors: this rank's

@@ -88,6 +88,7 @@ def favor_attention(module, query, key, value, attention_mask, scaling=None, dro
         raise _core.Error("attention_mask: favor takes the 2D padding mask (1 = take part); "
                           f"got {_describe(attention_mask)} (an additive bias or a 4D mask "
                           "cannot be honoured)")
+    _refuse_packed(kwargs.get("position_ids"), attention_mask, query.shape[2])
     layer = _take(module)
     if layer is not None and core.method == "exact":
         raise _core.Error("cache: method 'exact' attends over a key-value cache (a "
@@ -107,6 +108,29 @@ def favor_attention(module, query, key, value, attention_mask, scaling=None, dro
     else:
         y = _attend(core, q, k, v, attention_mask, causal)
     return y.transpose(1, 2).to(dtype), None
+
+
+def _refuse_packed(position_ids, keep, nq):
+    """favor.Error when position_ids [B or 1, Nq] restart inside a row: consecutive tokens
+    that both take part (keep, the padding mask over the keys, whose last Nq are these
+    tokens) must have consecutive positions. A restart packs several sequences into the row,
+    and favor would attend across them as one. Padded tokens are not compared (generate()
+    gives them position 1); one new token (a decoding step) has nothing to compare."""
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or nq < 2 \
+            or position_ids.shape[1] != nq:
+        return
+    restart = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    if keep is not None and keep.shape[-1] >= nq:
+        tokens = keep[:, -nq:]
+        restart = restart & tokens[:, 1:] & tokens[:, :-1]
+    if bool(restart.any()):
+        row, j = (int(x) for x in restart.nonzero()[0])
+        pos = position_ids[min(row, position_ids.shape[0] - 1)]
+        raise _core.Error(f"position_ids: row {row} goes from {int(pos[j])} to "
+                          f"{int(pos[j + 1])} at token {j + 1}: the positions of a row's "
+                          "tokens must rise by 1 (favor attends each row as one sequence, "
+                          "so packed sequences are refused; give one sequence per row, padded "
+                          "with attention_mask)")
 
 
 def _attend(core, q, k, v, keep, causal):

@@ -14,9 +14,10 @@ Methods (favor.hf.METHODS; each takes the options of its core, below):
 - positive-fit: positive features with learned W, b and lambda;
 - vq: Transformer-VQ (codes; codebooks by k-means on the first batch or in transfer).
 Options of the favor methods: features (256), projection, norms, seed (0; layer i draws
-with seed + i), decay (gamma per head or one; causal layers), learn_decay,
-feature_redraw_interval; of vq: codes (256), tau, learn_codebook, seed. They are recorded
-in model.config.favor (save_pretrained keeps them; favor.hf.from_pretrained reads them).
+with seed + i), decay (gamma per head or one; causal models only: a bidirectional layer
+refuses it), learn_decay, feature_redraw_interval; of vq: codes (256), tau,
+learn_codebook, seed. They are recorded in model.config.favor (save_pretrained keeps
+them; favor.hf.from_pretrained reads them).
 """
 import types
 from dataclasses import dataclass
@@ -95,9 +96,11 @@ def convert(model, method="favor", **options):
         raise _core.Error(f"{unknown[0]}: not an option of method {method}; its options: "
                           f"{', '.join(allowed)}")
     heads, kv_heads, head_dim = families.shapes(config)
+    modules = families.attention_modules(model, kind)
+    _refuse_decay_without_causal_layers(method, options, modules)
     register()
     rows = []
-    for i, (name, module) in enumerate(families.attention_modules(model, kind)):
+    for i, (name, module) in enumerate(modules):
         causal = bool(getattr(module, "is_causal", False))
         scale = float(getattr(module, "scaling", head_dim ** -0.5))
         layer = getattr(module, "layer_idx", None)
@@ -115,6 +118,22 @@ def convert(model, method="favor", **options):
     if method != "exact" and families.FAMILY[kind] == "decoder":
         model._prepare_cache_for_generation = types.MethodType(_prepare_cache, model)
     return ConversionReport(rows, families.FAMILY[kind], kind, method, options)
+
+
+def _refuse_decay_without_causal_layers(method, options, modules):
+    """decay / learn_decay of the favor methods weigh pair (i, j) by gamma^(i - j): causal
+    attention only. A layer's causality is the family's (module.is_causal), fixed for every
+    call, so on a bidirectional layer the decay would never apply: refused, before any layer
+    is converted. (vq's decay is its codebook's moving average: every layer.)"""
+    if method == "vq":
+        return
+    given = [key for key in ("decay", "learn_decay") if options.get(key) not in (None, False)]
+    bidirectional = [name for name, m in modules if not getattr(m, "is_causal", False)]
+    if given and bidirectional:
+        raise _core.Error(f"{given[0]}: gamma^(i - j) weighs causal attention only, and "
+                          f"{len(bidirectional)} of the model's {len(modules)} attention layers "
+                          f"are bidirectional (the first: {bidirectional[0]}); convert without "
+                          f"{given[0]}")
 
 
 def build_core(method, options, heads, head_dim, causal, scale, layer, device):

@@ -5,9 +5,15 @@ projection, learned map, decay, codebooks) with the weights and the method in
 config.json ("favor"); save_pretrained(model, path) adds the FAVOR++ / FAVOR# fits
 (favor_fits.safetensors). from_pretrained(path) rebuilds the model class named in the
 config, converts it with the recorded method and loads the favor tensors and fits.
+
+A favor checkpoint loaded by transformers alone (LlamaForCausalLM.from_pretrained(path),
+AutoModel*.from_pretrained(path)) is the softmax model with favor's tensors left out: once
+favor.hf is imported, that load warns (a UserWarning naming favor.hf.from_pretrained).
 """
+import functools
 import glob
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -36,9 +42,16 @@ def save_pretrained(model, path, **kwargs):
 def from_pretrained(path, model_class=None, **kwargs):
     """The converted model saved at `path` (save_pretrained): model_class (default: the
     transformers class named in config.architectures) loaded from path, converted with
-    config.favor, its favor tensors and fits loaded. kwargs go to from_pretrained."""
+    config.favor, its favor tensors and fits loaded. kwargs go to from_pretrained. `path`
+    is a local directory (a model on the hub: download it first, e.g. with
+    huggingface_hub.snapshot_download)."""
     import transformers
     from safetensors.torch import load_file
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise _core.Error(f"path: {os.fspath(path)!r} {what} (favor.hf.from_pretrained "
+                          "loads the directory that save_pretrained wrote; a model on the hub: "
+                          "download it first, e.g. with huggingface_hub.snapshot_download)")
     config = transformers.AutoConfig.from_pretrained(path)
     spec = getattr(config, "favor", None)
     if not spec:
@@ -51,7 +64,8 @@ def from_pretrained(path, model_class=None, **kwargs):
         model_class = getattr(transformers, names[0])
     spec = dict(spec)
     method = spec.pop("method")
-    model = model_class.from_pretrained(path, **kwargs)
+    model = _loader(model_class).from_pretrained(path, **kwargs)
+    model.__class__ = model_class
     convert(model, method, **spec)
     tensors = {}
     for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
@@ -71,3 +85,57 @@ def from_pretrained(path, model_class=None, **kwargs):
     model.eval()
     return model
 
+
+_FAVOR_TENSORS = r"\.favor_core\."  # the state_dict keys of every favor_core (convert)
+
+
+def _loader(model_class):
+    """model_class with favor's tensors among the keys its from_pretrained expects to be
+    unexpected (transformers' _keys_to_ignore_on_load_unexpected): the model is loaded
+    before convert gives it its favor_core modules, and the load report then lists only the
+    keys that are unexpected for the converted model too. It adds nothing else; the loaded
+    model gets model_class back as its class."""
+    ignore = [*(model_class._keys_to_ignore_on_load_unexpected or ()), _FAVOR_TENSORS]
+    return type(model_class.__name__, (model_class,),
+                {"__module__": model_class.__module__, "__qualname__": model_class.__qualname__,
+                 "_keys_to_ignore_on_load_unexpected": ignore, "_favor_loader": True})
+
+
+def _warn_if_favor_dropped(cls, model, path):
+    """A UserWarning when transformers' from_pretrained (not favor.hf.from_pretrained) loaded
+    a favor checkpoint: config.favor is there, but no layer has its favor_core."""
+    spec = getattr(getattr(model, "config", None), "favor", None)
+    if not spec or getattr(cls, "_favor_loader", False) or not hasattr(model, "modules"):
+        return
+    if any(getattr(m, "favor_core", None) is not None for m in model.modules()):
+        return
+    method = spec.get("method") if isinstance(spec, dict) else spec
+    where = repr(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else "path"
+    warnings.warn(f"{cls.__name__}.from_pretrained: {where} is a favor checkpoint (favor.hf "
+                  f"method {method!r}); transformers dropped favor's attention and its "
+                  "tensors, so this model runs softmax attention. Load it with "
+                  f"favor.hf.from_pretrained({where}).", UserWarning, stacklevel=3)
+
+
+def _watch_plain_loads():
+    """Makes transformers' PreTrainedModel.from_pretrained warn after loading a favor
+    checkpoint without favor (_warn_if_favor_dropped); idempotent. Only the model it
+    returns is looked at: the load itself is transformers' own."""
+    from transformers import PreTrainedModel
+    plain = PreTrainedModel.__dict__["from_pretrained"].__func__
+    if getattr(plain, "_favor_watch", False):
+        return
+
+    @functools.wraps(plain)
+    def from_pretrained(cls, *args, **kwargs):
+        loaded = plain(cls, *args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info
+        path = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        _warn_if_favor_dropped(cls, model, path)
+        return loaded
+
+    from_pretrained._favor_watch = True
+    PreTrainedModel.from_pretrained = classmethod(from_pretrained)
+
+
+_watch_plain_loads()

@@ -1,5 +1,6 @@
 """What favor's torch ops share: the device switch, checks, and zero-copy conversion between
 CPU tensors and the numpy views the C++ kernels read."""
+import functools
 import importlib.util
 import os
 
@@ -96,6 +97,22 @@ def view(t):
 def tensor(a):
     """A torch tensor sharing the memory of a numpy array favor returned."""
     return torch.from_numpy(a)
+
+
+def names_key_padding_mask(function):
+    """function (a favor.torch function taking torch's key_padding_mask) with the errors of
+    the mask rules naming key_padding_mask. The rules are C++'s (the bindings') and the
+    generic paths' copy of them, which name the mask key_mask: its name in C++ and in the
+    numpy API, where the torch functions pass it on as favor's keep mask."""
+    @functools.wraps(function)
+    def named(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except _core.Error as e:
+            if not str(e).startswith("key_mask:"):
+                raise
+            raise _core.Error("key_padding_mask:" + str(e)[len("key_mask:"):]) from None
+    return named
 
 
 def check_mask(m, name="key_padding_mask"):

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .. import _core
-from .._args import decay_values, fit_for
+from .._args import decay_values, drawn_projection, fit_for
 from ..feature_map import FeatureMap
 from . import _tensors as T
 from ._attention_core import AttentionCore
@@ -43,9 +43,10 @@ _TENSORS = ("projection", "map_weight", "map_bias", "map_lambda", "decay_logit")
 _GAMMA_MAX = 1.0 - 1e-6
 
 
-def draw(m, d, kind, norms, seed):
-    return torch.from_numpy(_core.Projection.draw(m, d, kind=kind, norms=norms,
-                                                  seed=seed).matrix.copy())
+def draw(m, d, projection, norms, seed):
+    """The [m, d] matrix of favor.Projection.draw(m, d, kind=projection, norms, seed), its
+    errors naming `projection`."""
+    return torch.from_numpy(drawn_projection(projection, m, d, norms, seed).matrix.copy())
 
 
 class FavorCore(AttentionCore):
@@ -271,7 +272,7 @@ class FavorCore(AttentionCore):
         return FeatureMap(arr(self.projection), kernel=self.kernel, scale=self.scale,
                           heads=self.num_heads if learned else None,
                           weights=arr(self.map_weight), bias=arr(self.map_bias),
-                          lambda_=arr(self.map_lambda))
+                          lambda_=arr(self.map_lambda), fit=self.fit)
 
     def decoder(self, batch):
         """A streaming state for generation: favor.torch.Decoder over this core's heads,
@@ -282,8 +283,10 @@ class FavorCore(AttentionCore):
             gamma = self.gamma
             if isinstance(gamma, torch.Tensor):
                 gamma = [float(g) for g in gamma.detach()]
-            return Decoder(batch, self.num_heads, self.head_dim, feature_map=self.feature_map(),
-                           decay=gamma, backend=self.backend)
+            fm = self.feature_map()  # its fit (FAVOR++/#) per head, repeated over the batch
+            fm.fit = fit_for(self.fit, self.kernel, self.head_dim, (batch, self.num_heads))
+            return Decoder(batch, self.num_heads, self.head_dim, feature_map=fm, decay=gamma,
+                           backend=self.backend)
         return Decoder(batch, self.num_heads, self.head_dim, self.projection,
                        kernel=self.kernel, scale=self.scale, fit=self.fit, backend=self.backend)
 

@@ -170,6 +170,7 @@ def _eager_favor(q, k, v, mask, d, projection, features, norms, seed, fit, kerne
                            _args.optional_number(scale, "scale"), str(precision))
 
 
+@T.names_key_padding_mask
 def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogonal",
               features=None, norms="chi", seed=0, scale=None, key_padding_mask=None, fit=None,
               method="favor", feature_map=None, weights=None, bias=None, feature_weights=None,

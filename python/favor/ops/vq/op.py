@@ -76,6 +76,7 @@ def check_codebook(codebook):
                           "[H or 1, c, D]")
 
 
+@T.names_key_padding_mask
 def vq_attention(q, k, v, codebook, *, causal=False, scale=None, key_padding_mask=None,
                  tau=0.0, block=None, backend=None):
     """Differentiable Transformer-VQ attention on torch tensors (favor.vq_attention), through

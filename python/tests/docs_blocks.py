@@ -1,0 +1,217 @@
+"""The markdown block runner: every ```python and ```sh block of README.md, docs/*.md and
+examples/*/README.md runs as written, as a pip user runs it (docs/reliability.md, "Docs that
+run").
+
+Rules of the pages (checked here, so a page that breaks one fails its test):
+- Every fence names its language. ```python and ```sh (or ```bash) blocks run; every other
+  language (text for output and formulas, cpp, cmake, json, ...) is shown only.
+- A block runs on its own, in a fresh temporary directory holding copies of the checkout's
+  examples/ and docs/ (what a block writes there is thrown away) and a link to scripts/, with
+  `python` and `favor` first on PATH: the interpreter with favor importable and favor's
+  command-line tool. HF_HUB_OFFLINE=1: nothing reaches the Hugging Face hub. sh blocks run
+  under `bash -e -o pipefail`. As root (CI), Open MPI's mpirun is allowed to run.
+- The line just above a fence may hold one marker:
+    <!-- docs-test: quick -->          every command line of the block that runs a Python
+                                       script or module (python X.py, python -m M) or favor
+                                       (favor bench, accuracy, fit) gets --quick appended:
+                                       long runs, shortened
+    <!-- docs-test: skip: REASON -->   not run (installs, a GPU, mpirun, the suite itself);
+                                       the reason is required and printed
+    <!-- docs-test: timeout: SECONDS --> a longer limit than the default 300 s
+
+    python python/tests/docs_blocks.py [FILES...]     runs them by hand (default: every page)
+"""
+import dataclasses
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RUN = {"python": "python", "sh": "sh", "bash": "sh"}
+FENCE = re.compile(r"^(\s*)```(.*)$")
+MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
+DEFAULT_TIMEOUT = 300
+
+
+@dataclasses.dataclass
+class Block:
+    path: pathlib.Path
+    line: int            # 1-based line of the opening fence
+    lang: str            # the fence's language; "" when it names none
+    text: str
+    marker: str = ""     # quick, skip: reason, timeout: seconds, or ""
+
+    @property
+    def name(self):
+        try:
+            rel = self.path.resolve().relative_to(ROOT)
+        except ValueError:
+            rel = self.path.name
+        return f"{rel}:{self.line}"
+
+    @property
+    def runs(self):
+        return self.lang in RUN and not self.marker.startswith("skip")
+
+
+def pages(root=ROOT):
+    """The markdown pages whose blocks run: README.md, docs/*.md, examples/*/README.md."""
+    return ([root / "README.md"] + sorted((root / "docs").glob("*.md"))
+            + sorted((root / "examples").glob("*/README.md")))
+
+
+def parse(path):
+    """Every fenced block of one page, with its marker. ValueError for an unclosed fence, an
+    unknown marker, or a skip without a reason."""
+    path = pathlib.Path(path)
+    lines = path.read_text().split("\n")
+    blocks, i = [], 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, lang = m.group(1), m.group(2).strip()
+        j = i + 1
+        while j < len(lines) and not re.match(r"^\s*```\s*$", lines[j]):
+            j += 1
+        if j == len(lines):
+            raise ValueError(f"{path}:{i + 1}: the fence opened here is never closed")
+        body = [ln[len(indent):] if ln.startswith(indent) else ln.lstrip() for ln in lines[i + 1:j]]
+        k = i - 1
+        while k >= 0 and not lines[k].strip():
+            k -= 1
+        marker = ""
+        if k >= 0 and MARKER.match(lines[k]):
+            marker = MARKER.match(lines[k]).group(1)
+            if not re.fullmatch(r"quick|skip:\s*\S.*|timeout:\s*\d+", marker):
+                raise ValueError(f"{path}:{k + 1}: docs-test marker {marker!r}: use quick, "
+                                 "skip: REASON or timeout: SECONDS")
+        blocks.append(Block(path, i + 1, lang.split()[0] if lang else "", "\n".join(body) + "\n",
+                            marker))
+        i = j + 1
+    return blocks
+
+
+COMMAND = re.compile(r"^(favor|python3?|make|mpirun|torchrun|pip|scripts/|build/|examples/|"
+                     r"PYTHONPATH=|HF_HUB_OFFLINE=|\.venv/|[A-Z_]+=)")
+
+
+def indented_commands(path):
+    """Lines that open an indented (unfenced) code block holding a command: such a block would
+    escape the runner. (A block follows a blank line and no list item; formulas may stay
+    indented.)"""
+    lines = pathlib.Path(path).read_text().split("\n")
+    found, fenced = [], False
+    for i, line in enumerate(lines):
+        if re.match(r"^\s*```", line):
+            fenced = not fenced
+            continue
+        if fenced or not line.startswith("    ") or not line.strip() or i == 0 or lines[i - 1].strip():
+            continue
+        k = i - 1
+        while k >= 0 and not lines[k].strip():
+            k -= 1
+        prev = lines[k] if k >= 0 else ""
+        if re.match(r"^\s*([-*+]|\d+\.)\s", prev) or prev.startswith("  "):
+            continue
+        if COMMAND.match(line.strip()):
+            found.append(f"{path}:{i + 1}: {line.strip()[:80]}")
+    return found
+
+
+def with_quick(script):
+    """The sh block with --quick after every logical command line that runs `python X.py` or
+    `python -m M` (continuation lines joined first; a trailing # comment kept after it)."""
+    out, pending = [], ""
+    for line in script.split("\n"):
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        line, pending = pending + line, ""
+        code, hash_, comment = line, "", ""
+        m = re.search(r"\s#\s", line)
+        if m:
+            code, hash_, comment = line[:m.start()], "  # ", line[m.end():]
+        if re.search(r"(^|[\s;&|(])(python3?\s+(-m\s+\S+|\S+\.py)|favor\s+(bench|accuracy|fit)\b)", code):
+            code = code.rstrip() + " --quick"
+        out.append(code + (hash_ + comment if hash_ else ""))
+    return "\n".join(out)
+
+
+def environment(workdir):
+    """PATH with `python` and `favor` first, PYTHONPATH for the developer tree's build, the hub
+    off. FAVOR_DOCS_PYTHON / FAVOR_CLI name the interpreter and the CLI (CTest sets them)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
+    if os.geteuid() == 0:  # CI runs as root, which Open MPI's mpirun refuses unless told
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    python = os.environ.get("FAVOR_DOCS_PYTHON", sys.executable)
+    cli = os.environ.get("FAVOR_CLI", str(ROOT / "build" / "tools" / "favor"))
+    shims = pathlib.Path(workdir) / ".docs-test-bin"
+    shims.mkdir()
+    for name, target in (("python", python), ("python3", python), ("favor", cli)):
+        shim = shims / name
+        shim.write_text(f"#!/bin/sh\nexec {shlex.quote(target)} \"$@\"\n")
+        shim.chmod(0o755)
+    # then the interpreter's own scripts (torchrun, accelerate), as in an activated venv
+    scripts = os.path.dirname(os.path.abspath(python))
+    env["PATH"] = os.pathsep.join([str(shims), scripts, env.get("PATH", "")])
+    build_python = ROOT / "build" / "python"
+    if env.get("PYTHONPATH"):  # the block runs elsewhere: absolute entries
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in
+                                            env["PYTHONPATH"].split(os.pathsep) if p)
+    elif build_python.is_dir():
+        env["PYTHONPATH"] = str(build_python)
+    return env
+
+
+def run(block, timeout=None):
+    """Runs one block in a fresh directory; returns the CompletedProcess (output captured)."""
+    if timeout is None:
+        m = re.fullmatch(r"timeout:\s*(\d+)", block.marker)
+        timeout = int(m.group(1)) if m else DEFAULT_TIMEOUT
+    with tempfile.TemporaryDirectory(prefix="docs-test-") as work:
+        # Copies of docs/ and examples/ (11 MB): a block that writes docs/data/... or a
+        # checkpoint under examples/ must not change the checkout.
+        for name in ("docs", "examples"):
+            shutil.copytree(ROOT / name, os.path.join(work, name), symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "runs"))
+        os.symlink(ROOT / "scripts", os.path.join(work, "scripts"))
+        env = environment(work)
+        if RUN[block.lang] == "python":
+            script = os.path.join(work, ".docs-test-block.py")
+            pathlib.Path(script).write_text(block.text)
+            cmd = ["python", script]
+        else:
+            script = with_quick(block.text) if block.marker == "quick" else block.text
+            cmd = ["bash", "-e", "-o", "pipefail", "-c", script]
+        return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+
+
+def main(argv):
+    paths = [pathlib.Path(p) for p in argv] or pages()
+    failed = 0
+    for path in paths:
+        for block in parse(path):
+            if not block.lang:
+                print(f"FAIL {block.name}: the fence names no language")
+                failed += 1
+            elif block.lang in RUN and block.marker.startswith("skip"):
+                print(f"skip {block.name}: {block.marker[5:].strip()}")
+            elif block.runs:
+                r = run(block)
+                print(f"{'ok  ' if r.returncode == 0 else 'FAIL'} {block.name}")
+                if r.returncode:
+                    failed += 1
+                    print(r.stdout[-3000:] + r.stderr[-3000:])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

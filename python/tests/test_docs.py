@@ -1,0 +1,91 @@
+"""Docs that run: every ```python and ```sh block of README.md, docs/*.md and
+examples/*/README.md runs as written and exits 0 (docs_blocks.py has the rules), and the
+runner itself fails a broken block, a fence without a language and a skip without a reason."""
+import os
+
+import pytest
+
+import docs_blocks as db
+
+BLOCKS = [b for page in db.pages() for b in db.parse(page)]
+RUNNABLE = [b for b in BLOCKS if b.runs]
+# FAVOR_DOCS_SHARD=i/n: this run takes every n-th runnable block from the i-th (CTest runs the
+# shards side by side: python/CMakeLists.txt); the rules below run in every shard.
+if os.environ.get("FAVOR_DOCS_SHARD"):
+    _i, _n = (int(x) for x in os.environ["FAVOR_DOCS_SHARD"].split("/"))
+    RUNNABLE = RUNNABLE[_i::_n]
+
+
+def test_every_fence_names_its_language():
+    bare = [b.name for b in BLOCKS if not b.lang]
+    assert not bare, f"fences without a language (```text for output): {bare}"
+
+
+def test_commands_are_in_fenced_blocks():
+    found = [hit for page in db.pages() for hit in db.indented_commands(page)]
+    assert not found, f"commands in indented blocks, which the runner cannot see: {found}"
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.name)
+def test_block_runs(block):
+    r = db.run(block)
+    assert r.returncode == 0, (f"{block.name} exited {r.returncode}\n--- block\n{block.text}"
+                               f"--- stdout\n{r.stdout[-4000:]}--- stderr\n{r.stderr[-4000:]}")
+
+
+def test_skipped_blocks_say_why():
+    skipped = [b for b in BLOCKS if b.lang in db.RUN and not b.runs]
+    for b in skipped:
+        assert len(b.marker[5:].strip()) > 5, f"{b.name}: skip without a reason"
+    # Skips are for installs, GPUs, MPI launchers and the suite itself: a handful, not the pages.
+    assert len(skipped) < len([b for b in BLOCKS if b.runs]), [b.name for b in skipped]
+
+
+def _page(tmp_path, text):
+    page = tmp_path / "page.md"
+    page.write_text(text)
+    return db.parse(page)
+
+
+def test_a_broken_block_fails(tmp_path):
+    ok, bad_py, bad_sh = _page(tmp_path, "```python\nimport favor\nprint(favor.__name__)\n```\n\n"
+                                         "```python\nprint(q)\n```\n\n```sh\nfavor --no-such-flag\n```\n")
+    assert db.run(ok).returncode == 0
+    r = db.run(bad_py)
+    assert r.returncode != 0 and "NameError" in r.stderr
+    assert db.run(bad_sh).returncode != 0
+    # and the runner's command line reports it
+    assert db.main([str(tmp_path / "page.md")]) == 1
+
+
+def test_a_pipeline_fails_on_its_first_command(tmp_path):
+    (b,) = _page(tmp_path, "```sh\nfalse | cat\necho reached\n```\n")
+    assert db.run(b).returncode != 0
+
+
+def test_markers(tmp_path):
+    blocks = _page(tmp_path, "<!-- docs-test: quick -->\n```sh\npython examples/x.py --out o \\\n"
+                             "  --steps 3   # the study\nfavor --version\n```\n\n"
+                             "<!-- docs-test: skip: needs a GPU -->\n```python\nimport cuda\n```\n\n"
+                             "```\nbare\n```\n")
+    quick, skip, bare = blocks
+    assert quick.marker == "quick" and quick.runs
+    assert db.with_quick(quick.text).split("\n")[:2] == [
+        "python examples/x.py --out o    --steps 3 --quick  # the study", "favor --version"]
+    assert db.with_quick("favor bench --sections io\nfavor attention --q Q.npy") == \
+        "favor bench --sections io --quick\nfavor attention --q Q.npy"
+    assert not skip.runs and skip.marker == "skip: needs a GPU"
+    assert bare.lang == "" and not bare.runs
+    for wrong in ("skip", "skip:", "fast", "timeout: soon"):
+        with pytest.raises(ValueError, match="docs-test marker"):
+            _page(tmp_path, f"<!-- docs-test: {wrong} -->\n```sh\ntrue\n```\n")
+    with pytest.raises(ValueError, match="never closed"):
+        _page(tmp_path, "```python\nprint(1)\n")
+
+
+def test_blocks_run_as_a_pip_user_runs_them(tmp_path):
+    (b,) = _page(tmp_path, "```sh\ncommand -v python favor\npython -c 'import favor'\n"
+                           "favor --version\ntest -d examples/hf && test -d docs\n```\n")
+    r = db.run(b)
+    assert r.returncode == 0, r.stderr
+    assert ".docs-test-bin/python" in r.stdout and ".docs-test-bin/favor" in r.stdout
