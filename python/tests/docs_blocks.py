@@ -18,6 +18,9 @@ Rules of the pages (checked here, so a page that breaks one fails its test):
     <!-- docs-test: skip: REASON -->   not run (installs, a GPU, mpirun, the suite itself);
                                        the reason is required and printed
     <!-- docs-test: timeout: SECONDS --> a longer limit than the default 300 s
+    <!-- docs-test: same-as: PAGE -->  not run again: every command line of the block is a
+                                       command line of a block of PAGE that runs (a page
+                                       repeating another's commands; test_docs.py checks it)
 
     python python/tests/docs_blocks.py [FILES...]     runs them by hand (default: every page)
 """
@@ -56,7 +59,23 @@ class Block:
 
     @property
     def runs(self):
-        return self.lang in RUN and not self.marker.startswith("skip")
+        return self.lang in RUN and not self.marker.startswith(("skip", "same-as"))
+
+    @property
+    def commands(self):
+        """The block's command lines: continuations joined, comments and blank lines dropped,
+        spaces collapsed (what same-as compares)."""
+        out, pending = [], ""
+        for line in self.text.split("\n"):
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            line, pending = pending + line, ""
+            line = re.split(r"(^|\s)#\s", line)[0] if not line.lstrip().startswith("#") else ""
+            line = " ".join(line.split())
+            if line:
+                out.append(line)
+        return out
 
 
 def pages(root=ROOT):
@@ -89,9 +108,9 @@ def parse(path):
         marker = ""
         if k >= 0 and MARKER.match(lines[k]):
             marker = MARKER.match(lines[k]).group(1)
-            if not re.fullmatch(r"quick|skip:\s*\S.*|timeout:\s*\d+", marker):
+            if not re.fullmatch(r"quick|skip:\s*\S.*|timeout:\s*\d+|same-as:\s*\S+\.md", marker):
                 raise ValueError(f"{path}:{k + 1}: docs-test marker {marker!r}: use quick, "
-                                 "skip: REASON or timeout: SECONDS")
+                                 "skip: REASON, timeout: SECONDS or same-as: PAGE")
         blocks.append(Block(path, i + 1, lang.split()[0] if lang else "", "\n".join(body) + "\n",
                             marker))
         i = j + 1
@@ -204,6 +223,8 @@ def main(argv):
                 failed += 1
             elif block.lang in RUN and block.marker.startswith("skip"):
                 print(f"skip {block.name}: {block.marker[5:].strip()}")
+            elif block.lang in RUN and block.marker.startswith("same-as"):
+                print(f"same {block.name}: its commands run on {block.marker[8:].strip()}")
             elif block.runs:
                 r = run(block)
                 print(f"{'ok  ' if r.returncode == 0 else 'FAIL'} {block.name}")

@@ -34,11 +34,23 @@ def test_block_runs(block):
 
 
 def test_skipped_blocks_say_why():
-    skipped = [b for b in BLOCKS if b.lang in db.RUN and not b.runs]
+    skipped = [b for b in BLOCKS if b.lang in db.RUN and b.marker.startswith("skip")]
     for b in skipped:
         assert len(b.marker[5:].strip()) > 5, f"{b.name}: skip without a reason"
     # Skips are for installs, GPUs, MPI launchers and the suite itself: a handful, not the pages.
     assert len(skipped) < len([b for b in BLOCKS if b.runs]), [b.name for b in skipped]
+
+
+def test_same_as_blocks_run_on_the_page_they_name():
+    runs = {}
+    for b in BLOCKS:
+        if b.runs:
+            runs.setdefault(b.name.rsplit(":", 1)[0], set()).update(b.commands)
+    for b in BLOCKS:
+        if b.marker.startswith("same-as"):
+            page = b.marker.split(":", 1)[1].strip()
+            missing = [c for c in b.commands if c not in runs.get(page, set())]
+            assert b.commands and not missing, f"{b.name}: not run on {page}: {missing}"
 
 
 def _page(tmp_path, text):
@@ -76,7 +88,10 @@ def test_markers(tmp_path):
         "favor bench --sections io --quick\nfavor attention --q Q.npy"
     assert not skip.runs and skip.marker == "skip: needs a GPU"
     assert bare.lang == "" and not bare.runs
-    for wrong in ("skip", "skip:", "fast", "timeout: soon"):
+    (same,) = _page(tmp_path, "<!-- docs-test: same-as: docs/model.md -->\n```sh\n"
+                              "python a.py --x 1 \\\n   --y 2   # why\n\n# note\nfavor demo\n```\n")
+    assert not same.runs and same.commands == ["python a.py --x 1 --y 2", "favor demo"]
+    for wrong in ("skip", "skip:", "fast", "timeout: soon", "same-as: model"):
         with pytest.raises(ValueError, match="docs-test marker"):
             _page(tmp_path, f"<!-- docs-test: {wrong} -->\n```sh\ntrue\n```\n")
     with pytest.raises(ValueError, match="never closed"):
