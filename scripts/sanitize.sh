@@ -38,9 +38,7 @@ asan() {
   if [[ ${SANITIZE_MPI:-0} == 1 ]]; then mpi=ON; fi
   configure build-asan address,undefined "$mpi"
   cmake --build build-asan -j "$jobs"
-  # -LE isa_only: favor_tests_isa is the same C++ tests again in one process, for .ci/run's
-  # pass as an older CPU; under ASan they run once, as separate tests.
-  ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE isa_only
+  ctest --test-dir build-asan --output-on-failure -j "$jobs"
 }
 
 tsan() {
