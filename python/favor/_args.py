@@ -8,6 +8,7 @@ behind the CLI's --fit-a), features per row (favor::feature_count). The feature-
 reader and writer are favor._core.read_map_file / write_map_file (src/io/map_file.hpp),
 used by favor.FeatureMap.
 """
+import contextlib
 import functools
 import operator
 
@@ -69,12 +70,21 @@ def drawn_projection(projection, m, d, norms, seed):
     """Projection.draw(m, d, kind=projection, norms=norms, seed=seed) (cached, _drawn), its
     errors naming `projection`: the kind's name in every attention function and module
     (Projection.draw's own is `kind`)."""
-    try:
+    with argument_named("projection", "kind"):
         return _drawn(projection, m, d, norms, seed)
+
+
+@contextlib.contextmanager
+def argument_named(name, internal):
+    """A favor.Error raised inside about argument `internal` (its name in C++ and the numpy
+    API) is raised again naming `name`, the argument the caller gave; any other error as it
+    was. The rule and its message stay C++'s."""
+    try:
+        yield
     except _core.Error as e:
-        if str(e).startswith("kind:"):
-            raise _core.Error("projection:" + str(e)[len("kind:"):]) from None
-        raise
+        if not str(e).startswith(internal + ":"):
+            raise
+        raise _core.Error(name + str(e)[len(internal):]) from None
 
 
 @functools.lru_cache(maxsize=128)

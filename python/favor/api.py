@@ -57,7 +57,7 @@ def _core_map(d, feature_map, feature_weights, decay, draw, force=False, inputs=
     their defaults), or the drawn projection with the kernel, scale, fit and feature_weights
     of the call (when feature_weights or decay is given, or `force`). inputs: (B, H) of the
     call, which the feature_weights' sets are checked against (errors name feature_weights,
-    not the map made from them)."""
+    not the map made from them) and a map's per-head fit is repeated to."""
     if feature_map is not None:
         check_map_defaults(draw)
         if feature_weights is not None:
@@ -71,7 +71,14 @@ def _core_map(d, feature_map, feature_weights, decay, draw, force=False, inputs=
         if d is not None and feature_map.d != d:
             raise _core.Error(f"feature_map: has d = {feature_map.d}; the inputs have head dim "
                               f"D = {d}")
-        return feature_map.core()
+        if feature_map.fit is None or inputs is None or \
+                not all(integer(x) is not None for x in inputs):
+            return feature_map.core()
+        # a fit with one entry per head (fitted on [1, H, N, D]) repeated over the batch, as
+        # fit= is on the projection path
+        with_fit = feature_map.copy()
+        with_fit.fit = fit_for(feature_map.fit, feature_map.kernel, feature_map.d, tuple(inputs))
+        return with_fit.core()
     if feature_weights is None and decay is None and not force:
         return None
     lam = None if feature_weights is None else _lambda(feature_weights)
@@ -266,7 +273,8 @@ class Decoder(Streaming):
                 raise _core.Error("projection: the feature_map carries the projection; give one "
                                   "or the other")
             fm = _core_map(None, feature_map, feature_weights, decay,
-                           dict(DRAW_DEFAULTS, kernel=kernel, scale=scale, fit=fit))
+                           dict(DRAW_DEFAULTS, kernel=kernel, scale=scale, fit=fit),
+                           inputs=(batch, heads))
             self._d = _core.Decoder(batch, heads, dv, feature_map=fm, decay=decay_values(decay))
             return
         if not isinstance(projection, _core.Projection):

@@ -65,12 +65,8 @@ class Block:
     def commands(self):
         """The block's command lines: continuations joined, comments and blank lines dropped,
         spaces collapsed (what same-as compares)."""
-        out, pending = [], ""
-        for line in self.text.split("\n"):
-            if line.rstrip().endswith("\\"):
-                pending += line.rstrip()[:-1] + " "
-                continue
-            line, pending = pending + line, ""
+        out = []
+        for line in logical_lines(self.text):
             line = re.split(r"(^|\s)#\s", line)[0] if not line.lstrip().startswith("#") else ""
             line = " ".join(line.split())
             if line:
@@ -144,15 +140,23 @@ def indented_commands(path):
     return found
 
 
-def with_quick(script):
-    """The sh block with --quick after every logical command line that runs `python X.py` or
-    `python -m M` (continuation lines joined first; a trailing # comment kept after it)."""
+def logical_lines(script):
+    """The lines of a shell script with backslash continuations joined (one line each)."""
     out, pending = [], ""
     for line in script.split("\n"):
         if line.rstrip().endswith("\\"):
             pending += line.rstrip()[:-1] + " "
             continue
-        line, pending = pending + line, ""
+        out.append(pending + line)
+        pending = ""
+    return out
+
+
+def with_quick(script):
+    """The sh block with --quick after every logical command line that runs `python X.py`,
+    `python -m M` or `favor bench|accuracy|fit` (a trailing # comment kept after it)."""
+    out = []
+    for line in logical_lines(script):
         code, hash_, comment = line, "", ""
         m = re.search(r"\s#\s", line)
         if m:

@@ -330,3 +330,22 @@ def test_a_fitted_kernel_with_decay_decodes_as_its_causal_forward(kernel):
         dec = fa.decoder(2)
         outs = [fa.step(x[:, :8], dec)] + [fa.step(x[:, i:i + 1], dec) for i in range(8, 20)]
     assert rel(torch.cat(outs, 1), full) < 1e-5
+
+
+def test_a_feature_map_with_a_per_head_fit_serves_every_batch_in_numpy():
+    # favor.FeatureMap's fit, fitted per head on [1, H, N, D], is repeated over the batch as
+    # fit= is: attention and the Decoder agree with the same fit tiled by hand.
+    rng = np.random.default_rng(0)
+    calibration = 0.3 * rng.standard_normal((1, 4, 64, 8), np.float32)
+    fit = favor.fit_kernel("favorsharp", calibration, calibration)
+    w = favor.Projection.draw(16, 8, seed=0).matrix
+    fm = favor.FeatureMap(w, kernel="favorsharp", fit=fit)
+    tiled = favor.FeatureMap(w, kernel="favorsharp", fit=favor.KernelFit(
+        np.tile(np.asarray(fit.a), (2, 1)), np.tile(np.asarray(fit.basis), (2, 1, 1))))
+    q, k, v = (0.3 * rng.standard_normal((2, 4, 20, 8), np.float32) for _ in range(3))
+    y = favor.attention(q, k, v, feature_map=fm, causal=True)
+    assert np.array_equal(y, favor.attention(q, k, v, feature_map=tiled, causal=True))
+    dec = favor.Decoder(2, 4, 8, feature_map=fm)
+    dec.append(k, v)
+    # float32 both ways; the decoder sums token by token
+    assert np.abs(dec.query(q[:, :, -1:]) - y[:, :, -1:]).max() < 1e-5

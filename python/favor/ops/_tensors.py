@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .. import _core, _threads
+from .._args import argument_named
 
 FLOAT_TYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -106,12 +107,8 @@ def names_key_padding_mask(function):
     numpy API, where the torch functions pass it on as favor's keep mask."""
     @functools.wraps(function)
     def named(*args, **kwargs):
-        try:
+        with argument_named("key_padding_mask", "key_mask"):
             return function(*args, **kwargs)
-        except _core.Error as e:
-            if not str(e).startswith("key_mask:"):
-                raise
-            raise _core.Error("key_padding_mask:" + str(e)[len("key_mask:"):]) from None
     return named
 
 

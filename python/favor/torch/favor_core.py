@@ -283,10 +283,8 @@ class FavorCore(AttentionCore):
             gamma = self.gamma
             if isinstance(gamma, torch.Tensor):
                 gamma = [float(g) for g in gamma.detach()]
-            fm = self.feature_map()  # its fit (FAVOR++/#) per head, repeated over the batch
-            fm.fit = fit_for(self.fit, self.kernel, self.head_dim, (batch, self.num_heads))
-            return Decoder(batch, self.num_heads, self.head_dim, feature_map=fm, decay=gamma,
-                           backend=self.backend)
+            return Decoder(batch, self.num_heads, self.head_dim, feature_map=self.feature_map(),
+                           decay=gamma, backend=self.backend)
         return Decoder(batch, self.num_heads, self.head_dim, self.projection,
                        kernel=self.kernel, scale=self.scale, fit=self.fit, backend=self.backend)
 
