@@ -37,19 +37,51 @@ Decoder::Decoder(int64_t batch, int64_t heads, int64_t dv, FeatureMap map,
     for (int64_t i = 0; i < m; ++i)
       for (int64_t t = 0; t < d; ++t)
         wt_[static_cast<size_t>((g * d + t) * m + i)] = fp.w[(g * m + i) * d + t];
-  S_.assign(static_cast<size_t>(batch * heads * features_ * (dv + 1)), 0.0f);
-  max_.assign(static_cast<size_t>(batch * heads), -INFINITY);
-  row_pos_.assign(static_cast<size_t>(batch), 0);
+}
+
+DecoderStateView Decoder::own() {
+  if (S_.empty()) {
+    S_.assign(static_cast<size_t>(batch_ * heads_ * features_ * (dv_ + 1)), 0.0f);
+    max_.assign(static_cast<size_t>(batch_ * heads_), -INFINITY);
+    row_pos_.assign(static_cast<size_t>(batch_), 0);
+  }
+  return {S_.data(), max_.data(), row_pos_.data(), &position_};
 }
 
 void Decoder::reset() {
-  std::fill(S_.begin(), S_.end(), 0.0f);
-  std::fill(max_.begin(), max_.end(), -INFINITY);
-  std::fill(row_pos_.begin(), row_pos_.end(), 0);
+  S_.clear();
+  max_.clear();
+  row_pos_.clear();
   position_ = 0;
 }
 
 void Decoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask) {
+  append(own(), k, v, key_mask);
+}
+
+void Decoder::query(TensorView q, MutableTensorView out) const {
+  if (S_.empty()) {  // nothing appended: the state is zero, so is every output
+    detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
+    detail::check_output(out, {batch_, heads_, q.shape[2], dv_}, "out", {q});
+    const std::vector<float> zero(static_cast<size_t>(batch_ * heads_ * features_ * (dv_ + 1)));
+    query(zero.data(), q, out);
+    return;
+  }
+  query(S_.data(), q, out);
+}
+
+void Decoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                   const std::optional<KeyMaskView>& key_mask) {
+  step(own(), q, k, v, out, key_mask);
+}
+
+void Decoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                      const std::optional<KeyMaskView>& key_mask) {
+  prefill(own(), q, k, v, out, key_mask);
+}
+
+void Decoder::append(DecoderStateView s, TensorView k, TensorView v,
+                     const std::optional<KeyMaskView>& key_mask) {
   detail::check_step(k, batch_, heads_, w_.d(), "k", "D");
   detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
   if (k.shape[2] != v.shape[2]) {
@@ -62,17 +94,16 @@ void Decoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView
   da.step = detail::attention_params({}, k, v, {batch_, heads_, 0, T, w_.d(), dv_}, 1.0, key_mask);
   da.step.map = map_->params();
   da.wt = wt_.data();
-  da.sums = S_.data();
-  da.log_max = max_.data();
-  da.row_positions = row_pos_.data();
+  da.sums = s.sums;
+  da.log_max = s.log_max;
+  da.row_positions = s.row_positions;
   kernels::backend().decoder_append(da);
   for (int64_t b = 0; b < batch_; ++b)
-    for (int64_t j = 0; j < T; ++j)
-      row_pos_[static_cast<size_t>(b)] += !key_mask || key_mask->at(b, j) ? 1 : 0;
-  position_ += T;
+    for (int64_t j = 0; j < T; ++j) s.row_positions[b] += !key_mask || key_mask->at(b, j) ? 1 : 0;
+  *s.position += T;
 }
 
-void Decoder::query(TensorView q, MutableTensorView out) const {
+void Decoder::query(const float* sums, TensorView q, MutableTensorView out) const {
   detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
   detail::check_output(out, {batch_, heads_, q.shape[2], dv_}, "out", {q});
   kernels::DecoderQuery dq{};
@@ -83,7 +114,7 @@ void Decoder::query(TensorView q, MutableTensorView out) const {
   p.out_strides = out.strides;
   p.map = map_->params();
   dq.wt = wt_.data();
-  dq.sums = S_.data();
+  dq.sums = sums;
   kernels::backend().decoder_query(dq);
 }
 
@@ -94,8 +125,8 @@ Tensor Decoder::query(TensorView q) const {
   return out;
 }
 
-void Decoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
-                   const std::optional<KeyMaskView>& key_mask) {
+void Decoder::step(DecoderStateView s, TensorView q, TensorView k, TensorView v,
+                   MutableTensorView out, const std::optional<KeyMaskView>& key_mask) {
   detail::check_decode_step(q, k, v, out, key_mask, batch_, heads_, w_.d(), dv_);
   kernels::DecoderStep ds{};
   kernels::AttentionParams& p = ds.step;
@@ -104,15 +135,14 @@ void Decoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView o
   p.out_strides = out.strides;
   p.map = map_->params();
   ds.wt = wt_.data();
-  ds.sums = S_.data();
-  ds.log_max = max_.data();
-  ds.row_positions = row_pos_.data();
+  ds.sums = s.sums;
+  ds.log_max = s.log_max;
+  ds.row_positions = s.row_positions;
   ds.workspace = &step_ws_;
   ds.workspace_d = &step_ws_d_;
   kernels::backend().decoder_step(ds);
-  for (int64_t b = 0; b < batch_; ++b)
-    row_pos_[static_cast<size_t>(b)] += !key_mask || key_mask->at(b, 0) ? 1 : 0;
-  position_ += 1;
+  for (int64_t b = 0; b < batch_; ++b) s.row_positions[b] += !key_mask || key_mask->at(b, 0) ? 1 : 0;
+  *s.position += 1;
 }
 
 Tensor Decoder::step(TensorView q, TensorView k, TensorView v,
@@ -123,8 +153,8 @@ Tensor Decoder::step(TensorView q, TensorView k, TensorView v,
   return out;
 }
 
-void Decoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorView out,
-                      const std::optional<KeyMaskView>& key_mask) {
+void Decoder::prefill(DecoderStateView s, TensorView q, TensorView k, TensorView v,
+                      MutableTensorView out, const std::optional<KeyMaskView>& key_mask) {
   const int64_t T =
       detail::check_decode_prefill(q, k, v, out, key_mask, batch_, heads_, w_.d(), dv_);
   const kernels::FeatureParams fp = map_->params();
@@ -152,29 +182,29 @@ void Decoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorVie
   // lowered by that much and comes out raised back.
   auto shift = [&](int64_t bh) {
     const int64_t b = bh / heads_;
-    return fp.decay_rate ? fp.head_decay(bh) * double(row_pos_[size_t(b)] - pad[size_t(b)]) : 0.0;
+    return fp.decay_rate ? fp.head_decay(bh) * double(s.row_positions[b] - pad[size_t(b)]) : 0.0;
   };
   const int64_t BH = batch_ * heads_;
-  for (int64_t bh = 0; bh < BH; ++bh) max_[size_t(bh)] -= shift(bh);
+  for (int64_t bh = 0; bh < BH; ++bh) s.log_max[bh] -= shift(bh);
   kernels::AttentionParams p =
       detail::attention_params(q, k, v, {batch_, heads_, T, T, w_.d(), dv_}, 1.0, key_mask);
   p.out = out.data;
   p.out_strides = out.strides;
   p.map = fp;
-  p.init_states = S_.data();
-  p.init_maxima = max_.data();
+  p.init_states = s.sums;
+  p.init_maxima = s.log_max;
   if (!append_state) {
-    p.final_states = S_.data();
-    p.final_maxima = max_.data();
+    p.final_states = s.sums;
+    p.final_maxima = s.log_max;
   }
   kernels::backend().favor_causal(p);
-  for (int64_t bh = 0; bh < BH; ++bh) max_[size_t(bh)] += shift(bh);
+  for (int64_t bh = 0; bh < BH; ++bh) s.log_max[bh] += shift(bh);
   if (append_state) {
-    append(k, v, key_mask);
+    append(s, k, v, key_mask);
     return;
   }
-  for (int64_t b = 0; b < batch_; ++b) row_pos_[size_t(b)] += kept[size_t(b)];
-  position_ += T;
+  for (int64_t b = 0; b < batch_; ++b) s.row_positions[b] += kept[size_t(b)];
+  *s.position += T;
 }
 
 Tensor Decoder::prefill(TensorView q, TensorView k, TensorView v,

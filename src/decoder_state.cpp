@@ -1,5 +1,6 @@
 // Reading, writing and reordering the state of the streaming decoders (decoder_state.hpp):
 // plain copies of the per-(batch, head) arrays; the checks live in core/decoder_state_check.
+#include <cmath>
 #include <string>
 
 #include "core/decoder_state_check.hpp"
@@ -11,6 +12,16 @@
 namespace favor {
 
 DecoderState Decoder::state() const {
+  if (S_.empty()) {  // nothing appended since construction or reset
+    return DecoderState{batch_,
+                        heads_,
+                        features_,
+                        dv_,
+                        position_,
+                        std::vector<int64_t>(static_cast<size_t>(batch_), 0),
+                        std::vector<float>(static_cast<size_t>(batch_ * heads_ * features_ * (dv_ + 1))),
+                        std::vector<double>(static_cast<size_t>(batch_ * heads_), -INFINITY)};
+  }
   return DecoderState{batch_, heads_, features_, dv_, position_, row_pos_, S_, max_};
 }
 
@@ -36,6 +47,7 @@ void Decoder::select(const std::vector<int64_t>& indices) {
                 "reordered batch; use 1 parameter set (or heads sets for a learned map)");
   }
   const auto new_batch = static_cast<int64_t>(indices.size());
+  own();
   S_ = detail::select_rows(S_, heads_ * features_ * (dv_ + 1), indices);
   max_ = detail::select_rows(max_, heads_, indices);
   row_pos_ = detail::select_rows(row_pos_, 1, indices);

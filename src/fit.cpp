@@ -1,7 +1,10 @@
 // fit_features: distillation of a feature map's learned parameters (W, b, lambda) against
-// exact attention, by Adam on the output MSE with gradients from favor's own backward pass.
+// exact attention, by Adam on the output MSE with gradients from favor's own backward pass
+// (or on FitOptions::objective: the Python fit's KL), and the rules it shares with its callers
+// (the options, the lambda floor, the holdout count).
 #include "favor/fit.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -22,27 +25,6 @@ std::string str(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", x);
   return buf;
-}
-
-void check_options(const FitOptions& o) {
-  if (o.steps < 0) throw Error("options.steps: " + std::to_string(o.steps) + " must be >= 0");
-  if (!(std::isfinite(o.learning_rate) && o.learning_rate > 0.0))
-    throw Error("options.learning_rate: " + str(o.learning_rate) + " must be finite and > 0");
-  if (!(o.beta1 >= 0.0 && o.beta1 < 1.0))
-    throw Error("options.beta1: " + str(o.beta1) + " must lie in [0, 1)");
-  if (!(o.beta2 >= 0.0 && o.beta2 < 1.0))
-    throw Error("options.beta2: " + str(o.beta2) + " must lie in [0, 1)");
-  if (!(std::isfinite(o.epsilon) && o.epsilon > 0.0))
-    throw Error("options.epsilon: " + str(o.epsilon) + " must be finite and > 0");
-  if (!(std::isfinite(o.lambda_floor) && o.lambda_floor > 0.0))
-    throw Error("options.lambda_floor: " + str(o.lambda_floor) + " must be finite and > 0");
-  if (o.eval_every < 0)
-    throw Error("options.eval_every: " + std::to_string(o.eval_every) + " must be >= 0");
-  if (!o.learn_weights && !o.learn_bias && !o.learn_lambda) {
-    throw Error(
-        "options: learn_weights, learn_bias and learn_lambda are all false; there is nothing to "
-        "fit");
-  }
 }
 
 // Exact attention of `data` with the map's scale: the target. Errors name `which`.
@@ -97,11 +79,48 @@ struct Learned {
 
 }  // namespace
 
+void check_fit_options(const FitOptions& o) {
+  if (o.steps < 0) throw Error("options.steps: " + std::to_string(o.steps) + " must be >= 0");
+  if (!(std::isfinite(o.learning_rate) && o.learning_rate > 0.0))
+    throw Error("options.learning_rate: " + str(o.learning_rate) + " must be finite and > 0");
+  if (!(o.beta1 >= 0.0 && o.beta1 < 1.0))
+    throw Error("options.beta1: " + str(o.beta1) + " must lie in [0, 1)");
+  if (!(o.beta2 >= 0.0 && o.beta2 < 1.0))
+    throw Error("options.beta2: " + str(o.beta2) + " must lie in [0, 1)");
+  if (!(std::isfinite(o.epsilon) && o.epsilon > 0.0))
+    throw Error("options.epsilon: " + str(o.epsilon) + " must be finite and > 0");
+  if (!(std::isfinite(o.lambda_floor) && o.lambda_floor > 0.0))
+    throw Error("options.lambda_floor: " + str(o.lambda_floor) + " must be finite and > 0");
+  if (o.eval_every < 0)
+    throw Error("options.eval_every: " + std::to_string(o.eval_every) + " must be >= 0");
+  if (!o.learn_weights && !o.learn_bias && !o.learn_lambda) {
+    throw Error(
+        "options: learn_weights, learn_bias and learn_lambda are all false; there is nothing to "
+        "fit");
+  }
+}
+
+void floor_lambda(float* lambda, size_t n, double floor) {
+  const auto f = static_cast<float>(floor);
+  for (size_t i = 0; i < n; ++i)
+    if (std::fabs(lambda[i]) < f) lambda[i] = std::copysign(f, lambda[i]);
+}
+
+int64_t heldout_count(double fraction, int64_t n, const std::string& name) {
+  if (!(fraction > 0.0 && fraction < 1.0))
+    throw Error(name + ": " + str(fraction) + " must lie in (0, 1)");
+  if (n < 2) {
+    throw Error(name + ": " + str(fraction) + " of " + std::to_string(n) +
+                " leaves none to train on (holding some out needs 2 or more)");
+  }
+  return std::clamp<int64_t>(std::llround(fraction * static_cast<double>(n)), 1, n - 1);
+}
+
 FitResult fit_features(const FitData& train, const FitData& heldout, FeatureMap start,
                        const FitOptions& options,
                        const std::function<void(const FitStep&)>& on_step) {
   const Clock::time_point began = Clock::now();
-  check_options(options);
+  check_fit_options(options);
   const Tensor train_target = exact_target(train, start, options.causal, "train");
   const Tensor heldout_target = exact_target(heldout, start, options.causal, "heldout");
   check_heldout(train, heldout);
@@ -127,17 +146,23 @@ FitResult fit_features(const FitData& train, const FitData& heldout, FeatureMap 
   const auto numel = static_cast<size_t>(y.numel());
   const float* target = train_target.data();
   for (int step = 0;; ++step) {
-    // Forward on the map after `step` updates; the loss and its gradient dL/dy.
+    // The loss of the map after `step` updates (and, for the output MSE, its gradient dL/dy).
     AttentionContext context;
-    favor_attention(train.q, train.k, train.v, map, y.mutable_view(), train_options,
-                    options.causal ? nullptr : &context);
-    double sum = 0.0;
-    for (size_t i = 0; i < numel; ++i) {
-      const double e = static_cast<double>(y.data()[i]) - target[i];
-      sum += e * e;
-      dy.data()[i] = static_cast<float>(2.0 * e / static_cast<double>(numel));
+    AttentionGrads grads;
+    double loss = 0.0;
+    if (options.objective) {
+      loss = options.objective(map, grads);
+    } else {
+      favor_attention(train.q, train.k, train.v, map, y.mutable_view(), train_options,
+                      options.causal ? nullptr : &context);
+      double sum = 0.0;
+      for (size_t i = 0; i < numel; ++i) {
+        const double e = static_cast<double>(y.data()[i]) - target[i];
+        sum += e * e;
+        dy.data()[i] = static_cast<float>(2.0 * e / static_cast<double>(numel));
+      }
+      loss = sum / static_cast<double>(numel);
     }
-    const double loss = sum / static_cast<double>(numel);
     if (!std::isfinite(loss)) {
       throw Error("fit_features: step " + std::to_string(step) + ": the training loss is " +
                   str(loss) + "; lower the learning rate");
@@ -156,13 +181,19 @@ FitResult fit_features(const FitData& train, const FitData& heldout, FeatureMap 
     }
     if (step == options.steps) break;
 
-    // Backward and one Adam step on every learned set.
-    const AttentionGrads grads =
-        favor_attention_backward(train.q, train.k, train.v, dy, map, train_options, true,
-                                 options.causal ? nullptr : &context);
+    // Backward (the output MSE's) and one Adam step on every learned set.
+    if (!options.objective) {
+      grads = favor_attention_backward(train.q, train.k, train.v, dy, map, train_options, true,
+                                       options.causal ? nullptr : &context);
+    }
     for (Learned& l : learned) {
       const std::vector<float>& g = grads.*l.grad;
       if (g.size() != l.values->size()) {
+        if (options.objective) {
+          throw Error("fit_features: step " + std::to_string(step) + ": the objective gave " +
+                      std::to_string(g.size()) + " gradients for " + l.name + " (" +
+                      std::to_string(l.values->size()) + " values)");
+        }
         throw std::logic_error(std::string("fit_features: the backward pass gave ") +
                                std::to_string(g.size()) + " gradients for " + l.name + " (" +
                                std::to_string(l.values->size()) + " values)");
@@ -175,11 +206,8 @@ FitResult fit_features(const FitData& train, const FitData& heldout, FeatureMap 
         }
       }
     }
-    if (options.learn_lambda) {
-      const auto floor = static_cast<float>(options.lambda_floor);
-      for (float& x : map.lambda)
-        if (std::fabs(x) < floor) x = std::copysign(floor, x);
-    }
+    if (options.learn_lambda)
+      floor_lambda(map.lambda.data(), map.lambda.size(), options.lambda_floor);
   }
   return result;
 }

@@ -278,5 +278,69 @@ TEST(Fit, BadInputsThrowNamingTheArgument) {
                "step 1: the update made weights non-finite");
 }
 
+// FitOptions::objective (how the Python fit's KL objective plugs in): an objective that
+// computes the output MSE and its gradients itself gives the built-in fit's bits, so the
+// loop, Adam, the floor and the history around it are the one fit's.
+TEST(Fit, ObjectiveHookGivesTheBuiltInFitsBits) {
+  const Data train = make_data(2, 24, 130), heldout = make_data(1, 24, 140);
+  FitOptions o;
+  o.steps = 4;
+  o.eval_every = 2;
+  const FitResult built_in = fit_features(train.view(), heldout.view(), hedgehog(8), o);
+  const Tensor target = exact_attention(train.q, train.k, train.v, [] {
+    ExactOptions e;
+    e.accumulation = Accumulation::f64;
+    return e;
+  }());
+  int calls = 0;
+  o.objective = [&](const FeatureMap& map, AttentionGrads& grads) {
+    ++calls;
+    AttentionContext context;
+    Tensor y(target.shape());
+    favor_attention(train.q, train.k, train.v, map, y.mutable_view(), {}, &context);
+    Tensor dy(target.shape());
+    const auto n = static_cast<size_t>(y.numel());
+    double sum = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      const double e = static_cast<double>(y.data()[i]) - target.data()[i];
+      sum += e * e;
+      dy.data()[i] = static_cast<float>(2.0 * e / static_cast<double>(n));
+    }
+    grads = favor_attention_backward(train.q, train.k, train.v, dy, map, {}, true, &context);
+    return sum / static_cast<double>(n);
+  };
+  const FitResult hooked = fit_features(train.view(), heldout.view(), hedgehog(8), o);
+  EXPECT_EQ(calls, o.steps + 1);
+  EXPECT_EQ(hooked.map.weights, built_in.map.weights);
+  EXPECT_EQ(hooked.map.bias, built_in.map.bias);
+  EXPECT_EQ(hooked.map.lambda, built_in.map.lambda);
+  ASSERT_EQ(hooked.history.size(), built_in.history.size());
+  for (size_t i = 0; i < hooked.history.size(); ++i) {
+    EXPECT_EQ(hooked.history[i].loss, built_in.history[i].loss) << i;
+    EXPECT_EQ(hooked.history[i].heldout_error, built_in.history[i].heldout_error) << i;
+  }
+  // An objective that gives the wrong number of gradients is named with its step.
+  o.objective = [](const FeatureMap&, AttentionGrads& grads) {
+    grads.dw.assign(3, 0.0f);
+    return 1.0;
+  };
+  expect_error([&] { fit_features(train.view(), heldout.view(), hedgehog(8), o); },
+               "step 0: the objective gave 3 gradients for weights");
+}
+
+// The rules the callers share: the lambda floor (sign kept, in float) and the holdout count
+// (half away from zero, at least 1, at most n - 1).
+TEST(Fit, LambdaFloorAndHeldoutCount) {
+  std::vector<float> lambda = {1e-5f, -1e-5f, 0.0f, -0.5f, 2e-3f};
+  floor_lambda(lambda.data(), lambda.size(), 1e-3);
+  EXPECT_EQ(lambda, (std::vector<float>{1e-3f, -1e-3f, 1e-3f, -0.5f, 2e-3f}));
+  EXPECT_EQ(heldout_count(0.25, 10), 3);  // 2.5 rounds away from zero
+  EXPECT_EQ(heldout_count(0.25, 2), 1);
+  EXPECT_EQ(heldout_count(0.01, 4), 1);
+  EXPECT_EQ(heldout_count(0.99, 4), 3);
+  expect_error([] { heldout_count(1.0, 4, "--holdout"); }, "--holdout: 1 must lie in (0, 1)");
+  expect_error([] { heldout_count(0.5, 1); }, "holdout: 0.5 of 1 leaves none to train on");
+}
+
 }  // namespace
 }  // namespace favor

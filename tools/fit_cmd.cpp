@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "cli_common.hpp"
 #include "commands.hpp"
@@ -55,17 +56,25 @@ void parse_learn(const std::string& text, FitOptions& o) {
     throw Error("--learn: '" + text + "' names nothing to learn (weights, bias, lambda)");
 }
 
+// The library's option checks (check_fit_options), their errors naming the CLI's options.
 FitOptions fit_options(const FitCmdArgs& a) {
-  if (a.steps < 0) throw Error("--steps: " + std::to_string(a.steps) + " must be >= 0");
-  if (!(std::isfinite(a.lr) && a.lr > 0.0))
-    throw Error("--lr: " + fmt::format("{}", a.lr) + " must be finite and > 0");
-  if (a.eval_every < 0)
-    throw Error("--eval-every: " + std::to_string(a.eval_every) + " must be >= 0");
   FitOptions o;
   o.steps = a.steps;
   o.learning_rate = a.lr;
   o.causal = a.causal;
   o.eval_every = a.eval_every;
+  try {
+    check_fit_options(o);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const auto& [internal, option] :
+         {std::pair<std::string, std::string>{"options.steps:", "--steps:"},
+          {"options.learning_rate:", "--lr:"},
+          {"options.eval_every:", "--eval-every:"}}) {
+      if (what.rfind(internal, 0) == 0) throw Error(option + what.substr(internal.size()));
+    }
+    throw;
+  }
   parse_learn(a.learn, o);
   return o;
 }
@@ -109,16 +118,13 @@ Split split_data(const FitCmdArgs& a) {
                               s.hq.shape()[0]);
     return s;
   }
-  if (!(a.holdout > 0.0 && a.holdout < 1.0))
-    throw Error("--holdout: " + fmt::format("{}", a.holdout) + " must lie in (0, 1)");
   const int64_t b = s.q.shape()[0];
   if (b < 2 || s.k.shape()[0] != b || s.v.shape()[0] != b) {
     throw Error(
         "--holdout: needs a batch of B >= 2 sequences in --q, --k, --v to hold some out (B = " +
         std::to_string(b) + "); or give --heldout-q, --heldout-k, --heldout-v");
   }
-  const int64_t held =
-      std::clamp<int64_t>(std::llround(a.holdout * static_cast<double>(b)), 1, b - 1);
+  const int64_t held = heldout_count(a.holdout, b, "--holdout");  // favor.fit_features' rule
   const int64_t kept = b - held;
   s.train = {batches(s.q.tensor, 0, kept), batches(s.k.tensor, 0, kept),
              batches(s.v.tensor, 0, kept), std::nullopt};

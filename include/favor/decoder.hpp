@@ -76,13 +76,25 @@ class Decoder {
   Tensor prefill(TensorView q, TensorView k, TensorView v,
                  const std::optional<KeyMaskView>& key_mask = {});
 
+  /// The functional forms: the same calls on a state held elsewhere (decoder_state.hpp,
+  /// DecoderStateView, of this decoder's extents), read and written in place; this decoder
+  /// then lends only its map and workspace, and its own state is neither read nor allocated.
+  /// Bit for bit the calls above when the view holds the same values.
+  void append(DecoderStateView state, TensorView k, TensorView v,
+              const std::optional<KeyMaskView>& key_mask = {});
+  void query(const float* sums, TensorView q, MutableTensorView out) const;
+  void step(DecoderStateView state, TensorView q, TensorView k, TensorView v,
+            MutableTensorView out, const std::optional<KeyMaskView>& key_mask = {});
+  void prefill(DecoderStateView state, TensorView q, TensorView k, TensorView v,
+               MutableTensorView out, const std::optional<KeyMaskView>& key_mask = {});
+
   /// Tokens appended so far.
   int64_t position() const { return position_; }
   /// Bytes held by the state (S, s, the stabilisers and the row positions): fixed at
   /// construction (and select), whatever the position.
   int64_t state_bytes() const {
-    return static_cast<int64_t>(S_.size() * sizeof(float) + max_.size() * sizeof(double) +
-                                row_pos_.size() * sizeof(int64_t));
+    return batch_ * heads_ * features_ * (dv_ + 1) * int64_t(sizeof(float)) +
+           batch_ * heads_ * int64_t(sizeof(double)) + batch_ * int64_t(sizeof(int64_t));
   }
   void reset();
 
@@ -106,6 +118,9 @@ class Decoder {
   const Projection& projection() const { return w_; }
 
  private:
+  /// The decoder's own state (allocated at its first use: a decoder used only through the
+  /// functional calls holds none).
+  DecoderStateView own();
   int64_t batch_, heads_, dv_, features_;
   Projection w_;
   std::shared_ptr<const detail::ResolvedMap> map_;  // the resolved feature map

@@ -23,6 +23,21 @@ struct DecoderState {
   std::vector<double> log_max;
 };
 
+/// A favor::Decoder's state in caller memory, borrowed (not owned), with the layout of
+/// DecoderState: sums [batch][heads][features][dv + 1] float32, log_max [batch][heads]
+/// float64, row_positions [batch] int64, *position. The decoder's functional calls
+/// (Decoder::step(DecoderStateView, ...) and the others taking one) read and write it in
+/// place; the extents are the decoder's. A tensor library keeps its state this way (favor's
+/// torch op favor::decode_step passes its tensors' memory) and steps it without a copy.
+/// The values must satisfy DecoderState's rules (a state from an empty one or from earlier
+/// calls does; check_decoder_state checks a foreign one).
+struct DecoderStateView {
+  float* sums = nullptr;
+  double* log_max = nullptr;
+  int64_t* row_positions = nullptr;
+  int64_t* position = nullptr;
+};
+
 /// A favor::VQDecoder's state. Arrays are row-major; head bh = b * heads + h.
 struct VQDecoderState {
   int64_t batch = 0, heads = 0, codes = 0, dv = 0;

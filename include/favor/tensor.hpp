@@ -1,6 +1,12 @@
 #pragma once
 /// \file tensor.hpp
 /// Non-owning float32 views [B, H, N, D] with element strides, and a small owning tensor.
+///
+/// These are host views: the C++ library is CPU-only and computes on host memory, on the
+/// CPU. A view has no device and no dtype: its data is float32 in host memory, read in
+/// place (the functions scan input values on the host, e.g. for finiteness, before they
+/// compute). Tensors on other devices (CUDA, ...) are served by the Python package's torch
+/// ops (python/favor/ops/, docs/gpu.md), not by this library.
 #include <array>
 #include <cstdint>
 #include <string>
@@ -13,9 +19,9 @@ using Shape4 = std::array<int64_t, 4>;
 /// Row-major (C-order) element strides for a shape.
 Shape4 contiguous_strides(const Shape4& shape);
 
-/// Read-only view of a float32 tensor [B, H, N, D]. Strides are in elements, may be any
-/// non-negative values (broadcast with stride 0 is allowed for inputs), and the view never
-/// owns its memory.
+/// Read-only view of a float32 tensor [B, H, N, D] in host memory. Strides are in elements,
+/// may be any non-negative values (broadcast with stride 0 is allowed for inputs), and the
+/// view never owns its memory.
 struct TensorView {
   const float* data = nullptr;
   Shape4 shape{0, 0, 0, 0};
@@ -31,7 +37,8 @@ struct TensorView {
   }
 };
 
-/// Writable view of a float32 tensor [B, H, N, D]; outputs are written, never read.
+/// Writable view of a float32 tensor [B, H, N, D] in host memory; outputs are written, never
+/// read.
 struct MutableTensorView {
   float* data = nullptr;
   Shape4 shape{0, 0, 0, 0};

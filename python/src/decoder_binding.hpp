@@ -49,6 +49,28 @@ void state_input(const py::handle& obj, const std::vector<py::ssize_t>& shape, c
   values.assign(a.data(), a.data() + a.size());
 }
 
+/// The memory of a state argument `name` that a functional decoder call writes in place:
+/// a numpy array of exactly T, C-contiguous and writeable, of shape `shape` (`rule` names the
+/// extents in the message).
+template <typename T>
+T* borrowed_state(const py::handle& obj, const std::vector<py::ssize_t>& shape, const char* name,
+                  const char* rule) {
+  if (!py::isinstance<py::array_t<T>>(obj))
+    throw Error(std::string(name) + ": must be a numpy array of " +
+                py::str(py::dtype::of<T>()).cast<std::string>() + " (the state's own dtype)");
+  auto a = py::reinterpret_borrow<py::array>(obj);
+  if (!(a.flags() & py::array::c_style) || !a.writeable())
+    throw Error(std::string(name) + ": must be C-contiguous and writeable (it is updated in place)");
+  bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
+  for (py::ssize_t i = 0; ok && i < a.ndim(); ++i) ok = a.shape(i) == shape[size_t(i)];
+  if (!ok) {
+    std::string got = "[";
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) got += (i > 0 ? "," : "") + std::to_string(a.shape(i));
+    throw Error(std::string(name) + ": shape " + got + "] must be " + rule);
+  }
+  return static_cast<T*>(a.mutable_data());
+}
+
 /// A call of the decoder on q, k, v and a key mask that writes [B, H, T, Dv] (step, prefill):
 /// call(q, k, v, out, mask) with the GIL released.
 template <typename D, class Call>

@@ -14,6 +14,7 @@ PYBIND11_MODULE(_core, m) {
   favor::python::bind_attention(m);
   favor::python::bind_feature_map(m);
   favor::python::bind_decoder(m);
+  favor::python::bind_fit(m);
   favor::python::bind_runtime(m);
   favor::python::bind_vq(m);  // adds to the reference submodule bind_runtime made
   favor::python::bind_exchange(m);

@@ -309,6 +309,41 @@ def test_cli_fit_map_loads_in_python(favor_cli, tmp_path):
     assert np.array_equal(y_cli, favor.attention(q, k, v, feature_map=fm))
 
 
+# One distillation fit (favor::fit_features): favor.fit_features is the C++ fit through its
+# binding, so on the same sequences, options and seed it gives `favor fit`'s map bit for bit
+# and the same history. B = 10 with --holdout 0.25 holds out llround(2.5) = 3 sequences on
+# both sides (the one count rule, heldout_count).
+@pytest.mark.parametrize("kernel, causal, learn, batch", [
+    ("hedgehog", False, "weights,bias,lambda", 2), ("positive", True, "lambda", 2),
+    ("hyperbolic", False, "weights,bias", 10)])
+def test_python_fit_equals_cli_fit(favor_cli, tmp_path, kernel, causal, learn, batch):
+    import json
+
+    d = 6
+    q, k = (rand((batch, 2, 20, d), s, d ** 0.25) for s in (31, 32))
+    v = rand((batch, 2, 20, 4), 33)
+    holdout = 0.5 if batch == 2 else 0.25
+    paths = [save(tmp_path, f"{n}.npy", x) for n, x in (("q", q), ("k", k), ("v", v))]
+    out = tmp_path / "fit.npz"
+    done = run(favor_cli, "fit", "--q", paths[0], "--k", paths[1], "--v", paths[2], "--out", out,
+               "--kernel", kernel, "--m", 8, "--seed", 7, "--steps", 6, "--lr", 0.03,
+               "--learn", learn, "--holdout", holdout, "--eval-every", 2, "--json",
+               *(["--causal"] if causal else []))
+    cli_history = json.loads(done.stdout)["history"]
+    cli = favor.FeatureMap.load(out)
+    fm, history = favor.fit_features(q, k, v, kernel=kernel, features=8, seed=7, steps=6, lr=0.03,
+                                     learn=tuple(learn.split(",")), holdout=holdout,
+                                     eval_every=2, causal=causal)
+    assert (fm.kernel, fm.heads, fm.scale) == (cli.kernel, cli.heads, cli.scale)
+    assert np.array_equal(fm.projection, cli.projection)
+    for name in ("weights", "bias", "lambda_"):
+        a, b = getattr(fm, name), getattr(cli, name)
+        assert (a is None) == (b is None), name
+        assert a is None or np.array_equal(a, b), name
+    assert [(h["step"], h["loss"], h["heldout_error"]) for h in history] == \
+        [(h["step"], h["loss"], h["heldout_error"]) for h in cli_history]
+
+
 @pytest.mark.parametrize("change", ["kernel", "heads", "lambda", "missing"])
 def test_malformed_map_file_gives_the_clis_message(favor_cli, tmp_path, change):
     # One reader (src/io/map_file.hpp) for `favor attention --feature-map` and

@@ -353,7 +353,8 @@ def test_blockwise_kl_objective_equals_the_materialised_kl(kernel, causal):
 
     q, k, _ = qkv(seed=15)
     fm = learned_map(kernel, M, D, H, seed=16)
-    params = _Parameters(fm, H, ("weights", "bias", "lambda"))
+    params = _Parameters(fm.kernel, fm.resolved_scale, fm.projection, fm.weights, fm.bias,
+                         fm.lambda_, ("weights", "bias", "lambda"))
     loss = _kl_step(params, q.float(), k.float(), causal, 4)
     got = [t.grad for t in params.learned]
 

@@ -117,14 +117,19 @@ def test_generate_uses_a_favor_cache_of_fixed_size():
         assert cache.get_seq_length() == ids.shape[1] + new - 1
         sizes.append(cache.state_bytes)
     assert sizes[0] == sizes[1] > 0
-    seen = []
-    original = fh.FavorCache.update
-    fh.FavorCache.update = lambda self, *a, **k: seen.append(1) or original(self, *a, **k)
-    try:
-        model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
-    finally:
-        fh.FavorCache.update = original
-    assert seen, "generate() did not make a FavorCache"
+    # generate() makes its own cache (a DynamicCache, no transformers method patched): every
+    # layer becomes favor's at the prompt, and the tokens equal those of a FavorCache
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                         return_dict_in_generate=True)
+    made = out.past_key_values if getattr(out, "past_key_values", None) is not None \
+        else out.cache
+    assert isinstance(made, tf.DynamicCache)
+    assert len(made.layers) == model.config.num_hidden_layers
+    assert all(isinstance(layer, fh.FavorCacheLayer) for layer in made.layers)
+    assert sum(layer.state_bytes for layer in made.layers) == sizes[1]
+    mine = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                          cache=fh.FavorCache())
+    assert torch.equal(out.sequences, mine)
 
 
 @pytest.mark.parametrize("method", ["favor", "hedgehog"])
@@ -268,9 +273,6 @@ def test_refusals_name_what_favor_cannot_serve():
     packed = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4]] * 2)
     with pytest.raises(favor.Error, match="cannot honour"):
         model(ids, position_ids=packed, use_cache=False)
-    with pytest.raises(favor.Error, match="favor.hf.FavorCache"):
-        model.generate(ids, attention_mask=mask, max_new_tokens=2,
-                       cache=tf.DynamicCache(config=model.config))
     windowed = make("mistral", sliding_window=8)
     fh.convert(windowed)
     with pytest.raises(favor.Error, match="sliding_window: 10 keys outrun"):
@@ -343,3 +345,41 @@ def test_a_bfloat16_model_attends_in_float32_and_generates(method, options):
     seq = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False,
                          cache=cache)
     assert seq.shape == (2, ids.shape[1] + 4) and cache.state_bytes > 0
+
+
+def test_a_token_step_compiles_fullgraph_through_the_cache():
+    """torch.compile(fullgraph=True) of a converted decoder's single-token step on the CPU:
+    the cache layer's state (favor::decode_step, advanced in place) and the padding mask
+    trace with no graph break, in one graph after the mask's length turns dynamic, and the
+    logits equal the eager step's bit for bit."""
+    from torch._dynamo.utils import counters
+    model = converted("llama", "favor", features=32).eval()
+    ids, mask = inputs()
+
+    def step(tok, pos, m, cache):
+        return model(tok, attention_mask=m, cache=cache, position_ids=pos).logits
+
+    def generate(run):
+        cache, m, outs = fh.FavorCache(), mask, []
+        with torch.no_grad():
+            tok = model(ids, attention_mask=m, cache=cache).logits[:, -1:].argmax(-1)
+            for _ in range(4):
+                m = torch.cat([m, torch.ones(m.shape[0], 1, dtype=m.dtype)], 1)
+                outs.append(run(tok, m.sum(1, keepdim=True) - 1, m, cache))
+                tok = outs[-1][:, -1:].argmax(-1)
+        return outs
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    eager = generate(step)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = generate(torch.compile(step, fullgraph=True, backend=record))
+    assert counters["stats"]["unique_graphs"] <= 2  # static first, then a dynamic mask
+    assert all("favor.decode_step" in str(g.graph) for g in graphs)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)

@@ -146,8 +146,18 @@ def test_opcheck_decode_step(mask):
     state = empty_state(B, H, DV, _core.feature_count("positive", M))
     _, state = decode_step(state, q[:, :, :3], k[:, :, :3], v[:, :, :3], W)
     key_mask = torch.tensor([[1, 1], [0, 1], [0, 0]], dtype=torch.float32) if mask else None
-    torch.library.opcheck(decode_step_op, (*state, q[:, :, 3:5], k[:, :, 3:5], v[:, :, 3:5],
-                                           key_mask, W, "positive", None, None, None))
+    for mode in ("append_query", "prefill", "append", "query"):
+        # 'append' takes a q of no token, 'query' a k and v of none
+        qs, ks, vs = q[:, :, 3:5], k[:, :, 3:5], v[:, :, 3:5]
+        if mode == "append":
+            qs = q[:, :, :0]
+        if mode == "query":
+            ks, vs, mask_m = k[:, :, :0], v[:, :, :0], None
+        else:
+            mask_m = key_mask
+        torch.library.opcheck(decode_step_op, (*(t.clone() for t in state), qs, ks, vs, mask_m,
+                                               W, "positive", None, None, None, None, None,
+                                               None, None, mode))
 
 
 def test_opcheck_decode_step_learned_map():
@@ -158,7 +168,8 @@ def test_opcheck_decode_step_learned_map():
                            **lm)
     torch.library.opcheck(decode_step_op, (*state, q[:, :, 3:5], k[:, :, 3:5], v[:, :, 3:5],
                                            None, W, "hedgehog", None, None, None, lm["weights"],
-                                           lm["bias"], lm["feature_weights"], lm["decay"]))
+                                           lm["bias"], lm["feature_weights"], lm["decay"],
+                                           "append_query"))
 
 
 def test_decode_step_compiles_fullgraph():

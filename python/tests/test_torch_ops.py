@@ -104,7 +104,7 @@ def test_opcheck_attention_backward(case):
     dy = randn(*y.shape, seed=11)
     detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args[:11]]
     torch.library.opcheck(attention_backward_op,
-                          (dy, *detached, states, maxima, fp, *args[11:14], True), **OPCHECK_TOL)
+                          (dy, *detached, y, states, maxima, fp, *args[11:14], True), **OPCHECK_TOL)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -49,14 +49,16 @@ def per_head(t, bh):
     return t[torch.arange(bh) % t.shape[0]]
 
 
-def canonical(q, k, v, W, bias, klw, rate, norm_coef, kind, causal, keep, heads):
-    """y of the canonical map, materialised and unstabilised, in the dtype of the inputs."""
+def canonical(q, k, v, W, bias, klw, rate, norm_coef, kind, causal, keep, heads, norm_shift=0.0):
+    """y of the canonical map, materialised and unstabilised, in the dtype of the inputs.
+    norm_shift: a constant taken off every |k_j|^2 (it cancels in the ratio), so that keys
+    of a large common norm neither underflow nor overflow here."""
     bh, nk = k.shape[0], k.shape[1]
     Wh = per_head(W, bh)
     aq, ak = q @ Wh.transpose(1, 2), k @ Wh.transpose(1, 2)
     if bias is not None:
         aq, ak = aq + per_head(bias, bh)[:, None], ak + per_head(bias, bh)[:, None]
-    g = norm_coef * (k * k).sum(-1, keepdim=True)
+    g = norm_coef * ((k * k).sum(-1, keepdim=True) - norm_shift)
     if rate is not None:
         g = g + torch.arange(nk, dtype=q.dtype)[None, :, None] * per_head(rate, bh)[:, None, None]
     lw = 0.0 if klw is None else per_head(klw, bh)[:, None]
@@ -110,11 +112,11 @@ def make_case(kernel, b, h, nq, nk, d, dv, m, causal, masked, learned, seed, sam
     return q, k, v, user, keep
 
 
-def canonical_grads(q, k, v, dy, params, kind, causal, keep, heads):
+def canonical_grads(q, k, v, dy, params, kind, causal, keep, heads, norm_shift=0.0):
     """float64 autograd of the canonical oracle: (y, dq, dk, dv, dW, dbias, dklw, drate)."""
     leaves = [t.detach().clone().requires_grad_(True) if t is not None else None
               for t in (q, k, v, *params[:4])]
-    y = canonical(*leaves, params[4], kind, causal, keep, heads)
+    y = canonical(*leaves, params[4], kind, causal, keep, heads, norm_shift)
     y.backward(dy)
     return (y.detach(), *[None if t is None else t.grad for t in leaves])
 
@@ -157,23 +159,45 @@ def test_large_norms_need_the_shifts(case):
     check_against_float64(case, amp=6.0)
 
 
-def check_against_float64(case, amp=1.0):
-    """The Triton gradients of one case (q, k scaled by amp) against float64 autograd."""
+@pytest.mark.parametrize("case", [("positive", 1, 2, 40, 40, 16, 3, 16, True, True, False, None),
+                                  ("hyperbolic", 1, 2, 40, 40, 16, 3, 16, False, False, False,
+                                   None),
+                                  ("trig", 1, 2, 40, 40, 16, 3, 8, True, False, False, None)],
+                         ids=_case_id)
+def test_large_common_key_norm_keeps_the_key_offsets_exact(case):
+    """Every key 1e3 out along a direction that no W row sees: g_j = norm_coef |k_j|^2 is
+    about -+1.25e5 for every key, the same up to O(1), and cancels in the ratio, so the
+    gradients are those of unit-size inputs. The kernels form g_j - M in float64 and round it
+    once (features.key_shift, forward and backward alike); g_j in fp32 (ulp 0.0625 in
+    |k_j|^2 ~ 1e6) would put ~0.4 % errors into the features."""
+    check_against_float64(case, lift=1e3)
+
+
+def check_against_float64(case, amp=1.0, lift=0.0):
+    """The Triton gradients of one case (q, k scaled by amp) against float64 autograd; with
+    lift, every key's last coordinate set to lift and W's last column to 0 (a common |k|^2
+    that the oracle takes off: norm_shift)."""
     kernel, b, h, nq, nk, d, dv, m, causal, masked, learned, block_m = case
     q, k, v, user, keep = make_case(kernel, b, h, nq, nk, d, dv, m, causal, masked, learned, 1)
     q, k = q * amp, k * amp
+    if lift:
+        k[..., -1] = lift
+        user["w"][..., -1] = 0.0
     scale = 1 / math.sqrt(d)
     params = user_to_canonical(user["w"], kernel, scale, user.get("bias"), user.get("lam"),
                                user.get("decay"))
     kind = KINDS[kernel]
     flat = lambda t: t.reshape(b * h, *t.shape[2:])  # noqa: E731
     dy = torch.randn(b * h, nq, dv, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    ref = canonical_grads(flat(q), flat(k), flat(v), dy, params, kind, causal, keep, h)
+    ref = canonical_grads(flat(q), flat(k), flat(v), dy, params, kind, causal, keep, h,
+                          lift ** 2)
     # the oracle is the canonical map: first check it against favor's own float64 oracle
-    y_user = attention_materialised(q, k, v, user["w"], kernel, causal, scale, keep,
-                                    bias=user.get("bias"), lam=user.get("lam"),
-                                    decay=user.get("decay"))
-    assert rel(ref[0], flat(y_user)) < 1e-12
+    # (which forms |k|^2 as it is: over- or underflows with lift)
+    if not lift:
+        y_user = attention_materialised(q, k, v, user["w"], kernel, causal, scale, keep,
+                                        bias=user.get("bias"), lam=user.get("lam"),
+                                        decay=user.get("decay"))
+        assert rel(ref[0], flat(y_user)) < 1e-12
     f = lambda t: None if t is None else t.float()  # noqa: E731
     got = bwd.backward(f(dy), f(flat(q)), f(flat(k)), f(flat(v)), f(ref[0]),
                        *[f(t) for t in params[:4]], params[4], kind, causal, keep, h, chunk=16,

@@ -1,6 +1,6 @@
 #pragma once
-// The CPU backend implements the device-neutral kernel contract (src/kernels/): its names,
-// used unqualified inside favor::cpu.
+// The CPU backend, the only one (the C++ library is CPU-only: kernels/backend.hpp), implements
+// the kernel contract (src/kernels/): its names, used unqualified inside favor::cpu.
 #include "kernels/feature_params.hpp"
 
 namespace favor::cpu {

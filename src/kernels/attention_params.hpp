@@ -1,6 +1,6 @@
 #pragma once
-// The kernel contract, device-neutral: the plain structs the attention kernels of every
-// backend take (raw pointers, element strides per axis, sizes and precomputed scalars). The
+// The kernel contract, free of CPU policy: the plain structs the attention kernels take (raw
+// host pointers, element strides per axis, sizes and precomputed scalars). The
 // facades validate and fill them; kernels never throw. How a backend runs them (threads,
 // chunk length on the CPU: cpu/config.hpp) is the backend's configuration, not part of the
 // contract.

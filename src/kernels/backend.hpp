@@ -1,9 +1,22 @@
 #pragma once
-// The one seam between the facades and a device: the kernels a backend provides, each taking
-// the contract's params (kernels/*_params.hpp; docs/algorithms.md lists them). The facades
-// validate, fill the params and call backend(); how a backend runs a kernel (the CPU's
-// threads and chunk length) stays inside it. The pattern of favor::Exchange, which keeps MPI
-// out of the sequence-parallel algorithm. Kernels never throw.
+// The one seam between the facades and the kernels: the kernels a backend provides, each
+// taking the contract's params (kernels/*_params.hpp; docs/algorithms.md lists them). The
+// facades validate, fill the params and call backend(); how a backend runs a kernel (the
+// CPU's threads and chunk length) stays inside it. The pattern of favor::Exchange, which
+// keeps MPI out of the sequence-parallel algorithm. Kernels never throw.
+//
+// The C++ library is CPU-only: it computes on host memory, on the CPU. This seam is an
+// internal interface, not a device abstraction: it keeps the facades and src/core free of
+// cpu:: (no src/*.cpp facade and nothing in src/core includes "cpu/..."), and it has one
+// backend, the CPU (src/cpu/backend.cpp). Every pointer in the params is host memory;
+// favor::TensorView is a host view with no device and no dtype (always float32), and the
+// facades scan values on the host before any kernel runs (finiteness: check_finite in
+// core/validate.hpp). Adding a Backend therefore adds no device: that would also need a
+// device and dtype in TensorView, a choice in backend(), and the facades' value scans as
+// backend ops. Other devices are served by the Python package's torch ops
+// (python/favor/ops/): a favor:: torch.library op per algorithm runs these C++ kernels on
+// CPU tensors, and the ops' device switch (ops/_tensors.py, backend()) sends CUDA tensors to
+// fused Triton kernels and other devices to plain torch (docs/gpu.md).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -120,8 +133,8 @@ class Backend {
   virtual void vq_decoder_step(const VQDecoderStep& p) = 0;
 };
 
-/// The backend the facades call. One entry today: the CPU (src/cpu/backend.cpp), with
-/// favor's runtime configuration (num_threads()).
+/// The backend the facades call: always the CPU (src/cpu/backend.cpp), with favor's runtime
+/// configuration (num_threads()). There is no selection: the C++ library is CPU-only.
 Backend& backend();
 
 }  // namespace favor::kernels

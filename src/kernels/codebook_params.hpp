@@ -1,5 +1,5 @@
 #pragma once
-// The kernel contract of codebook learning (favor/codebook.hpp), device-neutral: the keys a
+// The kernel contract of codebook learning (favor/codebook.hpp), free of CPU policy: the keys a
 // codebook learns from, k-means as a run the facade drives, the EMA step and the
 // quantisation of keys. The facade (src/codebook.cpp) validates and fills; kernels never
 // throw.

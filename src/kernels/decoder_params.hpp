@@ -1,5 +1,5 @@
 #pragma once
-// The kernel contract of one streaming FAVOR decoder step (favor::Decoder), device-neutral.
+// The kernel contract of one streaming FAVOR decoder step (favor::Decoder), free of CPU policy.
 // The state is, per head bh = b * heads + h, [S | s] (features x (dv + 1)) relative to
 // exp(log_max[bh]). The facade (src/decoder.cpp) validates and fills; kernels never throw.
 #include <cstdint>

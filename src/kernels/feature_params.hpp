@@ -1,8 +1,8 @@
 #pragma once
-// The feature map as the kernels see it, part of the device-neutral kernel contract
-// (src/kernels/): one plain struct of pointers and counts, filled by the facades from a
-// validated favor::FeatureMap (core/feature_map_params.hpp). Every kernel (bidirectional,
-// causal, backward, decoder) of every backend reads the map only through it.
+// The feature map as the kernels see it, part of the kernel contract (src/kernels/): one plain
+// struct of pointers and counts, filled by the facades from a validated favor::FeatureMap
+// (core/feature_map_params.hpp). Every kernel (bidirectional, causal, backward, decoder) reads the
+// map only through it.
 //
 // Per-head parameters come in sets of 1, H or B*H; head bh = b * H + h uses set bh % sets
 // (bh % H = h, bh % (B*H) = bh, bh % 1 = 0).

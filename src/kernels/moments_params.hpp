@@ -1,6 +1,6 @@
 #pragma once
 // The kernel contract of favor::kernel_moments (the sums a FAVOR++ / FAVOR# fit is computed
-// from), device-neutral. The facade (src/estimators.cpp) validates and fills; kernels never
+// from), free of CPU policy. The facade (src/estimators.cpp) validates and fills; kernels never
 // throw.
 #include <cstdint>
 

@@ -1,6 +1,6 @@
 #pragma once
 // The kernel contract of one streaming Transformer-VQ decoder step (favor::VQDecoder),
-// device-neutral. The state is, per head bh = b * heads + h and code s, the value sum
+// free of CPU policy. The state is, per head bh = b * heads + h and code s, the value sum
 // sums_s (dv) and the count n_s of the keys assigned to s (soft VQ: both weighted by
 // p(s|k)). The facade (src/vq_decoder.cpp) validates and fills; kernels never throw.
 #include <cstdint>

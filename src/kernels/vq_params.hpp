@@ -1,5 +1,5 @@
 #pragma once
-// The kernel contract of Transformer-VQ, device-neutral: the attention params (q, k, v, out,
+// The kernel contract of Transformer-VQ, free of CPU policy: the attention params (q, k, v, out,
 // sizes, mask) plus the codebook, and the key assignment. The facades (src/vq_attention.cpp,
 // src/vq_backward.cpp) validate and fill them; kernels never throw.
 #include <cstdint>

@@ -5,40 +5,33 @@ of an [N, N] one).
 
 The family's attention module computes q, k, v (after its rotary embedding), calls its
 cache's update() and then this function with the module itself; the module carries its
-`favor_core` (a favor.torch.FavorCore or VQCore, attached by favor.hf.convert). With a
-favor.hf.FavorCache, update() hands this layer's cache layer over (`hand_over`), and the
-function attends through the layer's favor decoder state instead of a key-value cache.
+`favor_core` (a favor.torch.FavorCore or VQCore, attached by favor.hf.convert) and, through
+the forward pre-hook convert registers (`pass_cache`), the call receives the module's cache
+as the keyword `favor_cache`: a causal layer then attends through its cache layer's favor
+decoding state (favor.hf.cache.layer_for) instead of a key-value cache.
 """
-import threading
-
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import (bidirectional_mask_function, causal_mask_function,
                                         prepare_padding_mask)
 
 from .. import _core
+from .cache import FavorCacheLayer, layer_for
 from .capture import captured
 
 NAME = "favor"
-_handoff = threading.local()
+CACHE_ARGUMENTS = ("cache", "past_key_values", "layer_past")  # the families' names for it
 
 
-def hand_over(layer_idx, layer):
-    """FavorCache.update: the next attention call of layer `layer_idx` (in this thread, the
-    very next one, which the family's code makes right after) attends through `layer`."""
-    _handoff.pending = (layer_idx, layer)
-
-
-def _take(module):
-    pending = getattr(_handoff, "pending", None)
-    _handoff.pending = None
-    if pending is None:
-        return None
-    idx, layer = pending
-    if idx != getattr(module, "layer_idx", idx):
-        raise _core.Error(f"cache: layer {idx} updated the cache, but layer "
-                          f"{module.layer_idx} attends; the family calls them out of order")
-    return layer
+def pass_cache(module, args, kwargs):
+    """The forward pre-hook of a converted attention module: its cache argument (any of
+    CACHE_ARGUMENTS, as the family names it) passed on to the attention function as
+    `favor_cache` (transformers forwards the module's keyword arguments to it)."""
+    for name in CACHE_ARGUMENTS:
+        cache = kwargs.get(name)
+        if cache is not None:
+            return args, {**kwargs, "favor_cache": cache}
+    return None
 
 
 def padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
@@ -67,6 +60,8 @@ def padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                           "padding mask [batch, keys] (1 = take part), not a 4D mask or bias")
     mask = prepare_padding_mask(attention_mask, kv_length, kv_offset)
     keep = mask[:, kv_offset:kv_offset + kv_length].to(torch.bool)
+    if torch.compiler.is_compiling():
+        return keep  # a traced graph cannot branch on values
     return None if bool(keep.all()) else keep
 
 
@@ -89,8 +84,14 @@ def favor_attention(module, query, key, value, attention_mask, scaling=None, dro
                           f"got {_describe(attention_mask)} (an additive bias or a 4D mask "
                           "cannot be honoured)")
     _refuse_packed(kwargs.get("position_ids"), attention_mask, query.shape[2])
-    layer = _take(module)
-    if layer is not None and core.method == "exact":
+    causal = bool(getattr(module, "is_causal", False))
+    cache = kwargs.get("favor_cache")
+    layer, idx = None, getattr(module, "layer_idx", 0)
+    if cache is not None and causal and core.method != "exact":
+        layer = layer_for(cache, idx)
+    elif core.method == "exact" and isinstance(
+            (getattr(cache, "layers", None) or {}).__len__() > idx and cache.layers[idx],
+            FavorCacheLayer):
         raise _core.Error("cache: method 'exact' attends over a key-value cache (a "
                           "transformers DynamicCache); a FavorCache holds favor state only")
     heads, kv_heads = query.shape[1], key.shape[1]
@@ -99,7 +100,6 @@ def favor_attention(module, query, key, value, attention_mask, scaling=None, dro
         value = value.repeat_interleave(heads // kv_heads, dim=1)
     dtype = query.dtype
     q, k, v = query.float(), key.float(), value.float()
-    causal = bool(getattr(module, "is_causal", False))
     y = captured(module, q, k, v, attention_mask, causal)
     if y is not None:
         pass

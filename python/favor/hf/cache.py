@@ -1,108 +1,102 @@
-"""favor.hf.FavorCache: a transformers Cache that keeps, per layer, favor's decoder state
-(a fixed-size favor.torch.Decoder or VQDecoder) instead of keys and values: generate()'s
-memory does not grow with the generated length.
+"""favor.hf.FavorCacheLayer and FavorCache: transformers cache layers that keep favor's decoding
+state (a fixed-size DecodeState, owned through a favor.torch.Decoder; VQ: a VQDecoder)
+instead of keys and values: generate()'s memory does not grow with the generated length.
 
-The prompt runs through the chunked causal kernel: on CPU tensors, favor.torch.Decoder's
-prefill (causal attention that leaves the decoder's state, key features computed once);
-otherwise the layer's favor_core, whose keys and values are then appended to a fresh
-decoder state (left padding: padded keys are masked out). Every later token is one fused
-step (Decoder.step: append its key and value, query the state) on the CPU, append then
-query elsewhere. Beam
-search reorders the state by batch index (reorder_cache -> Decoder.select).
+How a layer reaches its state (no thread-local, no patched transformers method): favor.hf
+.convert registers a forward pre-hook on every converted attention module that passes the
+module's cache (the `cache` / `past_key_values` / `layer_past` argument the family's code
+receives) on to the attention function as the keyword `favor_cache` (transformers forwards a
+module's keyword arguments to its attention function). The function takes its layer from
+it: `layer_for(cache, idx)`. A cache generate() made by itself (a DynamicCache) gets a
+FavorCacheLayer in place of its key-value layer at the layer's first call, the prompt: the
+cache's `layers` list is where transformers keeps one object per layer, and a favor layer
+is such an object. FavorCache() makes favor layers from the start.
+
+The prompt runs through the decoder's prefill (favor::decode_step, 'prefill': causal
+attention that leaves the state; on the CPU one C++ sweep that featurises the keys once);
+every later token is one step ('step': fused on the CPU, the fused Triton step on CUDA).
+Under autograd the prompt goes through the layer's core instead (differentiable) and its
+keys are then appended. Beam search reorders the state by batch index (reorder_cache).
 """
-import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+import torch
+
 from .. import _core
-from ..ops._tensors import backend
 from ..torch.favor_core import FavorCore
-from .attention import hand_over
-
-
-def _no_grad(q):
-    return not (torch.is_grad_enabled() and q.requires_grad)
-
-
-def _prefills(core, q):
-    """Whether the prompt goes through favor.torch.Decoder.prefill: a FAVOR core (VQ has no
-    prefill) on the CPU path, without autograd."""
-    return (isinstance(core, FavorCore) and core.method == "favor"
-            and backend(q, "q", core.backend) == "cpu" and _no_grad(q))
-
-
-def _steps(decoder, q):
-    """Whether a token goes through the decoder's fused step: on the CPU path (the device
-    paths append and query), without autograd."""
-    return backend(q, "q", getattr(decoder, "backend", None)) == "cpu" and _no_grad(q)
 
 
 class FavorCacheLayer(CacheLayerMixin):
-    """One layer's favor decoder state (made at the first call, from the layer's core)."""
+    """One layer's favor decoding state (made at the prompt, from the layer's core)."""
 
-    is_compileable = False
     is_sliding = False
     is_croppable = False
 
     def __init__(self, **kwargs):
         super().__init__()
         self.decoder = None
-        self.length = 0
+        self.seen = 0  # tokens attended (a Python int: mask sizes are read without a sync)
+
+    @property
+    def is_compileable(self):
+        """A FAVOR state has a fixed size and is advanced in place (favor::decode_step):
+        compileable; VQ's decoder is a C++ object (not)."""
+        return self.decoder is None or not hasattr(self.decoder, "codes")
 
     def lazy_initialization(self, key_states, value_states):
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        """Counts the new tokens and returns them as they are: favor_attention appends them
-        to the decoder state (it needs the layer's core, which the cache does not know)."""
+        """Returns the new keys and values as they are: the attention function advances the
+        state with them (attend), as it holds the layer's core."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.length += key_states.shape[-2]
         return key_states, value_states
 
     def attend(self, core, q, k, v, keep):
         """Causal attention of the new tokens q, k, v [B, H, T, D] (float32) after the ones
-        before, through the decoder state; keep [B, seen + T] or None."""
+        before, through the decoding state; keep [B, seen + T] or None."""
         t = q.shape[2]
         new = None if keep is None else keep[:, -t:]
         if self.decoder is None:
-            if self.length != t:
-                raise _core.Error("cache: a FavorCache layer starts at the prompt; this one "
-                                  f"saw {self.length - t} tokens without a state")
             pad = None if new is None else ~new
-            if _prefills(core, q):  # causal attention and the decoder's state in one sweep
+            grad = torch.is_grad_enabled() and q.requires_grad
+            if isinstance(core, FavorCore) and core.method == "favor" and not grad:
                 core.prepare(k, pad)
                 self.decoder = core.decoder(q.shape[0])
                 y = self.decoder.prefill(q, k, v, key_mask=new)
                 core.learn(k, pad)
-                return y
-            y = core(q, k, v, key_padding_mask=pad, causal=True)
-            self.decoder = core.decoder(q.shape[0])
-            self.decoder.append(k.detach(), v.detach(), key_mask=new)
+            else:  # VQ (no prefill) or autograd: the core, then the keys appended
+                y = core(q, k, v, key_padding_mask=pad, causal=True)
+                self.decoder = core.decoder(q.shape[0])
+                self.decoder.append(k.detach(), v.detach(), key_mask=new)
+            self.seen = t
             return y
-        rows = []
-        for i in range(t):  # one token at a time (several after the prompt: each in turn)
-            ki, vi, qi = k[:, :, i:i + 1], v[:, :, i:i + 1], q[:, :, i:i + 1]
-            keep_i = None if new is None else new[:, i:i + 1]
-            if _steps(self.decoder, q):
-                rows.append(self.decoder.step(qi, ki, vi, key_mask=keep_i))
-            else:
-                self.decoder.append(ki, vi, key_mask=keep_i)
-                rows.append(self.decoder.query(qi))
-        return (rows[0] if t == 1 else torch.cat(rows, dim=2)).to(q.device)
+        self.seen += t
+        if t == 1 or not hasattr(self.decoder, "prefill"):
+            if t == 1:
+                return self.decoder.step(q, k, v, key_mask=new).to(q.device)
+            rows = []  # VQ: several tokens after the prompt, each in turn
+            for i in range(t):
+                sl = slice(i, i + 1)
+                rows.append(self.decoder.step(q[:, :, sl], k[:, :, sl], v[:, :, sl],
+                                              key_mask=None if new is None else new[:, sl]))
+            return torch.cat(rows, dim=2).to(q.device)
+        return self.decoder.prefill(q, k, v, key_mask=new)  # causal from the state
 
-    def get_mask_sizes(self, query_length):
-        return self.length + query_length, 0
+    def get_mask_sizes(self, query_length, *args, **kwargs):
+        return self.seen + query_length, 0
 
-    def get_seq_length(self):
-        return self.length
+    def get_seq_length(self, *args, **kwargs):
+        return self.seen
 
     def get_max_length(self):
         return -1
 
     def reset(self):
         self.decoder = None
-        self.length = 0
+        self.seen = 0
 
     def reorder_cache(self, beam_idx):
         if self.decoder is not None:
@@ -120,20 +114,39 @@ class FavorCacheLayer(CacheLayerMixin):
         return 0 if self.decoder is None else self.decoder.state_bytes
 
 
+def layer_for(cache, idx):
+    """The FavorCacheLayer of layer idx in cache (any transformers Cache): a layer that is
+    not favor's yet (a key-value layer generate() made) is replaced by a fresh favor layer,
+    which then holds the layer's state from the prompt on. None when cache is not a Cache
+    (an old tuple cache, or none)."""
+    if not isinstance(cache, Cache):
+        return None
+    if getattr(cache, "layer_class_to_replicate", None) is not None:
+        while len(cache.layers) <= idx:
+            cache.layers.append(cache.layer_class_to_replicate())
+    if idx >= len(cache.layers):
+        raise _core.Error(f"cache: has {len(cache.layers)} layers, layer {idx} attends")
+    layer = cache.layers[idx]
+    if not isinstance(layer, FavorCacheLayer):
+        fresh = FavorCacheLayer()
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, torch.Tensor):
+            fresh.lazy_initialization(keys, keys)
+        cache.layers[idx] = fresh
+        layer = fresh
+    return layer
+
+
 class FavorCache(Cache):
-    """The cache of a model converted by favor.hf.convert: favor decoder state per layer,
-    a fixed size whatever the number of tokens (state_bytes). generate() makes one by
-    itself; pass FavorCache() as `cache` to a forward loop of your own."""
+    """The cache of a model converted by favor.hf.convert: favor decoding state per layer, a
+    fixed size whatever the number of tokens (state_bytes). generate() needs none (the
+    layers of the cache it makes become favor's at the prompt); pass FavorCache() as `cache`
+    to a forward loop of your own, or to generate()."""
 
-    def __init__(self):
+    def __init__(self, *args, **kwargs):
         super().__init__(layer_class_to_replicate=FavorCacheLayer)
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        hand_over(layer_idx, self.layers[layer_idx])
-        return keys, values
 
     @property
     def state_bytes(self):
         """Bytes of favor state held by all layers."""
-        return sum(layer.state_bytes for layer in self.layers)
+        return sum(getattr(layer, "state_bytes", 0) for layer in self.layers)

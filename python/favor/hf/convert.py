@@ -19,7 +19,6 @@ refuses it), learn_decay, feature_redraw_interval; of vq: codes (256), tau,
 learn_codebook, seed. They are recorded in model.config.favor (save_pretrained keeps
 them; favor.hf.from_pretrained reads them).
 """
-import types
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +27,7 @@ from .. import _core
 from ..torch.favor_core import FavorCore
 from ..torch.vq_core import VQCore
 from . import families
-from .attention import NAME, register
-from .cache import FavorCache
+from .attention import NAME, pass_cache, register
 
 # method -> the keywords of its core (favor's kernel is a default: trig or hyperbolic too)
 METHODS = {
@@ -114,9 +112,12 @@ def convert(model, method="favor", **options):
     # backend is this machine's choice, not the model's: not recorded
     config.favor = {"method": method, **{k: _plain(v) for k, v in options.items()
                                           if k != "backend"}}
-    model.__dict__.pop("_prepare_cache_for_generation", None)  # a conversion before
-    if method != "exact" and families.FAMILY[kind] == "decoder":
-        model._prepare_cache_for_generation = types.MethodType(_prepare_cache, model)
+    for _, module in modules:  # each layer's cache reaches its attention call (hf/cache.py)
+        old = module.__dict__.pop("_favor_cache_hook", None)
+        if old is not None:
+            old.remove()
+        module._favor_cache_hook = module.register_forward_pre_hook(pass_cache,
+                                                                    with_kwargs=True)
     return ConversionReport(rows, families.FAMILY[kind], kind, method, options)
 
 
@@ -165,18 +166,6 @@ def cores(model):
     if not found:
         raise _core.Error("model: not converted; call favor.hf.convert first")
     return found
-
-
-def _prepare_cache(self, generation_config, model_kwargs, *args, **kwargs):
-    """generate()'s cache preparation, with a FavorCache where transformers would make a
-    DynamicCache (key-value cache) for a converted decoder."""
-    result = type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs,
-                                                      *args, **kwargs)
-    cache = model_kwargs.get("cache")
-    if cache is not None and not isinstance(cache, FavorCache) and not getattr(
-            cache, "_is_user_defined", False):
-        model_kwargs["cache"] = FavorCache()
-    return result
 
 
 def _plain(value):

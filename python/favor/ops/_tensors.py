@@ -1,8 +1,6 @@
-"""What favor's torch ops share: the device switch, checks, and zero-copy conversion between
+"""What favor's torch ops share: checks, and zero-copy conversion between
 CPU tensors and the numpy views the C++ kernels read."""
 import functools
-import importlib.util
-import os
 
 import numpy as np
 import torch
@@ -13,68 +11,15 @@ from .._args import argument_named
 FLOAT_TYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-BACKENDS = ("cpu", "torch", "triton")
-
-
-def triton_ready():
-    """True when the fused Triton kernels can run: triton imports and either a CUDA device
-    is present or TRITON_INTERPRET=1 (Triton's interpreter, which runs them on CPU tensors:
-    how CI tests them)."""
-    if importlib.util.find_spec("triton") is None:
-        return False
-    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def check_backend(requested):
-    """requested itself when None or one of BACKENDS, else favor.Error naming them."""
-    if requested is not None and requested not in BACKENDS:
-        raise _core.Error(f"backend: '{requested}' is not a backend; use one of "
-                          f"{', '.join(BACKENDS)} (or None: chosen by the tensors' device)")
-    return requested
-
-
-def backend(t, name, requested=None):
-    """The one device switch of favor's torch ops: the path that computes on tensor t.
-
-    requested None: 'cpu' for CPU tensors (the C++ kernels), 'triton' for CUDA tensors when
-    triton is installed (fused kernels; else 'torch'), 'torch' for any other device (plain
-    torch operations). A requested path is checked: 'cpu' takes CPU tensors only, 'triton'
-    CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), 'torch' any device."""
-    dev = t.device.type
-    if dev == "mps":
-        raise _core.Error(f"{name}: tensor on device '{t.device}'; favor's paths keep per-key "
-                          "offsets and decoder maxima in float64, which MPS lacks: use "
-                          "CPU (or CUDA) tensors")
-    if dev == "meta":
-        raise _core.Error(f"{name}: tensor on device 'meta' holds no data; favor computes on "
-                          "tensors with data (CPU, CUDA, any other device through the torch "
-                          "path); for shapes alone use torch.compile's fake tensors")
-    if requested is None:
-        if dev == "cpu":
-            return "cpu"
-        return "triton" if dev == "cuda" and triton_ready() else "torch"
-    check_backend(requested)
-    if requested == "cpu" and dev != "cpu":
-        raise _core.Error(f"backend: 'cpu' runs the C++ kernels on CPU tensors; {name} is on "
-                          f"'{t.device}' (use backend='torch' or None)")
-    if requested == "triton":
-        if not triton_ready():
-            raise _core.Error("backend: 'triton' needs the triton package and a CUDA device "
-                              "(or TRITON_INTERPRET=1 for its interpreter)")
-        if dev not in ("cuda", "cpu") or (dev == "cpu"
-                                         and os.environ.get("TRITON_INTERPRET") != "1"):
-            raise _core.Error(f"backend: 'triton' runs on CUDA tensors; {name} is on "
-                              f"'{t.device}' (CPU tensors only under TRITON_INTERPRET=1)")
-    return requested
+from ._dispatch import BACKENDS, check_backend, check_device, triton_ready  # noqa: F401
 
 
 def check_tensor(t, name):
     """Raises favor.Error (a ValueError) for what favor's ops cannot take: non-tensors,
-    sparse or nested layouts, non-float dtypes (any device: backend() picks the path)."""
+    sparse or nested layouts, non-float dtypes (any device: torch's dispatcher picks the kernel)."""
     if not isinstance(t, torch.Tensor):
         raise _core.Error(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.device.type in ("mps", "meta"):
-        backend(t, name)  # its error for devices no path takes
+    check_device(t, name)
     if t.layout != torch.strided or getattr(t, "is_nested", False):
         raise _core.Error(f"{name}: layout {t.layout} is not supported; favor.torch takes dense "
                           "(strided) tensors")

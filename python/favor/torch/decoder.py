@@ -3,9 +3,7 @@ import numpy as np
 import torch
 
 from .. import _core, api
-from ..ops.attention.canonical import canonical_map
-from ..ops.decoder import generic
-from ..ops.decoder.op import check_key_mask
+from ..ops.decoder import DecodeState, advance, empty_state
 from .._args import fit_for
 from . import _tensors as T
 
@@ -76,24 +74,25 @@ class _Streaming:
     state_bytes = property(lambda self: self._d.state_bytes)
 
 
-class Decoder(_Streaming):
-    """Streaming FAVOR state per (batch, head), for generation with torch tensors.
+class Decoder:
+    """Streaming FAVOR state per (batch, head), for generation with torch tensors: a thin
+    owner of one DecodeState (favor.ops.decoder), advanced by the op favor::decode_step on
+    the device of the tensors it is given (the state follows them there).
 
     Decoder(batch, heads, dv, projection=None, *, kernel='positive', scale=None, fit=None,
-            feature_map=None, decay=None):
+            feature_map=None, decay=None, backend=None):
     projection is a favor.Projection or a float [m, D] tensor; or give a favor.FeatureMap
     (learned maps; FavorAttention.feature_map()) instead; decay: gamma per head (the state
     decays by gamma at every appended token). append(k [B, H, T, D],
     v [B, H, T, Dv]); query(q [B, H, T, D]) -> [B, H, T, Dv] (float32; no autograd) reads
     the current state: query after appending tokens 0..i equals row i of causal
-    attention. The state has a fixed size (state_bytes) whatever the position.
+    attention. The state has a fixed size (state_bytes) whatever the position. backend
+    forces a kernel (favor.torch.attention's; None: by the tensors' device).
     """
 
     def __init__(self, batch, heads, dv, projection=None, *, kernel="positive", scale=None,
                  fit=None, feature_map=None, decay=None, backend=None):
         self.backend = T.check_backend(backend)
-        self._on_device = None  # the state as tensors once a non-CPU path runs (_DeviceState)
-        self._map = (projection, kernel, scale, fit, feature_map, decay)
         if isinstance(projection, torch.Tensor):
             projection = T.projection_matrix(projection.detach(), projection.shape[-1])
         if feature_map is None and not isinstance(projection, _core.Projection):
@@ -101,107 +100,120 @@ class Decoder(_Streaming):
                               "give a feature_map)")
         if isinstance(decay, torch.Tensor):
             decay = decay.detach().double().reshape(-1).tolist()
+        # The C++ decoder checks the map and options and lends its map to the CPU kernel
+        # (built once; it holds no state of its own: the state is self._state).
         if feature_map is not None or decay is not None:
-            # the numpy Decoder checks and builds the map (api.Decoder)
             self._d = api.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
                                   fit=fit, feature_map=feature_map, decay=decay)._d
-            return
-        self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
-                                fit=fit_for(fit, kernel, projection.d, (batch, heads)))
+        else:
+            self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
+                                    fit=fit_for(fit, kernel, projection.d, (batch, heads)))
+        self._op_map = _op_map(projection, kernel, scale, fit, feature_map, decay,
+                               (batch, heads))
+        self._state = empty_state(batch, heads, dv, self._d.features, device="cpu")
 
     projection = property(lambda self: self._d.projection)
+    batch = property(lambda self: int(self._state.sums.shape[0]))
+    position = property(lambda self: int(self._state.position[0]), doc="tokens appended so far")
+    state_bytes = property(lambda self: sum(t.numel() * t.element_size() for t in self._state))
+
+    def _run(self, q, k, v, key_mask, mode):
+        device = (q if q is not None else k).device
+        T.check_device(q if q is not None else k, "q" if q is not None else "k")
+        if self._state.sums.device != device:  # the state follows the tensors
+            self._state = DecodeState(*(t.to(device) for t in self._state))
+        if key_mask is not None and not isinstance(key_mask, torch.Tensor):
+            key_mask = torch.as_tensor(key_mask)
+        if q is None:  # append: no query
+            q = k[:, :, :0]
+        if k is None:  # query: no new token
+            k = q[:, :, :0]
+            v = q.new_zeros((*q.shape[:2], 0, self._d.dv))
+        w, kernel, scale, fit, weights, bias, lam, decay = self._op_map
+        return advance(self._state, q, k, v, w, mode=mode, kernel=kernel, scale=scale,
+                       fit=fit, key_mask=key_mask, weights=weights, bias=bias,
+                       feature_weights=lam, decay=decay, backend=self.backend,
+                       decoder=self._d)
+
+    def append(self, k, v, key_mask=None):
+        """Adds T tokens; key_mask [B, T] (nonzero = the token takes part) leaves a masked
+        token's row as it was, so left-padded batches generate."""
+        self._run(None, k, v, key_mask, "append")
+
+    def query(self, q):
+        """[B, H, T, Dv] float32 on q's device: every query reads the current state."""
+        return self._run(q, None, None, None, "query")
 
     def step(self, q, k, v, key_mask=None):
         """One decode step of every row: append(k, v, key_mask) then query(q) (q/k
-        [B, H, 1, D], v [B, H, 1, Dv], key_mask [B, 1]); on the CPU in one fused C++ pass
-        (Decoder::step), on another device the two calls."""
-        if self._device_state(q) is not None:
-            self.append(k, v, key_mask)
-            return self.query(q)
-        return super().step(q, k, v, key_mask)
+        [B, H, 1, D], v [B, H, 1, Dv], key_mask [B, 1]); on the CPU one fused C++ pass."""
+        return self._run(q, k, v, key_mask, "step")
 
     def prefill(self, q, k, v, key_mask=None):
         """Causal attention over a prompt q, k [B, H, T, D], v [B, H, T, Dv] from the
         current state -> [B, H, T, Dv], leaving the state append(k, v, key_mask) leaves; on
-        the CPU one C++ call that computes the key features once (Decoder::prefill), on
-        another device append and query token by token."""
-        if self._device_state(q) is not None:
-            rows = []
-            for i in range(q.shape[2]):
-                self.append(k[:, :, i:i + 1], v[:, :, i:i + 1],
-                            None if key_mask is None else key_mask[:, i:i + 1])
-                rows.append(self.query(q[:, :, i:i + 1]))
-            return torch.cat(rows, dim=2)
-        return super().prefill(q, k, v, key_mask)
-
-    # A non-CPU path (tensors on another device, or backend 'torch' / 'triton') moves the
-    # state into tensors on that device and runs favor::decode_step's torch path there
-    # (ops/decoder/generic.py) on the C++ state layout; the C++ decoder keeps checking.
-    def _device_state(self, t):
-        if self._on_device is None and T.backend(t, "k", self.backend) != "cpu":
-            self._on_device = _DeviceState(self, t.device)
-        return self._on_device
-
-    def append(self, k, v, key_mask=None):
-        dev = self._device_state(k)
-        if dev is None:
-            return super().append(k, v, key_mask)
-        self._check_step(k, "k", "D", self._d.projection.d)
-        self._check_step(v, "v", "Dv", self._d.dv)
-        if k.shape[2] != v.shape[2]:
-            raise _core.Error(f"k {list(k.shape)}, v {list(v.shape)}: k and v must have the "
-                              "same number of tokens T")
-        if key_mask is not None:
-            key_mask = torch.as_tensor(key_mask)
-        check_key_mask(key_mask, self.batch, k.shape[2])
-        dev.append(k, v, key_mask)
-
-    def query(self, q):
-        dev = self._device_state(q)
-        if dev is None:
-            return super().query(q)
-        self._check_step(q, "q", "D", self._d.projection.d)
-        return dev.query(q)
-
-    def _check_step(self, t, name, dim_name, dim):
-        """The C++ decoder's rule for a step's tensor (its message): [B, H, T, dim], finite."""
-        T.check_tensor(t, name)
-        b, h = self.batch, self._d.heads
-        if t.dim() != 4 or t.shape[0] != b or t.shape[1] != h or t.shape[3] != dim:
-            raise _core.Error(f"{name}: shape [{','.join(map(str, t.shape))}] must be [B, H, T, "
-                              f"{dim_name}] = [{b},{h},T,{dim}]")
-        T.check_finite(t, name)
+        the CPU one C++ call that computes the key features once (Decoder::prefill)."""
+        return self._run(q, k, v, key_mask, "prefill")
 
     def reset(self):
-        super().reset()
-        self._on_device = None
+        for t, fill in zip(self._state, (0.0, float("-inf"), 0, 0)):
+            t.fill_(fill)
 
     def state(self):
-        """A copy of the state: CPU tensors (the C++ state), or tensors on the device once
-        a non-CPU path holds it; load_state takes either."""
-        if self._on_device is None:
-            return super().state()
-        sums, log_max, rows, position = self._on_device.state
+        """A copy of the state as a dict (sums, log_max, row_positions tensors on the
+        state's device, position an int; docs/api.md, "Decoder state"); load_state(**state)
+        restores it, on this decoder or a fresh one of the same shape (bit for bit)."""
+        sums, log_max, rows, position = self._state
         return dict(sums=sums.clone(), log_max=log_max.clone(), row_positions=rows.clone(),
                     position=int(position[0]))
 
     def load_state(self, **state):
+        """Replaces the state by tensors or arrays as state() returns them, checked by the
+        C++ rules (shapes and values); the state then lives on the device of sums."""
+        self._d.load_state(**{name: value.detach().cpu().contiguous().numpy()
+                              if isinstance(value, torch.Tensor) else value
+                              for name, value in state.items()})
+        st = self._d.state()
+        self._d.reset()  # the C++ decoder keeps no state of its own
         sums = state.get("sums")
-        on_device = isinstance(sums, torch.Tensor) and \
-            T.backend(sums, "sums", self.backend) != "cpu"   # refused before anything changes
-        super().load_state(**state)  # the C++ checks of every field
-        if on_device:
-            self._on_device = _DeviceState(self, sums.device)
-        elif self._on_device is not None:
-            self._on_device = _DeviceState(self, self._on_device.device)
+        device = sums.device if isinstance(sums, torch.Tensor) else torch.device("cpu")
+        self._state = DecodeState(torch.from_numpy(st["sums"]).to(device),
+                                  torch.from_numpy(st["log_max"]).to(device),
+                                  torch.from_numpy(st["row_positions"]).to(device),
+                                  torch.tensor([st["position"]], dtype=torch.int64,
+                                               device=device))
 
     def select(self, indices):
-        super().select(indices)
-        if self._on_device is not None:
-            self._on_device.select(indices)
+        """Keeps batch rows indices (a list or an int tensor), in that order: the reorder of a
+        beam search (rows may repeat or be dropped)."""
+        if isinstance(indices, torch.Tensor):
+            indices = indices.detach().cpu().reshape(-1).tolist()
+        self._d.select(list(indices))  # the C++ rules (row range, per-row parameter sets)
+        self._d.reset()
+        idx = torch.as_tensor(list(indices), dtype=torch.int64, device=self._state.sums.device)
+        sums, log_max, rows, position = self._state
+        self._state = DecodeState(sums[idx], log_max[idx], rows[idx], position.clone())
 
-    position = property(lambda self: self._on_device.position if self._on_device is not None
-                        else self._d.position, doc="tokens appended so far")
+
+def _op_map(projection, kernel, scale, fit, fm, decay, inputs):
+    """The map as favor::decode_step takes it: (w [m, D] float32, kernel, scale, fit (a,
+    basis) float64 or None, weights, bias, lambda float32 or None, decay float64 or None), on
+    the CPU (the op moves them to the state's device); the C++ decoder has checked them."""
+    if fm is not None:
+        w, kernel, scale, fit = fm.projection, fm.kernel, fm.scale, fm.fit
+        weights, bias, lam = fm.weights, fm.bias, fm.lambda_
+    else:
+        w = projection.matrix
+        weights = bias = lam = None
+    t = lambda a: None if a is None else torch.from_numpy(np.array(a, dtype=np.float32))  # noqa: E731
+    w = torch.from_numpy(np.array(w, dtype=np.float32))
+    kf = fit_for(fit, kernel, w.shape[1], inputs) if fit is not None else None
+    fit_t = None if kf is None else (torch.as_tensor(np.asarray(kf.a)),
+                                     torch.as_tensor(np.asarray(kf.basis)))
+    gammas = None if decay is None else torch.tensor(
+        np.asarray(decay, dtype=np.float64).reshape(-1))
+    lam = t(lam)
+    return (w, kernel, scale, fit_t, t(weights), t(bias), lam, gammas)
 
 
 def _cpu_views(q, k, v):
@@ -214,61 +226,3 @@ def _keep(key_mask):
     """A key mask as the C++ decoder takes it (a bool array; None: every token)."""
     return key_mask.detach().cpu().ne(0).numpy() if isinstance(key_mask, torch.Tensor) \
         else key_mask
-
-
-class _DeviceState:
-    """A Decoder's state as tensors on a device (sums, log_max, row_positions, position),
-    stepped by favor::decode_step's torch path under the decoder's canonical map."""
-
-    def __init__(self, decoder, device):
-        self.device = device
-        st = decoder._d.state()
-        self.state = (torch.from_numpy(st["sums"]).to(device),
-                      torch.from_numpy(st["log_max"]).to(device),
-                      torch.from_numpy(st["row_positions"]).to(device),
-                      torch.tensor([st["position"]], dtype=torch.int64, device=device))
-        self.cm = _canonical(decoder, device)
-
-    def append(self, k, v, key_mask):
-        with torch.no_grad():
-            self.state = generic.append(self.state, T.as_float32(k, "k").to(self.device),
-                                        T.as_float32(v, "v").to(self.device), self.cm,
-                                        None if key_mask is None else
-                                        torch.as_tensor(key_mask).to(self.device))
-
-    def query(self, q):
-        with torch.no_grad():
-            return generic.query(self.state, T.as_float32(q, "q").to(self.device), self.cm)
-
-    def select(self, indices):
-        idx = torch.as_tensor(list(indices) if not isinstance(indices, torch.Tensor) else
-                              indices, dtype=torch.int64, device=self.device).reshape(-1)
-        sums, log_max, rows, position = self.state
-        self.state = (sums[idx], log_max[idx], rows[idx], position)
-
-    position = property(lambda self: int(self.state[3][0]))
-
-
-def _canonical(decoder, device):
-    """The CanonicalMap of a Decoder's map (projection or feature map, fit, decay) on
-    device (the C++ decoder built from the same arguments has checked them)."""
-    projection, kernel, scale, fit, fm, decay = decoder._map
-    if fm is not None:
-        w, kernel, scale, fit = fm.projection, fm.kernel, fm.scale, fm.fit
-        weights, bias, lam = fm.weights, fm.bias, fm.lambda_
-    else:
-        w = projection.detach() if isinstance(projection, torch.Tensor) else projection.matrix
-        weights = bias = lam = None
-    t = lambda a: None if a is None else torch.as_tensor(np.asarray(a), dtype=torch.float32,
-                                                         device=device)
-    w = torch.as_tensor(w, dtype=torch.float32).to(device)
-    kf = fit_for(fit, kernel, w.shape[1], (decoder.batch, decoder._d.heads)) \
-        if fit is not None else None
-    fa = None if kf is None else torch.as_tensor(np.asarray(kf.a)).to(device)
-    fb = None if kf is None else torch.as_tensor(np.asarray(kf.basis)).to(device)
-    if isinstance(decay, torch.Tensor):
-        decay = decay.detach().double().reshape(-1).tolist()
-    gammas = None if decay is None else torch.tensor(
-        np.asarray(decay, dtype=np.float64).reshape(-1), device=device)
-    return canonical_map(w, t(weights), t(bias), t(lam), gammas, fa, fb, kernel, scale,
-                         w.shape[1])

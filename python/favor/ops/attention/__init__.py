@@ -14,12 +14,10 @@ from ... import _args, _core
 from ..._args import check_set_count as _check_set_count
 from ...feature_map import FeatureMap
 from .. import _tensors as T
-from ..exact import generic as exact_generic
+from .. import _dispatch
 from ..exact.op import exact_attention
 from ..projection import projection as draw_projection
-from . import paths
-from .op import attention_op, eager, eager_attention, eager_mode, plain_inputs
-from .triton_function import supported as triton_supported
+from .op import Formula, attention_op, eager, eager_attention, eager_mode, plain_inputs
 
 __all__ = ["attention", "check_parameters", "fit_tensors", "projection_tensor"]
 
@@ -198,11 +196,13 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     projection, scale and fit, so kernel, features, projection, norms, seed, scale and fit
     must keep their defaults, as in favor.attention).
 
-    backend: None (by the tensors' device: CPU -> 'cpu', the C++ kernels; CUDA -> 'triton',
-    the fused kernels, or 'torch' without triton; other devices -> 'torch'), or one forced:
-    'cpu', 'torch' (plain torch operations on any device, autograd; favor/ops/attention/
-    generic.py), 'triton' (CUDA tensors; CPU tensors under TRITON_INTERPRET=1). Every path
-    computes the same formula with the same stabiliser and the same errors (docs/gpu.md).
+    backend: None (torch's dispatcher picks the op's kernel by the tensors' device: CPU -> the
+    C++ kernels; CUDA -> the fused Triton kernels (head dims they take; else plain torch);
+    other devices -> plain torch operations), or one forced, for tests and debugging
+    (ops/_dispatch.py): 'cpu', 'torch' (plain torch operations on any device; favor/ops/
+    attention/generic.py), 'triton' (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
+    Every kernel computes the same formula with the same stabiliser and the same errors,
+    under one autograd formula (docs/gpu.md).
 
     precision: 'f32', or 'bf16' on the 'cpu' path: the forward's GEMMs in bfloat16 with
     fp32 accumulation where favor.bf16_available() (AVX512-BF16 and oneDNN; bidirectional;
@@ -214,7 +214,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     that the backward runs one sweep instead of recomputing the forward (C++
     AttentionOptions::save_causal_states; docs/gradients.md). Same gradients, more memory.
     """
-    if (method == "favor" and backend in (None, "cpu") and not isinstance(projection, torch.Tensor)
+    if (method == "favor" and _dispatch.cpu_kernel_runs(backend)
+            and not isinstance(projection, torch.Tensor)
             and feature_map is None and weights is None and bias is None
             and feature_weights is None and decay is None
             and plain_inputs(q, k, v, key_padding_mask) and eager_mode()):
@@ -224,31 +225,26 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
         return _eager_favor(q, k, v, T.check_mask(key_padding_mask), _args.head_dim(q, "q"),
                             projection, features, norms, seed, fit, kernel, causal, scale,
                             precision)
-    q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")  # checked
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        T.check_tensor(t, name)
     out_dtype = q.dtype
+    halves = (torch.float16, torch.bfloat16)
+    if q.is_cuda and all(t.dtype in halves for t in (q, k, v)):
+        q32, k32, v32 = q, k, v  # CUDA's fused kernels read half precision themselves
+    else:
+        q32, k32, v32 = T.as_float32(q, "q"), T.as_float32(k, "k"), T.as_float32(v, "v")
     mask = T.check_mask(key_padding_mask)
-    path = T.backend(q, "q", backend)
     T.check_same_device(q, ((k, "k"), (v, "v")))
     follow = lambda t: None if t is None else t.to(q.device)  # noqa: E731 (differentiable)
     mask = follow(mask)  # a mask and map tensors follow q's device
-    if path == "triton" and backend is None and not triton_supported(q.shape[-1], v.shape[-1]):
-        path = "torch"  # the device's default: sizes the fused kernels do not take
     map_args = (feature_map, weights, bias, feature_weights, decay)
     if method == "exact":
         if any(x is not None for x in map_args):
             raise _core.Error("method: 'exact' takes no feature map, weights, bias, "
                               "feature_weights or decay")
-        if path == "cpu":
-            y = exact_attention(q32, k32, v32, mask, bool(causal), scale)
-        else:
-            paths.check_inputs(q32, k32, v32, causal, mask)
-            if not torch.compiler.is_compiling():  # C++'s scale rule, on one zero token
-                one = np.zeros((1, 1, 1, 1), np.float32)
-                _core.exact_attention(one, one, one, scale=_args.optional_number(scale, "scale"))
-            keep = paths.keep_batch(mask, q32.device)
-            y = exact_generic.exact_attention(q32, k32, v32, keep, bool(causal),
-                                              _args.optional_number(scale, "scale"))
+        y = exact_attention(q32, k32, v32, mask, bool(causal), scale, backend=backend)
     elif method == "favor":
+        forced = _dispatch.forced("attention", backend, q)
         d, inputs = _args.head_dim(q, "q"), _args.batch_heads(q)
         if any(x is not None for x in map_args):
             w, wt, b, lam, kernel, scale, fit = _map_tensors(
@@ -257,29 +253,25 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
             gamma = _decay_tensor(decay)
         else:
             w_in = projection if isinstance(projection, torch.Tensor) else None
-            if path == "cpu" and eager((q32, k32, v32, mask, w_in)):  # no op dispatch
+            if _dispatch.cpu_kernel_runs(backend, q32, k32, v32, mask, w_in) \
+                    and eager((q32, k32, v32, mask, w_in)):  # the CPU kernel, no op dispatch
                 y = _eager_favor(q32, k32, v32, mask, d, projection, features, norms, seed, fit,
                                  kernel, causal, scale, precision)
                 return y if out_dtype == torch.float32 else y.to(out_dtype)
             w = projection_tensor(projection, d, features, norms, seed)
             wt = b = lam = gamma = None
         fit_a, fit_basis = fit_tensors(fit, kernel, d, inputs)
-        if path == "cpu":
-            w, wt, b, lam, gamma = (follow(t) for t in (w, wt, b, lam, gamma))
-        if path != "cpu":
-            halves = (torch.float16, torch.bfloat16)
-            if path == "triton" and all(t.dtype in halves for t in (q, k, v)):
-                q32, k32, v32 = q, k, v  # the kernels read half precision themselves
-            run = paths.torch_attention if path == "torch" else paths.triton_attention
-            y = run(q32, k32, v32, w, wt, b, lam, gamma, mask, fit_a, fit_basis, kernel,
-                    bool(causal), _args.optional_number(scale, "scale"))
-            return y if y.dtype == out_dtype else y.to(out_dtype)
+        w, wt, b, lam, gamma, fit_a, fit_basis = (follow(t) for t in (w, wt, b, lam, gamma,
+                                                                      fit_a, fit_basis))
         tensors = (q32, k32, v32, w, wt, b, lam, gamma)
         save = ((not causal or save_causal_states) and torch.is_grad_enabled()
                 and any(t is not None and t.requires_grad for t in tensors))
-        y = attention_op(q32, k32, v32, w, wt, b, lam, gamma, mask, fit_a, fit_basis, kernel,
-                         bool(causal), _args.optional_number(scale, "scale"), save,
-                         str(precision))[0]
+        args = (*tensors, mask, fit_a, fit_basis, kernel, bool(causal),
+                _args.optional_number(scale, "scale"), save, str(precision))
+        if forced is None:
+            y = attention_op(*args)[0]
+        else:
+            y = _dispatch.ForcedAutograd.apply(Formula, *forced, *args)[0]
     else:
         raise _core.Error(f"method: '{method}' is not a method; use favor or exact")
     return y if out_dtype == torch.float32 else y.to(out_dtype)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ... import _core
-from .op import decay_list, feature_map
+from .layout import decay_list, feature_map
 
 EXP, EXP_PM, TRIG = 0, 1, 2
 _KINDS = {"positive": EXP, "favorpp": EXP, "favorsharp": EXP, "hyperbolic": EXP_PM,

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from ... import _core
-from ..._args import check_values as _check_values
 from .. import _tensors as T
+from .layout import backward_fake, decay_list, feature_map, uses_map  # noqa: F401
 
 # The fingerprint of a context is a uint64; tensors hold it as int64 (two's complement).
 _U64 = 1 << 64
@@ -28,10 +28,6 @@ def _signed(u):
 
 def _unsigned(s):
     return s + _U64 if s < 0 else s
-
-
-def _uses_map(weights, bias, lam, decay):
-    return any(t is not None for t in (weights, bias, lam, decay))
 
 
 def _state_size(q, v, w, kernel, causal=False):
@@ -48,27 +44,6 @@ def _state_size(q, v, w, kernel, causal=False):
     n, chunk = q.shape[-2], _core.causal_context_chunk
     slots = (n + chunk - 1) // chunk + 1
     return bh * slots * f * (v.shape[-1] + 1) + bh * n * (v.shape[-1] + 1), bh * slots
-
-
-def feature_map(w, weights, bias, lam, fit_a, fit_basis, kernel, scale):
-    """The favor._core.FeatureMap of the op's map tensors (w [m, D] the projection; weights
-    [sets, m, D], bias and lam [sets, m] or None; a fit as (a, basis) or None), after the
-    checks of their values (finite; nonzero feature weights)."""
-    for t, name, nonzero in ((weights, "weights", False), (bias, "bias", False),
-                             (lam, "feature_weights", True)):
-        if t is not None:
-            _check_values(T.view(t), name, nonzero=nonzero)
-    proj = _core.Projection.from_matrix(T.array(w))
-    fit = None if fit_a is None else _core.KernelFit(T.array(fit_a), T.array(fit_basis))
-    sets = [t.shape[0] for t in (weights, bias, lam) if t is not None]
-    return _core.FeatureMap(proj, kernel=kernel, scale=scale, fit=fit,
-                            heads=sets[0] if sets else 1, weights=T.array(weights),
-                            bias=T.array(bias), lambda_=T.array(lam))
-
-
-def decay_list(decay):
-    """The op's decay tensor (None or gamma per head) as the list of floats C++ takes."""
-    return [] if decay is None else [float(g) for g in decay.detach().cpu().reshape(-1)]
 
 
 def eager(tensors):
@@ -127,7 +102,7 @@ def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_ba
     T.follow_torch_threads()
     keep = T.keep_mask(key_padding_mask)
     qv, kv, vv = T.view(q), T.view(k), T.view(v)
-    if not _uses_map(weights, bias, lam, decay):
+    if not uses_map(weights, bias, lam, decay):
         if proj is None:
             proj = _core.Projection.from_matrix(T.array(w))
         fit = None if fit_a is None else _core.KernelFit(T.array(fit_a), T.array(fit_basis))
@@ -149,15 +124,26 @@ def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_ba
                                         parameter_grads=parameter_grads, context=context)
 
 
-@torch.library.custom_op("favor::attention", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("favor::attention", mutates_args=(), device_types=None)
 def attention_op(q: Tensor, k: Tensor, v: Tensor, w: Tensor, weights: Optional[Tensor],
                  bias: Optional[Tensor], lam: Optional[Tensor], decay: Optional[Tensor],
                  key_padding_mask: Optional[Tensor], fit_a: Optional[Tensor],
                  fit_basis: Optional[Tensor], kernel: str, causal: bool, scale: Optional[float],
                  save_context: bool, precision: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """y [.., Nq, Dv] float32, and the saved key state (empty unless save_context; causal:
-    the chunk states and rows, save_causal_states).
-    precision: 'f32' or 'bf16' (AttentionOptions::precision; the backward is float32)."""
+    the chunk states and rows, save_causal_states; only the CPU kernel saves one).
+    precision: 'f32' or 'bf16' (AttentionOptions::precision; the backward is float32).
+    Kernels: CPU the C++ library (cpu_forward), CUDA the fused Triton kernels, every other
+    device plain torch operations (this default; kernels.py)."""
+    from .kernels import torch_forward
+    return torch_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
+                         fit_basis, kernel, causal, scale, save_context, precision)
+
+
+@attention_op.register_kernel("cpu")
+def cpu_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
+                kernel, causal, scale, save_context, precision):
+    """favor::attention's CPU kernel: the C++ library."""
     y, _, ctx = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                       kernel, causal, scale, save_context, precision=precision)
     n_states, n_maxima = _state_size(q, v, w, kernel, causal) if save_context else (0, 0)
@@ -183,17 +169,29 @@ def _(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
             q.new_empty(n_maxima, dtype=torch.float64), q.new_empty(2, dtype=torch.int64))
 
 
-@torch.library.custom_op("favor::attention_backward", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("favor::attention_backward", mutates_args=(), device_types=None)
 def attention_backward_op(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor,
                           weights: Optional[Tensor], bias: Optional[Tensor], lam: Optional[Tensor],
                           decay: Optional[Tensor], key_padding_mask: Optional[Tensor],
-                          fit_a: Optional[Tensor], fit_basis: Optional[Tensor], states: Tensor,
-                          maxima: Tensor, fingerprint: Tensor, kernel: str, causal: bool,
-                          scale: Optional[float], parameter_grads: bool
+                          fit_a: Optional[Tensor], fit_basis: Optional[Tensor], y: Tensor,
+                          states: Tensor, maxima: Tensor, fingerprint: Tensor, kernel: str,
+                          causal: bool, scale: Optional[float], parameter_grads: bool
                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dw, dbias, dlambda, ddecay); the parameter gradients are empty unless
     parameter_grads (then dw has the shape of weights when given, else of w; dbias, dlambda
-    and ddecay those of bias, lam and decay, or empty when those are None)."""
+    and ddecay those of bias, lam and decay, or empty when those are None). y is the
+    forward's output (the fused backward reads it). Kernels as favor::attention's."""
+    from .kernels import torch_backward
+    return torch_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
+                          fit_basis, y, states, maxima, fingerprint, kernel, causal, scale,
+                          parameter_grads)
+
+
+@attention_backward_op.register_kernel("cpu")
+def cpu_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
+                 y, states, maxima, fingerprint, kernel, causal, scale, parameter_grads):
+    """favor::attention_backward's CPU kernel: the C++ backward, from the saved state when the
+    forward kept one."""
     context = None
     if states.numel() and int(fingerprint[0]) == 1:
         saved, rows = T.array(states), None
@@ -208,26 +206,11 @@ def attention_backward_op(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor
     return backward_outputs(out, weights, bias, lam, decay)
 
 
-def backward_fake(q, k, v, w, weights, bias, lam, decay, parameter_grads):
-    """The outputs of a backward op (favor::attention_backward,
-    favor::sequence_parallel_attention_backward) as empty tensors of their shapes."""
-    like = lambda t, shape, dtype=torch.float32: t.new_empty(shape, dtype=dtype)
-    grads = (like(q, q.shape), like(k, k.shape), like(v, v.shape))
-    if not parameter_grads:
-        return (*grads, like(q, 0), like(q, 0), like(q, 0), like(q, 0, torch.float64))
-    if not _uses_map(weights, bias, lam, decay):
-        return (*grads, like(q, w.shape), like(q, 0), like(q, 0), like(q, 0, torch.float64))
-    shape = lambda t: 0 if t is None else t.shape
-    return (*grads, like(q, weights.shape if weights is not None else w.shape),
-            like(q, shape(bias)), like(q, shape(lam)),
-            like(q, shape(decay), torch.float64))
-
-
 def backward_outputs(out, weights, bias, lam, decay):
     """The C++ backward's (dq, dk, dv, dw[, dbias, dlambda, ddecay]) as the backward op's
     seven tensors (empty where not computed)."""
     grads = [T.tensor(g) for g in out[:3]]
-    if not _uses_map(weights, bias, lam, decay):
+    if not uses_map(weights, bias, lam, decay):
         dw = out[3]
         return (*grads, T.empty() if dw is None else T.tensor(dw), T.empty(), T.empty(),
                 T.empty(torch.float64))
@@ -248,29 +231,53 @@ def input_grads(need, dq, dk, dv, dw, db, dl, dd, weights):
 
 
 @attention_backward_op.register_fake
-def _(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, states,
+def _(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, y, states,
       maxima, fingerprint, kernel, causal, scale, parameter_grads):
     return backward_fake(q, k, v, w, weights, bias, lam, decay, parameter_grads)
 
 
-def _setup_context(ctx, inputs, output):
-    (q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel, causal,
-     scale, _, _) = inputs
-    _, states, maxima, fingerprint = output
-    ctx.save_for_backward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
-                          fit_basis, states, maxima, fingerprint)
-    ctx.options = (kernel, causal, scale)
+class Formula:
+    """favor::attention's autograd formula (one for every kernel): the forward saves its
+    inputs, y and the saved key state; the backward calls the backward op (or, for a forced
+    kernel, ops/_dispatch.py, that kernel's backward)."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        (q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel,
+         causal, scale, _, _) = inputs
+        y, states, maxima, fingerprint = output
+        ctx.save_for_backward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
+                              fit_basis, y, states, maxima, fingerprint)
+        ctx.options = (kernel, causal, scale)
+
+    @staticmethod
+    def backward(ctx, dy, *_, backward_op=None, need=None):
+        (q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, y, states,
+         maxima, fingerprint) = ctx.saved_tensors
+        need = ctx.needs_input_grad if need is None else need
+        run = attention_backward_op if backward_op is None else backward_op
+        dq, dk, dv, dw, db, dl, dd = run(
+            dy.to(torch.float32), q, k, v, w, weights, bias, lam, decay, key_padding_mask,
+            fit_a, fit_basis, y.detach(), states, maxima, fingerprint, *ctx.options,
+            any(need[3:8]))
+        return (*input_grads(need, dq, dk, dv, dw, db, dl, dd, weights), None, None, None, None,
+                None, None, None, None)
 
 
-def _backward(ctx, dy, *_):
-    (q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, states, maxima,
-     fingerprint) = ctx.saved_tensors
-    need = ctx.needs_input_grad
-    dq, dk, dv, dw, db, dl, dd = attention_backward_op(
-        dy.to(torch.float32), q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
-        fit_basis, states, maxima, fingerprint, *ctx.options, any(need[3:8]))
-    return (*input_grads(need, dq, dk, dv, dw, db, dl, dd, weights), None, None, None, None,
-            None, None, None, None)
+attention_op.register_autograd(Formula.backward, setup_context=Formula.setup_context)
 
 
-attention_op.register_autograd(_backward, setup_context=_setup_context)
+def _register_device_kernels():
+    """CUDA's kernels (the fused Triton ones) and the table backend= forces
+    (ops/_dispatch.py)."""
+    from .. import _dispatch
+    from . import kernels
+    attention_op.register_kernel("cuda")(kernels.triton_forward)
+    attention_backward_op.register_kernel("cuda")(kernels.triton_backward)
+    _dispatch.register("attention", {"cpu": (cpu_forward, cpu_backward),
+                                     "torch": (kernels.torch_forward, kernels.torch_backward),
+                                     "triton": (kernels.forced_triton_forward,
+                                                kernels.forced_triton_backward)})
+
+
+_register_device_kernels()

@@ -31,6 +31,7 @@ def int64_seed(seed):
     ops take it back modulo 2^64."""
     s = int(seed) % 2**64
     return s - 2**64 if s >= 2**63 else s
+from .. import _dispatch
 from .. import _tensors as T
 
 
@@ -175,26 +176,6 @@ def _(codebook, unused, k, z, key_padding_mask, updates, dead_after, seed):
 # Other devices: codebook learning is small next to attention (one pass over the keys per
 # step), so its ops run on the host by the same C++ rules and write back in place: the
 # codebook a GPU model learns is the one a CPU model would learn, bit for bit.
-OTHER_DEVICES = ("cuda", "xpu", "mps")
-
-
-def on_host(op, name, mutated):
-    """A kernel for a device without favor's C++ kernels: the op itself on host copies of
-    the tensors (its CPU kernel), then the mutated arguments (their names) copied back and
-    the result moved to the device of the first tensor argument."""
-    names = [a.name for a in getattr(torch.ops.favor, name).default._schema.arguments]
-
-    def kernel(*args):
-        device = next(a.device for a in args if isinstance(a, torch.Tensor))
-        host = [a.detach().cpu().clone() if isinstance(a, torch.Tensor) else a for a in args]
-        out = op(*host)
-        for name, a, h in zip(names, args, host):
-            if name in mutated:
-                a.copy_(h)
-        return None if out is None else out.to(device)
-    return kernel
-
-
 for _op, _name, _mutated in (
         (vq_assign_op, "vq_assign", ()),
         (codebook_initialise_op, "codebook_initialise",
@@ -202,4 +183,4 @@ for _op, _name, _mutated in (
         (codebook_ema_update_op, "codebook_ema_update", ("codebook", "ema_sum", "ema_count",
                                                          "unused")),
         (codebook_track_usage_op, "codebook_track_usage", ("codebook", "unused"))):
-    _op.register_kernel(OTHER_DEVICES, on_host(_op, _name, _mutated))
+    _op.register_kernel(_dispatch.OTHER_DEVICES, _dispatch.on_host(_op, _name, _mutated))

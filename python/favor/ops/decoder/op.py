@@ -1,23 +1,24 @@
-"""favor::decode_step: append keys and values to a FAVOR decoder state, then query it.
+"""favor::decode_step: FAVOR's streaming decoder as one torch op on one state (DecodeState):
+append keys and values, query, one fused step, or a prompt's prefill.
 
-The state is the one favor._core.Decoder.state() returns, as tensors: sums [B, H, F, Dv + 1]
-float32 ([S | s] relative to exp(log_max)), log_max [B, H] float64, row_positions [B] int64
-(each row's decay clock), position [1] int64. The op is functional: it returns a new state
-and leaves its inputs as they were, so a compiled or exported generation loop can carry the
-state as tensors (a Hugging Face cache, a device move). One token per step (T = 1) gives
-row i of causal attention after tokens 0..i (on the CPU one fused C++ pass,
-Decoder::step); with T > 1 every query reads the state after
-all T appends (prefill with causal attention, then append).
+The state is the C++ DecoderState's layout as tensors, advanced in place by the op (the CPU
+kernel borrows its memory: DecoderStateView), so its owner keeps the same tensors from the
+first token to the last: favor.torch.Decoder, the Hugging Face cache layer (favor.hf), a
+compiled or exported loop of your own. decode_step() is the functional form (a new state
+out, the input left as it was). One token per step (T = 1) gives row i of causal attention
+after tokens 0..i (on the CPU one fused C++ pass, Decoder::step).
 """
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 from ... import _args, _core
+from .. import _dispatch
 from .. import _tensors as T
 from ..attention import paths
-from ..attention.op import decay_list, feature_map
+from ..attention.layout import decay_list, feature_map
+from ..attention.op import eager_mode
 from . import generic
 
 
@@ -32,50 +33,149 @@ def _decoder(batch, heads, dv, w, kernel, scale, fit_a, fit_basis, weights, bias
     return _core.Decoder(batch, heads, dv, proj, kernel=kernel, scale=scale, fit=fit)
 
 
-@torch.library.custom_op("favor::decode_step", mutates_args=(), device_types="cpu")
+class DecodeState(NamedTuple):
+    """favor's decoding state, one definition for every device and every owner (favor.torch
+    .Decoder, the Hugging Face cache layer, a loop of your own): the C++ DecoderState's
+    layout (include/favor/decoder_state.hpp) as tensors, which the CPU kernel reads and
+    writes in place through a DecoderStateView. sums [B, H, F, Dv + 1] float32 ([S | s]
+    relative to exp(log_max)), log_max [B, H] float64 (-inf: no key yet), row_positions [B]
+    int64 (each row's decay clock: its kept tokens), position [1] int64 (tokens appended).
+    Its size is fixed by (B, H, F, Dv), whatever the position. New fields go at the end."""
+    sums: Tensor
+    log_max: Tensor
+    row_positions: Tensor
+    position: Tensor
+
+
+MODES = ("step", "append", "query", "append_query", "prefill")
+
+
+def _generic(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel, scale, fit_a,
+             fit_basis, weights, bias, lam, decay, step_kind):
+    """The torch kernel on new tensors: (y, new state)."""
+    if step_kind == "append":  # q carries no token
+        paths.check_inputs(k, k, v, False)
+    elif step_kind == "query":  # k and v carry no token
+        paths.check_inputs(q, q, q, False)
+    else:
+        paths.check_inputs(q, k, v, False)
+    cm = paths.device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale,
+                          decay is not None)
+    check_key_mask(key_mask, q.shape[0], k.shape[2])
+    state = (sums, log_max, row_positions, position)
+    q, k, v = q.float(), k.float(), v.float()
+    if step_kind == "append":
+        return q.new_empty((*q.shape[:-1], v.shape[-1])), generic.append(state, k, v, cm,
+                                                                        key_mask)
+    if step_kind == "query":
+        return generic.query(state, q, cm), state
+    if step_kind != "prefill":
+        return generic.decode_step(state, q, k, v, cm, key_mask)
+    rows = []
+    for i in range(q.shape[2]):  # causal: token i reads the state after its own append
+        sl = slice(i, i + 1)
+        y, state = generic.decode_step(state, q[:, :, sl], k[:, :, sl], v[:, :, sl], cm,
+                                       None if key_mask is None else key_mask[:, sl])
+        rows.append(y)
+    return torch.cat(rows, dim=2), state
+
+
+def _write(state, new):
+    """The in-place update of the op's state arguments."""
+    for t, n in zip(state, new):
+        t.copy_(n)
+
+
+@torch.library.custom_op("favor::decode_step",
+                         mutates_args=("sums", "log_max", "row_positions", "position"),
+                         device_types=None)
 def decode_step_op(sums: Tensor, log_max: Tensor, row_positions: Tensor, position: Tensor,
                    q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], w: Tensor,
                    kernel: str, scale: Optional[float], fit_a: Optional[Tensor],
-                   fit_basis: Optional[Tensor], weights: Optional[Tensor] = None,
-                   bias: Optional[Tensor] = None, lam: Optional[Tensor] = None,
-                   decay: Optional[Tensor] = None
-                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(y [B, H, T, Dv] float32, sums, log_max, row_positions, position) after appending
-    k [B, H, T, D], v [B, H, T, Dv] (key_mask [B, T]: nonzero = the token takes part) and
-    querying q [B, H, T, D]. A learned map as in favor::attention: weights [sets, m, D],
-    bias and lam [sets, m], decay float64 [1] or [H]."""
-    T.follow_torch_threads()
+                   fit_basis: Optional[Tensor], weights: Optional[Tensor],
+                   bias: Optional[Tensor], lam: Optional[Tensor], decay: Optional[Tensor],
+                   step_kind: str) -> Tensor:
+    """y [B, H, T, Dv] float32, the state (sums, log_max, row_positions, position: a
+    DecodeState) advanced in place. step_kind 'step' (T = 1: append then query, fused on the CPU),
+    'append_query' (append T tokens, then every query reads the state) or 'prefill' (causal
+    attention over T tokens from the state: token i reads the state after its own append).
+    k [B, H, T, D], v [B, H, T, Dv], key_mask [B, T] (nonzero = the token takes part), the
+    map as favor::attention's (weights [sets, m, D], bias and lam [sets, m], decay float64
+    [1] or [H]). Kernels: CPU the C++ decoder on a view of the state (no copy), CUDA the
+    fused Triton step (T = 1), every other device plain torch operations (this default,
+    generic.py)."""
+    return torch_decode(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel,
+                        scale, fit_a, fit_basis, weights, bias, lam, decay, step_kind)
+
+
+def torch_decode(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel, scale,
+                 fit_a, fit_basis, weights, bias, lam, decay, step_kind):
+    """The default kernel: plain torch operations, the result written into the state."""
+    y, new = _generic(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel,
+                      scale, fit_a, fit_basis, weights, bias, lam, decay, step_kind)
+    _write((sums, log_max, row_positions, position), new)
+    return y
+
+
+@decode_step_op.register_kernel("cpu")
+def cpu_decode(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel, scale,
+               fit_a, fit_basis, weights, bias, lam, decay, step_kind):
+    """The C++ decoder (map only) stepping the state's memory in place."""
     b, h, _, dv = v.shape
     dec = _decoder(b, h, dv, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay)
-    dec.load_state(sums=T.array(sums), log_max=T.array(log_max),
-                   row_positions=T.array(row_positions), position=int(position[0]))
+    return cpu_step(dec, (sums, log_max, row_positions, position), q, k, v, key_mask, step_kind)
+
+
+def cpu_step(dec, state, q, k, v, key_mask, step_kind):
+    """The CPU kernel with the C++ decoder of the map given (an owner keeps one: built once,
+    not per call)."""
+    T.follow_torch_threads()
+    work = [t if t.is_contiguous() else t.contiguous() for t in state]
     keep = None if key_mask is None else T.array(key_mask.to(torch.bool))
-    if q.shape[2] == 1 and k.shape[2] == 1:  # one token: the fused step (Decoder::step)
-        y = T.tensor(dec.step(T.view(q), T.view(k), T.view(v), key_mask=keep))
-    else:
-        dec.append(T.view(k), T.view(v), key_mask=keep)
-        y = T.tensor(dec.query(T.view(q)))
-    st = dec.state()
-    return (y, T.tensor(st["sums"]), T.tensor(st["log_max"]), T.tensor(st["row_positions"]),
-            torch.tensor([st["position"]], dtype=torch.int64))
+    y = dec.step_state(*(t.numpy() for t in work), T.view(q.float()), T.view(k.float()),
+                       T.view(v.float()), key_mask=keep, mode=step_kind)
+    for t, x in zip(state, work):
+        if t is not x:
+            t.copy_(x)
+    return T.tensor(y)
+
+
+def triton_decode(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel, scale,
+                  fit_a, fit_basis, weights, bias, lam, decay, step_kind):
+    """CUDA's kernel: the fused Triton step for one token (else the default)."""
+    from ..attention.triton_function import supported, triton_decode_step
+    if step_kind != "step" or q.shape[2] != 1 or not supported(q.shape[-1], v.shape[-1]):
+        return torch_decode(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel,
+                            scale, fit_a, fit_basis, weights, bias, lam, decay, step_kind)
+    paths.check_inputs(q, k, v, False)
+    cm = paths.device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale,
+                          decay is not None)
+    check_key_mask(key_mask, q.shape[0], k.shape[2])
+    state = (sums, log_max, row_positions, position)
+    y, new = triton_decode_step(state, q.float(), k.float(), v.float(), cm, key_mask)
+    _write(state, new)
+    return y
+
+
+decode_step_op.register_kernel("cuda")(triton_decode)
+_dispatch.register("decode_step", {"cpu": cpu_decode, "torch": torch_decode,
+                                   "triton": triton_decode})
 
 
 @decode_step_op.register_fake
 def _(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel, scale, fit_a,
-      fit_basis, weights=None, bias=None, lam=None, decay=None):
-    return (q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32),
-            torch.empty_like(sums), torch.empty_like(log_max), torch.empty_like(row_positions),
-            torch.empty_like(position))
+      fit_basis, weights, bias, lam, decay, step_kind):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
 
 
 def empty_state(batch, heads, dv, features, device=None):
-    """The state of a decoder with nothing appended: (sums, log_max, row_positions,
-    position) on device (None: the default device); features = F
-    (favor._core.feature_count(kernel, m))."""
-    return (torch.zeros(batch, heads, features, dv + 1, device=device),
-            torch.full((batch, heads), float("-inf"), dtype=torch.float64, device=device),
-            torch.zeros(batch, dtype=torch.int64, device=device),
-            torch.zeros(1, dtype=torch.int64, device=device))
+    """The DecodeState of a decoder with nothing appended, on device (None: the default
+    device); features = F (favor._core.feature_count(kernel, m))."""
+    return DecodeState(torch.zeros(batch, heads, features, dv + 1, device=device),
+                       torch.full((batch, heads), float("-inf"), dtype=torch.float64,
+                                  device=device),
+                       torch.zeros(batch, dtype=torch.int64, device=device),
+                       torch.zeros(1, dtype=torch.int64, device=device))
 
 
 def _map_parameter(t, name):
@@ -89,52 +189,59 @@ def _map_parameter(t, name):
 def decode_step(state, q, k, v, projection, *, kernel="positive", scale=None, fit=None,
                 key_mask=None, weights=None, bias=None, feature_weights=None, decay=None,
                 backend=None):
-    """One decoder step on tensors: (y, new_state) for state = (sums, log_max, row_positions,
-    position) (empty_state() to start), q/k/v [B, H, T, D or Dv] (float32 or cast to it),
-    projection a float [m, D] tensor, fit None or (a, basis) float64 tensors (FAVOR++ /
-    FAVOR#), key_mask [B, T] (nonzero = the token takes part; left padding). A learned map
-    as favor.torch.attention's: weights [sets, m, D], bias [sets, m], feature_weights
-    [sets, m] (sets 1, H or B*H), decay a tensor of gamma per head ([1] or [H]). No
-    autograd. backend as favor.torch.attention's: None picks by q's device (CPU: the C++
-    decoder; CUDA: the fused Triton step; other devices: torch operations,
-    ops/decoder/generic.py), on the same state layout, so a state moves between devices."""
+    """One decoder step on tensors, functional: (y, new DecodeState) for state a DecodeState
+    (or the 4-tuple; empty_state() to start), which is left as it was. q/k/v [B, H, T, D or
+    Dv] (float32 or cast to it): T = 1 is one step of every row (fused on the CPU); T > 1
+    appends the T tokens, then every query reads the state. projection a float [m, D]
+    tensor, fit None or (a, basis) float64 tensors (FAVOR++ / FAVOR#), key_mask [B, T]
+    (nonzero = the token takes part; left padding). A learned map as favor.torch.attention's:
+    weights [sets, m, D], bias [sets, m], feature_weights [sets, m] (sets 1, H or B*H), decay
+    a tensor of gamma per head ([1] or [H]). No autograd. The kernel is torch's dispatcher's
+    choice by q's device (CPU: the C++ decoder; CUDA: the fused Triton step; others: torch
+    operations), on one state layout, so a state moves between devices with .to(); backend
+    forces one (ops/_dispatch.py)."""
+    new = DecodeState(*(t.clone() for t in state)) if isinstance(state, (tuple, list)) \
+        and len(state) == 4 and all(isinstance(t, torch.Tensor) for t in state) else state
+    mode = "step" if q.shape[2] == 1 and k.shape[2] == 1 else "append_query"
+    return advance(new, q, k, v, projection, mode=mode, kernel=kernel, scale=scale, fit=fit,
+                   key_mask=key_mask, weights=weights, bias=bias,
+                   feature_weights=feature_weights, decay=decay, backend=backend), new
+
+
+def advance(state, q, k, v, projection, *, mode="step", kernel="positive", scale=None,
+            fit=None, key_mask=None, weights=None, bias=None, feature_weights=None, decay=None,
+            backend=None, decoder=None):
+    """favor::decode_step on a DecodeState that is advanced in place (its owner keeps the
+    same tensors: a Hugging Face cache layer, favor.torch.Decoder); returns y [B, H, T, Dv]
+    float32. mode 'step', 'append_query' or 'prefill' (causal attention over the T tokens
+    from the state, leaving the state after their append: the keys are featurised once),
+    'append' (k, v; y empty) or 'query' (q). decoder: the favor._core.Decoder of this map,
+    kept by an owner: eager CPU calls then run its kernel without the op's dispatch (the same
+    kernel, the same bits; tens of us per call, which is most of a decode step's time)."""
     for t, name in ((q, "q"), (k, "k"), (v, "v"), (projection, "projection")):
         T.check_tensor(t, name)
+    if mode not in MODES:
+        raise _core.Error(f"mode: '{mode}' must be one of {', '.join(MODES)}")
+    forced = _dispatch.forced("decode_step", backend, q)
     fit_a, fit_basis = (None, None) if fit is None else fit
     lam = _map_parameter(feature_weights, "feature_weights")
     if lam is not None and lam.dim() == 1:
         lam = lam[None]  # [m]: one set, as in favor.attention
-    path = T.backend(q, "q", backend)
+    if not torch.compiler.is_compiling():
+        _check_state(state, q.shape[0], q.shape[1],
+                     _core.feature_count(kernel, projection.shape[0]), v.shape[-1])
+    if decoder is not None and eager_mode() \
+            and _dispatch.cpu_kernel_runs(backend, q, k, v, *tuple(state)[:4]):
+        return cpu_step(decoder, tuple(state)[:4], q, k, v, key_mask, mode)  # no op dispatch
+    dev = q.device
+    to = lambda t: None if t is None else t.to(dev)  # noqa: E731
     decay_t = None if decay is None else _map_parameter(decay, "decay").reshape(-1)
-    if path != "cpu":
-        return _decode_on_device(path, state, q, k, v, projection, kernel, scale, fit_a,
-                                 fit_basis, key_mask, _map_parameter(weights, "weights"),
-                                 _map_parameter(bias, "bias"), lam, decay_t)
-    y, *new = decode_step_op(*state, q.float(), k.float(), v.float(), key_mask,
-                             projection.float(), kernel, _args.optional_number(scale, "scale"),
-                             fit_a, fit_basis, _map_parameter(weights, "weights"),
-                             _map_parameter(bias, "bias"), lam,
-                             None if decay is None else _map_parameter(decay, "decay").reshape(-1))
-    return y, tuple(new)
-
-
-def _decode_on_device(path, state, q, k, v, w, kernel, scale, fit_a, fit_basis, key_mask,
-                      weights, bias, lam, decay):
-    """decode_step on the torch path or the fused Triton step (T = 1 tokens; longer steps
-    take the torch path), the map checked by C++'s rules (canonical.check_map)."""
-    paths.check_inputs(q, k, v, False)
-    cm = paths.device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel,
-                          _args.optional_number(scale, "scale"), decay is not None)
-    _check_state(state, q.shape[0], q.shape[1], _core.feature_count(kernel, w.shape[0]),
-                 v.shape[-1])
-    check_key_mask(key_mask, q.shape[0], k.shape[2])
-    state = tuple(t.to(q.device) for t in state)
-    q, k, v = q.float(), k.float(), v.float()
-    if path == "triton" and q.shape[2] == 1 and k.shape[2] == 1:
-        from ..attention.triton_function import triton_decode_step
-        return triton_decode_step(state, q, k, v, cm, key_mask)
+    args = (*tuple(state)[:4], q.float(), k.float(), v.float(), to(key_mask),
+            to(projection.detach().float()), kernel, _args.optional_number(scale, "scale"),
+            to(fit_a), to(fit_basis), to(_map_parameter(weights, "weights")),
+            to(_map_parameter(bias, "bias")), to(lam), to(decay_t), mode)
     with torch.no_grad():
-        return generic.decode_step(state, q, k, v, cm, key_mask)
+        return (decode_step_op if forced is None else forced)(*args)
 
 
 def _check_state(state, batch, heads, features, dv):

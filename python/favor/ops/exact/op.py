@@ -1,17 +1,38 @@
-"""favor::exact_attention and favor::exact_attention_backward: softmax(scale q k^T) v on CPU
-tensors by the C++ library (causal, key mask), with its backward."""
+"""favor::exact_attention and favor::exact_attention_backward: softmax(scale q k^T) v (causal,
+key mask) with its backward. Kernels: CPU the C++ library; every other device (CUDA
+included: SDPA's flash, memory-efficient and cuDNN kernels are the fused ones there) plain
+torch operations (generic.py), the default."""
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ... import _args, _core
+from .. import _dispatch
 from .. import _tensors as T
+from ..attention import paths
+from . import generic
 
 
-@torch.library.custom_op("favor::exact_attention", mutates_args=(), device_types="cpu")
+def _generic(q, k, v, key_padding_mask, causal, scale):
+    """y by the torch path, after the rules the C++ call checks (shapes, finite values, the
+    scale's rule checked by C++ on one zero token)."""
+    paths.check_inputs(q, k, v, causal, key_padding_mask)
+    one = np.zeros((1, 1, 1, 1), np.float32)
+    _core.exact_attention(one, one, one, scale=scale)
+    keep = paths.keep_batch(key_padding_mask, q.device)
+    return generic.exact_attention(q.float(), k.float(), v.float(), keep, causal, scale)
+
+
+@torch.library.custom_op("favor::exact_attention", mutates_args=(), device_types=None)
 def exact_attention_op(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
                        causal: bool, scale: Optional[float]) -> Tensor:
+    return _generic(q, k, v, key_padding_mask, causal, scale)
+
+
+@exact_attention_op.register_kernel("cpu")
+def cpu_forward(q, k, v, key_padding_mask, causal, scale):
     T.follow_torch_threads()
     return T.tensor(_core.exact_attention(T.view(q), T.view(k), T.view(v), causal=causal,
                                           scale=scale, key_mask=T.keep_mask(key_padding_mask)))
@@ -22,10 +43,23 @@ def _(q, k, v, key_padding_mask, causal, scale):
     return q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
 
 
-@torch.library.custom_op("favor::exact_attention_backward", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("favor::exact_attention_backward", mutates_args=(), device_types=None)
 def exact_attention_backward_op(dy: Tensor, q: Tensor, k: Tensor, v: Tensor,
                                 key_padding_mask: Optional[Tensor], causal: bool,
                                 scale: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
+    return _generic_backward(dy, q, k, v, key_padding_mask, causal, scale)
+
+
+def _generic_backward(dy, q, k, v, key_padding_mask, causal, scale):
+    """The default backward: autograd through the torch forward, recomputed."""
+    leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    with torch.enable_grad():
+        y = _generic(*leaves, key_padding_mask, causal, scale)
+        return tuple(g.detach() for g in torch.autograd.grad(y, leaves, dy.to(y.dtype)))
+
+
+@exact_attention_backward_op.register_kernel("cpu")
+def cpu_backward(dy, q, k, v, key_padding_mask, causal, scale):
     T.follow_torch_threads()
     dq, dk, dv, _ = _core.exact_attention_backward(
         T.view(q), T.view(k), T.view(v), T.view(dy), causal=causal, scale=scale,
@@ -39,25 +73,35 @@ def _(dy, q, k, v, key_padding_mask, causal, scale):
             v.new_empty(v.shape, dtype=torch.float32))
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, key_padding_mask, causal, scale = inputs
-    ctx.save_for_backward(q, k, v, key_padding_mask)
-    ctx.options = (causal, scale)
+class Formula:
+    """favor::exact_attention's autograd formula (every kernel's)."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, key_padding_mask, causal, scale = inputs
+        ctx.save_for_backward(q, k, v, key_padding_mask)
+        ctx.options = (causal, scale)
+
+    @staticmethod
+    def backward(ctx, dy, backward_op=None, need=None):
+        q, k, v, key_padding_mask = ctx.saved_tensors
+        run = exact_attention_backward_op if backward_op is None else backward_op
+        dq, dk, dv = run(dy.to(torch.float32), q, k, v, key_padding_mask, *ctx.options)
+        need = ctx.needs_input_grad if need is None else need
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None,
+                None, None)
 
 
-def _backward(ctx, dy):
-    q, k, v, key_padding_mask = ctx.saved_tensors
-    dq, dk, dv = exact_attention_backward_op(dy.to(torch.float32), q, k, v, key_padding_mask,
-                                             *ctx.options)
-    need = ctx.needs_input_grad
-    return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None,
-            None, None)
+exact_attention_op.register_autograd(Formula.backward, setup_context=Formula.setup_context)
+_dispatch.register("exact_attention", {"cpu": (cpu_forward, cpu_backward),
+                                       "torch": (_generic, _generic_backward)})
 
 
-exact_attention_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-def exact_attention(q, k, v, key_padding_mask, causal, scale):
-    """The op on float32 tensors (favor.torch.attention(method='exact') checks and casts)."""
-    return exact_attention_op(q, k, v, key_padding_mask, bool(causal),
-                              _args.optional_number(scale, "scale"))
+def exact_attention(q, k, v, key_padding_mask, causal, scale, backend=None):
+    """The op on float32 tensors (favor.torch.attention(method='exact') checks and casts);
+    backend as favor.torch.attention's (ops/_dispatch.py)."""
+    args = (q, k, v, key_padding_mask, bool(causal), _args.optional_number(scale, "scale"))
+    forced = _dispatch.forced("exact_attention", backend, q)
+    if forced is None:
+        return exact_attention_op(*args)
+    return _dispatch.ForcedAutograd.apply(Formula, *forced, *args)

@@ -15,8 +15,10 @@ from torch import Tensor
 
 from ... import _core
 from ...distributed._agreement import agreed
+from .. import _dispatch
 from .. import _tensors as T
-from ..attention.op import backward_fake, backward_outputs, decay_list, feature_map, input_grads
+from ..attention.layout import backward_fake, decay_list, feature_map
+from ..attention.op import backward_outputs, input_grads
 from .exchanges import exchange_of, record
 
 
@@ -97,3 +99,9 @@ def _backward(ctx, dy):
 
 
 sequence_parallel_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# Other devices: the exchange runs on the host (MPI or the given transport), so do the kernels
+for _op, _name in ((sequence_parallel_attention_op, "sequence_parallel_attention"),
+                   (sequence_parallel_attention_backward_op, "sequence_parallel_attention_backward")):
+    _op.register_kernel(_dispatch.OTHER_DEVICES, _dispatch.on_host(_op, _name))

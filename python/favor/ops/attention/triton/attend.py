@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 from . import params as P
-from .features import (FLT_MIN, LOG2E, amplitude, feature_tile, key_features, key_log2,
-                       key_offset, project)
+from .features import (amplitude, feature_tile, key_features, key_log2, key_max, key_offset,
+                       key_shift, project, query_features, query_log2, shift_terms)
 
 # Launch choices for sm_90 at D = 64, F = 256, C = 64, Dv = 64 (ptxas -v on the bundled
 # ptxas, bf16 inputs; not timed, no GPU here): with 4 warps _key_partials, _bidir_queries and
@@ -65,8 +65,8 @@ def _key_partials(k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr,
     f0 = fb * BLOCK_F
     f = f0 + tl.arange(0, BLOCK_F)
     w, bias, lw, sign, fok = feature_tile(w_ptr + (bh % W_SETS) * m * D, b_ptr + (bh % B_SETS) * m,
-                                          lw_ptr + (bh % L_SETS) * m, f0, m, F, D,
-                                          KIND, HAS_BIAS, HAS_LOGW, BLOCK_F, BLOCK_D)
+                                          lw_ptr + (bh % L_SETS) * m, f, m, F, D,
+                                          KIND, HAS_BIAS, HAS_LOGW, BLOCK_D)
     rate = 0.0
     if HAS_RATE:
         rate = tl.load(r_ptr + bh % R_SETS)
@@ -86,14 +86,13 @@ def _key_partials(k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr,
         a = project(x, w, bias, PRECISION)
         lk = key_log2(a, sign, lw, KIND)
         g = key_offset(x, rows, norm_coef, rate, HAS_RATE)
-        kmax = tl.where(ok, tl.max(lk, 1).to(tl.float64) + g, float("-inf"))
+        kmax = key_max(lk, g, ok)
         if STORE_ROWMAX:
             if dvb == 0:
-                tl.store(rm_ptr + (bh * n_f + fb) * N + rows, kmax.to(tl.float32), mask=inside)
-        mn = tl.maximum(mx, tl.max(kmax, 0).to(tl.float32))
+                tl.store(rm_ptr + (bh * n_f + fb) * N + rows, kmax, mask=inside)
+        mn = tl.maximum(mx, tl.max(kmax, 0))
         r = tl.where(mx == float("-inf"), 0.0, tl.exp2(mx - mn))
-        off = tl.where(ok, g - tl.where(mn == float("-inf"), 0.0, mn).to(tl.float64), 0.0)
-        phi = key_features(lk, off.to(tl.float32), ok, a, f, m, KIND)
+        phi = key_features(lk, key_shift(g, mn, ok), ok, a, f, m, KIND)
         v = tl.load(v_ptr + bh * N * DV + rows[:, None] * DV + e[None, :],
                     mask=inside[:, None] & (e[None, :] < DV), other=0.0).to(tl.float32)
         acc = acc * r + tl.dot(tl.trans(phi), v, input_precision=PRECISION)
@@ -179,27 +178,24 @@ def _bidir_queries(q_ptr, w_ptr, b_ptr, s_ptr, z_ptr, y_ptr, den_ptr, c_ptr,
     if KIND != 2:
         c = tl.full([BLOCK_N], float("-inf"), tl.float32)
         for f0 in range(0, F, BLOCK_F):
-            w, bias, lw, sign, fok = feature_tile(wp, bp, bp, f0, m, F, D, KIND, HAS_BIAS, False,
-                                                  BLOCK_F, BLOCK_D)
-            la = project(x, w, bias, PRECISION) * (sign * LOG2E)[None, :]
-            z = tl.load(z_ptr + bh * F + f0 + tl.arange(0, BLOCK_F), mask=fok, other=0.0)
-            live = z >= FLT_MIN
-            cand = tl.where(live[None, :], la + tl.log2(tl.where(live, z, 1.0))[None, :],
-                            float("-inf"))
-            c = tl.maximum(c, tl.max(cand, 1))
+            f = f0 + tl.arange(0, BLOCK_F)
+            w, bias, lw, sign, fok = feature_tile(wp, bp, bp, f, m, F, D, KIND, HAS_BIAS, False,
+                                                  BLOCK_D)
+            lq = query_log2(project(x, w, bias, PRECISION), sign)
+            z = tl.load(z_ptr + bh * F + f, mask=fok, other=0.0)
+            c = tl.maximum(c, tl.max(shift_terms(lq, z[None, :]), 1))
     num = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     den = tl.zeros([BLOCK_N], dtype=tl.float32)
     for f0 in range(0, F, BLOCK_F):
         f = f0 + tl.arange(0, BLOCK_F)
-        w, bias, lw, sign, fok = feature_tile(wp, bp, bp, f0, m, F, D, KIND, HAS_BIAS, False,
-                                              BLOCK_F, BLOCK_D)
+        w, bias, lw, sign, fok = feature_tile(wp, bp, bp, f, m, F, D, KIND, HAS_BIAS, False,
+                                              BLOCK_D)
         a = project(x, w, bias, PRECISION)
         z = tl.load(z_ptr + bh * F + f, mask=fok, other=0.0)
         if KIND == 2:
             psi = tl.where(fok[None, :], amplitude(a, f, m), 0.0)
         else:
-            live = (z >= FLT_MIN)[None, :] & (c > float("-inf"))[:, None]
-            psi = tl.where(live, tl.exp2(a * (sign * LOG2E)[None, :] - c[:, None]), 0.0)
+            psi = query_features(query_log2(a, sign), c[:, None], z[None, :])
         den += tl.sum(psi * z[None, :], 1)
         st = tl.load(s_ptr + (bh * F + f[:, None]) * DV + e[None, :],
                      mask=fok[:, None] & (e[None, :] < DV), other=0.0)
@@ -259,8 +255,8 @@ def _chunk_tile(wp, bp, lp, f0, m, F, D, xk, xq, off, ok, ex, rb, hz_ptr, hbase,
     intra-chunk sum plus the boundary normaliser hz rescaled by rb), and the queries'
     projections aq. (f, sign, fok, phi, pre, aq)."""
     f = f0 + tl.arange(0, BLOCK_F)
-    w, bias, lw, sign, fok = feature_tile(wp, bp, lp, f0, m, F, D, KIND, HAS_BIAS, HAS_LOGW,
-                                          BLOCK_F, BLOCK_D)
+    w, bias, lw, sign, fok = feature_tile(wp, bp, lp, f, m, F, D, KIND, HAS_BIAS, HAS_LOGW,
+                                          BLOCK_D)
     ak = project(xk, w, bias, PRECISION)
     phi = key_features(key_log2(ak, sign, lw, KIND), off, ok, ak, f, m, KIND)
     hz = tl.load(hz_ptr + hbase * F + f, mask=fok, other=0.0)
@@ -315,7 +311,7 @@ def _causal_out(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, rm_p
     vis = tri & ok[None, :]
     ex = tl.exp2(tl.where(vis, mis[None, :] - mis[:, None], float("-inf")))  # [i, j] <= 1
     rb = tl.where(bc == float("-inf"), 0.0, tl.exp2(bc - mis))
-    off = tl.where(ok, g - mis.to(tl.float64), 0.0).to(tl.float32)
+    off = key_shift(g, mis, ok)
     wp = w_ptr + (bh % W_SETS) * m * D
     bp = b_ptr + (bh % B_SETS) * m
     lp = lw_ptr + (bh % L_SETS) * m
@@ -327,10 +323,7 @@ def _causal_out(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, rm_p
             f, sign, fok, phi, pre, aq = _chunk_tile(
                 wp, bp, lp, f0, m, F, D, xk, xq, off, ok, ex, rb, hz_ptr, hbase, KIND,
                 HAS_BIAS, HAS_LOGW, PRECISION, BLOCK_F, BLOCK_D)
-            la = aq * (sign * LOG2E)[None, :]
-            live = pre >= FLT_MIN
-            cand = tl.where(live, la + tl.log2(tl.where(live, pre, 1.0)), float("-inf"))
-            c = tl.maximum(c, tl.max(cand, 1))
+            c = tl.maximum(c, tl.max(shift_terms(query_log2(aq, sign), pre), 1))
     att = tl.zeros([C, C], dtype=tl.float32)
     inter = tl.zeros([C, BLOCK_DV], dtype=tl.float32)
     den = tl.zeros([C], dtype=tl.float32)
@@ -341,8 +334,7 @@ def _causal_out(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, rm_p
         if KIND == 2:
             psi = tl.where(fok[None, :], amplitude(aq, f, m), 0.0)
         else:
-            live = (pre >= FLT_MIN) & (c > float("-inf"))[:, None]
-            psi = tl.where(live, tl.exp2(aq * (sign * LOG2E)[None, :] - c[:, None]), 0.0)
+            psi = query_features(query_log2(aq, sign), c[:, None], pre)
         den += tl.sum(psi * pre, 1)
         att += tl.dot(psi, tl.trans(phi), input_precision=PRECISION)
         hs = tl.load(hs_ptr + (hbase * F + f[:, None]) * DV + e[None, :],

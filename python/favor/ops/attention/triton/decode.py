@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from . import params as P
-from .features import (FLT_MIN, LN2, LOG2E, amplitude, feature_tile, key_features, key_log2,
-                       key_offset)
+from .features import (LN2, LOG2E, amplitude, feature_tile, key_features, key_log2,
+                       key_offset, key_shift, query_features, query_log2, shift_terms)
 
 NUM_WARPS = 4
 
@@ -39,8 +39,8 @@ def _token_tile(wp, bp, lp, f0, m, F, D, xk, xq, off, okv, r, sums_ptr, bh, row,
     phi at the new max, the normaliser z after the append (the old s rescaled by r, plus
     phi), and the query's projection aq [1, BLOCK_F]. (f, sign, fok, phi, z, aq)."""
     f = f0 + tl.arange(0, BLOCK_F)
-    w, bias, lw, sign, fok = feature_tile(wp, bp, lp, f0, m, F, D, KIND, HAS_BIAS, HAS_LOGW,
-                                          BLOCK_F, BLOCK_D)
+    w, bias, lw, sign, fok = feature_tile(wp, bp, lp, f, m, F, D, KIND, HAS_BIAS, HAS_LOGW,
+                                          BLOCK_D)
     ak = _row(xk, w, bias)
     phi = tl.sum(key_features(key_log2(ak, sign, lw, KIND), off, okv, ak, f, m, KIND), 0)
     z = r * tl.load(sums_ptr + (bh * F + f) * row + DV, mask=fok, other=0.0) + phi
@@ -75,14 +75,14 @@ def _decode(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, sums_ptr
     lp = lw_ptr + (bh % L_SETS) * m
     kmax = tl.full([], float("-inf"), tl.float32)
     for f0 in range(0, F, BLOCK_F):
-        w, bias, lw, sign, fok = feature_tile(wp, bp, lp, f0, m, F, D, KIND, HAS_BIAS, HAS_LOGW,
-                                              BLOCK_F, BLOCK_D)
+        w, bias, lw, sign, fok = feature_tile(wp, bp, lp, f0 + tl.arange(0, BLOCK_F), m, F, D,
+                                              KIND, HAS_BIAS, HAS_LOGW, BLOCK_D)
         kmax = tl.maximum(kmax, tl.max(tl.max(key_log2(_row(xk, w, bias), sign, lw, KIND), 1), 0))
     lm2 = tl.load(lm_ptr + bh) * LOG2E
     kept = tl.max(okv.to(tl.int32), 0) != 0
     mn = tl.where(kept, tl.maximum(lm2, kmax.to(tl.float64) + g), lm2)
     r = tl.where(lm2 == float("-inf"), 0.0, tl.exp2((lm2 - mn).to(tl.float32)))
-    off = (tl.zeros([1], tl.float64) + tl.where(kept, g - mn, 0.0)).to(tl.float32)
+    off = key_shift(tl.zeros([1], tl.float64) + g, mn, kept)
     tl.store(nlm_ptr + bh, mn * LN2)
     row = DV + 1
     c = tl.zeros([], tl.float32)
@@ -92,10 +92,7 @@ def _decode(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, sums_ptr
             f, sign, fok, phi, z, aq = _token_tile(wp, bp, lp, f0, m, F, D, xk, xq, off, okv,
                                                   r, sums_ptr, bh, row, DV, KIND, HAS_BIAS,
                                                   HAS_LOGW, BLOCK_F, BLOCK_D)
-            la = tl.sum(aq, 0) * sign * LOG2E
-            live = z >= FLT_MIN
-            c = tl.maximum(c, tl.max(tl.where(live, la + tl.log2(tl.where(live, z, 1.0)),
-                                              float("-inf")), 0))
+            c = tl.maximum(c, tl.max(shift_terms(tl.sum(query_log2(aq, sign), 0), z), 0))
     den = tl.zeros([], tl.float32)
     for dv0 in range(0, DV, BLOCK_DV):
         e = dv0 + tl.arange(0, BLOCK_DV)
@@ -108,8 +105,7 @@ def _decode(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, keep_ptr, sums_ptr
             if KIND == 2:
                 psi = tl.where(fok, tl.sum(amplitude(aq, f, m), 0), 0.0)
             else:
-                live = (z >= FLT_MIN) & ((tl.zeros_like(z) + c) > float("-inf"))
-                psi = tl.where(live, tl.exp2(tl.sum(aq, 0) * sign * LOG2E - c), 0.0)
+                psi = query_features(tl.sum(query_log2(aq, sign), 0), tl.zeros_like(z) + c, z)
             den += tl.where(dv0 == 0, tl.sum(psi * z, 0), 0.0)
             if dv0 == 0:
                 tl.store(out_ptr + (bh * F + f) * row + DV, z, mask=fok)

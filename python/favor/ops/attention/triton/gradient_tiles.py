@@ -1,13 +1,18 @@
-"""The tile helpers of the fused backward (gradients.py): loads, the projection, the key log
-weight and log-features, the features of a tile (f and m + f together), the query features
-after the shift, and the pieces of the chain rule through the features (dpsi, da, dphi).
-@triton.jit functions inlined into gradients.py's kernels."""
+"""The tile helpers of the fused backward (gradients.py): loads, the feature prologue on a
+tile of base features (features.py's, the one the forward and the decode step use: f and
+m + f together, so the +-a / sin-cos pairs meet), the query features after the shift, and
+the pieces of the chain rule through the features (dpsi, da, dphi). @triton.jit functions
+inlined into gradients.py's kernels. Units as in features.py: log-features, maxima M and
+shifts c in log2 units, the key offsets g_j - M formed in float64 and rounded once; a stays
+natural (a feature is exp2(+-a log2 e + ...), so d phi / d a = +-phi as in natural units).
+"""
 import triton
 import triton.language as tl
 
-_LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x log2 e): the hardware has exp2
+from .features import (feature_tile, key_exp, key_log2, key_max, key_offset, key_shift,
+                       project, query_features, query_log2, shift_terms)
+
 _NEG = tl.constexpr(-1.0e30)  # "no key yet": finite, so NEG - NEG = 0, never NaN
-_FLT_MIN = tl.constexpr(1.1754944e-38)  # key sums below this are dead features
 
 EXP, EXP_PM, TRIG = 0, 1, 2
 
@@ -36,44 +41,61 @@ def _kept(keep_ptr, rows, row_ok, HAS_KEEP: tl.constexpr):
 
 
 @triton.jit
-def _project(x, w_ptr, b_ptr, f, fm, D: tl.constexpr, HAS_BIAS: tl.constexpr,
-             PREC: tl.constexpr):
-    """a = x W[f]^T + bias[f] for a tile of base features f; also the W rows (zero past m)."""
-    w = tl.load(w_ptr + f[:, None] * D + tl.arange(0, D)[None, :], mask=fm[:, None], other=0.0)
-    a = tl.dot(x, tl.trans(w), input_precision=PREC)
-    if HAS_BIAS:
-        a += tl.load(b_ptr + f, mask=fm, other=0.0)[None, :]
-    return a, w
+def _query_tile(x, w_ptr, b_ptr, f, m, D: tl.constexpr, KIND: tl.constexpr,
+                HAS_BIAS: tl.constexpr, PREC: tl.constexpr):
+    """The prologue of query rows x on base features f (< m): (a, lq, w), a = x W[f]^T +
+    bias[f] (TRIG's angle), lq = a log2 e the log2-features of f (-lq those of m + f) and
+    W's rows (zero past m)."""
+    w, bias, lw, sign, fm = feature_tile(w_ptr, b_ptr, b_ptr, f, m, m, D, KIND, HAS_BIAS, False,
+                                         D)
+    a = project(x, w, bias, PREC)
+    return a, query_log2(a, sign), w
+
+
+@triton.jit
+def _key_tile(x, w_ptr, b_ptr, klw_ptr, f, m, D: tl.constexpr, KIND: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_KLW: tl.constexpr, PREC: tl.constexpr):
+    """The prologue of key rows x on base features f (< m): (a, lo, hi, w), lo and hi the
+    log2-features of f (+a) and m + f (-a; hi = lo for TRIG, the key log weight alone, and
+    for EXP, which has no m + f) without g_j, -inf past m."""
+    w, bias, lw, sign, fm = feature_tile(w_ptr, b_ptr, klw_ptr, f, m, m, D, KIND, HAS_BIAS,
+                                         HAS_KLW, D)
+    a = project(x, w, bias, PREC)
+    lo = key_log2(a, sign, lw, KIND)
+    hi = lo
+    if KIND == 1:
+        hi = key_log2(-a, sign, lw, KIND)
+    return a, lo, hi, w
 
 
 @triton.jit
 def _key_offset(x, rows, norm_coef, rate_ptr, HAS_RATE: tl.constexpr):
-    """g_j = norm_coef |k_j|^2 + j rate: the part of key j's log-features shared by all f."""
-    g = norm_coef * tl.sum(x * x, 1)
+    """features.key_offset's g_j (log2, float64) of key rows x at positions rows, the rate
+    read from rate_ptr."""
+    rate = 0.0
     if HAS_RATE:
-        g += rows.to(tl.float32) * tl.load(rate_ptr)
-    return g
+        rate = tl.load(rate_ptr)
+    return key_offset(x, rows, norm_coef, rate, HAS_RATE)
 
 
 @triton.jit
-def _key_logits(a, g, klw_ptr, f, fm, HAS_KLW: tl.constexpr, KIND: tl.constexpr):
-    """Key log-features of features f (lo) and m + f (hi; equal to lo for TRIG, unused for EXP)."""
-    base = g[:, None] + tl.zeros_like(a)
-    if HAS_KLW:
-        base += tl.load(klw_ptr + f, mask=fm, other=0.0)[None, :]
-    if KIND == 2:
-        return base, base
-    return base + a, base - a
+def _key_row_max(lo, hi, g, kept, KIND: tl.constexpr):
+    """Each key's largest log2-feature over the tile's pair (features.key_max)."""
+    if KIND == 1:
+        return key_max(tl.maximum(lo, hi), g, kept)
+    return key_max(lo, g, kept)
 
 
 @triton.jit
-def _key_features(lo, hi, a, mref, valid, KIND: tl.constexpr):
-    """(e_lo, e_hi, phi_lo, phi_hi): e = exp(l - mref) (0 where not valid), phi = amp e."""
-    e_lo = tl.where(valid, tl.exp2((lo - mref) * _LOG2E), 0.0)
+def _key_features(lo, hi, a, off, kept, KIND: tl.constexpr):
+    """(e_lo, e_hi, phi_lo, phi_hi): e = exp2(l - M) = key_exp(l, off) for f and m + f (0
+    where the key is not kept or the feature past m), phi = e times TRIG's amplitude (sin a
+    for f, cos a for m + f)."""
+    e_lo = key_exp(lo, off, kept)
     if KIND == 0:
         e_hi = e_lo
     else:
-        e_hi = tl.where(valid, tl.exp2((hi - mref) * _LOG2E), 0.0)
+        e_hi = key_exp(hi, off, kept)
     if KIND == 2:
         return e_lo, e_hi, e_lo * tl.sin(a), e_hi * tl.cos(a)
     return e_lo, e_hi, e_lo, e_hi
@@ -96,31 +118,41 @@ def _normaliser(bscale, s_ptr, f, fm, m, T, phik_lo, phik_hi, KIND: tl.constexpr
 
 
 @triton.jit
-def _query_features(a, c, p_lo, p_hi, fm, KIND: tl.constexpr):
-    """psi for features f and m + f: exp(+-a - c) where the feature is live (its key sum
-    p >= FLT_MIN), 0 where dead; TRIG [sin a, cos a]."""
+def _query_shift(c, lq, p_lo, p_hi, KIND: tl.constexpr):
+    """The row shift c (log2) after one tile: the max with lq + log2 p over live features
+    (features.shift_terms), -lq + log2 p_hi for EXP_PM's m + f."""
+    c = tl.maximum(c, tl.max(shift_terms(lq, p_lo), 1))
+    if KIND == 1:
+        c = tl.maximum(c, tl.max(shift_terms(-lq, p_hi), 1))
+    return c
+
+
+@triton.jit
+def _query_features(a, lq, c, p_lo, p_hi, KIND: tl.constexpr):
+    """psi for features f and m + f: exp2(+-lq - c) where the feature is live (its key sum
+    p >= FLT_MIN; features.query_features), 0 where dead (past m: p = 0); TRIG [sin a, cos a]."""
     if KIND == 2:
         return tl.sin(a), tl.cos(a)
-    lo = tl.where((p_lo >= _FLT_MIN) & fm[None, :], tl.exp2((a - c[:, None]) * _LOG2E), 0.0)
+    lo = query_features(lq, c[:, None], p_lo)
     hi = lo
     if KIND == 1:
-        hi = tl.where((p_hi >= _FLT_MIN) & fm[None, :], tl.exp2((-a - c[:, None]) * _LOG2E), 0.0)
+        hi = query_features(-lq, c[:, None], p_hi)
     return lo, hi
 
 
 @triton.jit
 def _chunk_keys(k_ptr, keep_ptr, mrun_ptr, rows, row_ok, mi, norm_coef, rate_ptr,
                 D: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_RATE: tl.constexpr):
-    """The keys of a causal chunk, whose queries are the same rows: (x, g, kept, M_j, T)
-    with T_ij = exp(M_j - M_i) for kept j <= i (i inside the sequence, at scale mi), 0
-    elsewhere."""
+    """The keys of a causal chunk, whose queries are the same rows: (x, off, kept, M_j, T)
+    with off the per-key offset g_j - M_j at the key's own running max and T_ij =
+    exp2(M_j - M_i) for kept j <= i (i inside the sequence, at scale mi), 0 elsewhere."""
     kept = _kept(keep_ptr, rows, row_ok, HAS_KEEP)
     x = _load_rows(k_ptr, rows, row_ok, D, D)
-    g = _key_offset(x, rows, norm_coef, rate_ptr, HAS_RATE)
     mj = tl.load(mrun_ptr + rows, mask=row_ok, other=_NEG)
+    off = key_shift(_key_offset(x, rows, norm_coef, rate_ptr, HAS_RATE), mj, kept)
     vis = (rows[None, :] <= rows[:, None]) & kept[None, :] & row_ok[:, None]
-    T = tl.where(vis, tl.exp2((mj[None, :] - mi[:, None]) * _LOG2E), 0.0)
-    return x, g, kept, mj, T
+    T = tl.where(vis, tl.exp2(mj[None, :] - mi[:, None]), 0.0)
+    return x, off, kept, mj, T
 
 
 @triton.jit

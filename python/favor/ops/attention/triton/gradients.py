@@ -3,9 +3,12 @@ docs/numerics.md): gradients of y = (psi^T [S | s]) / (psi^T s) w.r.t. q, k, v a
 parameters (W with sqrt(scale) folded in, bias, key_logw = log lambda^2, rate = -log gamma).
 
 Nothing is saved by the forward except y: every kernel recomputes the log-features it needs
-from q, k and W in fp32. The shifts (key maxima M, query shifts c_i) cancel in the ratio, so
-they are constants of the gradient. With den_i = psi_i . s_i and g_i = dy_i / den_i the
-gradient w.r.t. the augmented numerator [num_i | den_i] is G_i = [g_i | -g_i . y_i]; then
+from q, k and W in fp32, with the forward's prologue (features.py, through gradient_tiles.py):
+log2 units for the log-features, the maxima M and the shifts c_i, and the key offsets
+g_j - M formed in float64 and rounded once. The shifts (key maxima M, query shifts c_i)
+cancel in the ratio, so they are constants of the gradient. With den_i = psi_i . s_i and
+g_i = dy_i / den_i the gradient w.r.t. the augmented numerator [num_i | den_i] is
+G_i = [g_i | -g_i . y_i]; then
 dpsi_i = [S_i | s_i] G_i, dphi_j = R_j [v_j | 1] and dv_j = phi_j^T R_j[:, :Dv], where R_j
 sums psi_i G_i^T over the queries that see key j (at the key's scale in causal mode).
 
@@ -36,10 +39,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .gradient_tiles import (_FLT_MIN, _LOG2E, _NEG, EXP, _chunk_keys, _head_map, _key_da,
-                             _key_dphi, _key_features, _key_logits, _key_offset, _kept,
-                             _load_rows, _normaliser, _project, _query_da, _query_dpsi,
-                             _query_features)
+from .features import key_shift
+from .gradient_tiles import (_NEG, EXP, _chunk_keys, _head_map, _key_da, _key_dphi,
+                             _key_features, _key_offset, _key_row_max, _key_tile, _kept,
+                             _load_rows, _normaliser, _query_da, _query_dpsi, _query_features,
+                             _query_shift, _query_tile)
 
 # Every output and scratch buffer is allocated here; tests replace it with a NaN-filling
 # allocator so that an element no kernel writes fails the comparison.
@@ -68,13 +72,9 @@ def _key_max_kernel(k_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_ptr, mrun_ptr, 
         rmax = tl.full([BT], _NEG, tl.float32)
         for f0 in range(0, m, BF):
             f = f0 + tl.arange(0, BF)
-            fm = f < m
-            a, w = _project(x, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
-            lo, hi = _key_logits(a, g, klw_ptr, f, fm, HAS_KLW, KIND)
-            rmax = tl.maximum(rmax, tl.max(tl.where(fm[None, :], lo, _NEG), 1))
-            if KIND == 1:
-                rmax = tl.maximum(rmax, tl.max(tl.where(fm[None, :], hi, _NEG), 1))
-        rmax = tl.where(kept, rmax, _NEG)
+            a, lo, hi, w = _key_tile(x, w_ptr, b_ptr, klw_ptr, f, m, D, KIND, HAS_BIAS, HAS_KLW,
+                                     PREC)
+            rmax = tl.maximum(rmax, _key_row_max(lo, hi, g, kept, KIND))
         if CAUSAL:
             # running max inside the tile as a masked [BT, BT] max (no custom-combine scan)
             run = tl.max(tl.where(j[None, :] <= j[:, None], rmax[None, :], _NEG), 1)
@@ -121,8 +121,8 @@ def _key_state_kernel(k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_ptr, m
         x = _load_rows(k_ptr, j, jm, D, D)
         vv = _load_rows(v_ptr, j, jm, dv, BV)
         g = _key_offset(x, j, norm_coef, rate_ptr, HAS_RATE)
-        a, w = _project(x, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
-        lo, hi = _key_logits(a, g, klw_ptr, f, fm, HAS_KLW, KIND)
+        a, lo, hi, w = _key_tile(x, w_ptr, b_ptr, klw_ptr, f, m, D, KIND, HAS_BIAS, HAS_KLW,
+                                 PREC)
         mref = mprev
         if CAUSAL:
             slot = t0 // BT
@@ -133,13 +133,13 @@ def _key_state_kernel(k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_ptr, m
                          mask=smask)
                 tl.store(s_ptr + slot * ft + m + f, s_hi, mask=fm)
             mref = tl.load(mrun_ptr + tl.minimum(t0 + BT, n) - 1)
-            scale = tl.exp2((mprev - mref) * _LOG2E)
+            scale = tl.exp2(mprev - mref)
             S_lo *= scale
             s_lo *= scale
             S_hi *= scale
             s_hi *= scale
             mprev = mref
-        e_lo, e_hi, phi_lo, phi_hi = _key_features(lo, hi, a, mref, kept[:, None] & fm[None, :],
+        e_lo, e_hi, phi_lo, phi_hi = _key_features(lo, hi, a, key_shift(g, mref, kept), kept,
                                                    KIND)
         S_lo += tl.dot(tl.trans(phi_lo), vv, input_precision=PREC)
         s_lo += tl.sum(phi_lo, 0)
@@ -183,19 +183,18 @@ def _query_grad_kernel(q_ptr, k_ptr, v_ptr, y_ptr, dy_ptr, keep_ptr, w_ptr, b_pt
         mrun_ptr += bh * nk
         mi = tl.load(mrun_ptr + i, mask=im, other=_NEG)
         mb = tl.where(t > 0, tl.load(mrun_ptr + tl.maximum(t * BT - 1, 0)), _NEG)
-        bscale = tl.exp2((mb - mi) * _LOG2E)
+        bscale = tl.exp2(mb - mi)
         slot = bh * tl.cdiv(nk, BT) + t
-        xk, gk, kept, mj, T = _chunk_keys(k_ptr + bh * nk * D, keep_ptr + (bh // heads) * nk,
-                                          mrun_ptr, i, im, mi, norm_coef,
-                                          rate_ptr + bh % r_sets, D, HAS_KEEP, HAS_RATE)
+        xk, offk, kept, mj, T = _chunk_keys(k_ptr + bh * nk * D, keep_ptr + (bh // heads) * nk,
+                                            mrun_ptr, i, im, mi, norm_coef,
+                                            rate_ptr + bh % r_sets, D, HAS_KEEP, HAS_RATE)
         vk = _load_rows(v_ptr + bh * nk * dv, i, im, dv, BV)
     else:
         bscale = tl.full([BT], 1.0, tl.float32)
         slot = bh
         T = tl.zeros([BT, BT], tl.float32)
         xk = xq
-        gk = bscale
-        mj = bscale
+        offk = bscale
         kept = im
     S_ptr += slot * ft * dv
     s_ptr += slot * ft
@@ -211,25 +210,20 @@ def _query_grad_kernel(q_ptr, k_ptr, v_ptr, y_ptr, dy_ptr, keep_ptr, w_ptr, b_pt
     for f0 in range(0, m, BF):
         f = f0 + tl.arange(0, BF)
         fm = f < m
-        aq, w = _project(xq, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
+        aq, lq, w = _query_tile(xq, w_ptr, b_ptr, f, m, D, KIND, HAS_BIAS, PREC)
         phik_lo = T
         phik_hi = T
         if CAUSAL:
-            ak, wk = _project(xk, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
-            lo, hi = _key_logits(ak, gk, klw_ptr, f, fm, HAS_KLW, KIND)
-            _e0, _e1, phik_lo, phik_hi = _key_features(lo, hi, ak, mj[:, None],
-                                                       kept[:, None] & fm[None, :], KIND)
+            ak, lo, hi, wk = _key_tile(xk, w_ptr, b_ptr, klw_ptr, f, m, D, KIND, HAS_BIAS,
+                                       HAS_KLW, PREC)
+            _e0, _e1, phik_lo, phik_hi = _key_features(lo, hi, ak, offk, kept, KIND)
         p_lo, p_hi = _normaliser(bscale, s_ptr, f, fm, m, T, phik_lo, phik_hi, KIND, CAUSAL,
                                  PREC)
         if KIND != 2:
-            live = (p_lo >= _FLT_MIN) & fm[None, :]
-            c_new = tl.maximum(c, tl.max(tl.where(live, aq + tl.log(p_lo), _NEG), 1))
-            if KIND == 1:
-                live = (p_hi >= _FLT_MIN) & fm[None, :]
-                c_new = tl.maximum(c_new, tl.max(tl.where(live, tl.log(p_hi) - aq, _NEG), 1))
-            den *= tl.exp2((c - c_new) * _LOG2E)
+            c_new = _query_shift(c, lq, p_lo, p_hi, KIND)
+            den *= tl.exp2(c - c_new)
             c = c_new
-        psi_lo, psi_hi = _query_features(aq, c, p_lo, p_hi, fm, KIND)
+        psi_lo, psi_hi = _query_features(aq, lq, c, p_lo, p_hi, KIND)
         den += tl.sum(tl.where(fm[None, :], psi_lo * p_lo, 0.0), 1)
         if KIND != 0:
             den += tl.sum(tl.where(fm[None, :], psi_hi * p_hi, 0.0), 1)
@@ -250,17 +244,16 @@ def _query_grad_kernel(q_ptr, k_ptr, v_ptr, y_ptr, dy_ptr, keep_ptr, w_ptr, b_pt
     for f0 in range(0, m, BF):
         f = f0 + tl.arange(0, BF)
         fm = f < m
-        aq, w = _project(xq, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
+        aq, lq, w = _query_tile(xq, w_ptr, b_ptr, f, m, D, KIND, HAS_BIAS, PREC)
         phik_lo = T
         phik_hi = T
         if CAUSAL:
-            ak, wk = _project(xk, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
-            lo, hi = _key_logits(ak, gk, klw_ptr, f, fm, HAS_KLW, KIND)
-            _e0, _e1, phik_lo, phik_hi = _key_features(lo, hi, ak, mj[:, None],
-                                                       kept[:, None] & fm[None, :], KIND)
+            ak, lo, hi, wk = _key_tile(xk, w_ptr, b_ptr, klw_ptr, f, m, D, KIND, HAS_BIAS,
+                                       HAS_KLW, PREC)
+            _e0, _e1, phik_lo, phik_hi = _key_features(lo, hi, ak, offk, kept, KIND)
         p_lo, p_hi = _normaliser(bscale, s_ptr, f, fm, m, T, phik_lo, phik_hi, KIND, CAUSAL,
                                  PREC)
-        psi_lo, psi_hi = _query_features(aq, c, p_lo, p_hi, fm, KIND)
+        psi_lo, psi_hi = _query_features(aq, lq, c, p_lo, p_hi, KIND)
         dpsi_lo = _query_dpsi(g, gden, bscale, S_ptr, s_ptr, f, fm, cv, dv, H, phik_lo, CAUSAL,
                               PREC)
         dpsi_hi = dpsi_lo
@@ -326,7 +319,7 @@ def _feature_sums_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, r
         c = tl.load(c_ptr + bh * nq + i, mask=im, other=0.0)
         g = _load_rows(g_ptr + bh * nq * dv, i, im, dv, BV)
         gden = tl.load(gd_ptr + bh * nq + i, mask=im, other=0.0)
-        aq, w = _project(xq, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
+        aq, lq, w = _query_tile(xq, w_ptr, b_ptr, f, m, D, KIND, HAS_BIAS, PREC)
         bscale = tl.full([BT], 1.0, tl.float32)
         T = tl.zeros([BT, BT], tl.float32)
         phik_lo = tl.zeros([BT, BF], tl.float32)
@@ -344,13 +337,13 @@ def _feature_sums_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, r
             me = tl.load(mrun_ptr + tl.minimum(t * BT + BT, nq) - 1)
             mb = tl.where(t > 0, tl.load(mrun_ptr + tl.maximum(t * BT - 1, 0)), _NEG)
             mi = tl.load(mrun_ptr + i, mask=im, other=_NEG)
-            bscale = tl.exp2((mb - mi) * _LOG2E)
-            xk, gk, kept, mj, T = _chunk_keys(k_ptr, keep_ptr, mrun_ptr, i, im, mi, norm_coef,
-                                              rate_ptr, D, HAS_KEEP, HAS_RATE)
-            ak, wk = _project(xk, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
-            lo, hi = _key_logits(ak, gk, klw_ptr, f, fm, HAS_KLW, KIND)
+            bscale = tl.exp2(mb - mi)
+            xk, offk, kept, mj, T = _chunk_keys(k_ptr, keep_ptr, mrun_ptr, i, im, mi, norm_coef,
+                                                rate_ptr, D, HAS_KEEP, HAS_RATE)
+            ak, lo, hi, wk = _key_tile(xk, w_ptr, b_ptr, klw_ptr, f, m, D, KIND, HAS_BIAS,
+                                       HAS_KLW, PREC)
             valid = kept[:, None] & fm[None, :]
-            e_lo, e_hi, phik_lo, phik_hi = _key_features(lo, hi, ak, mj[:, None], valid, KIND)
+            e_lo, e_hi, phik_lo, phik_hi = _key_features(lo, hi, ak, offk, kept, KIND)
             if NEED_PARAMS:
                 vk = _load_rows(v_ptr, i, im, dv, BV)
                 H = T * (tl.dot(g, tl.trans(vk), input_precision=PREC) + gden[:, None])
@@ -359,7 +352,7 @@ def _feature_sums_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, r
         if KIND != 2:
             p_lo, p_hi = _normaliser(bscale, s_ptr + sslot * ft, f, fm, m, T, phik_lo, phik_hi,
                                      KIND, CAUSAL, PREC)
-        psi_lo, psi_hi = _query_features(aq, c, p_lo, p_hi, fm, KIND)
+        psi_lo, psi_hi = _query_features(aq, lq, c, p_lo, p_hi, KIND)
         psi_lo = tl.where(im[:, None] & fm[None, :], psi_lo, 0.0)
         psi_hi = tl.where(im[:, None] & fm[None, :], psi_hi, 0.0)
         if NEED_PARAMS:
@@ -375,7 +368,7 @@ def _feature_sums_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, r
             dW += tl.dot(tl.trans(da), xq, input_precision=PREC)
             db += tl.sum(da, 0)
             if CAUSAL:  # the keys of chunk t: R (still R_t here) and the chunk's queries
-                kscale = tl.where(kept, tl.exp2((mj - me) * _LOG2E), 0.0)
+                kscale = tl.where(kept, tl.exp2(mj - me), 0.0)
                 dphi_lo = kscale[:, None] * (tl.dot(vk, tl.trans(R_lo), input_precision=PREC)
                                              + r_lo[None, :])
                 dphi_lo += tl.dot(tl.trans(H), psi_lo, input_precision=PREC)
@@ -391,7 +384,7 @@ def _feature_sums_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, r
                 drate += tl.sum(i.to(tl.float32) * tl.sum(dl, 1), 0)
         rows = tl.where(im, bscale, 0.0)
         if CAUSAL:
-            scale = tl.exp2((mb - me) * _LOG2E)
+            scale = tl.exp2(mb - me)
             R_lo *= scale
             r_lo *= scale
             R_hi *= scale
@@ -415,11 +408,11 @@ def _feature_sums_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, r
                 kept = _kept(keep_ptr, j, jm, HAS_KEEP)
                 xk = _load_rows(k_ptr, j, jm, D, D)
                 vk = _load_rows(v_ptr, j, jm, dv, BV)
-                gk = _key_offset(xk, j, norm_coef, rate_ptr, HAS_RATE)
-                ak, wk = _project(xk, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
-                lo, hi = _key_logits(ak, gk, klw_ptr, f, fm, HAS_KLW, KIND)
+                offk = key_shift(_key_offset(xk, j, norm_coef, rate_ptr, HAS_RATE), mtot, kept)
+                ak, lo, hi, wk = _key_tile(xk, w_ptr, b_ptr, klw_ptr, f, m, D, KIND, HAS_BIAS,
+                                           HAS_KLW, PREC)
                 valid = kept[:, None] & fm[None, :]
-                e_lo, e_hi, phi_lo, phi_hi = _key_features(lo, hi, ak, mtot, valid, KIND)
+                e_lo, e_hi, phi_lo, phi_hi = _key_features(lo, hi, ak, offk, kept, KIND)
                 dphi_lo = tl.dot(vk, tl.trans(R_lo), input_precision=PREC) + r_lo[None, :]
                 dphi_hi = dphi_lo
                 if KIND != 0:
@@ -466,11 +459,11 @@ def _key_grad_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_
         mi = tl.load(mrun_ptr + j, mask=jm, other=_NEG)  # queries of the chunk are rows j
         mb = tl.where(t > 0, tl.load(mrun_ptr + tl.maximum(t * BT - 1, 0)), _NEG)
         me = tl.load(mrun_ptr + tl.minimum(t * BT + BT, nk) - 1)
-        bscale = tl.exp2((mb - mi) * _LOG2E)
-        xk, gk, kept, mj, T = _chunk_keys(k_ptr + bh * nk * D, keep_ptr + (bh // heads) * nk,
-                                          mrun_ptr, j, jm, mi, norm_coef, rate_ptr, D,
-                                          HAS_KEEP, HAS_RATE)
-        kscale = tl.where(kept, tl.exp2((mj - me) * _LOG2E), 0.0)
+        bscale = tl.exp2(mb - mi)
+        xk, offk, kept, mj, T = _chunk_keys(k_ptr + bh * nk * D, keep_ptr + (bh // heads) * nk,
+                                            mrun_ptr, j, jm, mi, norm_coef, rate_ptr, D,
+                                            HAS_KEEP, HAS_RATE)
+        kscale = tl.where(kept, tl.exp2(mj - me), 0.0)
         xq = _load_rows(q_ptr + bh * nk * D, j, jm, D, D)
         c = tl.load(c_ptr + bh * nk + j, mask=jm, other=0.0)
         g = _load_rows(g_ptr + bh * nk * dv, j, jm, dv, BV)
@@ -480,8 +473,8 @@ def _key_grad_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_
         slot = bh
         kept = _kept(keep_ptr + (bh // heads) * nk, j, jm, HAS_KEEP)
         xk = _load_rows(k_ptr + bh * nk * D, j, jm, D, D)
-        gk = _key_offset(xk, j, norm_coef, rate_ptr, HAS_RATE)
-        mj = tl.zeros([BT], tl.float32) + tl.load(mtot_ptr + bh)
+        offk = key_shift(_key_offset(xk, j, norm_coef, rate_ptr, HAS_RATE),
+                         tl.load(mtot_ptr + bh), kept)
         kscale = tl.where(kept, 1.0, 0.0)
         T = tl.zeros([BT, BT], tl.float32)
         bscale = kscale
@@ -498,10 +491,10 @@ def _key_grad_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_
     for f0 in range(0, m, BF):
         f = f0 + tl.arange(0, BF)
         fm = f < m
-        ak, w = _project(xk, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
-        lo, hi = _key_logits(ak, gk, klw_ptr, f, fm, HAS_KLW, KIND)
+        ak, lo, hi, w = _key_tile(xk, w_ptr, b_ptr, klw_ptr, f, m, D, KIND, HAS_BIAS, HAS_KLW,
+                                  PREC)
         valid = kept[:, None] & fm[None, :]
-        e_lo, e_hi, phi_lo, phi_hi = _key_features(lo, hi, ak, mj[:, None], valid, KIND)
+        e_lo, e_hi, phi_lo, phi_hi = _key_features(lo, hi, ak, offk, kept, KIND)
         dphi_lo, R_lo = _key_dphi(vk, kscale, R_ptr, r_ptr, f, fm, cv, dv, PREC)
         dvk += kscale[:, None] * tl.dot(phi_lo, R_lo, input_precision=PREC)
         dphi_hi = dphi_lo
@@ -509,13 +502,13 @@ def _key_grad_kernel(q_ptr, k_ptr, v_ptr, keep_ptr, w_ptr, b_ptr, klw_ptr, rate_
             dphi_hi, R_hi = _key_dphi(vk, kscale, R_ptr + m * dv, r_ptr + m, f, fm, cv, dv, PREC)
             dvk += kscale[:, None] * tl.dot(phi_hi, R_hi, input_precision=PREC)
         if CAUSAL:
-            aq, wq = _project(xq, w_ptr, b_ptr, f, fm, D, HAS_BIAS, PREC)
+            aq, lq, wq = _query_tile(xq, w_ptr, b_ptr, f, m, D, KIND, HAS_BIAS, PREC)
             p_lo = phi_lo
             p_hi = phi_hi
             if KIND != 2:
                 p_lo, p_hi = _normaliser(bscale, s_ptr + slot * ft, f, fm, m, T, phi_lo, phi_hi,
                                          KIND, CAUSAL, PREC)
-            psi_lo, psi_hi = _query_features(aq, c, p_lo, p_hi, fm, KIND)
+            psi_lo, psi_hi = _query_features(aq, lq, c, p_lo, p_hi, KIND)
             psi_lo = tl.where(jm[:, None] & fm[None, :], psi_lo, 0.0)
             dphi_lo += tl.dot(tl.trans(H), psi_lo, input_precision=PREC)
             pqk += tl.dot(psi_lo, tl.trans(phi_lo), input_precision=PREC)
