@@ -55,6 +55,12 @@ int64_t feature_count(Kernel kernel, int64_t m) {
              : m;
 }
 
+KernelForm kernel_form(Kernel kernel) {
+  if (kernel == Kernel::trig) return {"trig", 0.5};
+  const double norm = kernel == Kernel::hedgehog ? 0.0 : -0.5;
+  return {feature_count(kernel, 1) == 2 ? "exp_pm" : "exp", norm};
+}
+
 bool data_adapted(Kernel kernel) {
   return kernel == Kernel::favorpp || kernel == Kernel::favorsharp;
 }

@@ -27,6 +27,7 @@
 #include "favor/reference.hpp"
 #include "favor/runtime.hpp"
 #include "favor/sequence_parallel.hpp"
+#include "favor/shape_rules.hpp"
 #include "favor/tensor.hpp"
 #include "favor/version.hpp"
 #include "favor/vq.hpp"

@@ -28,6 +28,16 @@ Kernel parse_kernel(const std::string& text, const std::string& argument);
 /// Features per row for a kernel with m projections.
 int64_t feature_count(Kernel kernel, int64_t m);
 
+/// The canonical form of a kernel's features (docs/math.md; every kernel, CPU and device
+/// ones, computes in it): with a = W x + b on the scaled input and g = key_norm |x|^2,
+/// `exp`: phi_f = exp(a_f + g) (F = m); `exp_pm`: exp(+-a_f + g) (F = 2m); `trig`:
+/// [sin a, cos a] exp(g) (F = 2m). key_norm is -1/2, +1/2 (trig) or 0 (hedgehog).
+struct KernelForm {
+  std::string form;
+  double key_norm;
+};
+KernelForm kernel_form(Kernel kernel);
+
 struct FeatureOptions {
   Kernel kernel = Kernel::positive;
   /// Softmax temperature: the kernel is exp(scale * q.k). Default 1/sqrt(D); 1 gives the

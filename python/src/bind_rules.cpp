@@ -12,7 +12,65 @@
 namespace favor::python {
 namespace py = pybind11;
 
+namespace {
+
+// A shape as C++ takes it: [N, D] as [1, 1, N, D]; another rank is as_input's error.
+Shape4 shape_of(const std::vector<int64_t>& dims, const std::string& name) {
+  if (dims.size() != 2 && dims.size() != 4) {
+    throw Error(name + ": has rank " + std::to_string(dims.size()) +
+                "; must be 2-D [N, D] (one head) or 4-D [B, H, N, D]");
+  }
+  Shape4 s{1, 1, 1, 1};
+  const size_t offset = 4 - dims.size();
+  for (size_t i = 0; i < dims.size(); ++i) s[offset + i] = dims[i];
+  return s;
+}
+
+}  // namespace
+
 void bind_rules(py::module_& m) {
+  m.def(
+      "kernel_form",
+      [](const std::string& kernel) {
+        const KernelForm f = kernel_form(parse_kernel(kernel, "kernel"));
+        return py::make_tuple(to_string(parse_kernel(kernel, "kernel")), f.form, f.key_norm);
+      },
+      py::arg("kernel"),
+      "(canonical name, form, key_norm) of a kernel (favor::kernel_form): form 'exp', "
+      "'exp_pm' or 'trig', the features' shape every kernel computes in; key_norm the "
+      "coefficient of |x|^2 in the key's log weight (-1/2, +1/2 or 0).");
+  m.def(
+      "check_attention_shapes",
+      [](const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+         const std::vector<int64_t>& v, bool causal,
+         const std::optional<std::vector<int64_t>>& key_mask) {
+        if (q.size() != k.size() || q.size() != v.size())
+          throw Error("q, k, v: must all be 2-D [N, D] or all be 4-D [B, H, N, D]");
+        const Shape4 qs = shape_of(q, "q"), ks = shape_of(k, "k"), vs = shape_of(v, "v");
+        std::optional<std::array<int64_t, 2>> mask;
+        if (key_mask) {
+          if (key_mask->size() != 2) {
+            std::string got;
+            for (size_t i = 0; i < key_mask->size(); ++i)
+              got += (i ? "," : "") + std::to_string((*key_mask)[i]);
+            throw Error("key_mask: shape [" + got + "] must be [B, Nk] = [" +
+                        std::to_string(ks[0]) + ',' + std::to_string(ks[2]) + ']');
+          }
+          mask = std::array<int64_t, 2>{(*key_mask)[0], (*key_mask)[1]};
+        }
+        check_attention_shapes(qs, ks, vs, causal, mask);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false,
+      py::arg("key_mask") = py::none(),
+      "The shape rules of an attention call on the extents of q, k, v ([B, H, N, D] or "
+      "[N, D]) and a key mask ([B, Nk]): favor.Error with C++'s message; no values read.");
+  m.def(
+      "check_decoder_state_layout",
+      &check_decoder_state_layout,
+      py::arg("sums"), py::arg("log_max"), py::arg("row_positions"), py::arg("position"),
+      py::arg("batch"), py::arg("heads"), py::arg("features"), py::arg("dv"),
+      "The layout of a decoder state (its arrays' shapes) against a decoder's extents: "
+      "favor.Error naming the field; no values read.");
   m.def(
       "kernel_names",
       [] {

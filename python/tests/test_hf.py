@@ -12,6 +12,7 @@ import copy
 import logging
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import transformers as tf
@@ -192,6 +193,97 @@ def test_save_pretrained_and_from_pretrained_round_trip(tmp_path, case):
     loaded = fh.from_pretrained(tmp_path)
     assert type(loaded) is type(model) and loaded.config.favor["method"] == method
     torch.testing.assert_close(run(loaded, ids, mask), ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family,method", [("llama", "favor++"), ("gpt2", "favor#")])
+def test_plain_save_pretrained_keeps_the_fits(tmp_path, family, method):
+    """model.save_pretrained alone (no favor call) keeps the conversion in config.json and
+    the FAVOR++ / FAVOR# fits in the weights file (fit_a, fit_basis of every core): no
+    favor_fits.safetensors; from_pretrained rebuilds the model without fitting again, its
+    outputs the saved model's bit for bit."""
+    import json
+    from safetensors.torch import load_file
+    model = converted(family, method, features=32)
+    ids, mask = inputs(left=True)
+    ref = run(model, ids, mask)
+    model.save_pretrained(tmp_path)
+    assert not (tmp_path / "favor_fits.safetensors").exists()
+    assert json.loads((tmp_path / "config.json").read_text())["favor"] == {
+        "method": method, "features": 32}
+    saved = load_file(tmp_path / "model.safetensors")
+    for layer, _, core in fh.cores(model):
+        a = [v for k, v in saved.items() if k.endswith(".favor_core.fit_a")][layer]
+        assert a.dtype == torch.float64 and torch.equal(a, core.fit_a)
+    loaded = fh.from_pretrained(tmp_path)
+    assert fh.FavorConfig.of(loaded) == fh.FavorConfig(method, dict(features=32))
+    for (_, _, c0), (_, _, c1) in zip(fh.cores(model), fh.cores(loaded)):
+        assert np.array_equal(np.asarray(c1.fit.basis), np.asarray(c0.fit.basis))
+    torch.testing.assert_close(run(loaded, ids, mask), ref, rtol=0, atol=0)
+
+
+def test_a_checkpoint_with_favor_fits_safetensors_still_loads(tmp_path):
+    """The layout of an earlier favor.hf.save_pretrained: the fits apart, in
+    favor_fits.safetensors ({layer}.a, {layer}.basis), not in the weights."""
+    from safetensors.torch import load_file, save_file
+    model = converted("llama", "favor++", features=32)
+    ids, mask = inputs(left=True)
+    ref = run(model, ids, mask)
+    model.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    tensors = {k: v for k, v in load_file(weights).items() if ".fit_" not in k}
+    save_file(tensors, weights, metadata={"format": "pt"})
+    fits = {}
+    for layer, _, core in fh.cores(model):
+        fits[f"{layer}.a"], fits[f"{layer}.basis"] = core.fit_a, core.fit_basis
+    save_file(fits, tmp_path / "favor_fits.safetensors")
+    loaded = fh.from_pretrained(tmp_path)
+    torch.testing.assert_close(run(loaded, ids, mask), ref, rtol=0, atol=0)
+
+
+def test_a_favor_core_keeps_its_fit_in_its_state_dict():
+    """FavorCore's fit is the float64 buffers fit_a, fit_basis: a state_dict carries it to
+    a core without one, .to(device) moves it, a dtype cast leaves it float64."""
+    model = converted("llama", "favor#", features=32)
+    core = fh.cores(model)[0][2]
+    state = core.state_dict()
+    assert state["fit_a"].dtype == state["fit_basis"].dtype == torch.float64
+    fresh = fh.Method.build(fh.METHODS["favor#"], dict(features=32), core.num_heads,
+                            core.head_dim, True, core.scale, 0, "cpu")
+    assert fresh.fit is None and "fit_a" not in fresh.state_dict()
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.fit_basis, core.fit_basis)
+    assert np.array_equal(np.asarray(fresh.fit.a), state["fit_a"].numpy())
+    fresh.to(torch.bfloat16)
+    assert fresh.fit_a.dtype == torch.float64 and torch.equal(fresh.fit_a, core.fit_a)
+    core.fit = None
+    assert "fit_a" not in core.state_dict() and core.fit_tensors is None
+
+
+def test_the_registries_hold_one_record_per_family_and_method():
+    assert set(fh.FAMILIES) == {"bert", "gpt2", "llama", "mistral", "qwen2", "gpt_neox"}
+    assert set(fh.METHODS) == {"exact", "favor", "favor++", "favor#", "dijiang", "hedgehog",
+                               "positive-fit", "vq"}
+    assert [m for m, r in fh.METHODS.items() if r.needs_fit] == ["favor++", "favor#"]
+    assert fh.METHODS["exact"].state is None and fh.METHODS["vq"].fits == "codebook"
+    for kind, family in fh.FAMILIES.items():
+        model = make(kind)
+        modules = family.attention_modules(model)
+        assert family.kind == ("encoder" if kind == "bert" else "decoder")
+        targets = family.lora_targets(model)  # every projection exists, attention only
+        assert len(targets) == len(modules) * len(family.projections)
+        names = dict(model.named_modules())
+        assert all(t in names for t in targets)
+    gpt2 = make("gpt2")
+    assert not any(".mlp." in t for t in fh.FAMILIES["gpt2"].lora_targets(gpt2))
+    spec = fh.FavorConfig("favor", dict(features=8, decay=torch.tensor([0.5]), backend="torch"))
+    assert spec.to_dict() == {"method": "favor", "features": 8, "decay": [0.5]}
+    assert fh.FavorConfig.from_dict(spec.to_dict()) == spec
+    with pytest.raises(favor.Error, match="codes: not an option of method favor"):
+        fh.FavorConfig.from_dict({"method": "favor", "codes": 3})
+    with pytest.raises(favor.Error, match="projection: method dijiang uses projection='dct'"):
+        fh.FavorConfig("dijiang", dict(projection="iid"))
+    with pytest.raises(favor.Error, match="kernel: hedgehog is a method of its own"):
+        fh.FavorConfig("favor", dict(kernel="hedgehog"))
 
 
 def test_from_pretrained_of_a_plain_model_is_refused(tmp_path):

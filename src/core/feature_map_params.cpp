@@ -22,10 +22,10 @@ uint64_t mix(uint64_t h, const std::vector<T>& values) {
   return mix(h, &n, sizeof n);
 }
 
-kernels::KeyNorm key_norm(Kernel kernel) {
-  if (kernel == Kernel::trig) return kernels::KeyNorm::plus_half;
-  if (kernel == Kernel::hedgehog) return kernels::KeyNorm::none;
-  return kernels::KeyNorm::minus_half;
+kernels::KeyNorm key_norm(Kernel kernel) {  // kernel_form's key_norm (features.cpp)
+  const double c = kernel_form(kernel).key_norm;
+  return c > 0 ? kernels::KeyNorm::plus_half
+               : c < 0 ? kernels::KeyNorm::minus_half : kernels::KeyNorm::none;
 }
 
 // Everything but the FAVOR++ / FAVOR# projection (set by the callers).

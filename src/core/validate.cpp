@@ -199,8 +199,9 @@ void check_key_mask(const KeyMaskView& mask, int64_t batch, int64_t n, const cha
   if (mask.stride_b < 0 || mask.stride_n < 0) throw Error("key_mask: strides must be non-negative");
 }
 
-AttentionShape check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
-                            bool causal, const std::optional<KeyMaskView>& mask, bool empty_n) {
+AttentionShape check_input_shapes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  bool causal, const std::optional<KeyMaskView>& mask,
+                                  bool empty_n) {
   check_view(q, "q", empty_n);
   check_view(k, "k", empty_n);
   check_view(v, "v", empty_n);
@@ -220,10 +221,16 @@ AttentionShape check_inputs(const TensorView& q, const TensorView& k, const Tens
     throw Error("q " + qs + ", k " + ks + ": causal attention needs Nq == Nk");
   }
   if (mask) check_key_mask(*mask, k.shape[0], k.shape[2], "Nk");
+  return {q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]};
+}
+
+AttentionShape check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                            bool causal, const std::optional<KeyMaskView>& mask, bool empty_n) {
+  const AttentionShape shape = check_input_shapes(q, k, v, causal, mask, empty_n);
   check_finite(q, "q");
   check_finite(k, "k");
   check_finite(v, "v");
-  return {q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]};
+  return shape;
 }
 
 }  // namespace favor::detail

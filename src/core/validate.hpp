@@ -56,6 +56,12 @@ AttentionShape check_slice_inputs(const TensorView& q, const TensorView& k, cons
                                   bool causal, const std::optional<KeyMaskView>& mask);
 AttentionShape check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                             bool causal, const std::optional<KeyMaskView>& mask, bool empty_n);
+/// check_inputs without the finiteness scan: the rules that need no values (extents,
+/// strides, agreement, the key mask's shape). Bound into Python for the torch kernels of other
+/// devices, which check their shapes by it and scan values on their device.
+AttentionShape check_input_shapes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  bool causal, const std::optional<KeyMaskView>& mask,
+                                  bool empty_n);
 /// The upstream gradient dy of a backward pass: a view of the output's shape [B, H, Nq, Dv],
 /// finite.
 void check_dy(const TensorView& dy, const AttentionShape& s);

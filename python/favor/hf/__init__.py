@@ -3,20 +3,25 @@
 - convert(model, method, **options): every self-attention layer of a BERT-style encoder
   (BERT, sentence-transformers' MiniLM), GPT-2, a Llama-style decoder (Llama, Mistral,
   Qwen2) or GPT-NeoX (Pythia) attends through favor, weights kept; returns a report.
+- FAMILIES (model_type -> Family) and METHODS (name -> Method): the registries every
+  step reads; FavorConfig: the conversion, recorded in model.config.favor.
 - FavorCache: the cache generate() uses on a converted decoder, favor's fixed-size decoder
   state per layer instead of keys and values.
 - transfer(model, batches, ...): attention transfer, each layer's map fitted to its own
   softmax attention (stage 1), layer by layer; finetune(...) (stage 2, optional LoRA).
-- save_pretrained / from_pretrained: a converted model and its maps and fits.
+- save_pretrained / from_pretrained: a converted model with its maps and fits (plain
+  model.save_pretrained keeps them all).
 """
 from .attention import NAME, favor_attention, padding_mask, register
 from .cache import FavorCache, FavorCacheLayer
-from .convert import METHODS, ConversionReport, convert, cores
-from .families import ATTENTION_CLASSES as FAMILIES
+from .convert import ConversionReport, convert, cores
+from .families import FAMILIES, Family
 from .finetune import finetune
+from .methods import METHODS, FavorConfig, Method
 from .pretrained import from_pretrained, save_pretrained
 from .transfer import TransferReport, transfer
 
-__all__ = ["FAMILIES", "METHODS", "NAME", "ConversionReport", "FavorCache", "FavorCacheLayer",
-           "TransferReport", "convert", "cores", "favor_attention", "finetune", "from_pretrained",
-           "padding_mask", "register", "save_pretrained", "transfer"]
+__all__ = ["FAMILIES", "METHODS", "NAME", "ConversionReport", "Family", "FavorCache",
+           "FavorCacheLayer", "FavorConfig", "Method", "TransferReport", "convert", "cores",
+           "favor_attention", "finetune", "from_pretrained", "padding_mask", "register",
+           "save_pretrained", "transfer"]

@@ -16,34 +16,17 @@ Methods (favor.hf.METHODS; each takes the options of its core, below):
 Options of the favor methods: features (256), projection, norms, seed (0; layer i draws
 with seed + i), decay (gamma per head or one; causal models only: a bidirectional layer
 refuses it), learn_decay, feature_redraw_interval; of vq: codes (256), tau,
-learn_codebook, seed. They are recorded in model.config.favor (save_pretrained keeps
-them; favor.hf.from_pretrained reads them).
+learn_codebook, seed. Each method is a Method record (favor/hf/methods.py: its core and
+fixed keywords, options, decoding state, what transfer fits). The conversion is recorded in
+model.config.favor as FavorConfig(method, options).to_dict(), plain JSON, so
+model.save_pretrained keeps it and favor.hf.from_pretrained rebuilds the model from it.
 """
 from dataclasses import dataclass
 
-import torch
-
 from .. import _core
-from ..torch.favor_core import FavorCore
-from ..torch.vq_core import VQCore
 from . import families
 from .attention import NAME, pass_cache, register
-
-# method -> the keywords of its core (favor's kernel is a default: trig or hyperbolic too)
-METHODS = {
-    "exact": dict(method="exact"),
-    "favor": dict(),
-    "favor++": dict(kernel="favorpp"),
-    "favor#": dict(kernel="favorsharp"),
-    "dijiang": dict(kernel="positive", projection="dct", feature_weights=True),
-    "hedgehog": dict(kernel="hedgehog", learn_features=True),
-    "positive-fit": dict(kernel="positive", learn_features=True, feature_weights=True),
-    "vq": dict(),
-}
-_FAVOR_OPTIONS = ("kernel", "features", "projection", "norms", "seed", "decay", "learn_decay",
-                  "feature_redraw_interval", "backend")
-_VQ_OPTIONS = ("codes", "tau", "learn_codebook", "seed", "decay", "dead_after", "beta",
-               "backend")  # backend: favor.torch's path (None: by the device; docs/gpu.md)
+from .methods import METHODS, FavorConfig  # noqa: F401  METHODS: favor.hf.METHODS
 
 
 @dataclass
@@ -81,21 +64,16 @@ def convert(model, method="favor", **options):
     ConversionReport. The weights stay; each attention module gains `favor_core` (its
     tensors join the state_dict) and the model attends through favor ("favor" attention
     implementation). A decoder's generate() then keeps favor's decoder state per layer
-    (favor.hf.FavorCache) instead of a key-value cache (method 'exact' keeps the cache)."""
-    if method not in METHODS:
-        raise _core.Error(f"method: {method!r} is not a favor.hf method; methods: "
-                          f"{', '.join(METHODS)}")
-    kind = families.model_type(model)
+    (favor.hf.FavorCache) instead of a key-value cache (method 'exact' keeps the cache).
+    model.config.favor records FavorConfig(method, options).to_dict()."""
+    spec = FavorConfig(method, options)  # checks the method and its options
+    record = spec.record
+    family = families.family(model)
     config = model.config
-    families.refusals(config, kind)
-    allowed = _VQ_OPTIONS if method == "vq" else _FAVOR_OPTIONS
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise _core.Error(f"{unknown[0]}: not an option of method {method}; its options: "
-                          f"{', '.join(allowed)}")
+    family.refuse(config)
     heads, kv_heads, head_dim = families.shapes(config)
-    modules = families.attention_modules(model, kind)
-    _refuse_decay_without_causal_layers(method, options, modules)
+    modules = family.attention_modules(model)
+    _refuse_decay_without_causal_layers(record, options, modules)
     register()
     rows = []
     for i, (name, module) in enumerate(modules):
@@ -104,29 +82,28 @@ def convert(model, method="favor", **options):
         layer = getattr(module, "layer_idx", None)
         layer = i if layer is None else layer
         device = next(module.parameters()).device
-        core = build_core(method, options, heads, head_dim, causal, scale, layer, device)
+        core = record.build(options, heads, head_dim, causal, scale, layer, device)
         module.favor_core = core
         rows.append(LayerReport(name, layer, causal, heads, kv_heads, head_dim, scale,
-                                "exact softmax" if method == "exact" else core.extra_repr()))
+                                "exact softmax" if core.method == "exact"
+                                else core.extra_repr()))
     model.set_attn_implementation(NAME)
-    # backend is this machine's choice, not the model's: not recorded
-    config.favor = {"method": method, **{k: _plain(v) for k, v in options.items()
-                                          if k != "backend"}}
+    config.favor = spec.to_dict()  # plain JSON in config.json; FavorConfig.of(model) reads it
     for _, module in modules:  # each layer's cache reaches its attention call (hf/cache.py)
         old = module.__dict__.pop("_favor_cache_hook", None)
         if old is not None:
             old.remove()
         module._favor_cache_hook = module.register_forward_pre_hook(pass_cache,
                                                                     with_kwargs=True)
-    return ConversionReport(rows, families.FAMILY[kind], kind, method, options)
+    return ConversionReport(rows, family.kind, family.model_type, method, options)
 
 
-def _refuse_decay_without_causal_layers(method, options, modules):
+def _refuse_decay_without_causal_layers(record, options, modules):
     """decay / learn_decay of the favor methods weigh pair (i, j) by gamma^(i - j): causal
     attention only. A layer's causality is the family's (module.is_causal), fixed for every
     call, so on a bidirectional layer the decay would never apply: refused, before any layer
     is converted. (vq's decay is its codebook's moving average: every layer.)"""
-    if method == "vq":
+    if not record.attention_decay:
         return
     given = [key for key in ("decay", "learn_decay") if options.get(key) not in (None, False)]
     bidirectional = [name for name, m in modules if not getattr(m, "is_causal", False)]
@@ -137,41 +114,12 @@ def _refuse_decay_without_causal_layers(method, options, modules):
                           f"{given[0]}")
 
 
-def build_core(method, options, heads, head_dim, causal, scale, layer, device):
-    """The favor core of one layer: FavorCore (every method but vq) or VQCore."""
-    options = dict(options)
-    seed = options.pop("seed", 0) + layer
-    if method == "vq":
-        codes = options.pop("codes", 256)
-        return VQCore(heads, head_dim, codes, causal=causal, scale=scale, seed=seed,
-                      device=device, **options)
-    kw = dict(METHODS[method])
-    if method == "favor" and options.get("kernel") in ("favorpp", "favorsharp", "favor++",
-                                                       "favor#", "hedgehog"):
-        raise _core.Error(f"kernel: {options['kernel']} is a method of its own "
-                          f"(favor.hf.convert(model, '{options['kernel']}'))")
-    for key, value in options.items():
-        if key in kw and kw[key] != value:
-            raise _core.Error(f"{key}: method {method} uses {key}={kw[key]!r}")
-        kw[key] = value
-    return FavorCore(heads, head_dim, causal=causal, scale=scale, seed=seed, device=device, **kw)
-
-
 def cores(model):
     """[(layer, attention module, its favor_core)] of a converted model, in layer order."""
-    kind = families.model_type(model)
+    family = families.family(model)
     found = [(m.layer_idx if getattr(m, "layer_idx", None) is not None else i, m, m.favor_core)
-             for i, (_, m) in enumerate(families.attention_modules(model, kind))
+             for i, (_, m) in enumerate(family.attention_modules(model))
              if getattr(m, "favor_core", None) is not None]
     if not found:
         raise _core.Error("model: not converted; call favor.hf.convert first")
     return found
-
-
-def _plain(value):
-    """A JSON-able copy of an option (lists of floats for tensors)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().tolist()
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value

@@ -12,16 +12,6 @@ from . import families
 from .convert import cores
 from .transfer import _bar, _inputs
 
-# model_type -> the attention projections LoRA adapts by default
-LORA_TARGETS = {
-    "bert": ["query", "key", "value"],
-    "gpt2": ["c_attn"],
-    "llama": ["q_proj", "k_proj", "v_proj", "o_proj"],
-    "mistral": ["q_proj", "k_proj", "v_proj", "o_proj"],
-    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj"],
-    "gpt_neox": ["query_key_value", "dense"],
-}
-
 
 def finetune(model, batches, *, steps, lr=1e-4, loss=None, teacher=None, lora=None, seed=0,
              clip=1.0, progress=True):
@@ -31,8 +21,9 @@ def finetune(model, batches, *, steps, lr=1e-4, loss=None, teacher=None, lora=No
     hidden state against the teacher's (real tokens only); else the model's causal LM loss
     (labels = input_ids, padding ignored). lora: None (train every weight and the favor
     maps) or a dict of peft.LoraConfig options (r, lora_alpha, target_modules: default the
-    family's attention projections); the adapters are merged into the weights at the end,
-    so the model stays a plain transformers model. Returns the losses, one per step."""
+    family's attention projections, Family.lora_targets: its q/k/v/o modules in every
+    attention module); the adapters are merged into the weights at the end, so the model
+    stays a plain transformers model. Returns the losses, one per step."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise _core.Error(f"steps: {steps!r} must be an integer >= 0")
     if not batches:
@@ -90,7 +81,8 @@ def _with_lora(model, lora, layers):
     options.setdefault("r", 8)
     options.setdefault("lora_alpha", 2 * options["r"])
     options.setdefault("lora_dropout", 0.0)
-    options.setdefault("target_modules", LORA_TARGETS[families.model_type(model)])
+    if "target_modules" not in options:  # the family's attention projections (Family record)
+        options["target_modules"] = families.family(model).lora_targets(model)
     wrapped = get_peft_model(model, LoraConfig(**options))
     for _, _, core in layers:  # the favor maps train with the adapters
         for p in core.parameters():

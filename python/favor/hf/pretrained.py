@@ -1,10 +1,14 @@
 """save_pretrained / from_pretrained of a model converted by favor.hf.convert.
 
-model.save_pretrained(path) already writes the favor tensors (every favor_core's
-projection, learned map, decay, codebooks) with the weights and the method in
-config.json ("favor"); save_pretrained(model, path) adds the FAVOR++ / FAVOR# fits
-(favor_fits.safetensors). from_pretrained(path) rebuilds the model class named in the
-config, converts it with the recorded method and loads the favor tensors and fits.
+model.save_pretrained(path) writes everything: the favor tensors of every favor_core
+(projection, learned map, decay, codebooks and the FAVOR++ / FAVOR# fit, fit_a and
+fit_basis) with the weights, and the conversion in config.json ("favor":
+FavorConfig(method, options).to_dict()). save_pretrained(model, path) is that call, on a
+converted model. from_pretrained(path) rebuilds the model class named in the config,
+converts its module structure with the recorded FavorConfig and loads the favor tensors:
+nothing is re-fitted, and the outputs are the saved model's bit for bit. A checkpoint of an
+earlier favor.hf whose fits are in favor_fits.safetensors still loads (the file fills the
+fits the state_dict lacks).
 
 A favor checkpoint loaded by transformers alone (LlamaForCausalLM.from_pretrained(path),
 AutoModel*.from_pretrained(path)) is the softmax model with favor's tensors left out: once
@@ -15,36 +19,26 @@ import glob
 import os
 import warnings
 
-import numpy as np
-import torch
-
 from .. import _core
 from .convert import convert, cores
+from .methods import FavorConfig
 
-FITS = "favor_fits.safetensors"
+LEGACY_FITS = "favor_fits.safetensors"  # where an earlier favor.hf.save_pretrained put fits
 
 
 def save_pretrained(model, path, **kwargs):
-    """model.save_pretrained(path, **kwargs) and the fits of its FAVOR++ / FAVOR# layers."""
-    from safetensors.torch import save_file
+    """model.save_pretrained(path, **kwargs) of a converted model (the fits are in its
+    state_dict: no file of their own)."""
     cores(model)  # raises if not converted
     model.save_pretrained(path, **kwargs)
-    fits = {}
-    for layer, _, core in cores(model):
-        fit = getattr(core, "fit", None)
-        if fit is not None:
-            fits[f"{layer}.a"] = torch.from_numpy(np.ascontiguousarray(fit.a))
-            fits[f"{layer}.basis"] = torch.from_numpy(np.ascontiguousarray(fit.basis))
-    if fits:
-        save_file(fits, os.path.join(path, FITS))
 
 
 def from_pretrained(path, model_class=None, **kwargs):
-    """The converted model saved at `path` (save_pretrained): model_class (default: the
-    transformers class named in config.architectures) loaded from path, converted with
-    config.favor, its favor tensors and fits loaded. kwargs go to from_pretrained. `path`
-    is a local directory (a model on the hub: download it first, e.g. with
-    huggingface_hub.snapshot_download)."""
+    """The converted model saved at `path` (model.save_pretrained or save_pretrained):
+    model_class (default: the transformers class named in config.architectures) loaded from
+    path, converted with config.favor (a FavorConfig), its favor tensors and fits loaded.
+    kwargs go to from_pretrained. `path` is a local directory (a model on the hub: download
+    it first, e.g. with huggingface_hub.snapshot_download)."""
     import transformers
     from safetensors.torch import load_file
     if not os.path.isdir(path):
@@ -53,33 +47,31 @@ def from_pretrained(path, model_class=None, **kwargs):
                           "loads the directory that save_pretrained wrote; a model on the hub: "
                           "download it first, e.g. with huggingface_hub.snapshot_download)")
     config = transformers.AutoConfig.from_pretrained(path)
-    spec = getattr(config, "favor", None)
-    if not spec:
+    if not getattr(config, "favor", None):
         raise _core.Error(f"path: {path} holds no favor model (config.json has no 'favor'); "
                           "load it with transformers and call favor.hf.convert")
+    spec = FavorConfig.of(config)
     if model_class is None:
         names = getattr(config, "architectures", None) or []
         if not names or not hasattr(transformers, names[0]):
             raise _core.Error(f"model_class: config.architectures is {names}; give the class")
         model_class = getattr(transformers, names[0])
-    spec = dict(spec)
-    method = spec.pop("method")
     model = _loader(model_class).from_pretrained(path, **kwargs)
     model.__class__ = model_class
-    convert(model, method, **spec)
+    convert(model, spec.method, **spec.options)
     tensors = {}
     for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-        if os.path.basename(f) != FITS:
+        if os.path.basename(f) != LEGACY_FITS:
             tensors.update({k: v for k, v in load_file(f).items() if ".favor_core." in k})
     incompatible = model.load_state_dict(tensors, strict=False)
     if incompatible.unexpected_keys:
         raise _core.Error(f"path: favor tensors {incompatible.unexpected_keys[:3]} do not fit "
                           f"this {type(model).__name__}")
-    fits = os.path.join(path, FITS)
-    if os.path.exists(fits):
-        saved = load_file(fits)
+    legacy = os.path.join(path, LEGACY_FITS)
+    if os.path.exists(legacy):
+        saved = load_file(legacy)
         for layer, _, core in cores(model):
-            if f"{layer}.a" in saved:
+            if f"{layer}.a" in saved and getattr(core, "fit", None) is None:
                 core.fit = _core.KernelFit(saved[f"{layer}.a"].numpy(),
                                            saved[f"{layer}.basis"].numpy())
     model.eval()
@@ -109,7 +101,7 @@ def _warn_if_favor_dropped(cls, model, path):
         return
     if any(getattr(m, "favor_core", None) is not None for m in model.modules()):
         return
-    method = spec.get("method") if isinstance(spec, dict) else spec
+    method = spec.get("method") if isinstance(spec, dict) else spec  # not checked: a warning
     where = repr(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else "path"
     warnings.warn(f"{cls.__name__}.from_pretrained: {where} is a favor checkpoint (favor.hf "
                   f"method {method!r}); transformers dropped favor's attention and its "

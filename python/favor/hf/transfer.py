@@ -18,7 +18,6 @@ import json
 import math
 import os
 
-import numpy as np
 import torch
 
 from .. import _core
@@ -26,6 +25,7 @@ from ..api import fit_kernel
 from ..fit import floor_lambda
 from .capture import capturing, exact
 from .convert import cores
+from .methods import FavorConfig
 
 class TransferReport(list):
     """Per layer: what was fitted and the relative error of its favor output against its
@@ -47,11 +47,12 @@ def transfer(model, batches, *, steps=200, lr=1e-2, checkpoint=None, progress=Tr
     if not batches:
         raise _core.Error("batches: give at least one calibration batch")
     layers = cores(model)
+    record = FavorConfig.of(model).record
     model.eval()
     with capturing() as records, torch.no_grad():
         for batch in batches:
             model(**_inputs(batch))
-    settings = {"method": model.config.favor["method"], "steps": steps, "lr": lr,
+    settings = {"method": record.name, "steps": steps, "lr": lr,
                 "batches": len(batches), "tokens": int(sum(_count(b) for b in batches))}
     _check_checkpoint(checkpoint, settings)
     report = TransferReport()
@@ -61,18 +62,18 @@ def transfer(model, batches, *, steps=200, lr=1e-2, checkpoint=None, progress=Tr
         if not data:
             raise _core.Error(f"batches: layer {layer} was not reached by the calibration run")
         row = {"layer": layer}
-        row["error_before"] = _error(core, data)
+        row["error_before"] = _error(record, core, data)
         path = None if checkpoint is None else os.path.join(checkpoint, f"layer{layer}.pt")
         if path is not None and os.path.exists(path):
             _load_layer(core, torch.load(path, weights_only=False))
             row["fitted"], row["resumed"] = "resumed from checkpoint", True
         else:
-            row["fitted"] = _fit_layer(core, data, steps, lr, bar)
+            row["fitted"] = _FITTERS[record.fits](core, data, steps, lr)
             if path is not None:
                 tmp = path + ".tmp"
                 torch.save(_layer_state(core), tmp)
                 os.replace(tmp, path)
-        row["error_after"] = _error(core, data)
+        row["error_after"] = _error(record, core, data)
         report.append(row)
         if bar is not None:
             bar.set_postfix(layer=layer, error=f"{row['error_after']:.3g}")
@@ -83,16 +84,22 @@ def transfer(model, batches, *, steps=200, lr=1e-2, checkpoint=None, progress=Tr
     return report
 
 
-def _fit_layer(core, data, steps, lr, bar):
-    if core.method == "vq":
-        core.initialise_codebook(_rows(data, 1))
-        return "codebooks by k-means on the layer's keys"
-    if core.method == "exact":
-        return "nothing (exact)"
-    if core.kernel in ("favorpp", "favorsharp"):
-        q, k = _rows(data, 0), _rows(data, 1)
-        core.fit = fit_kernel(core.kernel, q.numpy(), k.numpy(), scale=core.scale)
-        return f"{core.kernel} fit per head"
+def _fit_codebook(core, data, steps, lr):
+    core.initialise_codebook(_rows(data, 1))
+    return "codebooks by k-means on the layer's keys"
+
+
+def _fit_nothing(core, data, steps, lr):
+    return "nothing (exact)"
+
+
+def _fit_kernel(core, data, steps, lr):
+    q, k = _rows(data, 0), _rows(data, 1)
+    core.fit = fit_kernel(core.kernel, q.numpy(), k.numpy(), scale=core.scale)
+    return f"{core.kernel} fit per head"
+
+
+def _fit_maps(core, data, steps, lr):
     params = [p for p in core.parameters() if p.requires_grad]
     if not params or steps == 0:
         return "nothing to learn"
@@ -115,19 +122,25 @@ def _fit_layer(core, data, steps, lr, bar):
     return f"{', '.join(names)} by {steps} Adam steps"
 
 
+# Method.fits -> what transfer does to a layer of the method (methods.FITS)
+_FITTERS = {"nothing": _fit_nothing, "kernel": _fit_kernel, "maps": _fit_maps,
+            "codebook": _fit_codebook}
+
+
 @torch.no_grad()
-def _error(core, data):
+def _error(record, core, data):
     """Relative squared error of the layer's favor output against its softmax output."""
-    if core.method == "exact":
+    if record.fits == "nothing":
         return 0.0
-    if getattr(core, "kernel", None) in ("favorpp", "favorsharp") and core.fit is None and \
-            any(r[4] for r in data):
+    if record.needs_fit and core.fit is None and any(r[4] for r in data):
         return float("nan")  # a causal FAVOR++/# layer runs only once fitted
     num = den = 0.0
     for q, k, v, keep, causal in data:
         ref = exact(core, q, k, v, keep, causal)
-        got = core.attend(q, k, v, None if keep is None else ~keep, causal) \
-            if core.method != "vq" else core(q, k, v, None if keep is None else ~keep, causal)
+        pad = None if keep is None else ~keep
+        # the codebook's k-means (prepare) before a first call: the whole forward
+        got = core(q, k, v, pad, causal) if record.fits == "codebook" else \
+            core.attend(q, k, v, pad, causal)
         w = _query_weight(keep, ref)
         num += float(((got - ref) ** 2 * w).sum())
         den += float((ref ** 2 * w).sum())
@@ -161,14 +174,12 @@ def _rows(data, which):
 
 
 def _layer_state(core):
-    fit = core.fit if hasattr(core, "fit") else None
-    return {"state": core.state_dict(),
-            "fit": None if fit is None else (np.asarray(fit.a), np.asarray(fit.basis))}
+    return {"state": core.state_dict()}  # a FavorCore's fit is in it (fit_a, fit_basis)
 
 
 def _load_layer(core, saved):
     core.load_state_dict(saved["state"])
-    if saved.get("fit") is not None:
+    if saved.get("fit") is not None:  # a checkpoint of an earlier favor.hf kept it apart
         core.fit = _core.KernelFit(*saved["fit"])
 
 

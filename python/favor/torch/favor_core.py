@@ -23,8 +23,10 @@ prefix, e.g. `core.projection`):
   gamma of exactly 1 starts at 1 - 1e-6, the largest the logit reaches in float32). A decay
   that is not learned is the plain list `decay` (configuration, not state). The decay weighs
   causal calls only: a non-causal call runs without it (favor.torch.attention refuses it).
-All train end to end through favor's backward (favor.torch.attention with weights, bias,
-feature_weights and a decay tensor). A state_dict without them (torch's
+- fit_a [heads, d], fit_basis [heads, d, d] (float64 buffers, only while a FAVOR++ / FAVOR#
+  fit is set): the fit's arrays, so a saved state_dict keeps the fit and loading one sets it.
+All but the fit train end to end through favor's backward (favor.torch.attention with
+weights, bias, feature_weights and a decay tensor). A state_dict without them (torch's
 nn.MultiheadAttention, a Hugging Face checkpoint) loads and keeps the initial ones.
 """
 import numpy as np
@@ -39,7 +41,8 @@ from ._attention_core import AttentionCore
 from .decoder import Decoder
 from .function import attention
 
-_TENSORS = ("projection", "map_weight", "map_bias", "map_lambda", "decay_logit")
+_TENSORS = ("projection", "map_weight", "map_bias", "map_lambda", "decay_logit", "fit_a",
+            "fit_basis")
 _GAMMA_MAX = 1.0 - 1e-6
 
 
@@ -81,11 +84,14 @@ class FavorCore(AttentionCore):
         self.backend = T.check_backend(backend)
         self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
         self.kernel, self.method, self.scale = kernel, method, scale
-        self.fit = fit_for(fit, kernel, head_dim)
+        fit = fit_for(fit, kernel, head_dim)
+        self.register_buffer("fit_a", None)  # the fit's tensors (fit.setter), when it has one
+        self.register_buffer("fit_basis", None)
         self._init_projection(features, projection, norms, seed, learn_projection,
                               feature_redraw_interval, device, dtype)
         self._init_feature_map(learn_features, feature_weights, decay, learn_decay,
                                feature_init, learn_projection, device, dtype)
+        self.fit = fit
 
     # ------------------------------------------------------------------ construction
 
@@ -241,20 +247,33 @@ class FavorCore(AttentionCore):
     @property
     def fit(self):
         """The FAVOR++ / FAVOR# fit (a favor.KernelFit) or None; setting it also keeps its
-        arrays as tensors, which the op takes (so a compiled forward never reads the C++
-        object)."""
+        arrays as the float64 buffers fit_a [heads, d] and fit_basis [heads, d, d], which
+        the op takes (so a compiled forward never reads the C++ object) and which the
+        state_dict holds: loading a state_dict with them sets the fit."""
         return self.__dict__.get("_kernel_fit")
 
     @fit.setter
     def fit(self, value):
         self.__dict__["_kernel_fit"] = value
-        self.__dict__["_fit_pair"] = None if value is None else (
-            torch.from_numpy(np.asarray(value.a)), torch.from_numpy(np.asarray(value.basis)))
+        device = self.projection.device
+        tensor = lambda x: torch.tensor(np.array(x, dtype=np.float64), device=device)
+        self.fit_a = None if value is None else tensor(value.a)
+        self.fit_basis = None if value is None else tensor(value.basis)
 
     @property
     def fit_tensors(self):
         """(a [heads, d], basis [heads, d, d]) float64 of the fit, or None."""
-        return self.__dict__.get("_fit_pair")
+        return None if self.fit_a is None else (self.fit_a, self.fit_basis)
+
+    def _apply(self, fn, recurse=True):
+        # .to(device) moves the fit's buffers; a dtype cast (.half(), .to(torch.bfloat16))
+        # leaves them float64, as the fit is.
+        pair = self.fit_tensors
+        out = super()._apply(fn, recurse)
+        if pair is not None:
+            self.fit_a = pair[0].to(self.fit_a.device, torch.float64)
+            self.fit_basis = pair[1].to(self.fit_basis.device, torch.float64)
+        return out
 
     @property
     def gamma(self):
@@ -289,6 +308,17 @@ class FavorCore(AttentionCore):
                        kernel=self.kernel, scale=self.scale, fit=self.fit, backend=self.backend)
 
     # ------------------------------------------------------------------ state_dict
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # A state_dict with a fit (fit_a, fit_basis) sets it first, so the buffers have its
+        # shape whether or not this core had one; one without keeps this core's.
+        a, basis = state_dict.get(prefix + "fit_a"), state_dict.get(prefix + "fit_basis")
+        if a is not None and basis is not None:
+            self.fit = _core.KernelFit(a.detach().cpu().to(torch.float64).numpy(),
+                                       basis.detach().cpu().to(torch.float64).numpy())
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
 
     def extra_repr(self):
         return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "

@@ -29,8 +29,10 @@ from ... import _core
 from .layout import decay_list, feature_map
 
 EXP, EXP_PM, TRIG = 0, 1, 2
-_KINDS = {"positive": EXP, "favorpp": EXP, "favorsharp": EXP, "hyperbolic": EXP_PM,
-          "hedgehog": EXP_PM, "trig": TRIG}
+_FORMS = {"exp": EXP, "exp_pm": EXP_PM, "trig": TRIG}
+# C++'s form of every kernel (favor::kernel_form: the canonical name, form, key norm), read
+# once (traceable)
+_KERNELS = {name: _core.kernel_form(name) for name, _ in _core.kernel_names()}
 
 CanonicalMap = namedtuple("CanonicalMap", "kind W bias key_logw rate norm_coef")
 CanonicalMap.__doc__ = """kind (EXP, EXP_PM, TRIG); W [w_sets, m, D] float32 (sqrt(scale)
@@ -38,15 +40,13 @@ folded in); bias [b_sets, m] or None; key_logw [l_sets, m] (log lambda^2) or Non
 [r_sets] float64 (-log gamma) or None; norm_coef a float (-scale/2, +scale/2 or 0)."""
 
 
-_NAMES = dict(_core.kernel_names())  # C++'s names and aliases, read once (traceable)
-
-
 def kind_of(kernel):
-    """(canonical name by C++'s parser, kind) of a kernel name."""
-    name = _NAMES.get(kernel) if isinstance(kernel, str) else None
-    if name is None:
-        name = _core.parse_kernel(kernel)  # raises C++'s error naming the kernels
-    return name, _KINDS[name]
+    """(canonical name by C++'s parser, kind, key norm coefficient) of a kernel name."""
+    form = _KERNELS.get(kernel) if isinstance(kernel, str) else None
+    if form is None:
+        form = _core.kernel_form(kernel)  # raises C++'s error naming the kernels
+    name, shape, key_norm = form
+    return name, _FORMS[shape], key_norm
 
 
 def _host(t):
@@ -74,7 +74,7 @@ def canonical_map(w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale,
     the projection (unused when per-head weights [sets, m, D] are given), bias and lam
     [sets, m], decay gamma [1] / [H], a fit (a [sets, D], basis [sets, D, D]), on q's
     device, differentiable in every learned tensor."""
-    name, kind = kind_of(kernel)
+    _, kind, key_norm = kind_of(kernel)
     s = (1.0 / d ** 0.5) if scale is None else float(scale)
     root = s ** 0.5
     base = weights if weights is not None else w.unsqueeze(0)
@@ -86,8 +86,7 @@ def canonical_map(w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale,
         b = torch.einsum("sl,fl->sf", a, w * w)
     key_logw = None if lam is None else 2 * torch.log(torch.abs(lam))
     rate = None if decay is None else -torch.log(decay.to(torch.float64)).reshape(-1)
-    norm = {TRIG: s / 2}.get(kind, 0.0 if name == "hedgehog" else -s / 2)
-    return CanonicalMap(kind, base * root, b, key_logw, rate, norm)
+    return CanonicalMap(kind, base * root, b, key_logw, rate, key_norm * s)
 
 
 def per_head(t, bh):

@@ -13,36 +13,11 @@ def flat(x):
     return x.reshape(-1, *x.shape[-2:]) if x.dim() == 4 else x.unsqueeze(0)
 
 
-def _shape(t):
-    """A shape as C++ writes it, rank-2 inputs as [1,1,N,D] (how the ops pass them)."""
-    dims = list(t.shape) if t.dim() == 4 else [1, 1, *t.shape]
-    return "[" + ",".join(map(str, dims)) + "]"
-
-
 def check_shapes(q, k, v, causal, mask=None):
-    """The shape rules of the C++ attention (src/core/validate.cpp check_inputs, its
-    messages), for paths that do not call it."""
-    for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        if t.dim() not in (2, 4):
-            raise _core.Error(f"{name}: shape {list(t.shape)} must be [B, H, N, D] or [N, D]")
-        if any(x < 1 for x in t.shape):
-            raise _core.Error(f"{name}: shape {_shape(t)} must have every extent >= 1 (layout "
-                              "[B, H, N, D])")
-    qs, ks, vs = _shape(q), _shape(k), _shape(v)
-    if not (q.dim() == k.dim() == v.dim()) or q.shape[:-2] != k.shape[:-2] \
-            or v.shape[:-2] != k.shape[:-2]:
-        raise _core.Error(f"q {qs}, k {ks}, v {vs}: batch B and heads H must agree")
-    if q.shape[-1] != k.shape[-1]:
-        raise _core.Error(f"q {qs}, k {ks}: q and k must have the same head dim D")
-    if v.shape[-2] != k.shape[-2]:
-        raise _core.Error(f"k {ks}, v {vs}: k and v must have the same length Nk")
-    if causal and q.shape[-2] != k.shape[-2]:
-        raise _core.Error(f"q {qs}, k {ks}: causal attention needs Nq == Nk")
-    if mask is not None:
-        b, n = (k.shape[0] if k.dim() == 4 else 1), k.shape[-2]
-        if mask.dim() != 2 or tuple(mask.shape) != (b, n):
-            got = ",".join(map(str, mask.shape))
-            raise _core.Error(f"key_mask: shape [{got}] must be [B, Nk] = [{b},{n}]")
+    """The shape rules of the C++ attention, bound from C++ (favor::check_attention_shapes:
+    its messages, no values read), for kernels that do not call it."""
+    _core.check_attention_shapes(list(q.shape), list(k.shape), list(v.shape), bool(causal),
+                                 None if mask is None else list(mask.shape))
 
 
 def keep_batch(key_padding_mask, device):

@@ -48,3 +48,32 @@ def decode_step(state, q, k, v, cm, key_mask=None):
     """(y, new state): append, then query (as favor::decode_step)."""
     new = append(state, k, v, cm, key_mask)
     return query(new, q, cm), new
+
+
+def prefill(state, q, k, v, cm, key_mask=None):
+    """(y, new state) of a prompt from an empty state without decay: causal attention over
+    q, k, v [B, H, T, D or Dv] with the key features computed once, and the state they leave
+    (the same features at the last token's scale: sum_j phi_j exp(M_j - M_T) [v_j | 1], the
+    stabiliser M_T). Equal to token-by-token append and query up to float rounding (the sums
+    run in another order), as the C++ Decoder::prefill."""
+    sums, log_max, row_positions, position = state
+    b, h, t, _ = k.shape
+    keep = None if key_mask is None else key_mask.to(k.device).ne(0)
+    keep_bh = None if keep is None else keep.repeat_interleave(h, 0)
+    phi, scale = generic.key_features(k.reshape(b * h, t, -1), cm, keep_bh, True)
+    vx = torch.cat([v, torch.ones_like(v[..., :1])], -1).reshape(b * h, t, -1)
+    dv = v.shape[-1]
+    out = generic.linear_core(generic.query_logits(q.reshape(b * h, t, -1), cm),
+                              cm.kind != TRIG, phi, scale, vx, True, dv)
+    y = generic.ratio(out, dv).reshape(b, h, t, dv)
+    last = scale[:, -1:]                                                  # M_T [BH, 1]
+    empty = torch.isinf(last)
+    carry = torch.exp((scale - last.masked_fill(empty, 0.0)).masked_fill(torch.isinf(scale),
+                                                                         float("-inf")))
+    added = (phi * carry.float().unsqueeze(-1)).transpose(-1, -2) @ vx    # [BH, F, Dv + 1]
+    added = added.masked_fill(empty.unsqueeze(-1), 0.0)
+    kept = torch.full((b,), t, dtype=torch.int64, device=k.device) if keep is None \
+        else keep.long().sum(1)
+    new = (added.reshape(sums.shape), last.reshape(log_max.shape),
+           row_positions.to(k.device) + kept, position + t)
+    return y, new

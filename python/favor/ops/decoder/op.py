@@ -71,6 +71,8 @@ def _generic(sums, log_max, row_positions, position, q, k, v, key_mask, w, kerne
         return generic.query(state, q, cm), state
     if step_kind != "prefill":
         return generic.decode_step(state, q, k, v, cm, key_mask)
+    if decay is None and int(position[0]) == 0:  # a prompt: its key features once
+        return generic.prefill(state, q, k, v, cm, key_mask)
     rows = []
     for i in range(q.shape[2]):  # causal: token i reads the state after its own append
         sl = slice(i, i + 1)
@@ -245,17 +247,14 @@ def advance(state, q, k, v, projection, *, mode="step", kernel="positive", scale
 
 
 def _check_state(state, batch, heads, features, dv):
-    """The layout of a state tuple against the step's B, H, F and Dv (the C++ decoder checks
-    its values when it loads one; on a device the values stay there)."""
-    if not isinstance(state, (tuple, list)) or len(state) != 4:
-        raise _core.Error("state: must be (sums, log_max, row_positions, position), as "
-                          "empty_state() or decode_step returns it")
-    want = ((batch, heads, features, dv + 1), (batch, heads), (batch,), (1,))
-    for t, shape, name in zip(state, want, ("sums", "log_max", "row_positions", "position")):
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
-            got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise _core.Error(f"state.{name}: {got} must be {list(shape)} (B, H, F, Dv + 1 "
-                              "of this step)")
+    """The layout of a state against the step's B, H, F and Dv, by C++'s rule
+    (favor::check_decoder_state_layout; its values are checked where they are loaded)."""
+    if not isinstance(state, (tuple, list)) or len(state) != 4 or not all(
+            isinstance(t, torch.Tensor) for t in state):
+        raise _core.Error("state: must be a DecodeState (sums, log_max, row_positions, "
+                          "position tensors), as empty_state() or decode_step returns it")
+    _core.check_decoder_state_layout(*(list(t.shape) for t in state), batch, heads, features,
+                                     dv)
 
 
 def check_key_mask(key_mask, batch, tokens):
