@@ -18,6 +18,7 @@ from transformers.masking_utils import (bidirectional_mask_function, causal_mask
 from .. import _core
 from .cache import FavorCacheLayer, layer_for
 from .capture import captured
+from .families import FAMILIES
 
 NAME = "favor"
 CACHE_ARGUMENTS = ("cache", "past_key_values", "layer_past")  # the families' names for it
@@ -43,7 +44,9 @@ def padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     and a sliding window the keys outrun."""
     if mask_function is not causal_mask_function and mask_function is not \
             bidirectional_mask_function:
-        window = getattr(config, "sliding_window", None)
+        family = FAMILIES.get(getattr(config, "model_type", None))
+        window = family.sliding_window(config) if family is not None else \
+            getattr(config, "sliding_window", None)
         if window is None:
             raise _core.Error("attention_mask: the model builds a mask favor cannot honour "
                               f"({getattr(mask_function, '__qualname__', mask_function)}: packed "
@@ -104,7 +107,7 @@ def favor_attention(module, query, key, value, attention_mask, scaling=None, dro
     if y is not None:
         pass
     elif layer is not None and causal:
-        y = layer.attend(core, q, k, v, attention_mask)
+        y = layer.attend(core, q, k, v, attention_mask, getattr(module, "favor_state", None))
     else:
         y = _attend(core, q, k, v, attention_mask, causal)
     return y.transpose(1, 2).to(dtype), None

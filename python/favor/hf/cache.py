@@ -54,9 +54,12 @@ class FavorCacheLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         return key_states, value_states
 
-    def attend(self, core, q, k, v, keep):
+    def attend(self, core, q, k, v, keep, state=None):
         """Causal attention of the new tokens q, k, v [B, H, T, D] (float32) after the ones
-        before, through the decoding state; keep [B, seen + T] or None."""
+        before, through the decoding state; keep [B, seen + T] or None. state(core, batch)
+        makes the state at the prompt (the method's record, favor.hf.METHODS; default: the
+        core's decoder)."""
+        make = state if state is not None else (lambda c, batch: c.decoder(batch))
         t = q.shape[2]
         new = None if keep is None else keep[:, -t:]
         if self.decoder is None:
@@ -64,12 +67,12 @@ class FavorCacheLayer(CacheLayerMixin):
             grad = torch.is_grad_enabled() and q.requires_grad
             if isinstance(core, FavorCore) and core.method == "favor" and not grad:
                 core.prepare(k, pad)
-                self.decoder = core.decoder(q.shape[0])
+                self.decoder = make(core, q.shape[0])
                 y = self.decoder.prefill(q, k, v, key_mask=new)
                 core.learn(k, pad)
             else:  # VQ (no prefill) or autograd: the core, then the keys appended
                 y = core(q, k, v, key_padding_mask=pad, causal=True)
-                self.decoder = core.decoder(q.shape[0])
+                self.decoder = make(core, q.shape[0])
                 self.decoder.append(k.detach(), v.detach(), key_mask=new)
             self.seen = t
             return y

@@ -84,6 +84,7 @@ def convert(model, method="favor", **options):
         device = next(module.parameters()).device
         core = record.build(options, heads, head_dim, causal, scale, layer, device)
         module.favor_core = core
+        module.favor_state = record.state  # the decoding state its cache layer keeps
         rows.append(LayerReport(name, layer, causal, heads, kv_heads, head_dim, scale,
                                 "exact softmax" if core.method == "exact"
                                 else core.extra_repr()))
