@@ -141,7 +141,8 @@ void Decoder::step(DecoderStateView s, TensorView q, TensorView k, TensorView v,
   ds.workspace = &step_ws_;
   ds.workspace_d = &step_ws_d_;
   kernels::backend().decoder_step(ds);
-  for (int64_t b = 0; b < batch_; ++b) s.row_positions[b] += !key_mask || key_mask->at(b, 0) ? 1 : 0;
+  for (int64_t b = 0; b < batch_; ++b)
+    s.row_positions[b] += !key_mask || key_mask->at(b, 0) ? 1 : 0;
   *s.position += 1;
 }
 

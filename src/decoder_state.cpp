@@ -13,14 +13,15 @@ namespace favor {
 
 DecoderState Decoder::state() const {
   if (S_.empty()) {  // nothing appended since construction or reset
-    return DecoderState{batch_,
-                        heads_,
-                        features_,
-                        dv_,
-                        position_,
-                        std::vector<int64_t>(static_cast<size_t>(batch_), 0),
-                        std::vector<float>(static_cast<size_t>(batch_ * heads_ * features_ * (dv_ + 1))),
-                        std::vector<double>(static_cast<size_t>(batch_ * heads_), -INFINITY)};
+    return DecoderState{
+        batch_,
+        heads_,
+        features_,
+        dv_,
+        position_,
+        std::vector<int64_t>(static_cast<size_t>(batch_), 0),
+        std::vector<float>(static_cast<size_t>(batch_ * heads_ * features_ * (dv_ + 1))),
+        std::vector<double>(static_cast<size_t>(batch_ * heads_), -INFINITY)};
   }
   return DecoderState{batch_, heads_, features_, dv_, position_, row_pos_, S_, max_};
 }
@@ -55,6 +56,15 @@ void Decoder::select(const std::vector<int64_t>& indices) {
 }
 
 VQDecoderState VQDecoder::state() const {
+  if (sums_.empty()) {  // nothing appended since construction or reset
+    return VQDecoderState{batch_,
+                          heads_,
+                          codes_,
+                          dv_,
+                          position_,
+                          std::vector<float>(static_cast<size_t>(batch_ * heads_ * codes_ * dv_)),
+                          std::vector<float>(static_cast<size_t>(batch_ * heads_ * codes_))};
+  }
   return VQDecoderState{batch_, heads_, codes_, dv_, position_, sums_, counts_};
 }
 
@@ -67,6 +77,7 @@ void VQDecoder::load_state(const VQDecoderState& state) {
 
 void VQDecoder::select(const std::vector<int64_t>& indices) {
   detail::check_row_indices(indices, batch_);
+  own();
   sums_ = detail::select_rows(sums_, heads_ * codes_ * dv_, indices);
   counts_ = detail::select_rows(counts_, heads_ * codes_, indices);
   batch_ = static_cast<int64_t>(indices.size());

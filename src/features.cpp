@@ -34,10 +34,10 @@ std::string to_string(Kernel kernel) {
 
 const std::vector<std::pair<std::string, Kernel>>& kernel_names() {
   static const std::vector<std::pair<std::string, Kernel>> names{
-      {"positive", Kernel::positive}, {"trig", Kernel::trig},
+      {"positive", Kernel::positive},     {"trig", Kernel::trig},
       {"hyperbolic", Kernel::hyperbolic}, {"favorpp", Kernel::favorpp},
       {"favorsharp", Kernel::favorsharp}, {"hedgehog", Kernel::hedgehog},
-      {"favor++", Kernel::favorpp}, {"favor#", Kernel::favorsharp}};
+      {"favor++", Kernel::favorpp},       {"favor#", Kernel::favorsharp}};
   return names;
 }
 

@@ -62,17 +62,48 @@ VQDecoder::VQDecoder(int64_t batch, int64_t heads, int64_t dv, TensorView codebo
   scale_ = detail::resolve_scale(options.scale, d_);
   codebook_ = detail::contiguous_codebook(codebook);
   prepared_ = kernels::backend().vq_prepare_codebook(codebook_.data(), cb_heads_, codes_, d_);
-  sums_.assign(static_cast<size_t>(batch * heads * codes_ * dv), 0.0f);
-  counts_.assign(static_cast<size_t>(batch * heads * codes_), 0.0f);
+}
+
+VQDecoderStateView VQDecoder::own() {
+  if (sums_.empty()) {
+    sums_.assign(static_cast<size_t>(batch_ * heads_ * codes_ * dv_), 0.0f);
+    counts_.assign(static_cast<size_t>(batch_ * heads_ * codes_), 0.0f);
+  }
+  return {sums_.data(), counts_.data(), &position_};
 }
 
 void VQDecoder::reset() {
-  std::fill(sums_.begin(), sums_.end(), 0.0f);
-  std::fill(counts_.begin(), counts_.end(), 0.0f);
+  sums_.clear();
+  counts_.clear();
   position_ = 0;
 }
 
 void VQDecoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask) {
+  append(own(), k, v, key_mask);
+}
+
+void VQDecoder::query(TensorView q, MutableTensorView out) const {
+  if (sums_.empty()) {  // nothing appended: the state is zero, so is every output
+    const std::vector<float> sums(static_cast<size_t>(batch_ * heads_ * codes_ * dv_));
+    const std::vector<float> counts(static_cast<size_t>(batch_ * heads_ * codes_));
+    query(sums.data(), counts.data(), q, out);
+    return;
+  }
+  query(sums_.data(), counts_.data(), q, out);
+}
+
+void VQDecoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                     const std::optional<KeyMaskView>& key_mask) {
+  step(own(), q, k, v, out, key_mask);
+}
+
+void VQDecoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                        const std::optional<KeyMaskView>& key_mask) {
+  prefill(own(), q, k, v, out, key_mask);
+}
+
+void VQDecoder::append(VQDecoderStateView s, TensorView k, TensorView v,
+                       const std::optional<KeyMaskView>& key_mask) {
   detail::check_step(k, batch_, heads_, d_, "k", "D");
   detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
   if (k.shape[2] != v.shape[2]) {
@@ -86,13 +117,14 @@ void VQDecoder::append(TensorView k, TensorView v, const std::optional<KeyMaskVi
                   cb_heads_, static_cast<float>(scale_), static_cast<float>(options_.tau));
   const kernels::AttentionParams& p = da.step.base;
   da.prepared = prepared_.get();
-  da.sums = sums_.data();
-  da.counts = counts_.data();
+  da.sums = s.sums;
+  da.counts = s.counts;
   kernels::backend().vq_decoder_append(da);
-  position_ += p.nk;
+  *s.position += p.nk;
 }
 
-void VQDecoder::query(TensorView q, MutableTensorView out) const {
+void VQDecoder::query(const float* sums, const float* counts, TensorView q,
+                      MutableTensorView out) const {
   detail::check_step(q, batch_, heads_, d_, "q", "D");
   detail::check_output(out, {batch_, heads_, q.shape[2], dv_}, "out", {q});
   kernels::VQDecoderQuery dq{};
@@ -101,8 +133,8 @@ void VQDecoder::query(TensorView q, MutableTensorView out) const {
                   codes_, cb_heads_, static_cast<float>(scale_), static_cast<float>(options_.tau));
   dq.step.base.out = out.data;
   dq.step.base.out_strides = out.strides;
-  dq.sums = sums_.data();
-  dq.counts = counts_.data();
+  dq.sums = sums;
+  dq.counts = counts;
   kernels::backend().vq_decoder_query(dq);
 }
 
@@ -113,8 +145,8 @@ Tensor VQDecoder::query(TensorView q) const {
   return out;
 }
 
-void VQDecoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
-                     const std::optional<KeyMaskView>& key_mask) {
+void VQDecoder::step(VQDecoderStateView s, TensorView q, TensorView k, TensorView v,
+                     MutableTensorView out, const std::optional<KeyMaskView>& key_mask) {
   detail::check_decode_step(q, k, v, out, key_mask, batch_, heads_, d_, dv_);
   kernels::VQDecoderStep ds{};
   ds.step = step_params(q, k, v, {batch_, heads_, 1, 1, d_, dv_}, key_mask, codebook_, codes_,
@@ -122,11 +154,11 @@ void VQDecoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView
   ds.step.base.out = out.data;
   ds.step.base.out_strides = out.strides;
   ds.prepared = prepared_.get();
-  ds.sums = sums_.data();
-  ds.counts = counts_.data();
+  ds.sums = s.sums;
+  ds.counts = s.counts;
   ds.workspace = &step_ws_;
   kernels::backend().vq_decoder_step(ds);
-  position_ += 1;
+  *s.position += 1;
 }
 
 Tensor VQDecoder::step(TensorView q, TensorView k, TensorView v,
@@ -137,8 +169,8 @@ Tensor VQDecoder::step(TensorView q, TensorView k, TensorView v,
   return out;
 }
 
-void VQDecoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorView out,
-                        const std::optional<KeyMaskView>& key_mask) {
+void VQDecoder::prefill(VQDecoderStateView s, TensorView q, TensorView k, TensorView v,
+                        MutableTensorView out, const std::optional<KeyMaskView>& key_mask) {
   const int64_t T = detail::check_decode_prefill(q, k, v, out, key_mask, batch_, heads_, d_, dv_);
   // The causal kernel's state is [Vsum | n] per head (c x (dv + 1)); the decoder's holds the
   // sums and the counts apart: interleaved in, split out.
@@ -146,8 +178,8 @@ void VQDecoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorV
   if (prefill_ws_.size() < static_cast<size_t>(heads * codes_ * ld))
     prefill_ws_.resize(static_cast<size_t>(heads * codes_ * ld));
   for (int64_t r = 0; r < heads * codes_; ++r) {
-    std::copy_n(sums_.begin() + r * dv_, dv_, prefill_ws_.begin() + r * ld);
-    prefill_ws_[static_cast<size_t>(r * ld + dv_)] = counts_[static_cast<size_t>(r)];
+    std::copy_n(s.sums + r * dv_, dv_, prefill_ws_.begin() + r * ld);
+    prefill_ws_[static_cast<size_t>(r * ld + dv_)] = s.counts[r];
   }
   kernels::VQParams p =
       step_params(q, k, v, {batch_, heads_, T, T, d_, dv_}, key_mask, codebook_, codes_, cb_heads_,
@@ -159,10 +191,10 @@ void VQDecoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorV
   p.final_states = prefill_ws_.data();
   kernels::backend().vq_causal(p);
   for (int64_t r = 0; r < heads * codes_; ++r) {
-    std::copy_n(prefill_ws_.begin() + r * ld, dv_, sums_.begin() + r * dv_);
-    counts_[static_cast<size_t>(r)] = prefill_ws_[static_cast<size_t>(r * ld + dv_)];
+    std::copy_n(prefill_ws_.begin() + r * ld, dv_, s.sums + r * dv_);
+    s.counts[r] = prefill_ws_[static_cast<size_t>(r * ld + dv_)];
   }
-  position_ += T;
+  *s.position += T;
 }
 
 Tensor VQDecoder::prefill(TensorView q, TensorView k, TensorView v,

@@ -83,8 +83,8 @@ class Decoder {
   void append(DecoderStateView state, TensorView k, TensorView v,
               const std::optional<KeyMaskView>& key_mask = {});
   void query(const float* sums, TensorView q, MutableTensorView out) const;
-  void step(DecoderStateView state, TensorView q, TensorView k, TensorView v,
-            MutableTensorView out, const std::optional<KeyMaskView>& key_mask = {});
+  void step(DecoderStateView state, TensorView q, TensorView k, TensorView v, MutableTensorView out,
+            const std::optional<KeyMaskView>& key_mask = {});
   void prefill(DecoderStateView state, TensorView q, TensorView k, TensorView v,
                MutableTensorView out, const std::optional<KeyMaskView>& key_mask = {});
 

@@ -50,4 +50,14 @@ struct VQDecoderState {
   std::vector<float> counts;
 };
 
+/// A favor::VQDecoder's state in caller memory, borrowed (not owned), with the layout of
+/// VQDecoderState: sums [batch][heads][codes][dv] float32, counts [batch][heads][codes]
+/// float32, *position. VQDecoder's functional calls read and write it in place (favor's
+/// torch op favor::vq_decode_step passes its tensors' memory).
+struct VQDecoderStateView {
+  float* sums = nullptr;
+  float* counts = nullptr;
+  int64_t* position = nullptr;
+};
+
 }  // namespace favor

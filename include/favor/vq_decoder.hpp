@@ -57,10 +57,21 @@ class VQDecoder {
   Tensor prefill(TensorView q, TensorView k, TensorView v,
                  const std::optional<KeyMaskView>& key_mask = {});
 
+  /// The functional forms: the same calls on a state held elsewhere (VQDecoderStateView, of
+  /// this decoder's extents), read and written in place; this decoder lends its codebook
+  /// and workspace only. Bit for bit the calls above when the view holds the same values.
+  void append(VQDecoderStateView state, TensorView k, TensorView v,
+              const std::optional<KeyMaskView>& key_mask = {});
+  void query(const float* sums, const float* counts, TensorView q, MutableTensorView out) const;
+  void step(VQDecoderStateView state, TensorView q, TensorView k, TensorView v,
+            MutableTensorView out, const std::optional<KeyMaskView>& key_mask = {});
+  void prefill(VQDecoderStateView state, TensorView q, TensorView k, TensorView v,
+               MutableTensorView out, const std::optional<KeyMaskView>& key_mask = {});
+
   int64_t position() const { return position_; }
   /// Bytes held by the state: fixed at construction, whatever the position.
   int64_t state_bytes() const {
-    return static_cast<int64_t>((sums_.size() + counts_.size()) * sizeof(float));
+    return batch_ * heads_ * codes_ * (dv_ + 1) * int64_t(sizeof(float));
   }
   void reset();
 
@@ -81,6 +92,8 @@ class VQDecoder {
   int64_t codes() const { return codes_; }
 
  private:
+  /// The decoder's own state (allocated at its first use).
+  VQDecoderStateView own();
   int64_t batch_, heads_, dv_, codes_, d_, cb_heads_;
   std::vector<float> codebook_;  // [cb_heads][c][d]
   // The codebook as the backend assigns keys with (kernels/vq_decoder_params.hpp);

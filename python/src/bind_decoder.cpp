@@ -34,8 +34,9 @@ void bind_decoder(py::module_& m) {
            py::arg("batch"), py::arg("heads"), py::arg("dv"), py::arg("feature_map"),
            py::arg("decay") = std::vector<double>{})
       .def_property_readonly("projection", [](PyDecoder& s) { return s.decoder.projection(); })
-      .def_property_readonly("features", [](PyDecoder& s) { return s.decoder.features(); },
-                             "F: the features per token (the rows of the state's sums).")
+      .def_property_readonly(
+          "features", [](PyDecoder& s) { return s.decoder.features(); },
+          "F: the features per token (the rows of the state's sums).")
       .def(
           "step_state",
           [](PyDecoder& self, const py::handle& sums, const py::handle& log_max,
@@ -51,45 +52,10 @@ void bind_decoder(py::module_& m) {
             st.row_positions =
                 borrowed_state<int64_t>(row_positions, {B}, "row_positions", "[batch]");
             st.position = borrowed_state<int64_t>(position, {1}, "position", "[1]");
-            if (mode == "step") {
-              return run_qkv(self, q, k, v, key_mask,
-                             [&](auto&... args) { self.decoder.step(st, args...); });
-            }
-            if (mode == "prefill") {
-              return run_qkv(self, q, k, v, key_mask,
-                             [&](auto&... args) { self.decoder.prefill(st, args...); });
-            }
-            if (mode == "append") {
-              const Input ki = as_input(k, "k"), vi = as_input(v, "v");
-              check_same_rank({&ki, &vi}, "k, v");
-              const std::optional<Mask> mask =
-                  as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
-              {
-                py::gil_scoped_release release;
-                std::lock_guard<std::mutex> lock(self.mutex);
-                self.decoder.append(st, ki.view, vi.view, mask_view(mask));
-              }
-              return py::array_t<float>(std::vector<py::ssize_t>{B, H, 0, Dv});
-            }
-            if (mode == "query") {
-              const Input qi = as_input(q, "q");
-              const Shape4 shape{qi.view.shape[0], qi.view.shape[1], qi.view.shape[2], Dv};
-              py::array_t<float> y = new_output(shape, qi.rank);
-              const MutableTensorView out = output_view(y, shape);
-              py::gil_scoped_release release;
-              std::lock_guard<std::mutex> lock(self.mutex);
-              self.decoder.query(st.sums, qi.view, out);
-              return y;
-            }
-            if (mode != "append_query")
-              throw Error("mode: '" + mode +
-                          "' must be step, append, query, append_query or prefill");
-            return run_qkv(self, q, k, v, key_mask,
-                           [&](TensorView qv, TensorView kv, TensorView vv, MutableTensorView out,
-                               const std::optional<KeyMaskView>& mask) {
-                             self.decoder.append(st, kv, vv, mask);
-                             self.decoder.query(st.sums, qv, out);
-                           });
+            return run_mode(self, st, q, k, v, key_mask, mode,
+                            [&](TensorView qv, MutableTensorView out) {
+                              self.decoder.query(st.sums, qv, out);
+                            });
           },
           py::arg("sums"), py::arg("log_max"), py::arg("row_positions"), py::arg("position"),
           py::arg("q"), py::arg("k"), py::arg("v"), py::arg("key_mask") = py::none(),

@@ -64,18 +64,17 @@ void bind_rules(py::module_& m) {
       py::arg("key_mask") = py::none(),
       "The shape rules of an attention call on the extents of q, k, v ([B, H, N, D] or "
       "[N, D]) and a key mask ([B, Nk]): favor.Error with C++'s message; no values read.");
-  m.def(
-      "check_decoder_state_layout",
-      &check_decoder_state_layout,
-      py::arg("sums"), py::arg("log_max"), py::arg("row_positions"), py::arg("position"),
-      py::arg("batch"), py::arg("heads"), py::arg("features"), py::arg("dv"),
-      "The layout of a decoder state (its arrays' shapes) against a decoder's extents: "
-      "favor.Error naming the field; no values read.");
+  m.def("check_decoder_state_layout", &check_decoder_state_layout, py::arg("sums"),
+        py::arg("log_max"), py::arg("row_positions"), py::arg("position"), py::arg("batch"),
+        py::arg("heads"), py::arg("features"), py::arg("dv"),
+        "The layout of a decoder state (its arrays' shapes) against a decoder's extents: "
+        "favor.Error naming the field; no values read.");
   m.def(
       "kernel_names",
       [] {
         std::vector<std::pair<std::string, std::string>> names;
-        for (const auto& [name, kernel] : kernel_names()) names.emplace_back(name, to_string(kernel));
+        for (const auto& [name, kernel] : kernel_names())
+          names.emplace_back(name, to_string(kernel));
         return names;
       },
       "Every kernel name favor accepts, (name, canonical name) pairs: the canonical names, "
@@ -106,8 +105,7 @@ void bind_rules(py::module_& m) {
                          kernel_argument, calibration);
       },
       py::arg("kernel"), py::arg("constant"), py::arg("fit_argument") = "fit",
-      py::arg("kernel_argument") = "kernel",
-      py::arg("calibration") = "a KernelFit from fit_kernel",
+      py::arg("kernel_argument") = "kernel", py::arg("calibration") = "a KernelFit from fit_kernel",
       "The CLI's rule for a fit with this kernel (favor::check_fit_kernel).");
   m.def(
       "read_map_file",

@@ -196,6 +196,29 @@ void bind_vq_decoder(py::module_& m) {
            py::arg("scale") = py::none(), py::arg("tau") = 0.0)
       .def_property_readonly("codes", [](PyVQDecoder& s) { return s.decoder.codes(); })
       .def(
+          "step_state",
+          [](PyVQDecoder& self, const py::handle& sums, const py::handle& counts,
+             const py::handle& position, const py::handle& q, const py::handle& k,
+             const py::handle& v, const py::handle& key_mask, const std::string& mode) {
+            const VQDecoder& dec = self.decoder;
+            const int64_t B = dec.batch(), H = dec.heads(), c = dec.codes(), Dv = dec.dv();
+            VQDecoderStateView st;
+            st.sums =
+                borrowed_state<float>(sums, {B, H, c, Dv}, "sums", "[batch, heads, codes, dv]");
+            st.counts = borrowed_state<float>(counts, {B, H, c}, "counts", "[batch, heads, codes]");
+            st.position = borrowed_state<int64_t>(position, {1}, "position", "[1]");
+            return run_mode(self, st, q, k, v, key_mask, mode,
+                            [&](TensorView qv, MutableTensorView out) {
+                              self.decoder.query(st.sums, st.counts, qv, out);
+                            });
+          },
+          py::arg("sums"), py::arg("counts"), py::arg("position"), py::arg("q"), py::arg("k"),
+          py::arg("v"), py::arg("key_mask") = py::none(), py::arg("mode") = "step",
+          "The functional VQ decoder (favor::vq_decode_step): the state given as arrays "
+          "(float32 sums [B, H, c, Dv], float32 counts [B, H, c], int64 position [1], "
+          "C-contiguous, writeable) is advanced in place and y [B, H, T, Dv] returned; mode as "
+          "Decoder.step_state's.")
+      .def(
           "state",
           [](PyVQDecoder& self) {
             VQDecoderState st;

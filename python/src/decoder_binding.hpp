@@ -60,12 +60,14 @@ T* borrowed_state(const py::handle& obj, const std::vector<py::ssize_t>& shape, 
                 py::str(py::dtype::of<T>()).cast<std::string>() + " (the state's own dtype)");
   auto a = py::reinterpret_borrow<py::array>(obj);
   if (!(a.flags() & py::array::c_style) || !a.writeable())
-    throw Error(std::string(name) + ": must be C-contiguous and writeable (it is updated in place)");
+    throw Error(std::string(name) +
+                ": must be C-contiguous and writeable (it is updated in place)");
   bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
   for (py::ssize_t i = 0; ok && i < a.ndim(); ++i) ok = a.shape(i) == shape[size_t(i)];
   if (!ok) {
     std::string got = "[";
-    for (py::ssize_t i = 0; i < a.ndim(); ++i) got += (i > 0 ? "," : "") + std::to_string(a.shape(i));
+    for (py::ssize_t i = 0; i < a.ndim(); ++i)
+      got += (i > 0 ? "," : "") + std::to_string(a.shape(i));
     throw Error(std::string(name) + ": shape " + got + "] must be " + rule);
   }
   return static_cast<T*>(a.mutable_data());
@@ -91,6 +93,53 @@ py::array_t<float> run_qkv(Locked<D>& self, const py::handle& q, const py::handl
     call(qv, kv, vv, out, mv);
   }
   return y;
+}
+
+/// A functional decoder call on a borrowed state view st (Decoder's or VQDecoder's): mode
+/// 'step' (T = 1, fused), 'prefill' (causal over T tokens), 'append_query', 'append' (k, v;
+/// an empty y) or 'query' (q; query(q, out) reads the state).
+template <typename D, typename View, class Query>
+py::array_t<float> run_mode(Locked<D>& self, View st, const py::handle& q, const py::handle& k,
+                            const py::handle& v, const py::handle& key_mask,
+                            const std::string& mode, Query query) {
+  const int64_t B = self.decoder.batch(), H = self.decoder.heads(), Dv = self.decoder.dv();
+  if (mode == "step") {
+    return run_qkv(self, q, k, v, key_mask, [&](auto&... args) { self.decoder.step(st, args...); });
+  }
+  if (mode == "prefill") {
+    return run_qkv(self, q, k, v, key_mask,
+                   [&](auto&... args) { self.decoder.prefill(st, args...); });
+  }
+  if (mode == "append") {
+    const Input ki = as_input(k, "k"), vi = as_input(v, "v");
+    check_same_rank({&ki, &vi}, "k, v");
+    const std::optional<Mask> mask =
+        as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(self.mutex);
+      self.decoder.append(st, ki.view, vi.view, mask_view(mask));
+    }
+    return py::array_t<float>(std::vector<py::ssize_t>{B, H, 0, Dv});
+  }
+  if (mode == "query") {
+    const Input qi = as_input(q, "q");
+    const Shape4 shape{qi.view.shape[0], qi.view.shape[1], qi.view.shape[2], Dv};
+    py::array_t<float> y = new_output(shape, qi.rank);
+    const MutableTensorView out = output_view(y, shape);
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(self.mutex);
+    query(qi.view, out);
+    return y;
+  }
+  if (mode != "append_query")
+    throw Error("mode: '" + mode + "' must be step, append, query, append_query or prefill");
+  return run_qkv(self, q, k, v, key_mask,
+                 [&](TensorView qv, TensorView kv, TensorView vv, MutableTensorView out,
+                     const std::optional<KeyMaskView>& mask) {
+                   self.decoder.append(st, kv, vv, mask);
+                   query(qv, out);
+                 });
 }
 
 /// The class `name` with append(k, v, key_mask), query(q), step and prefill(q, k, v, key_mask),

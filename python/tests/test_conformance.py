@@ -28,7 +28,8 @@ import favor.torch as ft  # noqa: E402
 from favor import _core  # noqa: E402
 from favor.ops import _dispatch  # noqa: E402
 from favor.ops.attention import naive  # noqa: E402
-from favor.ops.decoder import DecodeState, advance, empty_state  # noqa: E402
+from favor.ops.decoder import (DecodeState, VQDecodeState, advance, empty_state,  # noqa: E402
+                               empty_vq_state, vq_advance)
 from favor.ops.exact.naive import softmax_attention  # noqa: E402
 from favor.ops.vq.naive import vq_attention_materialised, vq_quantise  # noqa: E402
 from torch_helpers import frob, seeded_qkv  # noqa: E402
@@ -244,6 +245,37 @@ def test_decode_step(kernel, case):
     last = advance(state3, qd[:, :, N - 1:], kd[:, :, :0], vd[:, :, :0], wd, mode="query",
                    **kw)
     assert frob(last, y[:, :, N - 1:]) < tol(features)
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.5])
+@pytest.mark.parametrize("kernel", kernels_of("vq_decode_step"))
+def test_vq_decode_step(kernel, tau):
+    """favor::vq_decode_step token by token and as a prefill: every row equals row i of
+    causal Transformer-VQ (the float64 oracle), left padding masked out."""
+    q, k, v = seeded_qkv(B, H, N, D, DV, 14)
+    codebook = torch.randn(H, 6, D, generator=torch.Generator().manual_seed(15)) * 0.7
+    keep = ~mask_of(N)
+    y_ref = vq_attention_materialised(q.double(), k.double(), v.double(), codebook.double(),
+                                      causal=True, keep=keep, tau=tau)
+    (qd, kd, vd, cd, keep_d), backend = place(kernel, [q, k, v, codebook, keep.long()])
+    visible = keep[:, None, :, None].expand(B, H, N, DV)
+
+    def fresh():
+        return VQDecodeState(*(t.to(qd.device) for t in empty_vq_state(B, H, DV, 6)))
+
+    state = fresh()
+    ys = [vq_advance(state, qd[:, :, i:i + 1], kd[:, :, i:i + 1], vd[:, :, i:i + 1], cd,
+                     mode="step", tau=tau, key_mask=keep_d[:, i:i + 1], backend=backend)
+          for i in range(N)]
+    y = torch.cat(ys, 2)
+    assert state.sums.device == qd.device and int(state.position[0]) == N
+    assert frob(y * visible.to(y.device), y_ref * visible) < tol(6)
+    state2 = fresh()
+    y2 = vq_advance(state2, qd, kd, vd, cd, mode="prefill", tau=tau, key_mask=keep_d,
+                    backend=backend)
+    assert frob(y2 * visible.to(y2.device), y_ref * visible) < tol(6)
+    for a, b in zip(state, state2):
+        assert frob(a.double(), b.double()) < tol(6)
 
 
 # ---- what the dispatcher holds -------------------------------------------------------------

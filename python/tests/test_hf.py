@@ -439,13 +439,18 @@ def test_a_bfloat16_model_attends_in_float32_and_generates(method, options):
     assert seq.shape == (2, ids.shape[1] + 4) and cache.state_bytes > 0
 
 
-def test_a_token_step_compiles_fullgraph_through_the_cache():
+@pytest.mark.parametrize("method,options", [("favor", dict(features=32)),
+                                            ("vq", dict(codes=8))])
+def test_a_token_step_compiles_fullgraph_through_the_cache(method, options):
     """torch.compile(fullgraph=True) of a converted decoder's single-token step on the CPU:
-    the cache layer's state (favor::decode_step, advanced in place) and the padding mask
-    trace with no graph break, in one graph after the mask's length turns dynamic, and the
-    logits equal the eager step's bit for bit."""
+    the cache layer's state (favor::decode_step / favor::vq_decode_step, advanced in place)
+    and the padding mask trace with no graph break, in one graph after the mask's length
+    turns dynamic, and the logits equal the eager step's bit for bit."""
     from torch._dynamo.utils import counters
-    model = converted("llama", "favor", features=32).eval()
+    model = converted("llama", method, **options)
+    if method == "vq":  # the codebooks from a first batch (k-means), then fixed
+        model(inputs(seed=3)[0])
+    model.eval()
     ids, mask = inputs()
 
     def step(tok, pos, m, cache):
@@ -472,6 +477,7 @@ def test_a_token_step_compiles_fullgraph_through_the_cache():
     counters.clear()
     compiled = generate(torch.compile(step, fullgraph=True, backend=record))
     assert counters["stats"]["unique_graphs"] <= 2  # static first, then a dynamic mask
-    assert all("favor.decode_step" in str(g.graph) for g in graphs)
+    op = "favor.decode_step" if method == "favor" else "favor.vq_decode_step"
+    assert all(op in str(g.graph) for g in graphs)
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)

@@ -24,8 +24,9 @@ uint64_t mix(uint64_t h, const std::vector<T>& values) {
 
 kernels::KeyNorm key_norm(Kernel kernel) {  // kernel_form's key_norm (features.cpp)
   const double c = kernel_form(kernel).key_norm;
-  return c > 0 ? kernels::KeyNorm::plus_half
-               : c < 0 ? kernels::KeyNorm::minus_half : kernels::KeyNorm::none;
+  return c > 0   ? kernels::KeyNorm::plus_half
+         : c < 0 ? kernels::KeyNorm::minus_half
+                 : kernels::KeyNorm::none;
 }
 
 // Everything but the FAVOR++ / FAVOR# projection (set by the callers).

@@ -86,8 +86,7 @@ class Backend {
   virtual void favor_key_states(const AttentionParams& p, float* states, double* maxima,
                                 float* distance) = 0;
   /// The causal backward's two phases for `heads` heads of n queries.
-  virtual std::unique_ptr<CausalBackwardSplit> favor_backward_causal_split(int64_t heads,
-                                                                           int64_t n,
+  virtual std::unique_ptr<CausalBackwardSplit> favor_backward_causal_split(int64_t heads, int64_t n,
                                                                            int64_t features,
                                                                            int64_t dv) = 0;
   /// Exact softmax attention in float or double accumulation; returns the zero rows.

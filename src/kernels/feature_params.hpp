@@ -60,12 +60,12 @@ struct FeaturesParams {
   Shape4 x_strides;
   int64_t batch, heads, n;
   FeatureParams map;
-  double log_const;                  // the kernel's constant factor, as a log ...
-  const double* head_log_const;      // ... or per head (FAVOR++ / FAVOR#, 1 or B*H sets)
+  double log_const;              // the kernel's constant factor, as a log ...
+  const double* head_log_const;  // ... or per head (FAVOR++ / FAVOR#, 1 or B*H sets)
   int64_t log_const_sets;
-  const float* lambda;               // [lambda_sets][m] feature weights; null: none
+  const float* lambda;  // [lambda_sets][m] feature weights; null: none
   int64_t lambda_sets;
-  float* out;                        // [B, H, N, F], C-contiguous
+  float* out;  // [B, H, N, F], C-contiguous
 };
 
 /// The first row (in b, h, n order) whose features overflow float; the features kernel

@@ -22,19 +22,19 @@ class PreparedCodebook {
 /// are skipped) to the state: each token adds its value to the sums of its code (hard VQ,
 /// tau = 0) or p(s|k) v to every code's (soft), and 1 or p(s|k) to the counts.
 struct VQDecoderAppend {
-  VQParams step;                      // base: batch, heads, d, dv, k, v, nk, mask; codes, tau
-  const PreparedCodebook* prepared;   // the codebook(s) of step, from vq_prepare_codebook
-  float* sums;                        // [B*H][c][dv]
-  float* counts;                      // [B*H][c]
+  VQParams step;                     // base: batch, heads, d, dv, k, v, nk, mask; codes, tau
+  const PreparedCodebook* prepared;  // the codebook(s) of step, from vq_prepare_codebook
+  float* sums;                       // [B*H][c][dv]
+  float* counts;                     // [B*H][c]
 };
 
 /// Attends step.base.nq = T queries step.base.q to the state, into step.base.out
 /// [B, H, T, dv]: y = sum_s e_s sums_s / sum_s e_s n_s, e_s = exp(scale q.C_s - m). A head
 /// with no token yet gives zeros.
 struct VQDecoderQuery {
-  VQParams step;       // base: batch, heads, d, dv, q, nq, out; codebook, codes, scale
-  const float* sums;   // [B*H][c][dv]
-  const float* counts; // [B*H][c]
+  VQParams step;        // base: batch, heads, d, dv, q, nq, out; codebook, codes, scale
+  const float* sums;    // [B*H][c][dv]
+  const float* counts;  // [B*H][c]
 };
 
 /// One fused step (VQDecoder::step): appends one token per row, step.base.k and step.base.v

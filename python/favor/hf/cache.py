@@ -1,6 +1,7 @@
 """favor.hf.FavorCacheLayer and FavorCache: transformers cache layers that keep favor's decoding
-state (a fixed-size DecodeState, owned through a favor.torch.Decoder; VQ: a VQDecoder)
-instead of keys and values: generate()'s memory does not grow with the generated length.
+state (a fixed-size DecodeState owned through a favor.torch.Decoder; VQ: a VQDecodeState
+through a VQDecoder; both advanced in place by their op) instead of keys and values:
+generate()'s memory does not grow with the generated length.
 
 How a layer reaches its state (no thread-local, no patched transformers method): favor.hf
 .convert registers a forward pre-hook on every converted attention module that passes the
@@ -37,11 +38,9 @@ class FavorCacheLayer(CacheLayerMixin):
         self.decoder = None
         self.seen = 0  # tokens attended (a Python int: mask sizes are read without a sync)
 
-    @property
-    def is_compileable(self):
-        """A FAVOR state has a fixed size and is advanced in place (favor::decode_step):
-        compileable; VQ's decoder is a C++ object (not)."""
-        return self.decoder is None or not hasattr(self.decoder, "codes")
+    # The state has a fixed size and is advanced in place by its op (favor::decode_step,
+    # favor::vq_decode_step): a decoding step compiles.
+    is_compileable = True
 
     def lazy_initialization(self, key_states, value_states):
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -77,16 +76,9 @@ class FavorCacheLayer(CacheLayerMixin):
             self.seen = t
             return y
         self.seen += t
-        if t == 1 or not hasattr(self.decoder, "prefill"):
-            if t == 1:
-                return self.decoder.step(q, k, v, key_mask=new).to(q.device)
-            rows = []  # VQ: several tokens after the prompt, each in turn
-            for i in range(t):
-                sl = slice(i, i + 1)
-                rows.append(self.decoder.step(q[:, :, sl], k[:, :, sl], v[:, :, sl],
-                                              key_mask=None if new is None else new[:, sl]))
-            return torch.cat(rows, dim=2).to(q.device)
-        return self.decoder.prefill(q, k, v, key_mask=new)  # causal from the state
+        if t == 1:
+            return self.decoder.step(q, k, v, key_mask=new)
+        return self.decoder.prefill(q, k, v, key_mask=new)  # several tokens: causal
 
     def get_mask_sizes(self, query_length, *args, **kwargs):
         return self.seen + query_length, 0

@@ -8,72 +8,6 @@ from .._args import fit_for
 from . import _tensors as T
 
 
-class _Streaming:
-    """What Decoder and VQDecoder share: calls of the _core decoder held in self._d with
-    torch tensors (float32 views in, a tensor sharing the result's memory out)."""
-
-    def append(self, k, v, key_mask=None):
-        """Adds T tokens; key_mask [B, T] (nonzero = the token takes part) leaves a masked
-        token's row as it was, so left-padded batches generate."""
-        T.follow_torch_threads()
-        keep = key_mask.detach().cpu().ne(0).numpy() if isinstance(key_mask, torch.Tensor) \
-            else key_mask
-        self._d.append(T.view(T.as_float32(k, "k").cpu()), T.view(T.as_float32(v, "v").cpu()),
-                       key_mask=keep)
-
-    def query(self, q):
-        """[B, H, T, Dv] float32 on q's device (the C++ state lives on the host: tensors on
-        another device are copied, as VQDecoder does; Decoder keeps its state on the
-        device instead)."""
-        T.follow_torch_threads()
-        y = T.tensor(self._d.query(T.view(T.as_float32(q, "q").cpu())))
-        return y if q.device.type == "cpu" else y.to(q.device)
-
-    def step(self, q, k, v, key_mask=None):
-        """One decode step of every row: append(k, v, key_mask) then query(q) (q/k
-        [B, H, 1, D], v [B, H, 1, Dv], key_mask [B, 1]) in one fused C++ pass."""
-        T.follow_torch_threads()
-        y = T.tensor(self._d.step(*_cpu_views(q, k, v), key_mask=_keep(key_mask)))
-        return y if q.device.type == "cpu" else y.to(q.device)
-
-    def prefill(self, q, k, v, key_mask=None):
-        """Causal attention over a prompt q, k [B, H, T, D], v [B, H, T, Dv] from the current
-        state -> [B, H, T, Dv], leaving the state append(k, v, key_mask) leaves: one C++ call
-        that computes the key features (VQ: codes) once."""
-        T.follow_torch_threads()
-        y = T.tensor(self._d.prefill(*_cpu_views(q, k, v), key_mask=_keep(key_mask)))
-        return y if q.device.type == "cpu" else y.to(q.device)
-
-    def reset(self):
-        self._d.reset()
-
-    def state(self):
-        """A copy of the state as CPU tensors and the int 'position' (Decoder: sums, log_max,
-        row_positions; VQDecoder: sums, counts; docs/api.md, "Decoder state");
-        load_state(**state) restores it, on this decoder or a fresh one of the same shape
-        (bit for bit)."""
-        return {name: value if name == "position" else T.tensor(value)
-                for name, value in self._d.state().items()}
-
-    def load_state(self, **state):
-        """Replaces the state by tensors or arrays as state() returns them (checked; a tensor
-        on another device is copied to the CPU)."""
-        self._d.load_state(**{name: value.detach().cpu().contiguous().numpy()
-                              if isinstance(value, torch.Tensor) else value
-                              for name, value in state.items()})
-
-    def select(self, indices):
-        """Keeps batch rows indices (a list or an int tensor), in that order: the reorder of a
-        beam search (rows may repeat or be dropped)."""
-        if isinstance(indices, torch.Tensor):
-            indices = indices.detach().cpu().reshape(-1).tolist()
-        self._d.select(list(indices))
-
-    position = property(lambda self: self._d.position, doc="tokens appended so far")
-    batch = property(lambda self: self._d.batch)
-    state_bytes = property(lambda self: self._d.state_bytes)
-
-
 class Decoder:
     """Streaming FAVOR state per (batch, head), for generation with torch tensors: a thin
     owner of one DecodeState (favor.ops.decoder), advanced by the op favor::decode_step on
@@ -215,14 +149,3 @@ def _op_map(projection, kernel, scale, fit, fm, decay, inputs):
     lam = t(lam)
     return (w, kernel, scale, fit_t, t(weights), t(bias), lam, gammas)
 
-
-def _cpu_views(q, k, v):
-    """float32 CPU views of a step's q, k, v for the C++ decoder."""
-    return (T.view(T.as_float32(q, "q").cpu()), T.view(T.as_float32(k, "k").cpu()),
-            T.view(T.as_float32(v, "v").cpu()))
-
-
-def _keep(key_mask):
-    """A key mask as the C++ decoder takes it (a bool array; None: every token)."""
-    return key_mask.detach().cpu().ne(0).numpy() if isinstance(key_mask, torch.Tensor) \
-        else key_mask

@@ -210,7 +210,7 @@ class VQCore(AttentionCore):
         if not bool(self.initialised):
             raise _core.Error("codebook: not initialised; run a forward pass first")
         return VQDecoder(batch, self.num_heads, self.head_dim, self.codebook.detach(),
-                         scale=self.scale, tau=self.tau)
+                         scale=self.scale, tau=self.tau, backend=self.backend)
 
     def extra_repr(self):
         return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, codes={self.codes}, "
