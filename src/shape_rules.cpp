@@ -25,6 +25,16 @@ void check_attention_shapes(const Shape4& q, const Shape4& k, const Shape4& v, b
                              TensorView{&dummy, v, zero}, causal, mask, false);
 }
 
+void check_key_mask_shape(int64_t mask_batch, int64_t mask_n, int64_t batch, int64_t n,
+                          const char* n_name) {
+  static const uint8_t keep = 1;
+  KeyMaskView m{};
+  m.data = &keep;
+  m.batch = mask_batch;
+  m.n = mask_n;
+  detail::check_key_mask(m, batch, n, n_name);
+}
+
 void check_decoder_state_layout(const std::vector<int64_t>& sums,
                                 const std::vector<int64_t>& log_max,
                                 const std::vector<int64_t>& row_positions,

@@ -18,6 +18,11 @@ namespace favor {
 void check_attention_shapes(const Shape4& q, const Shape4& k, const Shape4& v, bool causal,
                             const std::optional<std::array<int64_t, 2>>& key_mask_shape = {});
 
+/// A key mask's shape [mask_batch, mask_n] against [batch, n] (n_name: "Nk" for attention,
+/// "T" for a decoder's tokens).
+void check_key_mask_shape(int64_t mask_batch, int64_t mask_n, int64_t batch, int64_t n,
+                          const char* n_name);
+
 /// The layout of a decoder state (DecoderState: sums [B, H, F, Dv + 1], log_max [B, H],
 /// row_positions [B], position [1]) against a decoder's extents, each array's extents given.
 /// Its values are checked where they are read (Decoder::load_state).

@@ -225,6 +225,10 @@ def advance(state, q, k, v, projection, *, mode="step", kernel="positive", scale
     if mode not in MODES:
         raise _core.Error(f"mode: '{mode}' must be one of {', '.join(MODES)}")
     forced = _dispatch.forced("decode_step", backend, q)
+    if decoder is not None and isinstance(state, tuple) and eager_mode() \
+            and _dispatch.cpu_kernel_runs(backend, q, k, v, *state[:4]):
+        # no op dispatch; the C++ call checks the state's layout against the decoder's
+        return cpu_step(decoder, state[:4], q, k, v, key_mask, mode)
     fit_a, fit_basis = (None, None) if fit is None else fit
     lam = _map_parameter(feature_weights, "feature_weights")
     if lam is not None and lam.dim() == 1:
@@ -232,9 +236,6 @@ def advance(state, q, k, v, projection, *, mode="step", kernel="positive", scale
     if not torch.compiler.is_compiling():
         _check_state(state, q.shape[0], q.shape[1],
                      _core.feature_count(kernel, projection.shape[0]), v.shape[-1])
-    if decoder is not None and eager_mode() \
-            and _dispatch.cpu_kernel_runs(backend, q, k, v, *tuple(state)[:4]):
-        return cpu_step(decoder, tuple(state)[:4], q, k, v, key_mask, mode)  # no op dispatch
     dev = q.device
     to = lambda t: None if t is None else t.to(dev)  # noqa: E731
     decay_t = None if decay is None else _map_parameter(decay, "decay").reshape(-1)
@@ -258,10 +259,11 @@ def _check_state(state, batch, heads, features, dv):
 
 
 def check_key_mask(key_mask, batch, tokens):
-    """A decoder step's key_mask: None or [B, T] (C++'s key_mask rule and message)."""
+    """A decoder step's key_mask: None or [B, T] (C++'s rule and message,
+    favor::check_key_mask_shape)."""
     if key_mask is None:
         return
-    shape = tuple(key_mask.shape) if isinstance(key_mask, torch.Tensor) else None
-    if shape != (batch, tokens):
-        got = "?" if shape is None else ",".join(map(str, shape))
-        raise _core.Error(f"key_mask: shape [{got}] must be [B, T] = [{batch},{tokens}]")
+    if not isinstance(key_mask, torch.Tensor):
+        raise _core.Error(f"key_mask: expected a tensor [B, T] = [{batch},{tokens}], got "
+                          f"{type(key_mask).__name__}")
+    _core.check_key_mask_shape(list(key_mask.shape), batch, tokens, "T")
