@@ -133,4 +133,12 @@ class Decoder {
   std::vector<double> step_ws_d_;
 };
 
+/// The functional decode step on a state held elsewhere: decoder.step(state, ...), the
+/// decoder lending its map (favor's torch op favor::decode_step calls this on its tensors).
+inline void decode_step(Decoder& decoder, DecoderStateView state, TensorView q, TensorView k,
+                        TensorView v, MutableTensorView out,
+                        const std::optional<KeyMaskView>& key_mask = {}) {
+  decoder.step(state, q, k, v, out, key_mask);
+}
+
 }  // namespace favor

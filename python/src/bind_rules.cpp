@@ -64,6 +64,20 @@ void bind_rules(py::module_& m) {
       py::arg("key_mask") = py::none(),
       "The shape rules of an attention call on the extents of q, k, v ([B, H, N, D] or "
       "[N, D]) and a key mask ([B, Nk]): favor.Error with C++'s message; no values read.");
+  m.def(
+      "check_key_mask_shape",
+      [](const std::vector<int64_t>& shape, int64_t batch, int64_t n, const std::string& n_name) {
+        if (shape.size() != 2) {
+          std::string got;
+          for (size_t i = 0; i < shape.size(); ++i)
+            got += (i ? "," : "") + std::to_string(shape[i]);
+          throw Error("key_mask: shape [" + got + "] must be [B, " + n_name + "] = [" +
+                      std::to_string(batch) + ',' + std::to_string(n) + ']');
+        }
+        check_key_mask_shape(shape[0], shape[1], batch, n, n_name.c_str());
+      },
+      py::arg("shape"), py::arg("batch"), py::arg("n"), py::arg("n_name") = "Nk",
+      "A key mask's shape against [B, n] (favor::check_key_mask_shape; C++'s message).");
   m.def("check_decoder_state_layout", &check_decoder_state_layout, py::arg("sums"),
         py::arg("log_max"), py::arg("row_positions"), py::arg("position"), py::arg("batch"),
         py::arg("heads"), py::arg("features"), py::arg("dv"),

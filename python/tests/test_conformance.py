@@ -178,6 +178,15 @@ def test_vq_attention(kernel, tau, causal):
                 torch.autograd.grad(y, xs, place(kernel, [dy])[0][0]), g_ref, 2 * tol(6))
 
 
+def test_projection_is_the_cpp_draw():
+    """favor::projection (one implementation for every device) draws the C++ library's
+    matrix for (kind, m, d, norms, seed), bit for bit."""
+    for kind in ("orthogonal", "iid", "qmc"):
+        w = torch.ops.favor.projection(kind, M, D, "chi", 3)
+        assert torch.equal(w, torch.tensor(favor.make_projection(D, kind, features=M,
+                                                                 seed=3).matrix)), kind
+
+
 def test_vq_assign_is_the_nearest_code():
     k = seeded_qkv(B, H, N, D, DV, 11)[1]
     codebook = torch.randn(H, 6, D, generator=torch.Generator().manual_seed(12))
