@@ -256,6 +256,47 @@ def test_decode_step(kernel, case):
     assert frob(last, y[:, :, N - 1:]) < tol(features)
 
 
+@pytest.mark.parametrize("kernel", kernels_of("decode_step"))
+def test_decode_step_with_decay_and_a_hole(kernel):
+    """A masked token after a kept one, with decay: every kernel follows the decoder's rule
+    (a row's decay clock counts its kept tokens), prefill and step alike: the prefill's rows
+    and state equal the token-by-token ones of the CPU kernel."""
+    q, k, v, w, maps = attention_inputs(dict(learned=True))
+    keep = torch.ones(B, N, dtype=torch.bool)
+    keep[0, 5:8] = False       # a hole inside row 0
+    keep[1, :3] = False        # left padding, then a hole
+    keep[1, 9] = False
+    kw = dict(kernel="hedgehog", weights=maps["weights"], bias=maps["bias"],
+              feature_weights=maps["feature_weights"], decay=maps["decay"])
+    features = _core.feature_count("hedgehog", M)
+    ref_state = empty_state(B, H, DV, features)
+    y_ref = torch.cat([advance(ref_state, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
+                               w, mode="step", key_mask=keep[:, i:i + 1].long(), **kw)
+                       for i in range(N)], 2)
+    (qd, kd, vd, wd, keep_d), backend = place(kernel, [q, k, v, w, keep.long()])
+    state = DecodeState(*(t.to(qd.device) for t in empty_state(B, H, DV, features)))
+    y = advance(state, qd, kd, vd, wd, mode="prefill", key_mask=keep_d, backend=backend, **kw)
+    assert frob(y, y_ref) < tol(features)
+    for a, b in zip(state, ref_state):
+        assert frob(a.double(), b.double()) < tol(features) or torch.equal(a.cpu(), b)
+
+
+def test_decoder_errors_name_the_argument():
+    q, k, v, w, _ = attention_inputs({})
+    state = empty_state(B, H, DV, M)
+    with pytest.raises(favor.Error, match="a step takes one token per row"):
+        advance(state, q[:, :, :3], k[:, :, :3], v[:, :, :3], w, mode="step", backend="torch")
+    bad = DecodeState(state.sums, state.log_max.float(), state.row_positions, state.position)
+    with pytest.raises(favor.Error, match="state.log_max: dtype torch.float32"):
+        advance(bad, q[:, :, :1], k[:, :, :1], v[:, :, :1], w, backend="torch")
+    with pytest.raises(favor.Error, match=r"projection: shape \[16, 8\]"):
+        advance(state, q[:, :, :1], k[:, :, :1], v[:, :, :1], w[:, :8], backend="torch")
+    y = advance(state, q[:, :, :1], k[:, :, :1], v[:, :, :1], w, key_mask=[[1], [0]])
+    assert y.shape == (B, H, 1, DV)
+    with pytest.raises(favor.Error, match="state: must be a VQDecodeState"):
+        vq_advance(None, q[:, :, :1], k[:, :, :1], v[:, :, :1], torch.randn(H, 6, D))
+
+
 @pytest.mark.parametrize("tau", [0.0, 0.5])
 @pytest.mark.parametrize("kernel", kernels_of("vq_decode_step"))
 def test_vq_decode_step(kernel, tau):

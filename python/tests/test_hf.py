@@ -481,3 +481,18 @@ def test_a_token_step_compiles_fullgraph_through_the_cache(method, options):
     assert all(op in str(g.graph) for g in graphs)
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
+
+
+def test_a_cache_holding_earlier_keys_is_refused_unchanged():
+    """A key-value cache that already holds tokens (filled by the softmax model) cannot become
+    favor's state: refused with an error naming the cache, and its layer left in place."""
+    model = make("llama")
+    ids, _ = inputs()
+    cache = tf.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :6], cache=cache)
+    fh.convert(model, "favor", features=16)
+    before = type(cache.layers[0])
+    with pytest.raises(favor.Error, match="holds 6 earlier tokens"):
+        model(ids[:, 6:], cache=cache)
+    assert type(cache.layers[0]) is before

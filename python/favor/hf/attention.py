@@ -91,7 +91,7 @@ def favor_attention(module, query, key, value, attention_mask, scaling=None, dro
     cache = kwargs.get("favor_cache")
     layer, idx = None, getattr(module, "layer_idx", 0)
     if cache is not None and causal and core.method != "exact":
-        layer = layer_for(cache, idx)
+        layer = layer_for(cache, idx, query.shape[2])
     elif core.method == "exact" and isinstance(
             (getattr(cache, "layers", None) or {}).__len__() > idx and cache.layers[idx],
             FavorCacheLayer):

@@ -80,6 +80,12 @@ class FavorCacheLayer(CacheLayerMixin):
             return self.decoder.step(q, k, v, key_mask=new)
         return self.decoder.prefill(q, k, v, key_mask=new)  # several tokens: causal
 
+    def offload(self):
+        """The state is small and fixed: it stays where it is (no offloading)."""
+
+    def prefetch(self):
+        """See offload."""
+
     def get_mask_sizes(self, query_length, *args, **kwargs):
         return self.seen + query_length, 0
 
@@ -109,10 +115,11 @@ class FavorCacheLayer(CacheLayerMixin):
         return 0 if self.decoder is None else self.decoder.state_bytes
 
 
-def layer_for(cache, idx):
+def layer_for(cache, idx, tokens):
     """The FavorCacheLayer of layer idx in cache (any transformers Cache): a layer that is
     not favor's yet (a key-value layer generate() made) is replaced by a fresh favor layer,
-    which then holds the layer's state from the prompt on. None when cache is not a Cache
+    which then holds the layer's state from the prompt on (tokens: this call's; a key-value
+    layer that holds more, earlier tokens is refused, nothing changed). None when cache is not a Cache
     (an old tuple cache, or none)."""
     if not isinstance(cache, Cache):
         return None
@@ -123,6 +130,11 @@ def layer_for(cache, idx):
         raise _core.Error(f"cache: has {len(cache.layers)} layers, layer {idx} attends")
     layer = cache.layers[idx]
     if not isinstance(layer, FavorCacheLayer):
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[-2] > tokens:
+            raise _core.Error(f"cache: layer {idx} holds {keys.shape[-2] - tokens} earlier "
+                              "tokens as keys and values; favor's state starts at the prompt "
+                              "(give a fresh cache, or favor.hf.FavorCache())")
         fresh = FavorCacheLayer()
         keys = getattr(layer, "keys", None)
         if isinstance(keys, torch.Tensor):

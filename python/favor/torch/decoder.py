@@ -49,7 +49,10 @@ class Decoder:
     projection = property(lambda self: self._d.projection)
     batch = property(lambda self: int(self._state.sums.shape[0]))
     position = property(lambda self: int(self._state.position[0]), doc="tokens appended so far")
-    state_bytes = property(lambda self: sum(t.numel() * t.element_size() for t in self._state))
+    state_bytes = property(lambda self: sum(t.numel() * t.element_size()
+                                            for t in self._state[:3]),
+                           doc="bytes of the state's arrays (sums, log_max, row_positions), as "
+                               "C++'s Decoder::state_bytes")
 
     def _run(self, q, k, v, key_mask, mode):
         device = (q if q is not None else k).device

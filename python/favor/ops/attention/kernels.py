@@ -12,6 +12,7 @@ import torch
 
 from . import paths
 from .layout import backward_fake
+from .._dispatch import triton_ready
 from .triton_function import precision, supported
 
 
@@ -89,8 +90,9 @@ def _fused(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel
 
 def triton_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                    kernel, causal, scale, save_context, precision_name):
-    """CUDA's kernel: the fused forward (head dims the kernels do not take: the default)."""
-    if not supported(q.shape[-1], v.shape[-1]):
+    """CUDA's kernel: the fused forward (without triton, or for head dims the kernels do not
+    take: the default)."""
+    if not (triton_ready() and supported(q.shape[-1], v.shape[-1])):
         return torch_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
                              fit_basis, kernel, causal, scale, save_context, precision_name)
     qf, kf, vf, keep, heads, cm, (W, b, lw, rate) = _fused(
@@ -106,7 +108,7 @@ def triton_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask,
                     parameter_grads):
     """CUDA's backward: the fused backward kernel (which recomputes the states), the map's
     gradients carried back to the caller's tensors by autograd through canonical_map."""
-    if not supported(q.shape[-1], v.shape[-1]):
+    if not (triton_ready() and supported(q.shape[-1], v.shape[-1])):
         return torch_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask,
                               fit_a, fit_basis, y, states, maxima, fingerprint, kernel, causal,
                               scale, parameter_grads)
@@ -148,7 +150,7 @@ def _require_fused(q, v):
 
 
 def forced_triton_forward(q, k, v, *args):
-    _require_fused(q, v)
+    _require_fused(q, v)  # (forced() has checked that triton runs)
     return triton_forward(q, k, v, *args)
 
 

@@ -125,12 +125,26 @@ def cpu_decode(sums, log_max, row_positions, position, q, k, v, key_mask, w, ker
     """The C++ decoder (map only) stepping the state's memory in place."""
     b, h, _, dv = v.shape
     dec = _decoder(b, h, dv, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay)
-    return cpu_step(dec, (sums, log_max, row_positions, position), q, k, v, key_mask, step_kind)
+    return cpu_step(dec, (sums, log_max, row_positions, position), q, k, v, key_mask, step_kind,
+                    decay is not None)
 
 
-def cpu_step(dec, state, q, k, v, key_mask, step_kind):
+def _has_hole(key_mask):
+    """True when a row has a masked token after a kept one."""
+    keep = key_mask.ne(0)
+    return bool((torch.cummax(keep.int(), 1).values.bool() & ~keep).any())
+
+
+def cpu_step(dec, state, q, k, v, key_mask, step_kind, decay=False):
     """The CPU kernel with the C++ decoder of the map given (an owner keeps one: built once,
-    not per call)."""
+    not per call). A prefill with decay and a masked token after a kept one runs token by
+    token: the decoder's rule (a row's decay clock counts its kept tokens), which C++'s
+    Decoder::prefill leaves to favor_attention's outputs there."""
+    if step_kind == "prefill" and decay and key_mask is not None and q.shape[2] > 1 \
+            and _has_hole(key_mask):
+        rows = [cpu_step(dec, state, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
+                         key_mask[:, i:i + 1], "step") for i in range(q.shape[2])]
+        return torch.cat(rows, 2)
     T.follow_torch_threads()
     work = [t if t.is_contiguous() else t.contiguous() for t in state]
     keep = None if key_mask is None else T.array(key_mask.to(torch.bool))
@@ -146,7 +160,8 @@ def triton_decode(sums, log_max, row_positions, position, q, k, v, key_mask, w, 
                   fit_a, fit_basis, weights, bias, lam, decay, step_kind):
     """CUDA's kernel: the fused Triton step for one token (else the default)."""
     from ..attention.triton_function import supported, triton_decode_step
-    if step_kind != "step" or q.shape[2] != 1 or not supported(q.shape[-1], v.shape[-1]):
+    if step_kind != "step" or q.shape[2] != 1 or not _dispatch.triton_ready() \
+            or not supported(q.shape[-1], v.shape[-1]):
         return torch_decode(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel,
                             scale, fit_a, fit_basis, weights, bias, lam, decay, step_kind)
     paths.check_inputs(q, k, v, False)
@@ -222,13 +237,15 @@ def advance(state, q, k, v, projection, *, mode="step", kernel="positive", scale
     kernel, the same bits; tens of us per call, which is most of a decode step's time)."""
     for t, name in ((q, "q"), (k, "k"), (v, "v"), (projection, "projection")):
         T.check_tensor(t, name)
-    if mode not in MODES:
-        raise _core.Error(f"mode: '{mode}' must be one of {', '.join(MODES)}")
+    key_mask = _step_checks(q, k, v, key_mask, mode)
     forced = _dispatch.forced("decode_step", backend, q)
     if decoder is not None and isinstance(state, tuple) and eager_mode() \
             and _dispatch.cpu_kernel_runs(backend, q, k, v, *state[:4]):
         # no op dispatch; the C++ call checks the state's layout against the decoder's
-        return cpu_step(decoder, state[:4], q, k, v, key_mask, mode)
+        return cpu_step(decoder, state[:4], q, k, v, key_mask, mode, decay is not None)
+    if projection.dim() != 2 or projection.shape[1] != q.shape[-1]:
+        raise _core.Error(f"projection: shape {list(projection.shape)} must be [m, "
+                          f"{q.shape[-1]}] (D = {q.shape[-1]})")
     fit_a, fit_basis = (None, None) if fit is None else fit
     lam = _map_parameter(feature_weights, "feature_weights")
     if lam is not None and lam.dim() == 1:
@@ -236,6 +253,10 @@ def advance(state, q, k, v, projection, *, mode="step", kernel="positive", scale
     if not torch.compiler.is_compiling():
         _check_state(state, q.shape[0], q.shape[1],
                      _core.feature_count(kernel, projection.shape[0]), v.shape[-1])
+        if state[0].device != q.device:
+            raise _core.Error(f"state: on device '{state[0].device}', q on '{q.device}'; move "
+                              "the state with .to(device) (DecodeState(*(t.to(d) for t in "
+                              "state)))")
     dev = q.device
     to = lambda t: None if t is None else t.to(dev)  # noqa: E731
     decay_t = None if decay is None else _map_parameter(decay, "decay").reshape(-1)
@@ -247,6 +268,26 @@ def advance(state, q, k, v, projection, *, mode="step", kernel="positive", scale
         return (decode_step_op if forced is None else forced)(*args)
 
 
+def _step_checks(q, k, v, key_mask, mode):
+    """What every kernel refuses alike, before any state is read: the mode, q, k, v of rank
+    4 ([B, H, T, D]), one token for 'step', a key mask as a tensor [B, T] (a list is
+    taken). Returns the key mask as a tensor."""
+    if mode not in MODES:
+        raise _core.Error(f"mode: '{mode}' must be one of {', '.join(MODES)}")
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        if t.dim() != 4:
+            raise _core.Error(f"{name}: shape {list(t.shape)} must be [B, H, T, D]")
+    if mode == "step" and (q.shape[2] != 1 or k.shape[2] != 1):
+        raise _core.Error(f"q {list(q.shape)}, k {list(k.shape)}: a step takes one token per "
+                          "row (T = 1); use mode 'prefill' or 'append_query' for more")
+    if key_mask is not None and not isinstance(key_mask, torch.Tensor):
+        key_mask = torch.as_tensor(key_mask)
+    return key_mask
+
+
+_STATE_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int64)
+
+
 def _check_state(state, batch, heads, features, dv):
     """The layout of a state against the step's B, H, F and Dv, by C++'s rule
     (favor::check_decoder_state_layout; its values are checked where they are loaded)."""
@@ -256,6 +297,14 @@ def _check_state(state, batch, heads, features, dv):
                           "position tensors), as empty_state() or decode_step returns it")
     _core.check_decoder_state_layout(*(list(t.shape) for t in state), batch, heads, features,
                                      dv)
+    for t, dtype, name in zip(state, _STATE_DTYPES, ("sums", "log_max", "row_positions",
+                                                     "position")):
+        if t.dtype != dtype:
+            raise _core.Error(f"state.{name}: dtype {t.dtype} must be {dtype} (the state's "
+                              "layout; empty_state() makes it)")
+        if t.device != state[0].device:
+            raise _core.Error(f"state.{name}: on device '{t.device}', state.sums on "
+                              f"'{state[0].device}'; a state lives on one device")
 
 
 def check_key_mask(key_mask, batch, tokens):

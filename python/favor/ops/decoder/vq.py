@@ -19,7 +19,7 @@ from .. import _dispatch
 from .. import _tensors as T
 from ..attention import paths
 from ..attention.op import eager_mode
-from .op import MODES, check_key_mask
+from .op import _step_checks, check_key_mask
 
 
 class VQDecodeState(NamedTuple):
@@ -162,20 +162,34 @@ def vq_advance(state, q, k, v, codebook, *, mode="step", scale=None, tau=0.0, ke
     kernel)."""
     for t, name in ((q, "q"), (k, "k"), (v, "v"), (codebook, "codebook")):
         T.check_tensor(t, name)
-    if mode not in MODES:
-        raise _core.Error(f"mode: '{mode}' must be one of {', '.join(MODES)}")
+    key_mask = _step_checks(q, k, v, key_mask, mode)
     forced = _dispatch.forced("vq_decode_step", backend, q)
+    if not isinstance(state, (tuple, list)) or len(state) != 3 or not all(
+            isinstance(t, torch.Tensor) for t in state):
+        raise _core.Error("state: must be a VQDecodeState (sums, counts, position tensors), "
+                          "as empty_vq_state() makes it")
     state = tuple(state)
-    if not torch.compiler.is_compiling():
-        codes = codebook.shape[-2]
-        b, h, dv = q.shape[0], q.shape[1], v.shape[-1]
-        for t, shape, name in zip(state, ((b, h, codes, dv), (b, h, codes), (1,)),
-                                  ("sums", "counts", "position")):
-            if tuple(t.shape) != shape:
-                raise _core.Error(f"state.{name}: shape {list(t.shape)} must be {list(shape)}")
     if decoder is not None and eager_mode() and _dispatch.cpu_kernel_runs(backend, q, k, v,
                                                                            *state):
         return cpu_vq_step(decoder, state, q, k, v, key_mask, mode)  # no op dispatch
+    if not torch.compiler.is_compiling():
+        codes = codebook.shape[-2]
+        b, h, dv = q.shape[0], q.shape[1], v.shape[-1]
+        # the codebook against the heads and D: C++'s rule on a host copy
+        _vq_decoder(1, h, 1, codebook.detach().cpu(), scale, tau)
+        if codebook.shape[-1] != q.shape[-1]:
+            raise _core.Error(f"q: shape {list(q.shape)} has D = {q.shape[-1]}; the codebook "
+                              f"has D = {codebook.shape[-1]}")
+        for t, shape, dtype, name in zip(state, ((b, h, codes, dv), (b, h, codes), (1,)),
+                                         (torch.float32, torch.float32, torch.int64),
+                                         ("sums", "counts", "position")):
+            if tuple(t.shape) != shape:
+                raise _core.Error(f"state.{name}: shape {list(t.shape)} must be {list(shape)}")
+            if t.dtype != dtype:
+                raise _core.Error(f"state.{name}: dtype {t.dtype} must be {dtype}")
+            if t.device != q.device:
+                raise _core.Error(f"state.{name}: on device '{t.device}', q on '{q.device}'; "
+                                  "move the state with .to(device)")
     dev = q.device
     args = (*state, q.float(), k.float(), v.float(),
             None if key_mask is None else key_mask.to(dev), codebook.detach().float().to(dev),
