@@ -29,6 +29,17 @@ py::array_t<T> state_array(const std::vector<T>& values, const std::vector<py::s
   return a;
 }
 
+/// A state argument's shape against `shape` (`rule` names the extents in the message).
+inline void check_state_shape(const py::array& a, const std::vector<py::ssize_t>& shape,
+                              const char* name, const char* rule) {
+  bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
+  for (py::ssize_t i = 0; ok && i < a.ndim(); ++i) ok = a.shape(i) == shape[size_t(i)];
+  if (ok) return;
+  std::string got = "[";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) got += (i > 0 ? "," : "") + std::to_string(a.shape(i));
+  throw Error(std::string(name) + ": shape " + got + "] must be " + rule);
+}
+
 /// A state argument `name` read as a C-contiguous array of T whose shape must be `shape`
 /// (`rule` names the extents in the message); its values are copied into `values`.
 template <typename T>
@@ -36,16 +47,7 @@ void state_input(const py::handle& obj, const std::vector<py::ssize_t>& shape, c
                  const char* rule, std::vector<T>& values) {
   const auto a = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(obj);
   if (!a) throw Error(std::string(name) + ": cannot be read as an array");
-  bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
-  for (py::ssize_t i = 0; ok && i < a.ndim(); ++i) ok = a.shape(i) == shape[size_t(i)];
-  if (!ok) {
-    std::string got = "[";
-    for (py::ssize_t i = 0; i < a.ndim(); ++i) {
-      if (i > 0) got += ',';
-      got += std::to_string(a.shape(i));
-    }
-    throw Error(std::string(name) + ": shape " + got + "] must be " + rule);
-  }
+  check_state_shape(a, shape, name, rule);
   values.assign(a.data(), a.data() + a.size());
 }
 
@@ -62,15 +64,22 @@ T* borrowed_state(const py::handle& obj, const std::vector<py::ssize_t>& shape, 
   if (!(a.flags() & py::array::c_style) || !a.writeable())
     throw Error(std::string(name) +
                 ": must be C-contiguous and writeable (it is updated in place)");
-  bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
-  for (py::ssize_t i = 0; ok && i < a.ndim(); ++i) ok = a.shape(i) == shape[size_t(i)];
-  if (!ok) {
-    std::string got = "[";
-    for (py::ssize_t i = 0; i < a.ndim(); ++i)
-      got += (i > 0 ? "," : "") + std::to_string(a.shape(i));
-    throw Error(std::string(name) + ": shape " + got + "] must be " + rule);
-  }
+  check_state_shape(a, shape, name, rule);
   return static_cast<T*>(a.mutable_data());
+}
+
+/// An append of k, v and a key mask: append(k, v, mask) with the GIL released.
+template <typename D, class Append>
+void run_append(Locked<D>& self, const py::handle& k, const py::handle& v,
+                const py::handle& key_mask, Append append) {
+  const Input ki = as_input(k, "k"), vi = as_input(v, "v");
+  check_same_rank({&ki, &vi}, "k, v");
+  const std::optional<Mask> mask =
+      as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
+  const std::optional<KeyMaskView> mv = mask_view(mask);
+  py::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(self.mutex);
+  append(ki.view, vi.view, mv);
 }
 
 /// A call of the decoder on q, k, v and a key mask that writes [B, H, T, Dv] (step, prefill):
@@ -111,15 +120,7 @@ py::array_t<float> run_mode(Locked<D>& self, View st, const py::handle& q, const
                    [&](auto&... args) { self.decoder.prefill(st, args...); });
   }
   if (mode == "append") {
-    const Input ki = as_input(k, "k"), vi = as_input(v, "v");
-    check_same_rank({&ki, &vi}, "k, v");
-    const std::optional<Mask> mask =
-        as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(self.mutex);
-      self.decoder.append(st, ki.view, vi.view, mask_view(mask));
-    }
+    run_append(self, k, v, key_mask, [&](auto&... args) { self.decoder.append(st, args...); });
     return py::array_t<float>(std::vector<py::ssize_t>{B, H, 0, Dv});
   }
   if (mode == "query") {
@@ -152,13 +153,7 @@ py::class_<Locked<D>> bind_streaming_decoder(py::module_& m, const char* name) {
   cls.def(
          "append",
          [](Self& self, const py::handle& k, const py::handle& v, const py::handle& key_mask) {
-           const Input ki = as_input(k, "k"), vi = as_input(v, "v");
-           check_same_rank({&ki, &vi}, "k, v");
-           const std::optional<Mask> mask =
-               as_mask(key_mask, ki.rank, ki.view.shape[0], ki.view.shape[2], "key_mask");
-           py::gil_scoped_release release;
-           std::lock_guard<std::mutex> lock(self.mutex);
-           self.decoder.append(ki.view, vi.view, mask_view(mask));
+           run_append(self, k, v, key_mask, [&](auto&... args) { self.decoder.append(args...); });
          },
          py::arg("k"), py::arg("v"), py::arg("key_mask") = py::none(),
          "Appends T tokens k [B, H, T, D], v [B, H, T, Dv]; key_mask [B, T] (nonzero = the "

@@ -145,6 +145,13 @@ def cpu_step(dec, state, q, k, v, key_mask, step_kind, decay=False):
         rows = [cpu_step(dec, state, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
                          key_mask[:, i:i + 1], "step") for i in range(q.shape[2])]
         return torch.cat(rows, 2)
+    return borrowed_step(dec, state, q, k, v, key_mask, step_kind)
+
+
+def borrowed_step(dec, state, q, k, v, key_mask, step_kind):
+    """dec.step_state (a favor._core.Decoder or VQDecoder) on the memory of the state's
+    tensors, advanced in place (a non-contiguous one through a contiguous copy, written
+    back): the CPU kernels of favor::decode_step and favor::vq_decode_step."""
     T.follow_torch_threads()
     work = [t if t.is_contiguous() else t.contiguous() for t in state]
     keep = None if key_mask is None else T.array(key_mask.to(torch.bool))

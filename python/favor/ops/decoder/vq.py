@@ -19,7 +19,7 @@ from .. import _dispatch
 from .. import _tensors as T
 from ..attention import paths
 from ..attention.op import eager_mode
-from .op import _step_checks, check_key_mask
+from .op import _step_checks, borrowed_step, check_key_mask
 
 
 class VQDecodeState(NamedTuple):
@@ -129,15 +129,7 @@ def _vq_decoder(batch, heads, dv, codebook, scale, tau):
 
 def cpu_vq_step(dec, state, q, k, v, key_mask, step_kind):
     """The CPU kernel with the C++ VQDecoder of the codebook given (an owner keeps one)."""
-    T.follow_torch_threads()
-    work = [t if t.is_contiguous() else t.contiguous() for t in state]
-    keep = None if key_mask is None else T.array(key_mask.to(torch.bool))
-    y = dec.step_state(*(t.numpy() for t in work), T.view(q.float()), T.view(k.float()),
-                       T.view(v.float()), key_mask=keep, mode=step_kind)
-    for t, x in zip(state, work):
-        if t is not x:
-            t.copy_(x)
-    return T.tensor(y)
+    return borrowed_step(dec, state, q, k, v, key_mask, step_kind)
 
 
 @vq_decode_step_op.register_kernel("cpu")
