@@ -1,5 +1,5 @@
 """The device-generic paths of favor.torch.attention, beside the C++ one (op.py): 'torch'
-(plain torch operations, generic.py, autograd) and 'triton' (the fused kernels, triton/). Both
+(plain torch operations, generic.py) and 'triton' (the fused kernels, triton/; kernels.py). Both
 take the op's tensors, check them by C++'s rules (canonical.check_map) and run on the
 CanonicalMap, heads flattened to [B*H, N, D]."""
 from ... import _core
@@ -66,16 +66,4 @@ def torch_attention(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basi
     qf, kf, vf, keep, cm = prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a,
                                    fit_basis, kernel, causal, scale)
     y = generic.attention(qf, kf, vf, cm, keep, causal, chunk)
-    return y.reshape(*q.shape[:-1], v.shape[-1])
-
-
-def triton_attention(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel,
-                     causal, scale):
-    """favor::attention's result by the fused Triton kernels (autograd through their
-    backward: triton_function.py)."""
-    from .triton_function import triton_attention as run
-    qf, kf, vf, keep, cm = prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a,
-                                   fit_basis, kernel, causal, scale)
-    heads = q.shape[1] if q.dim() == 4 else 1
-    y = run(qf, kf, vf, cm, keep, causal, heads)
     return y.reshape(*q.shape[:-1], v.shape[-1])

@@ -1,10 +1,7 @@
-"""favor.torch.attention's 'triton' path: the fused Triton kernels (triton/) as one autograd
-function on the canonical map (canonical.py), and the fused decode step.
-
-The forward saves q, k, v, y and the map; the backward is the fused backward kernel, which
-recomputes the states in fp32 (triton/gradients.py). Gradients reach the canonical W, bias,
-key_logw and rate, and from there, by autograd through canonical_map, the caller's
-projection, weights, bias, lambda and gamma.
+"""What the fused Triton kernels (triton/) take and how they compute: the head dims they cover,
+the precision of their dots, and the fused decode step on the decoder's state layout.
+favor::attention's CUDA kernels (kernels.py: triton_forward, triton_backward) call the
+forward and backward kernels under the op's autograd formula.
 
 Precision of the dots: torch's own switch for fp32 matmuls decides, as for torch.matmul:
 torch.backends.cuda.matmul.allow_tf32 False (torch's default) -> exact fp32 ('ieee'), True
@@ -12,7 +9,6 @@ torch.backends.cuda.matmul.allow_tf32 False (torch's default) -> exact fp32 ('ie
 """
 import torch
 
-from ... import _core
 
 # What the fused kernels cover (backward: one padded block for D and for Dv).
 HEAD_DIMS = (16, 32, 64, 128)
@@ -34,45 +30,8 @@ def _kernels():
     return kernels
 
 
-class _FusedAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, W, bias, key_logw, rate, keep, kind, norm_coef, causal, heads):
-        kernels = _kernels()
-        prec = precision()
-        y = kernels.forward(q, k, v, W, bias, key_logw, rate, norm_coef, kind, causal, keep,
-                            heads, precision=prec)
-        ctx.save_for_backward(q, k, v, y, W, bias, key_logw, rate, keep)
-        ctx.options = (kind, norm_coef, causal, heads, prec)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        q, k, v, y, W, bias, key_logw, rate, keep = ctx.saved_tensors
-        kind, norm_coef, causal, heads, prec = ctx.options
-        need = ctx.needs_input_grad
-        dq, dk, dv, dW, db, dlw, dr = _kernels().backward(
-            dy.contiguous(), q, k, v, y, W, bias, key_logw, rate, norm_coef, kind, causal, keep,
-            heads, precision=prec, need_params=any(need[3:7]))
-        pick = lambda i, g: g if need[i] else None
-        return (pick(0, dq), pick(1, dk), pick(2, dv), pick(3, dW), pick(4, db), pick(5, dlw),
-                pick(6, dr), None, None, None, None, None)
-
-
 def _f32(t):
     return None if t is None else t.to(torch.float32).contiguous()
-
-
-def triton_attention(q, k, v, cm, keep, causal, heads):
-    """y [BH, Nq, Dv] float32 for q, k, v [BH, N, D] float32 under the CanonicalMap cm
-    (keep [BH, Nk] bool or None), through the fused kernels."""
-    d, dv = q.shape[-1], v.shape[-1]
-    if not supported(d, dv):
-        raise _core.Error(f"backend: 'triton' takes head dims D in {HEAD_DIMS} and Dv <= "
-                          f"{MAX_DV}; got D = {d}, Dv = {dv} (use backend='torch')")
-    keep_b = None if keep is None else keep[::heads].contiguous()          # [B, Nk]
-    return _FusedAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), _f32(cm.W),
-                                 _f32(cm.bias), _f32(cm.key_logw), _f32(cm.rate), keep_b,
-                                 cm.kind, float(cm.norm_coef), bool(causal), heads)
 
 
 def triton_decode_step(state, q, k, v, cm, key_mask):

@@ -11,8 +11,8 @@ kernels; docs/numerics.md for the stabilisation):
   key tiles), deterministic.
 - params.py: the wrappers' checks (ValueError naming the argument) and launch parameters.
 
-Plain functions on torch tensors (no autograd): favor.torch.attention's 'triton' path builds
-its autograd function on them (ops/attention/triton_function.py).
+Plain functions on torch tensors (no autograd): favor::attention's CUDA kernels call them under the op's autograd formula
+(ops/attention/kernels.py).
 """
 from .gradients import backward
 from .decode import decode_step
