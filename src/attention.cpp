@@ -12,6 +12,7 @@
 #include "favor/causal_context.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
+#include "hybrid.hpp"
 #include "kernels/backend.hpp"
 
 namespace favor {
@@ -26,6 +27,18 @@ kernels::AttentionParams make_params(const TensorView& q, const TensorView& k, c
   p.out = out.data;
   p.out_strides = out.strides;
   return p;
+}
+
+// Rows y [B*H][Nq][Dv] (C order) into out.
+void write_output(const std::vector<float>& y, const detail::AttentionShape& s,
+                  const MutableTensorView& out) {
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t i = 0; i < s.nq; ++i) {
+        const float* src = y.data() + ((b * s.heads + h) * s.nq + i) * s.dv;
+        float* dst = out.data + b * out.strides[0] + h * out.strides[1] + i * out.strides[2];
+        for (int64_t x = 0; x < s.dv; ++x) dst[x * out.strides[3]] = src[x];
+      }
 }
 
 Shape4 output_shape(const detail::AttentionShape& s) {
@@ -81,9 +94,18 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
   const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
   detail::check_projection(map.projection, s.d, "q and k");
   detail::check_output(out, output_shape(s), "out", {q, k, v});
+  detail::check_hybrid(options.window, options.sinks, s);
   const detail::ResolvedMap resolved = detail::resolve_map(map, s, q, k, options, /*borrow=*/true);
   kernels::AttentionParams p = make_params(q, k, v, out, s, resolved.scale, options.key_mask);
   p.map = resolved.params();
+  if (detail::is_hybrid(options)) {  // saves no context: its backward recomputes
+    if (context) *context = AttentionContext{};
+    const detail::HybridRows rows = detail::hybrid_forward(p, resolved, options);
+    write_output(rows.y, s, out);
+    AttentionStats stats;
+    stats.zero_rows = rows.zero_rows;
+    return stats;
+  }
   if (context) {
     // A causal context keeps its buffers (resized): a training loop that reuses it allocates
     // once. The forward overwrites every entry (each chunk's state, the final one, each row).

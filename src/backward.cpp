@@ -13,6 +13,7 @@
 #include "favor/causal_context.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
+#include "hybrid.hpp"
 #include "kernels/backend.hpp"
 
 namespace favor {
@@ -62,6 +63,13 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
   kernels::BackwardParams bp =
       make_params(q, k, v, dy, Checked{s, resolved.scale}, options.key_mask, g);
   bp.fwd.map = resolved.params();
+  detail::check_hybrid(options.window, options.sinks, s);
+  if (detail::is_hybrid(options)) {  // recomputes: a hybrid forward saves no context
+    detail::ParameterGrads pg(resolved, map, s, with_parameter_grads, bp);
+    detail::hybrid_backward(bp, resolved, options);
+    pg.finish(map, g);
+    return g;
+  }
   if (context) {
     const int64_t F = map.features(), heads = s.batch * s.heads;
     if (!context->valid()) {

@@ -58,6 +58,11 @@ struct Call {
 Call validate(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* dy,
               const FeatureMap& map, const AttentionOptions& options, const char* function) {
   detail::check_map_options(options, function);
+  if (options.window != 0 || options.sinks != 0) {
+    throw Error(std::string("window, sinks: ") + function +
+                " does not take hybrid attention (each rank's window would need its "
+                "neighbour's keys); run favor_attention");
+  }
   Call c(map);
   c.s = detail::check_slice_inputs(q, k, v, options.causal, options.key_mask);
   if (dy) {
@@ -297,7 +302,7 @@ AttentionGrads sequence_parallel_attention_backward(TensorView q, TensorView k, 
     // Forward sweep (dq, and the slice's R), R summed over the later ranks, reverse sweep.
     split->phase_a(bp);
     States suffix(heads, F * ld, false);
-    for (int64_t h = 0; h < heads; ++h) {   // R's reference is its starting max: negated, so
+    for (int64_t h = 0; h < heads; ++h) {      // R's reference is its starting max: negated, so
       const double start = split->r_max()[h];  // that the later ranks' smaller one wins
       suffix.maxima[h] = std::isinf(start) ? kEmpty : -start;
     }

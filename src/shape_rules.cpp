@@ -9,7 +9,8 @@
 namespace favor {
 
 void check_attention_shapes(const Shape4& q, const Shape4& k, const Shape4& v, bool causal,
-                            const std::optional<std::array<int64_t, 2>>& key_mask_shape) {
+                            const std::optional<std::array<int64_t, 2>>& key_mask_shape,
+                            int64_t window, int64_t sinks) {
   static const float dummy = 0.0f;  // views that are never read: extents and strides only
   static const uint8_t keep = 1;
   const Shape4 zero{0, 0, 0, 0};
@@ -21,8 +22,10 @@ void check_attention_shapes(const Shape4& q, const Shape4& k, const Shape4& v, b
     m.n = (*key_mask_shape)[1];
     mask = m;
   }
-  detail::check_input_shapes(TensorView{&dummy, q, zero}, TensorView{&dummy, k, zero},
-                             TensorView{&dummy, v, zero}, causal, mask, false);
+  const detail::AttentionShape s =
+      detail::check_input_shapes(TensorView{&dummy, q, zero}, TensorView{&dummy, k, zero},
+                                 TensorView{&dummy, v, zero}, causal, mask, false);
+  detail::check_hybrid(window, sinks, s);
 }
 
 void check_key_mask_shape(int64_t mask_batch, int64_t mask_n, int64_t batch, int64_t n,

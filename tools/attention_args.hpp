@@ -22,6 +22,7 @@ struct AttentionArgs {
   VQArgs vq;
   std::string feature_map, feature_weights;  // --feature-map map.npz, --feature-weights W.npy
   std::vector<double> decay;                 // --decay
+  int64_t window = 0, sinks = 0;             // --window, --sinks (hybrid attention)
   CLI::Option* kernel_opt = nullptr;
   CLI::Option* scale_opt = nullptr;
 };

@@ -87,9 +87,11 @@ void check_method(const AttentionArgs& a) {
     throw Error("--method: '" + a.method + "' is not a method; use favor, vq or exact");
   }
   if (a.method == "favor") return;
-  for (const auto& [given, name] : {std::pair{!a.feature_map.empty(), "--feature-map"},
-                                    std::pair{!a.feature_weights.empty(), "--feature-weights"},
-                                    std::pair{!a.decay.empty(), "--decay"}}) {
+  for (const auto& [given, name] :
+       {std::pair{!a.feature_map.empty(), "--feature-map"},
+        std::pair{!a.feature_weights.empty(), "--feature-weights"},
+        std::pair{!a.decay.empty(), "--decay"}, std::pair{a.window != 0, "--window"},
+        std::pair{a.sinks != 0, "--sinks"}}) {
     if (given) throw Error(std::string(name) + ": only --method favor takes it");
   }
 }
@@ -199,6 +201,8 @@ void run(const AttentionArgs& a) {
     o.causal = a.causal;
     o.key_mask = mask_view;
     o.decay = attention_decay(a, q.shape()[1]);
+    o.window = a.window;
+    o.sinks = a.sinks;
     AttentionStats stats;
     y = favor_attention(q.tensor, k.tensor, v.tensor, map, o, &stats);
     if (stats.zero_rows > 0) {
@@ -258,6 +262,13 @@ void add_attention_command(CLI::App& app) {
          "--decay", args->decay,
          "causal decay gamma^(i - j): one gamma in (0, 1] or one per head, comma-separated")
       ->delimiter(',');
+  cmd->add_option("--window", args->window,
+                  "hybrid attention: exact softmax on each query's last W keys (causal; "
+                  "bidirectional |i - j| < W), the estimator beyond (needs Nq == Nk)")
+      ->capture_default_str();
+  cmd->add_option("--sinks", args->sinks,
+                  "hybrid attention: exact softmax on the first S visible keys as well")
+      ->capture_default_str();
   cmd->callback([args] { run(*args); });
 }
 

@@ -39,6 +39,15 @@ struct AttentionOptions {
   std::vector<double> decay;
   /// GEMM precision of the forward pass (see Precision). The backward pass is float32.
   Precision precision = Precision::f32;
+  /// Hybrid attention (docs/math.md, "Hybrid attention"): exact softmax on a window of
+  /// `window` keys and on the first `sinks` visible keys, the estimator on every other key,
+  /// one normaliser. Query i's window is {j : i - window < j <= i} (causal) or
+  /// {j : |i - j| < window} (bidirectional); decay weighs an estimated key by
+  /// gamma^(i - j - window) (it decays from the window's edge) and exact terms not at all.
+  /// Needs Nq == Nk. window >= N is exact softmax; window = sinks = 0 (the default) is the
+  /// plain method, bit for bit. A hybrid call saves no context and runs in f32.
+  int64_t window = 0;
+  int64_t sinks = 0;
   /// Causal, with a context (favor_attention's last argument): also save each 32-token
   /// chunk's starting state [S | s] and every row's [num | den], N ((F / 32) + 1) (Dv + 1)
   /// floats per head, so that favor_attention_backward runs one reverse sweep instead of

@@ -14,9 +14,12 @@ namespace favor {
 
 /// The shape rules of an attention call: q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv]
 /// with every extent >= 1, B and H agreeing, q and k sharing D, k and v sharing Nk, Nq == Nk
-/// when causal, and a key mask of shape [B, Nk] (key_mask_shape: its extents).
+/// when causal, and a key mask of shape [B, Nk] (key_mask_shape: its extents); hybrid
+/// attention's window and sinks (AttentionOptions::window, ::sinks: >= 0, Nq == Nk when
+/// either is above 0).
 void check_attention_shapes(const Shape4& q, const Shape4& k, const Shape4& v, bool causal,
-                            const std::optional<std::array<int64_t, 2>>& key_mask_shape = {});
+                            const std::optional<std::array<int64_t, 2>>& key_mask_shape = {},
+                            int64_t window = 0, int64_t sinks = 0);
 
 /// A key mask's shape [mask_batch, mask_n] against [batch, n] (n_name: "Nk" for attention,
 /// "T" for a decoder's tokens).

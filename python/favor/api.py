@@ -103,7 +103,8 @@ def _core_map(d, feature_map, feature_weights, decay, draw, force=False, inputs=
 def attention(q, k, v, *, method="favor", causal=False, kernel="positive", features=None,
               projection="orthogonal", norms="chi", seed=0, scale=None, key_mask=None,
               fit=None, accumulate="f32", full_output=False, codebook=None, tau=0.0, block=None,
-              feature_map=None, feature_weights=None, decay=None, precision="f32"):
+              feature_map=None, feature_weights=None, decay=None, precision="f32", window=0,
+              sinks=0):
     """Attention y = softmax(scale q.k) v, estimated by FAVOR (method='favor'), exact, or
     Transformer-VQ (method='vq': over keys quantised to `codebook`, see favor.vq_attention).
 
@@ -128,10 +129,15 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
     for the GEMMs, fp32 accumulation, states and output, where favor.bf16_available()
     (AVX512-BF16 and oneDNN); bidirectional only. Elsewhere 'bf16' runs the f32 path
     (docs/numerics.md, "bf16 forward").
+    window, sinks (FAVOR; Nq = Nk): hybrid attention (docs/math.md, "Hybrid attention"):
+    exact softmax on each query's last `window` keys (causal; bidirectional: |i - j| <
+    window) and on the first `sinks` visible keys, the estimator on every other key, one
+    normaliser; decay then counts from the window's edge. 0 and 0: the plain method.
     """
     if method != "favor":
         for name, value in (("feature_map", feature_map), ("feature_weights", feature_weights),
-                            ("decay", decay)):
+                            ("decay", decay), ("window", window or None),
+                            ("sinks", sinks or None)):
             if value is not None:
                 raise _core.Error(f"{name}: only method='favor' takes a {name} "
                                   f"(method is '{method}')")
@@ -163,13 +169,15 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
         y, zero_rows, context = _core.attention_map(q, k, v, fm, causal=causal, key_mask=key_mask,
                                                     decay=decay_values(decay),
                                                     save_context=full_output,
-                                                    precision=precision)
+                                                    precision=precision, window=window,
+                                                    sinks=sinks)
         return AttentionOutput(y, context, zero_rows) if full_output else y
     w = make_projection(d, projection, features=features, norms=norms, seed=seed)
     y, zero_rows, context = _core.attention(q, k, v, w, kernel=kernel, causal=causal,
                                             scale=scale, key_mask=key_mask,
                                             fit=fit_for(fit, kernel, d, batch_heads(q)),
-                                            save_context=full_output, precision=precision)
+                                            save_context=full_output, precision=precision,
+                                            window=window, sinks=sinks)
     return AttentionOutput(y, context, zero_rows) if full_output else y
 
 
@@ -183,7 +191,8 @@ def exact_attention(q, k, v, *, causal=False, scale=None, key_mask=None, accumul
 def attention_backward(q, k, v, dy, *, causal=False, kernel="positive", features=None,
                        projection="orthogonal", norms="chi", seed=0, scale=None, key_mask=None,
                        fit=None, projection_grad=False, context=None, feature_map=None,
-                       feature_weights=None, decay=None, parameter_grads=False):
+                       feature_weights=None, decay=None, parameter_grads=False, window=0,
+                       sinks=0):
     """Gradients of attention() (method='favor') for dy = dL/dy [B, H, Nq, Dv]: returns
     Grads(dq, dk, dv, dw), dw = dL/dW [m, D] when projection_grad, else None. Give the same
     inputs and options as the forward call (feature_map, feature_weights and decay
@@ -203,7 +212,7 @@ def attention_backward(q, k, v, dy, *, causal=False, kernel="positive", features
         g = _core.attention_map_backward(q, k, v, dy, fm, causal=causal, key_mask=key_mask,
                                          decay=decay_values(decay),
                                          parameter_grads=parameter_grads or projection_grad,
-                                         context=context)
+                                         context=context, window=window, sinks=sinks)
         if parameter_grads:
             return FeatureMapGrads(*g)
         return Grads(*g[:3], g[3] if projection_grad else None)
@@ -211,7 +220,8 @@ def attention_backward(q, k, v, dy, *, causal=False, kernel="positive", features
     return Grads(*_core.attention_backward(q, k, v, dy, w, kernel=kernel, causal=causal,
                                            scale=scale, key_mask=key_mask,
                                            fit=fit_for(fit, kernel, d, batch_heads(q)),
-                                           projection_grad=projection_grad, context=context))
+                                           projection_grad=projection_grad, context=context,
+                                           window=window, sinks=sinks))
 
 
 def exact_attention_backward(q, k, v, dy, *, causal=False, scale=None, key_mask=None):

@@ -114,11 +114,13 @@ void bind_attention(py::module_& m) {
       [](const py::handle& q, const py::handle& k, const py::handle& v, const Projection& w,
          const std::string& kernel, bool causal, std::optional<double> scale,
          const py::handle& key_mask, const std::optional<KernelFit>& fit, bool save_context,
-         const std::string& precision, bool save_causal_states) {
+         const std::string& precision, bool save_causal_states, int64_t window, int64_t sinks) {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         AttentionOptions o = attention_options(kernel, causal, scale, c.mask_view(), fit);
         o.precision = parse_precision(precision, "precision");
         o.save_causal_states = save_causal_states;
+        o.window = window;
+        o.sinks = sinks;
         return run_attention(c, save_context, [&](MutableTensorView out, AttentionContext* ctx) {
           return favor_attention(c.q.view, c.k.view, c.v.view, w, out, o, ctx);
         });
@@ -127,17 +129,19 @@ void bind_attention(py::module_& m) {
       py::arg("kernel") = "positive", py::arg("causal") = false, py::arg("scale") = py::none(),
       py::arg("key_mask") = py::none(), py::arg("fit") = py::none(),
       py::arg("save_context") = false, py::arg("precision") = "f32",
-      py::arg("save_causal_states") = false);
+      py::arg("save_causal_states") = false, py::arg("window") = 0, py::arg("sinks") = 0);
 
   m.def(
       "attention_backward",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
          const Projection& w, const std::string& kernel, bool causal, std::optional<double> scale,
          const py::handle& key_mask, const std::optional<KernelFit>& fit, bool projection_grad,
-         const AttentionContext* context) {
+         const AttentionContext* context, int64_t window, int64_t sinks) {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         const Input g = c.gradient(dy);
-        const AttentionOptions o = attention_options(kernel, causal, scale, c.mask_view(), fit);
+        AttentionOptions o = attention_options(kernel, causal, scale, c.mask_view(), fit);
+        o.window = window;
+        o.sinks = sinks;
         AttentionGrads grads;
         {
           py::gil_scoped_release release;
@@ -149,7 +153,8 @@ void bind_attention(py::module_& m) {
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("projection"),
       py::arg("kernel") = "positive", py::arg("causal") = false, py::arg("scale") = py::none(),
       py::arg("key_mask") = py::none(), py::arg("fit") = py::none(),
-      py::arg("projection_grad") = false, py::arg("context") = nullptr);
+      py::arg("projection_grad") = false, py::arg("context") = nullptr, py::arg("window") = 0,
+      py::arg("sinks") = 0);
 
   m.def(
       "exact_attention",

@@ -96,11 +96,13 @@ void bind_feature_map(py::module_& m) {
       "attention_map",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const FeatureMap& map,
          bool causal, const py::handle& key_mask, std::vector<double> decay, bool save_context,
-         const std::string& precision, bool save_causal_states) {
+         const std::string& precision, bool save_causal_states, int64_t window, int64_t sinks) {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         AttentionOptions o = map_options(causal, c, std::move(decay));
         o.precision = parse_precision(precision, "precision");
         o.save_causal_states = save_causal_states;
+        o.window = window;
+        o.sinks = sinks;
         return run_attention(c, save_context, [&](MutableTensorView out, AttentionContext* ctx) {
           return renaming_map(
               [&] { return favor_attention(c.q.view, c.k.view, c.v.view, map, out, o, ctx); });
@@ -109,16 +111,18 @@ void bind_feature_map(py::module_& m) {
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("feature_map"), py::arg("causal") = false,
       py::arg("key_mask") = py::none(), py::arg("decay") = std::vector<double>{},
       py::arg("save_context") = false, py::arg("precision") = "f32",
-      py::arg("save_causal_states") = false);
+      py::arg("save_causal_states") = false, py::arg("window") = 0, py::arg("sinks") = 0);
 
   m.def(
       "attention_map_backward",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
          const FeatureMap& map, bool causal, const py::handle& key_mask, std::vector<double> decay,
-         bool parameter_grads, const AttentionContext* context) {
+         bool parameter_grads, const AttentionContext* context, int64_t window, int64_t sinks) {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         const Input g = c.gradient(dy);
-        const AttentionOptions o = map_options(causal, c, std::move(decay));
+        AttentionOptions o = map_options(causal, c, std::move(decay));
+        o.window = window;
+        o.sinks = sinks;
         AttentionGrads grads;
         {
           py::gil_scoped_release release;
@@ -132,7 +136,7 @@ void bind_feature_map(py::module_& m) {
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("feature_map"),
       py::arg("causal") = false, py::arg("key_mask") = py::none(),
       py::arg("decay") = std::vector<double>{}, py::arg("parameter_grads") = false,
-      py::arg("context") = nullptr);
+      py::arg("context") = nullptr, py::arg("window") = 0, py::arg("sinks") = 0);
 
   m.def(
       "features_map",

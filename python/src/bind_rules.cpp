@@ -43,7 +43,7 @@ void bind_rules(py::module_& m) {
       "check_attention_shapes",
       [](const std::vector<int64_t>& q, const std::vector<int64_t>& k,
          const std::vector<int64_t>& v, bool causal,
-         const std::optional<std::vector<int64_t>>& key_mask) {
+         const std::optional<std::vector<int64_t>>& key_mask, int64_t window, int64_t sinks) {
         if (q.size() != k.size() || q.size() != v.size())
           throw Error("q, k, v: must all be 2-D [N, D] or all be 4-D [B, H, N, D]");
         const Shape4 qs = shape_of(q, "q"), ks = shape_of(k, "k"), vs = shape_of(v, "v");
@@ -58,10 +58,10 @@ void bind_rules(py::module_& m) {
           }
           mask = std::array<int64_t, 2>{(*key_mask)[0], (*key_mask)[1]};
         }
-        check_attention_shapes(qs, ks, vs, causal, mask);
+        check_attention_shapes(qs, ks, vs, causal, mask, window, sinks);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false,
-      py::arg("key_mask") = py::none(),
+      py::arg("key_mask") = py::none(), py::arg("window") = 0, py::arg("sinks") = 0,
       "The shape rules of an attention call on the extents of q, k, v ([B, H, N, D] or "
       "[N, D]) and a key mask ([B, Nk]): favor.Error with C++'s message; no values read.");
   m.def(

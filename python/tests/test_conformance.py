@@ -83,6 +83,12 @@ ATTENTION_CASES = {
     "hyperbolic-causal": dict(kernel="hyperbolic", causal=True, mask=False),
     "trig-causal-mask": dict(kernel="trig", causal=True, mask=True),
     "hedgehog-learned-decay": dict(kernel="hedgehog", causal=True, mask=True, learned=True),
+    # hybrid attention: exact softmax on a window and sinks, the estimator beyond
+    "positive-causal-hybrid": dict(kernel="positive", causal=True, mask=True, window=6, sinks=2),
+    "trig-bidirectional-hybrid": dict(kernel="trig", causal=False, mask=True, window=5,
+                                      sinks=2),
+    "hedgehog-learned-decay-hybrid": dict(kernel="hedgehog", causal=True, mask=True,
+                                          learned=True, window=4, sinks=1),
 }
 
 
@@ -111,25 +117,31 @@ def test_attention(kernel, case):
 
     # the float64 oracle: the formulas of docs/math.md, materialised
     ref = leaves(inputs, torch.float64)
+    hybrid = {k: c[k] for k in ("window", "sinks") if k in c}
+    oracle = (lambda *a, **kw: naive.hybrid_attention(*a, **kw, **hybrid)) if hybrid \
+        else naive.attention_materialised
     if maps:
         wr, bias, lam, decay = ref[3:]
-        y_ref = naive.attention_materialised(
-            ref[0], ref[1], ref[2], wr, c["kernel"], c["causal"],
-            keep=None if mask is None else ~mask, bias=bias, lam=lam, decay=decay)
+        y_ref = oracle(ref[0], ref[1], ref[2], wr, c["kernel"], c["causal"],
+                       keep=None if mask is None else ~mask, bias=bias, lam=lam, decay=decay)
     else:
-        y_ref = naive.attention_materialised(ref[0], ref[1], ref[2], ref[3], c["kernel"],
-                                             c["causal"], keep=None if mask is None else ~mask)
+        y_ref = oracle(ref[0], ref[1], ref[2], ref[3], c["kernel"], c["causal"],
+                       keep=None if mask is None else ~mask)
     g_ref = torch.autograd.grad(y_ref, ref, dy.double())
 
     xs, backend = place(kernel, leaves(inputs, torch.float32))
     (m_dev,), _ = place(kernel, [mask])
+    if hybrid and kernel == "triton":  # no fused hybrid kernel: forcing it is an error
+        with pytest.raises(favor.Error, match="no hybrid attention kernel"):
+            ft.attention(*xs[:3], causal=c["causal"], features=M, backend=backend, **hybrid)
+        return
     if maps:
         kw = dict(zip(maps, xs[3:]))
         y = ft.attention(*xs[:3], kernel=c["kernel"], causal=c["causal"], features=M,
-                         key_padding_mask=m_dev, backend=backend, **kw)
+                         key_padding_mask=m_dev, backend=backend, **kw, **hybrid)
     else:
         y = ft.attention(*xs[:3], kernel=c["kernel"], causal=c["causal"], projection=xs[3],
-                         key_padding_mask=m_dev, backend=backend)
+                         key_padding_mask=m_dev, backend=backend, **hybrid)
     features = _core.feature_count(c["kernel"], M)
     assert y.dtype == torch.float32 and y.device == xs[0].device
     assert frob(y, y_ref) < tol(features), frob(y, y_ref)

@@ -233,4 +233,13 @@ AttentionShape check_inputs(const TensorView& q, const TensorView& k, const Tens
   return shape;
 }
 
+void check_hybrid(int64_t window, int64_t sinks, const AttentionShape& s) {
+  if (window < 0) throw Error("window: " + std::to_string(window) + " must be >= 0");
+  if (sinks < 0) throw Error("sinks: " + std::to_string(sinks) + " must be >= 0");
+  if ((window > 0 || sinks > 0) && s.nq != s.nk) {
+    throw Error("window, sinks: hybrid attention needs q and k of one sequence (Nq == Nk); Nq = " +
+                std::to_string(s.nq) + ", Nk = " + std::to_string(s.nk));
+  }
+}
+
 }  // namespace favor::detail

@@ -65,5 +65,8 @@ AttentionShape check_input_shapes(const TensorView& q, const TensorView& k, cons
 /// The upstream gradient dy of a backward pass: a view of the output's shape [B, H, Nq, Dv],
 /// finite.
 void check_dy(const TensorView& dy, const AttentionShape& s);
+/// Hybrid attention's rules: window >= 0, sinks >= 0 and, when either is above 0, q and k of
+/// one sequence (Nq == Nk).
+void check_hybrid(int64_t window, int64_t sinks, const AttentionShape& s);
 
 }  // namespace favor::detail

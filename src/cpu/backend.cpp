@@ -9,6 +9,7 @@
 #include "cpu/codebook_ops.hpp"
 #include "cpu/config.hpp"
 #include "cpu/decoder_step.hpp"
+#include "cpu/band_attention.hpp"
 #include "cpu/exact_attention.hpp"
 #include "cpu/feature_tile.hpp"
 #include "cpu/isa_cap.hpp"
@@ -82,6 +83,12 @@ class CpuBackend final : public kernels::Backend {
   }
   void exact_attention_backward(const BackwardParams& p, bool causal) override {
     cpu::exact_attention_backward(p, causal, runtime_config());
+  }
+  void band_attention(const kernels::BandParams& p) override {
+    cpu::band_forward(p, runtime_config());
+  }
+  void band_attention_backward(const kernels::BandBackwardParams& p) override {
+    cpu::band_backward(p, runtime_config());
   }
   int64_t vq_bidirectional(const VQParams& p) override {
     return cpu::vq_bidirectional(p, runtime_config());

@@ -25,6 +25,7 @@ ChunkWorkspace::ChunkWorkspace(int64_t d, int64_t m, int64_t F_, int64_t dv_)
       local(F_ * (dv_ + 1)),
       g(kChunk),
       run_max(kChunk),
+      qshift(kChunk),
       visible(kChunk),
       tile(d, m, F_, dv_) {}
 
@@ -121,6 +122,7 @@ void chunk_query_features(const AttentionParams& p, int64_t rows, const float* s
     float* phi = ws.qg.data() + r * ws.ldq();
     const float* prefix = ws.prefix.data() + r * F;  // unused by trig
     const float c = query_shift_sums(p.map.kernel, a, m, prefix);
+    ws.qshift[r] = c;
     if (std::isinf(c)) {  // no visible key yet: zero features give a zero denominator
       std::fill(phi, phi + F, 0.0f);
     } else {

@@ -35,6 +35,7 @@ struct ChunkWorkspace {
   std::vector<float> s;       // F: the state's normaliser column
   std::vector<float> local;   // F x (dv + 1): a segment's local key state
   std::vector<double> g, run_max;
+  std::vector<double> qshift;  // C: each query row's shift c_i (+inf: no visible key yet)
   std::vector<char> visible;
   KeyTile tile;
   ChunkWorkspace(int64_t d, int64_t m, int64_t F_, int64_t dv_);

@@ -167,6 +167,38 @@ void update_states(int64_t rows, bool moved, bool distance, HeadState& state, co
   gemm(true, false, F, ldv, rows, 1.0f, ws.phik.data(), F, wv, ldv, 1.0f, w.dist.data(), ldv);
 }
 
+// The upstream gradient of a chunk of head bh: [dy / den, -(dy . y) / den], or, for a part of
+// hybrid attention (bp.merged_lse), exp(c_i + M_i - lse_i) [dy, -dy . y] with the merged y.
+void chunk_upstream(const BackwardParams& bp, int64_t bh, int64_t c0, int64_t rows,
+                    const float* dyh, const ChunkWorkspace& ws, float* gx) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t dv = p.dv, ldv = dv + 1;
+  if (bp.merged_lse == nullptr) {
+    upstream_rows(ws.yx.data(), dyh + c0 * bp.dy_strides[2], bp.dy_strides[2], bp.dy_strides[3],
+                  rows, dv, gx);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = bh * p.nq + c0 + r;
+    const double shift = ws.qshift[r] + ws.run_max[r], lse = bp.merged_lse[i];
+    float* g = gx + r * ldv;
+    if (std::isinf(shift) || std::isinf(lse)) {
+      std::fill(g, g + ldv, 0.0f);
+      continue;
+    }
+    const auto f = static_cast<float>(std::exp(shift - lse));
+    const float* dy = dyh + (c0 + r) * bp.dy_strides[2];
+    const float* y = bp.merged_y + i * dv;
+    float dot = 0.0f;
+    for (int64_t x = 0; x < dv; ++x) {
+      const float d = dy[x * bp.dy_strides[3]];
+      g[x] = f * d;
+      dot += d * y[x];
+    }
+    g[dv] = -f * dot;
+  }
+}
+
 // Where a head's sweep A leaves what sweep B reads: gx (N x (dv + 1)), each chunk's starting
 // normaliser and the final one ((chunks + 1) x F) and each chunk's starting max (chunks).
 struct HeadStore {
@@ -181,7 +213,7 @@ void sweep_a(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
              float* r_out) {
   const AttentionParams& p = bp.fwd;
   ChunkWorkspace& ws = w.chunk;
-  const int64_t F = ws.F, d = p.d, ldv = p.dv + 1, ldq = ws.ldq(), n = p.nq, dv = p.dv;
+  const int64_t F = ws.F, d = p.d, ldv = p.dv + 1, ldq = ws.ldq(), n = p.nq;
   const int64_t chunks = (n + kChunk - 1) / kChunk, bh = b * p.heads + h;
   float* dw = bp.head_dw(bh);
   float* db = bp.head_dbias(bh);
@@ -215,8 +247,7 @@ void sweep_a(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
     chunk_kernel_matrix(rows, moved, ws);
     chunk_output(rows, state.max, moved, ws);
     float* gx = st.gx + c0 * ldv;
-    upstream_rows(ws.yx.data(), dyh + c0 * bp.dy_strides[2], bp.dy_strides[2], bp.dy_strides[3],
-                  rows, dv, gx);
+    chunk_upstream(bp, bh, c0, rows, dyh, ws, gx);
     if (drate) rate_sum += chunk_rate_grad(rows, state, gx, vx, w);
     if (r_out && !std::isinf(start_max)) {  // R += phi(Q_c)^T gx at exp(start - M_i)
       scale_rows(gx, rows, ldv, start_max, ws.run_max, w.gscaled.data());

@@ -53,6 +53,18 @@ void save_state(const AttentionParams& p, int64_t bh, int64_t index, const HeadS
   p.ctx_chunk_maxima[bh * slots + index] = state.max;
 }
 
+// Hybrid attention's linear part (p.part_rows): the chunk's [num | den] rows and their log
+// scales c_i + M_i (-inf for a row that saw no key).
+void save_part_rows(const AttentionParams& p, int64_t bh, int64_t c0, int64_t rows,
+                    const ChunkWorkspace& ws) {
+  const int64_t ld = p.dv + 1;
+  std::copy_n(ws.yx.data(), rows * ld, p.part_rows + (bh * p.nq + c0) * ld);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double c = ws.qshift[r], M = ws.run_max[r];
+    p.part_shift[bh * p.nq + c0 + r] = std::isinf(c) || std::isinf(M) ? -INFINITY : c + M;
+  }
+}
+
 // Causal sweep over rows [begin, end) of head (b, h), starting from the state in ws.sv
 // (the keys before `begin`, relative to `max`), which it advances. Returns the rows written
 // as zeros. With a context (p.ctx_chunk_states; chunk == kChunk) it saves each chunk's
@@ -88,6 +100,7 @@ int64_t sweep(const AttentionParams& p, int64_t chunk, int64_t b, int64_t h, int
     chunk_kernel_matrix(rows, moved, ws);
     chunk_output(rows, state.max, moved, ws, empty);
     if (save) std::copy_n(ws.yx.data(), rows * (dv + 1), p.ctx_rows + (bh * p.nq + c0) * (dv + 1));
+    if (p.part_rows) save_part_rows(p, bh, c0, rows, ws);
     zero_rows += write_rows(ws.yx.data(), rows, dv, oh + c0 * p.out_strides[2], p.out_strides[2],
                             p.out_strides[3]);
     if (keep || c0 + rows < end) chunk_state_update(rows, moved, state, vx, ws);

@@ -56,6 +56,14 @@ struct AttentionParams {
   // Bidirectional forward with bf16 GEMMs (AttentionOptions::precision); the facade sets it
   // only where backend().has_bf16().
   bool bf16 = false;
+  // Causal forward, a part of hybrid attention (src/hybrid.cpp): if set, each row's
+  // unnormalised [num | den] (B*H x nq x (dv + 1)) and its log scale c_i + M_i (B*H x nq),
+  // the query's shift plus the key offset it reads at; -inf for a row that saw no key. The
+  // true sums are the rows times exp(scale + what every key of the row shares: the query's
+  // norm term, the map's constants, the query's decay clock), which the facade adds. out is
+  // written as usual.
+  float* part_rows = nullptr;
+  double* part_shift = nullptr;
 };
 
 /// The backward pass: the forward's params plus dy and the gradient outputs, which are
@@ -91,6 +99,12 @@ struct BackwardParams {
   // (favor_backward.cpp), so that R' fits float.
   float* r_out = nullptr;
   const float* r_in = nullptr;
+  // Causal backward of a part of hybrid attention (no saved context): the merged output y
+  // (B*H x nq x dv, C order) and log normaliser lse (B*H x nq, in the frame of part_shift)
+  // of the rows; the upstream gradient of row i is then exp(c_i + M_i - lse_i) [dy_i,
+  // -dy_i . y_i] (zeros where lse_i is -inf) instead of [dy_i / den_i, -dy_i . y_i / den_i].
+  const float* merged_y = nullptr;
+  const double* merged_lse = nullptr;
 
   /// Head bh's slices of dW and dbias (null when not requested).
   float* head_dw(int64_t bh) const { return dw ? dw + bh * fwd.map.m * fwd.map.d : nullptr; }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/attention_params.hpp"
+#include "kernels/band_params.hpp"
 #include "kernels/codebook_params.hpp"
 #include "kernels/decoder_params.hpp"
 #include "kernels/moments_params.hpp"
@@ -92,6 +93,10 @@ class Backend {
   /// Exact softmax attention in float or double accumulation; returns the zero rows.
   virtual int64_t exact_attention(const AttentionParams& p, bool causal, bool in_double) = 0;
   virtual void exact_attention_backward(const BackwardParams& p, bool causal) = 0;
+  /// The exact part of hybrid attention (kernels/band_params.hpp): its rows and their max;
+  /// its gradients added to dq, dk, dv.
+  virtual void band_attention(const BandParams& p) = 0;
+  virtual void band_attention_backward(const BandBackwardParams& p) = 0;
   /// Transformer-VQ attention; return the number of rows written as zeros.
   virtual int64_t vq_bidirectional(const VQParams& p) = 0;
   virtual int64_t vq_causal(const VQParams& p) = 0;

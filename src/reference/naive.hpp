@@ -199,6 +199,18 @@ inline DGrads zero_grads(const detail::AttentionShape& s) {
                 {}};
 }
 
+/// Hybrid attention's sinks of batch row b: flags of its first `sinks` visible keys.
+inline std::vector<uint8_t> sink_flags(const std::optional<KeyMaskView>& mask, int64_t b,
+                                       int64_t nk, int64_t sinks) {
+  std::vector<uint8_t> flags(static_cast<size_t>(nk), 0);
+  for (int64_t j = 0, found = 0; j < nk && found < sinks; ++j)
+    if (key_visible(mask, b, j)) {
+      flags[j] = 1;
+      ++found;
+    }
+  return flags;
+}
+
 /// gamma of head h (options.decay: none, one shared value, or one per head); 1 without decay.
 inline double head_decay(const std::vector<double>& decay, int64_t h) {
   if (decay.empty()) return 1.0;
@@ -223,14 +235,22 @@ std::vector<T> favor_attention(const TensorView& q, const TensorView& k, const T
       const auto pq = head_features<T>(q, b, h, fm, scale, fit);
       const auto pk = head_features<T>(k, b, h, fm, scale, fit);
       const T gamma = static_cast<T>(head_decay(o.decay, h));
+      const std::vector<uint8_t> sink = sink_flags(o.key_mask, b, nk, o.sinks);
       for (int64_t i = 0; i < nq; ++i) {
         std::vector<T> num(static_cast<size_t>(dv), T(0));
         T den = 0;
         for (int64_t j = 0; j < nk; ++j) {
           if ((o.causal && j > i) || !key_visible(o.key_mask, b, j)) continue;
           T a = 0;
-          for (int64_t f = 0; f < F; ++f) a += pq[i * F + f] * pk[j * F + f];
-          if (!o.decay.empty()) a *= std::pow(gamma, static_cast<T>(i - j));
+          if (sink[j] || (i - j < o.window && j - i < o.window)) {  // hybrid: exact terms
+            for (int64_t t = 0; t < q.shape[3]; ++t)
+              a += static_cast<T>(q.at(b, h, i, t)) * static_cast<T>(k.at(b, h, j, t));
+            a = std::exp(static_cast<T>(scale) * a);
+          } else {
+            for (int64_t f = 0; f < F; ++f) a += pq[i * F + f] * pk[j * F + f];
+            // decay from the window's edge (hybrid) or from the query (window 0)
+            if (!o.decay.empty()) a *= std::pow(gamma, static_cast<T>(i - j - o.window));
+          }
           den += a;
           for (int64_t x = 0; x < dv; ++x) num[x] += a * static_cast<T>(v.at(b, h, j, x));
         }

@@ -70,6 +70,8 @@ class FavorCore(AttentionCore):
     redraw(seed=None) draws W now; fix_projection() stops redrawing. feature_map(): the
     current map as a favor.FeatureMap. decoder(batch): a favor.torch.Decoder for generation.
     `fit`: the FAVOR++ / FAVOR# KernelFit (or a float A), kept as tensors for the op.
+    window, sinks: hybrid attention (favor.torch.attention's; configuration, not state):
+    exact softmax on the last `window` keys and the first `sinks`, the estimator beyond.
     """
 
     TENSORS = _TENSORS
@@ -78,9 +80,14 @@ class FavorCore(AttentionCore):
                  projection="orthogonal", norms="chi", seed=0, feature_redraw_interval=None,
                  learn_projection=False, method="favor", scale=None, fit=None,
                  learn_features=False, feature_weights=False, decay=None, learn_decay=False,
-                 feature_init="projection", device=None, dtype=None, backend=None):
+                 feature_init="projection", device=None, dtype=None, backend=None, window=0,
+                 sinks=0):
         super().__init__()
         check_method(method, learn_features, feature_weights, decay)
+        if method != "favor" and (window or sinks):
+            raise _core.Error(f"window, sinks: hybrid attention is method='favor' (method is "
+                              f"'{method}')")
+        self.window, self.sinks = window, sinks
         self.backend = T.check_backend(backend)
         self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
         self.kernel, self.method, self.scale = kernel, method, scale
@@ -203,6 +210,8 @@ class FavorCore(AttentionCore):
         """favor.torch.attention on [B, H, N, D] tensors with this core's configuration."""
         causal = self.causal if causal is None else causal
         extra = self._map_arguments(causal) if self._uses_map() else {}
+        if self.method == "favor" and (self.window or self.sinks):
+            extra.update(window=self.window, sinks=self.sinks)
         return attention(q, k, v, causal=causal, kernel=self.kernel, projection=self.projection,
                          scale=self.scale, key_padding_mask=key_padding_mask,
                          fit=self.fit_tensors, method=self.method, backend=self.backend,
@@ -298,6 +307,9 @@ class FavorCore(AttentionCore):
         projection (or learned map and decay), kernel, scale and fit."""
         if self.method != "favor":
             raise _core.Error("decoder: method='exact' has no fixed-size state; use favor")
+        if self.window or self.sinks:
+            raise _core.Error("decoder: hybrid attention (window, sinks) has no decoding "
+                              "state in favor.torch.Decoder yet")
         if self._uses_map():
             gamma = self.gamma
             if isinstance(gamma, torch.Tensor):

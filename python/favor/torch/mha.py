@@ -16,7 +16,8 @@ class MultiheadAttention(FavorAttributes, TorchMultihead):
                        projection='orthogonal', norms='chi', seed=0, method='favor',
                        causal=False, feature_redraw_interval=None, learn_projection=False,
                        scale=None, fit=None, learn_features=False, feature_weights=False,
-                       decay=None, learn_decay=False, feature_init='projection')
+                       decay=None, learn_decay=False, feature_init='projection',
+                       backend=None, window=0, sinks=0)
 
     The parameters have torch's names and shapes (in_proj_weight or q/k/v_proj_weight,
     in_proj_bias, out_proj), so load_state_dict takes an nn.MultiheadAttention's state
@@ -34,6 +35,8 @@ class MultiheadAttention(FavorAttributes, TorchMultihead):
     map_lambda, decay_logit of the core). decay applies to causal calls only (causal=True, or a call
     with is_causal=True): the others (cross-attention, unmasked
     self-attention) run without it, and a learned decay trains through the causal calls.
+    window, sinks: hybrid attention (favor.torch.attention's) on self-attention calls
+    (Nq = Nk; a cross-attention call with them is refused).
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
@@ -42,7 +45,7 @@ class MultiheadAttention(FavorAttributes, TorchMultihead):
                  norms="chi", seed=0, method="favor", causal=False, feature_redraw_interval=None,
                  learn_projection=False, scale=None, fit=None, warn_dropout=True,
                  learn_features=False, feature_weights=False, decay=None, learn_decay=False,
-                 feature_init="projection", backend=None):
+                 feature_init="projection", backend=None, window=0, sinks=0):
         super().__init__(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim,
                          vdim, batch_first, device, dtype, warn_dropout, causal)
         self.core = FavorCore(num_heads, self.head_dim, causal=causal, kernel=kernel,
@@ -52,4 +55,4 @@ class MultiheadAttention(FavorAttributes, TorchMultihead):
                               fit=fit, learn_features=learn_features,
                               feature_weights=feature_weights, decay=decay,
                               learn_decay=learn_decay, feature_init=feature_init, device=device,
-                              dtype=dtype, backend=backend)
+                              dtype=dtype, backend=backend, window=window, sinks=sinks)

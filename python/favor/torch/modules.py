@@ -16,7 +16,7 @@ class FavorAttention(FavorAttributes, MultiHeadModule):
                    learn_projection=False, method='favor', scale=None, fit=None, bias=True,
                    kdim=None, vdim=None, device=None, dtype=None, learn_features=False,
                    feature_weights=False, decay=None, learn_decay=False,
-                   feature_init='projection')
+                   feature_init='projection', backend=None, window=0, sinks=0)
 
     forward(query [B, Nq, E], key=None, value=None, key_padding_mask=None) -> [B, Nq, E]
     (self-attention when key and value are None; key_padding_mask [B, Nk], True = ignore).
@@ -43,7 +43,7 @@ class FavorAttention(FavorAttributes, MultiHeadModule):
                  learn_projection=False, method="favor", scale=None, fit=None, bias=True,
                  kdim=None, vdim=None, device=None, dtype=None, learn_features=False,
                  feature_weights=False, decay=None, learn_decay=False,
-                 feature_init="projection", backend=None):
+                 feature_init="projection", backend=None, window=0, sinks=0):
         super().__init__()
         self._init_heads(embed_dim, num_heads, causal, bias, kdim, vdim, device, dtype)
         if decay is not None and not causal:
@@ -57,7 +57,7 @@ class FavorAttention(FavorAttributes, MultiHeadModule):
                               fit=fit, learn_features=learn_features,
                               feature_weights=feature_weights, decay=decay,
                               learn_decay=learn_decay, feature_init=feature_init, device=device,
-                              dtype=dtype, backend=backend)
+                              dtype=dtype, backend=backend, window=window, sinks=sinks)
 
     def extra_repr(self):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, causal={self.causal}"

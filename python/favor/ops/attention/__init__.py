@@ -154,7 +154,7 @@ def _map_tensors(inputs, d, projection, features, norms, seed, kernel, scale, fi
 
 
 def _eager_favor(q, k, v, mask, d, projection, features, norms, seed, fit, kernel, causal, scale,
-                 precision):
+                 precision, window=0, sinks=0):
     """FAVOR attention through the C++ call without the op (eager() or plain_inputs() said
     so): a drawn projection from the cache, a projection tensor as a favor.Projection."""
     if isinstance(projection, torch.Tensor):
@@ -165,14 +165,25 @@ def _eager_favor(q, k, v, mask, d, projection, features, norms, seed, fit, kerne
     fit_a, fit_basis = (None, None) if fit is None else fit_tensors(fit, kernel, d,
                                                                     _args.batch_heads(q))
     return eager_attention(q, k, v, proj, mask, fit_a, fit_basis, kernel, bool(causal),
-                           _args.optional_number(scale, "scale"), str(precision))
+                           _args.optional_number(scale, "scale"), str(precision), window, sinks)
+
+
+def _hybrid(window, sinks):
+    """window and sinks as ints (their values' rules are C++'s: >= 0, Nq == Nk)."""
+    out = []
+    for value, name in ((window, "window"), (sinks, "sinks")):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _core.Error(f"{name}: must be an int (got {type(value).__name__})")
+        out.append(int(value))
+    return tuple(out)
 
 
 @T.names_key_padding_mask
 def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogonal",
               features=None, norms="chi", seed=0, scale=None, key_padding_mask=None, fit=None,
               method="favor", feature_map=None, weights=None, bias=None, feature_weights=None,
-              decay=None, backend=None, precision="f32", save_causal_states=False):
+              decay=None, backend=None, precision="f32", save_causal_states=False, window=0,
+              sinks=0):
     """Differentiable FAVOR attention (exact attention with method='exact') on torch tensors.
 
     q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv] (or [N, D]) -> [B, H, Nq, Dv], in the
@@ -213,7 +224,14 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     chunk's state and every row's [num | den] (N (F / 32 + 1) (Dv + 1) floats per head) so
     that the backward runs one sweep instead of recomputing the forward (C++
     AttentionOptions::save_causal_states; docs/gradients.md). Same gradients, more memory.
+
+    window, sinks (method='favor', Nq = Nk): hybrid attention (docs/math.md, "Hybrid
+    attention"): exact softmax on each query's last `window` keys (causal; bidirectional
+    |i - j| < window) and on the first `sinks` keys the mask keeps, the estimator on the
+    others, one normaliser (decay counts from the window's edge). 0, 0: the plain method.
+    Every kernel takes them ('triton' through the default kernel: no fused hybrid kernel).
     """
+    window, sinks = _hybrid(window, sinks)
     if (method == "favor" and _dispatch.cpu_kernel_runs(backend)
             and not isinstance(projection, torch.Tensor)
             and feature_map is None and weights is None and bias is None
@@ -224,7 +242,7 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
         # the C++ call checks shapes and values as it always does.
         return _eager_favor(q, k, v, T.check_mask(key_padding_mask), _args.head_dim(q, "q"),
                             projection, features, norms, seed, fit, kernel, causal, scale,
-                            precision)
+                            precision, window, sinks)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         T.check_tensor(t, name)
     out_dtype = q.dtype
@@ -239,9 +257,9 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     mask = follow(mask)  # a mask and map tensors follow q's device
     map_args = (feature_map, weights, bias, feature_weights, decay)
     if method == "exact":
-        if any(x is not None for x in map_args):
+        if any(x is not None for x in map_args) or window or sinks:
             raise _core.Error("method: 'exact' takes no feature map, weights, bias, "
-                              "feature_weights or decay")
+                              "feature_weights, decay, window or sinks")
         y = exact_attention(q32, k32, v32, mask, bool(causal), scale, backend=backend)
     elif method == "favor":
         forced = _dispatch.forced("attention", backend, q)
@@ -256,7 +274,7 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
             if _dispatch.cpu_kernel_runs(backend, q32, k32, v32, mask, w_in) \
                     and eager((q32, k32, v32, mask, w_in)):  # the CPU kernel, no op dispatch
                 y = _eager_favor(q32, k32, v32, mask, d, projection, features, norms, seed, fit,
-                                 kernel, causal, scale, precision)
+                                 kernel, causal, scale, precision, window, sinks)
                 return y if out_dtype == torch.float32 else y.to(out_dtype)
             w = projection_tensor(projection, d, features, norms, seed)
             wt = b = lam = gamma = None
@@ -267,7 +285,7 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
         save = ((not causal or save_causal_states) and torch.is_grad_enabled()
                 and any(t is not None and t.requires_grad for t in tensors))
         args = (*tensors, mask, fit_a, fit_basis, kernel, bool(causal),
-                _args.optional_number(scale, "scale"), save, str(precision))
+                _args.optional_number(scale, "scale"), save, str(precision), window, sinks)
         if forced is None:
             y = attention_op(*args)[0]
         else:

@@ -83,9 +83,9 @@ def query_logits(q, cm):
     return _signed(a, cm.kind)
 
 
-def shifted(lq, norm):
+def shifted(lq, norm, with_shift=False):
     """psi = exp(lq - c) with c = max over live f of (lq + log norm), dead features 0
-    (norm [.., F] the row's normaliser; lq [.., F])."""
+    (norm [.., F] the row's normaliser; lq [.., F]); with_shift: (psi, c [.., 1])."""
     live = norm >= TINY
     logs = torch.log(torch.where(live, norm, torch.ones_like(norm)))
     with torch.no_grad():
@@ -93,27 +93,34 @@ def shifted(lq, norm):
         c = torch.where(torch.isinf(c), torch.zeros_like(c), c)
     # dead features are -inf in the exponent (an exp that overflows there would give
     # inf * 0 = NaN in the backward)
-    return torch.exp((lq - c).masked_fill(~live, float("-inf")))
+    psi = torch.exp((lq - c).masked_fill(~live, float("-inf")))
+    return (psi, c) if with_shift else psi
 
 
-def linear_core(lq, shift, phi, scale, vx, causal, norm_col, chunk=64):
+def linear_core(lq, shift, phi, scale, vx, causal, norm_col, chunk=64, with_scale=False):
     """out_i = sum_j psi_i.phi_j exp(M_j - M_i) vx_j over the keys row i sees, [BH, Nq, W].
 
     lq [BH, Nq, F] query log-features (shift True: psi = exp(lq - c_i), see shifted) or the
     query features themselves (shift False); phi [BH, Nk, F] key features at scales
     scale [BH, Nk] (float64, -inf before any key); vx [BH, Nk, W] with column norm_col the
     ones (the normaliser). Causal: Nq = Nk, in chunks of `chunk` rows: the state of earlier
-    chunks (at the scale of the chunk before) plus the masked intra-chunk product."""
+    chunks (at the scale of the chunk before) plus the masked intra-chunk product.
+    with_scale: (out, L) with L [BH, Nq] float64 (no grad) each row's log scale c_i + M_i:
+    sum_j exp(lq_i).phi_j e^(M_j) vx_j = e^(L_i) out_i; -inf where the row sees no key."""
     if not causal:
         sx = phi.transpose(-1, -2) @ vx                                   # [BH, F, W]
-        psi = shifted(lq, sx[..., norm_col].unsqueeze(1)) if shift else lq
-        return psi @ sx
+        psi, c = shifted(lq, sx[..., norm_col].unsqueeze(1), True) if shift else (lq, None)
+        out = psi @ sx
+        if not with_scale:
+            return out
+        rows = scale[:, :1].expand(*out.shape[:2])                        # one M per head
+        return out, rows if c is None else rows + c.squeeze(-1).double()
     bh, n, f = phi.shape
     w = vx.shape[-1]
     safe = scale.masked_fill(torch.isinf(scale), _FAR)
     state = phi.new_zeros(bh, f, w)
     state_scale = torch.full((bh, 1), _FAR, dtype=torch.float64, device=phi.device)
-    parts = []
+    parts, shifts = [], []
     # split, not slicing in a loop: a slice's backward writes a full-size gradient
     for lc, pc, mc, vc in zip(lq.split(chunk, 1), phi.split(chunk, 1), safe.split(chunk, 1),
                               vx.split(chunk, 1)):
@@ -124,7 +131,8 @@ def linear_core(lq, shift, phi, scale, vx, causal, norm_col, chunk=64):
         decay = decay.float()                                                    # [BH, c, c]
         if shift:
             norm = inter * state[..., norm_col].unsqueeze(1) + decay @ pc          # P_i [BH, c, F]
-            psi = shifted(lc, norm)
+            psi, c = shifted(lc, norm, True)
+            shifts.append(c.squeeze(-1))
         else:
             psi = lc
         local = (psi @ pc.transpose(-1, -2)) * decay
@@ -134,7 +142,10 @@ def linear_core(lq, shift, phi, scale, vx, causal, norm_col, chunk=64):
         state = torch.exp(state_scale - last).float().unsqueeze(-1) * state \
             + (pc * carry).transpose(-1, -2) @ vc
         state_scale = last
-    return torch.cat(parts, 1)
+    out = torch.cat(parts, 1)
+    if not with_scale:
+        return out
+    return out, scale + (torch.cat(shifts, 1).double() if shift else 0.0)
 
 
 def ratio(out, dv):

@@ -23,10 +23,11 @@ def _placeholders(q):
 
 
 def torch_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
-                  kernel, causal, scale, save_context, precision_name):
+                  kernel, causal, scale, save_context, precision_name, window=0, sinks=0):
     """The default kernel: favor::attention by plain torch operations on any device."""
     y = paths.torch_attention(q.float(), k.float(), v.float(), w, weights, bias, lam, decay,
-                              key_padding_mask, fit_a, fit_basis, kernel, causal, scale)
+                              key_padding_mask, fit_a, fit_basis, kernel, causal, scale,
+                              window=window, sinks=sinks)
     return (y, *_placeholders(q))
 
 
@@ -50,7 +51,7 @@ def _outputs(q, k, v, w, weights, bias, lam, decay, parameter_grads, grads):
 
 def torch_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
                    fit_basis, y, states, maxima, fingerprint, kernel, causal, scale,
-                   parameter_grads):
+                   parameter_grads, window=0, sinks=0):
     """The default backward: autograd through the torch forward, recomputed."""
     leaves = {i: t.detach().float().requires_grad_(True) for i, t in enumerate((q, k, v))}
     params = {i: t.detach().requires_grad_(True)
@@ -61,7 +62,8 @@ def torch_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, 
         out = paths.torch_attention(
             leaves[0], leaves[1], leaves[2], w if first_is_weights else pick(3, w),
             pick(3, weights) if first_is_weights else weights, pick(4, bias), pick(5, lam),
-            pick(6, decay), key_padding_mask, fit_a, fit_basis, kernel, causal, scale)
+            pick(6, decay), key_padding_mask, fit_a, fit_basis, kernel, causal, scale,
+            window=window, sinks=sinks)
         wanted = {**leaves, **params}
         got = torch.autograd.grad(out, list(wanted.values()), dy.to(out.dtype),
                                   allow_unused=True)
@@ -89,12 +91,13 @@ def _fused(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel
 
 
 def triton_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
-                   kernel, causal, scale, save_context, precision_name):
-    """CUDA's kernel: the fused forward (without triton, or for head dims the kernels do not
-    take: the default)."""
-    if not (triton_ready() and supported(q.shape[-1], v.shape[-1])):
+                   kernel, causal, scale, save_context, precision_name, window=0, sinks=0):
+    """CUDA's kernel: the fused forward (without triton, for head dims the kernels do not
+    take, or hybrid attention, which has no fused kernel yet: the default)."""
+    if window or sinks or not (triton_ready() and supported(q.shape[-1], v.shape[-1])):
         return torch_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
-                             fit_basis, kernel, causal, scale, save_context, precision_name)
+                             fit_basis, kernel, causal, scale, save_context, precision_name,
+                             window, sinks)
     qf, kf, vf, keep, heads, cm, (W, b, lw, rate) = _fused(
         q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel,
         causal, scale)
@@ -105,13 +108,13 @@ def triton_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_
 
 def triton_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
                     fit_basis, y, states, maxima, fingerprint, kernel, causal, scale,
-                    parameter_grads):
+                    parameter_grads, window=0, sinks=0):
     """CUDA's backward: the fused backward kernel (which recomputes the states), the map's
     gradients carried back to the caller's tensors by autograd through canonical_map."""
-    if not (triton_ready() and supported(q.shape[-1], v.shape[-1])):
+    if window or sinks or not (triton_ready() and supported(q.shape[-1], v.shape[-1])):
         return torch_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask,
                               fit_a, fit_basis, y, states, maxima, fingerprint, kernel, causal,
-                              scale, parameter_grads)
+                              scale, parameter_grads, window, sinks)
     params = {i: t.detach().requires_grad_(True)
               for i, t in _parameters(w, weights, bias, lam, decay, parameter_grads)}
     first_is_weights = weights is not None
@@ -138,10 +141,15 @@ def triton_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask,
 
 
 
-def _require_fused(q, v):
-    """backend='triton' forces the fused kernels: sizes they do not take are an error there
-    (CUDA's registration falls back to the default kernel instead)."""
+def _require_fused(q, v, hybrid=()):
+    """backend='triton' forces the fused kernels: sizes they do not take, and hybrid
+    attention, are an error there (CUDA's registration falls back to the default kernel
+    instead)."""
     from .triton_function import HEAD_DIMS, MAX_DV
+    if any(hybrid):
+        from ... import _core
+        raise _core.Error("backend: 'triton' has no hybrid attention kernel (window, sinks) "
+                          "yet; use backend='torch' or None")
     if not supported(q.shape[-1], v.shape[-1]):
         from ... import _core
         raise _core.Error(f"backend: 'triton' takes head dims D in {HEAD_DIMS} and Dv <= "
@@ -150,10 +158,10 @@ def _require_fused(q, v):
 
 
 def forced_triton_forward(q, k, v, *args):
-    _require_fused(q, v)  # (forced() has checked that triton runs)
+    _require_fused(q, v, args[13:15])  # (forced() has checked that triton runs)
     return triton_forward(q, k, v, *args)
 
 
 def forced_triton_backward(dy, q, k, v, *args):
-    _require_fused(q, v)
+    _require_fused(q, v, args[16:18])
     return triton_backward(dy, q, k, v, *args)

@@ -86,19 +86,20 @@ def plain_inputs(q, k, v, key_padding_mask):
 
 
 def eager_attention(q, k, v, proj, key_padding_mask, fit_a, fit_basis, kernel, causal, scale,
-                    precision):
+                    precision, window=0, sinks=0):
     """y of favor::attention without the op (eager() said so), for a plain projection given
     as a favor.Projection (drawn ones are cached: no m x d copy per call)."""
     return T.tensor(_call(q, k, v, None, None, None, None, None, key_padding_mask, fit_a,
                           fit_basis, kernel, causal, scale, False, proj=proj,
-                          precision=precision)[0])
+                          precision=precision, window=window, sinks=sinks)[0])
 
 
 def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel,
           causal, scale, save_context, dy=None, parameter_grads=False, context=None, proj=None,
-          precision="f32"):
+          precision="f32", window=0, sinks=0):
     """The C++ call of the forward (dy None) or the backward, on numpy views of the tensors
     (proj: the favor.Projection of w, when the caller has it)."""
+    hybrid = dict(window=window, sinks=sinks)
     T.follow_torch_threads()
     keep = T.keep_mask(key_padding_mask)
     qv, kv, vv = T.view(q), T.view(k), T.view(v)
@@ -109,19 +110,19 @@ def _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_ba
         if dy is None:
             return _core.attention(qv, kv, vv, proj, kernel=kernel, causal=causal, scale=scale,
                                    key_mask=keep, fit=fit, save_context=save_context,
-                                   precision=precision, save_causal_states=save_context)
+                                   precision=precision, save_causal_states=save_context, **hybrid)
         return _core.attention_backward(qv, kv, vv, T.view(dy), proj, kernel=kernel,
                                         causal=causal, scale=scale, key_mask=keep, fit=fit,
-                                        projection_grad=parameter_grads, context=context)
+                                        projection_grad=parameter_grads, context=context, **hybrid)
     fm = feature_map(w, weights, bias, lam, fit_a, fit_basis, kernel, scale)
     gammas = decay_list(decay)
     if dy is None:
         return _core.attention_map(qv, kv, vv, fm, causal=causal, key_mask=keep, decay=gammas,
                                    save_context=save_context, precision=precision,
-                                   save_causal_states=save_context)
+                                   save_causal_states=save_context, **hybrid)
     return _core.attention_map_backward(qv, kv, vv, T.view(dy), fm, causal=causal,
                                         key_mask=keep, decay=gammas,
-                                        parameter_grads=parameter_grads, context=context)
+                                        parameter_grads=parameter_grads, context=context, **hybrid)
 
 
 @torch.library.custom_op("favor::attention", mutates_args=(), device_types=None)
@@ -129,23 +130,27 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, w: Tensor, weights: Optional[T
                  bias: Optional[Tensor], lam: Optional[Tensor], decay: Optional[Tensor],
                  key_padding_mask: Optional[Tensor], fit_a: Optional[Tensor],
                  fit_basis: Optional[Tensor], kernel: str, causal: bool, scale: Optional[float],
-                 save_context: bool, precision: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                 save_context: bool, precision: str, window: int = 0, sinks: int = 0
+                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """y [.., Nq, Dv] float32, and the saved key state (empty unless save_context; causal:
-    the chunk states and rows, save_causal_states; only the CPU kernel saves one).
-    precision: 'f32' or 'bf16' (AttentionOptions::precision; the backward is float32).
+    the chunk states and rows, save_causal_states; only the CPU kernel saves one; a hybrid
+    call none). precision: 'f32' or 'bf16' (AttentionOptions::precision; the backward is
+    float32). window, sinks: hybrid attention (AttentionOptions::window, ::sinks).
     Kernels: CPU the C++ library (cpu_forward), CUDA the fused Triton kernels, every other
     device plain torch operations (this default; kernels.py)."""
     from .kernels import torch_forward
     return torch_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
-                         fit_basis, kernel, causal, scale, save_context, precision)
+                         fit_basis, kernel, causal, scale, save_context, precision, window,
+                         sinks)
 
 
 @attention_op.register_kernel("cpu")
 def cpu_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
-                kernel, causal, scale, save_context, precision):
+                kernel, causal, scale, save_context, precision, window=0, sinks=0):
     """favor::attention's CPU kernel: the C++ library."""
     y, _, ctx = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
-                      kernel, causal, scale, save_context, precision=precision)
+                      kernel, causal, scale, save_context, precision=precision, window=window,
+                      sinks=sinks)
     n_states, n_maxima = _state_size(q, v, w, kernel, causal) if save_context else (0, 0)
     if ctx is None:  # nothing saved (or no state to save): the backward recomputes
         return (T.tensor(y), torch.zeros(n_states), torch.zeros(n_maxima, dtype=torch.float64),
@@ -162,7 +167,7 @@ def cpu_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, 
 
 @attention_op.register_fake
 def _(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel, causal,
-      scale, save_context, precision):
+      scale, save_context, precision, window=0, sinks=0):
     n_states, n_maxima = _state_size(q, v, w, kernel, causal) if save_context else (0, 0)
     y = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
     return (y, q.new_empty(n_states, dtype=torch.float32),
@@ -175,7 +180,8 @@ def attention_backward_op(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor
                           decay: Optional[Tensor], key_padding_mask: Optional[Tensor],
                           fit_a: Optional[Tensor], fit_basis: Optional[Tensor], y: Tensor,
                           states: Tensor, maxima: Tensor, fingerprint: Tensor, kernel: str,
-                          causal: bool, scale: Optional[float], parameter_grads: bool
+                          causal: bool, scale: Optional[float], parameter_grads: bool,
+                          window: int = 0, sinks: int = 0
                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dw, dbias, dlambda, ddecay); the parameter gradients are empty unless
     parameter_grads (then dw has the shape of weights when given, else of w; dbias, dlambda
@@ -184,12 +190,13 @@ def attention_backward_op(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor
     from .kernels import torch_backward
     return torch_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
                           fit_basis, y, states, maxima, fingerprint, kernel, causal, scale,
-                          parameter_grads)
+                          parameter_grads, window, sinks)
 
 
 @attention_backward_op.register_kernel("cpu")
 def cpu_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
-                 y, states, maxima, fingerprint, kernel, causal, scale, parameter_grads):
+                 y, states, maxima, fingerprint, kernel, causal, scale, parameter_grads,
+                 window=0, sinks=0):
     """favor::attention_backward's CPU kernel: the C++ backward, from the saved state when the
     forward kept one."""
     context = None
@@ -202,7 +209,7 @@ def cpu_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fi
                                                      _unsigned(int(fingerprint[1])), rows)
     out = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                 kernel, causal, scale, False, dy=dy, parameter_grads=parameter_grads,
-                context=context)
+                context=context, window=window, sinks=sinks)
     return backward_outputs(out, weights, bias, lam, decay)
 
 
@@ -232,7 +239,7 @@ def input_grads(need, dq, dk, dv, dw, db, dl, dd, weights):
 
 @attention_backward_op.register_fake
 def _(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, y, states,
-      maxima, fingerprint, kernel, causal, scale, parameter_grads):
+      maxima, fingerprint, kernel, causal, scale, parameter_grads, window=0, sinks=0):
     return backward_fake(q, k, v, w, weights, bias, lam, decay, parameter_grads)
 
 
@@ -244,11 +251,12 @@ class Formula:
     @staticmethod
     def setup_context(ctx, inputs, output):
         (q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel,
-         causal, scale, _, _) = inputs
+         causal, scale, _, _, window, sinks) = inputs
         y, states, maxima, fingerprint = output
         ctx.save_for_backward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
                               fit_basis, y, states, maxima, fingerprint)
         ctx.options = (kernel, causal, scale)
+        ctx.hybrid = (window, sinks)
 
     @staticmethod
     def backward(ctx, dy, *_, backward_op=None, need=None):
@@ -259,9 +267,8 @@ class Formula:
         dq, dk, dv, dw, db, dl, dd = run(
             dy.to(torch.float32), q, k, v, w, weights, bias, lam, decay, key_padding_mask,
             fit_a, fit_basis, y.detach(), states, maxima, fingerprint, *ctx.options,
-            any(need[3:8]))
-        return (*input_grads(need, dq, dk, dv, dw, db, dl, dd, weights), None, None, None, None,
-                None, None, None, None)
+            any(need[3:8]), *ctx.hybrid)
+        return (*input_grads(need, dq, dk, dv, dw, db, dl, dd, weights), *(None,) * 10)
 
 
 attention_op.register_autograd(Formula.backward, setup_context=Formula.setup_context)

@@ -13,11 +13,13 @@ def flat(x):
     return x.reshape(-1, *x.shape[-2:]) if x.dim() == 4 else x.unsqueeze(0)
 
 
-def check_shapes(q, k, v, causal, mask=None):
+def check_shapes(q, k, v, causal, mask=None, window=0, sinks=0):
     """The shape rules of the C++ attention, bound from C++ (favor::check_attention_shapes:
-    its messages, no values read), for kernels that do not call it."""
+    its messages, no values read; hybrid attention's window and sinks), for kernels that do
+    not call it."""
     _core.check_attention_shapes(list(q.shape), list(k.shape), list(v.shape), bool(causal),
-                                 None if mask is None else list(mask.shape))
+                                 None if mask is None else list(mask.shape), window=window,
+                                 sinks=sinks)
 
 
 def keep_batch(key_padding_mask, device):
@@ -34,9 +36,9 @@ def keep_rows(key_padding_mask, q):
     return None if keep is None else keep.repeat_interleave(heads, 0)
 
 
-def check_inputs(q, k, v, causal, mask=None):
-    """C++'s rules for the inputs: shapes (and a key mask's), finite values."""
-    check_shapes(q, k, v, causal, mask)
+def check_inputs(q, k, v, causal, mask=None, window=0, sinks=0):
+    """C++'s rules for the inputs: shapes (and a key mask's, window, sinks), finite values."""
+    check_shapes(q, k, v, causal, mask, window, sinks)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         T.check_finite(t, name)
 
@@ -53,17 +55,24 @@ def device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale,
 
 
 def prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel, causal,
-            scale):
+            scale, window=0, sinks=0):
     """(q, k, v as [BH, N, D], keep, CanonicalMap) after every check the C++ op makes."""
-    check_inputs(q, k, v, causal, mask)
+    check_inputs(q, k, v, causal, mask, window, sinks)
     cm = device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale, causal)
     return flat(q), flat(k), flat(v), keep_rows(mask, q), cm
 
 
 def torch_attention(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel,
-                    causal, scale, chunk=64):
-    """favor::attention's result (float32 [.., Nq, Dv]) by plain torch operations."""
+                    causal, scale, chunk=64, window=0, sinks=0):
+    """favor::attention's result (float32 [.., Nq, Dv]) by plain torch operations (hybrid
+    attention with a window or sinks: hybrid.py)."""
     qf, kf, vf, keep, cm = prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a,
-                                   fit_basis, kernel, causal, scale)
-    y = generic.attention(qf, kf, vf, cm, keep, causal, chunk)
+                                   fit_basis, kernel, causal, scale, window, sinks)
+    if window or sinks:
+        from .hybrid import hybrid_attention, pair_log_const
+        y = hybrid_attention(qf, kf, vf, cm, keep, causal, window, sinks, chunk,
+                             scale=q.shape[-1] ** -0.5 if scale is None else float(scale),
+                             log_const=pair_log_const(kernel, cm.W.shape[1], fit_a))
+    else:
+        y = generic.attention(qf, kf, vf, cm, keep, causal, chunk)
     return y.reshape(*q.shape[:-1], v.shape[-1])

@@ -1,0 +1,153 @@
+"""Hybrid attention in plain torch operations (the torch path; the C++ kernels split it the
+same way): exact softmax on a window and on sink tokens, FAVOR's estimator on every other
+key, one normaliser. For query i (Nq = Nk = N):
+
+    E(i) = window {i - w < j <= i} (causal) or {|i - j| < w}, plus the first s visible keys
+    R(i) = every other visible key (causal: j <= i - w; else j <= i - w or j >= i + w)
+    y_i  = [sum_E exp(s_ij) v_j + sum_R g_ij phi(q_i).phi(k_j) v_j] / [the same with v_j = 1]
+
+with s_ij = scale q_i.k_j and g_ij = gamma^(i - j - w) (causal decay from the window's edge).
+Each part gives unnormalised rows [num | den] at a per-row log scale L_p,i (a no-grad float64
+constant: the part's stabiliser); the parts merge at S_i = max_p L_p,i. The band (E) is
+gathered, O(N (w + s) D); the keys before the window are causal FAVOR of q[w:] against
+k[:N-w] (a plain causal call in the window-shifted frame, sinks removed from the mask); the
+keys after it (bidirectional) the same on the reversed sequence.
+"""
+import math
+
+import torch
+
+from .canonical import TRIG, kind_of, per_head
+from .generic import key_features, linear_core, query_logits, ratio
+
+
+def pair_log_const(kernel, m, fit_a=None):
+    """log of the constant factor of phi(q).phi(k) that the canonical map leaves out (it
+    cancels in the plain ratio, not against exact terms): m^-1 (positive, trig), (2m)^-1
+    (hyperbolic), 1 (hedgehog), FAVOR++ / FAVOR# m^-1 prod_l (1-4A_l)^(1/2) per fit set
+    (fit_a [sets, D]: a float64 tensor [sets])."""
+    name = kind_of(kernel)[0]
+    if name == "hedgehog":
+        return 0.0
+    c = -math.log(2 * m if name == "hyperbolic" else m)
+    if fit_a is None:
+        return c
+    return c + 0.5 * torch.log1p(-4 * fit_a.detach().double()).sum(-1)
+
+
+def _band(q, k, v, keep, sink, sinks, causal, w, scale):
+    """The exact part over E(i): (out [BH, N, Dv + 1] at log scale L [BH, N] float64, the
+    row's max score). sink [BH, N] bool marks the (at most `sinks`) sink keys; a sink inside
+    the window counts once (as a window key)."""
+    bh, n, _ = q.shape
+    i = torch.arange(n, device=q.device)
+    w = min(w, n)
+    end = 1 if causal or w == 0 else w                                   # offsets j - i
+    idx = i[:, None] + torch.arange(1 - w, end, device=q.device)         # [N, K]
+    live = ((idx >= 0) & (idx < n)).expand(bh, -1, -1)
+    idx = idx.clamp(0, n - 1).expand(bh, -1, -1)
+    if keep is not None:
+        live = live & torch.gather(keep, 1, idx.reshape(bh, -1)).view_as(idx)
+    # the sinks: positions [BH, s] (ascending; rows with fewer point past the end)
+    sidx = torch.where(sink, i, i + n).topk(min(sinks, n), -1, largest=False).values
+    gap = i[:, None] - sidx.unsqueeze(1)                                  # i - j [BH, N, s]
+    ok = (sidx < n).unsqueeze(1)
+    ok = ok & (gap >= w) if causal else ok & (gap.abs() >= w)           # outside the window
+    jdx = torch.cat([idx, sidx.clamp(max=n - 1).unsqueeze(1).expand(-1, n, -1)], -1)
+    live = torch.cat([live, ok], -1)                                      # [BH, N, K + s]
+    if jdx.shape[-1] == 0:
+        return q.new_zeros(bh, n, v.shape[-1] + 1), q.new_full((bh, n), -math.inf).double()
+    rows = torch.arange(bh, device=q.device)[:, None, None]
+    scores = (k[rows, jdx] @ q.unsqueeze(-1)).squeeze(-1) * scale        # [BH, N, K + s]
+    scores = scores.masked_fill(~live, -math.inf)
+    with torch.no_grad():
+        top = scores.amax(-1, keepdim=True)
+        safe = top.masked_fill(torch.isinf(top), 0.0)
+    p = torch.exp(scores - safe)
+    num = (p.unsqueeze(-2) @ v[rows, jdx]).squeeze(-2)
+    return torch.cat([num, p.sum(-1, keepdim=True)], -1), top.squeeze(-1).double()
+
+
+def _before(q, k, vx, cm, keep, w, log_const, chunk):
+    """The estimated part over keys j <= i - w (keep: the kept non-sink keys): causal FAVOR
+    of q[w:] against k[:N - w], (out [BH, N, Dv + 1] at log scale L [BH, N] float64; rows
+    i < w are empty: zeros at -inf). Decay: the shifted frame's plain decay gamma^(r - j),
+    r = i - w."""
+    bh, n, _ = q.shape
+    out = vx.new_zeros(bh, n, vx.shape[-1])
+    scale = torch.full((bh, n), -math.inf, dtype=torch.float64, device=q.device)
+    r = n - w
+    if r <= 0:
+        return out, scale
+    phi, m = key_features(k[:, :r], cm, None if keep is None else keep[:, :r], True)
+    part, lse = linear_core(query_logits(q[:, w:], cm), cm.kind != TRIG, phi, m, vx[:, :r],
+                            True, vx.shape[-1] - 1, chunk, with_scale=True)
+    t = _row_terms(q[:, w:], cm, log_const, True)
+    # the row's own factors: exactly 1 in value (they live in L), differentiable
+    part = part * torch.exp(t - t.detach()).float().unsqueeze(-1)
+    return torch.cat([out[:, :w], part], 1), torch.cat([scale[:, :w], lse + t.detach()], 1)
+
+
+def _row_terms(q, cm, log_const, causal):
+    """What the canonical map leaves out of row i's phi(q_i).phi(k_j), as a log [BH, Nq]
+    float64: the constant, the query's norm term and (causal) the query's decay clock
+    -rate r (r = 0, 1, ..: the row in its frame)."""
+    bh, n, _ = q.shape
+    t = cm.norm_coef * (q.double() * q.double()).sum(-1)
+    if torch.is_tensor(log_const):
+        t = t + per_head(log_const.to(q.device), bh)[:, None]
+    else:
+        t = t + log_const
+    if causal and cm.rate is not None:
+        clock = torch.arange(n, device=q.device, dtype=torch.float64)
+        t = t - per_head(cm.rate.to(q.device), bh)[:, None] * clock
+    return t
+
+
+def _all(q, k, vx, cm, keep, log_const):
+    """The estimated part over every kept key (bidirectional, window 0): (out, L)."""
+    phi, m = key_features(k, cm, keep, False)
+    out, lse = linear_core(query_logits(q, cm), cm.kind != TRIG, phi, m, vx, False,
+                           vx.shape[-1] - 1, with_scale=True)
+    t = _row_terms(q, cm, log_const, False)
+    return out * torch.exp(t - t.detach()).float().unsqueeze(-1), lse + t.detach()
+
+
+def merge(parts, dv):
+    """y from parts [(out [BH, N, Dv + 1], L [BH, N])]: the sum at S_i = max_p L_p,i over
+    the finite L (factors exp(L_p,i - S_i) <= 1), then ratio's zero-row rule."""
+    top = torch.stack([lse for _, lse in parts]).amax(0)
+    top = top.masked_fill(torch.isinf(top), 0.0)
+    acc = sum(torch.exp(lse - top).float().unsqueeze(-1) * out for out, lse in parts)
+    return ratio(acc, dv)
+
+
+def sink_mask(keep, n, sinks, bh, device):
+    """[BH, N] bool: the first `sinks` visible keys of each row."""
+    kept = torch.ones(bh, n, dtype=torch.bool, device=device) if keep is None else keep
+    return kept & (kept.long().cumsum(-1) <= sinks)
+
+
+def hybrid_attention(q, k, v, cm, keep, causal, window, sinks, chunk=64, *, scale,
+                     log_const):
+    """Hybrid attention y [BH, N, Dv] float32 of q, k [BH, N, D], v [BH, N, Dv] (float32)
+    under the CanonicalMap cm; keep [BH, N] bool (True = the key takes part) or None; window
+    w >= 0 and sinks s >= 0 (w + s > 0: the caller sends w = s = 0 to generic.attention);
+    scale: the softmax temperature of the exact terms; log_const: pair_log_const of the
+    map (a float or [sets] tensor). Differentiable by autograd like generic.attention."""
+    n, dv = q.shape[1], v.shape[-1]
+    sink = sink_mask(keep, n, sinks, q.shape[0], q.device)
+    rest = ~sink if keep is None else keep & ~sink                      # the estimated keys
+    vx = torch.cat([v, torch.ones_like(v[..., :1])], -1)
+    parts = [_band(q, k, v, keep, sink, sinks, causal, window, scale)]
+    if not causal:
+        cm = cm._replace(rate=None)  # decay is causal only
+    if window == 0 and not causal:
+        parts.append(_all(q, k, vx, cm, rest, log_const))
+    else:
+        parts.append(_before(q, k, vx, cm, rest, window, log_const, chunk))
+        if not causal:  # keys j >= i + w: the same on the reversed sequence
+            out, lse = _before(*(t.flip(1) for t in (q, k, vx)), cm, rest.flip(1), window,
+                               log_const, chunk)
+            parts.append((out.flip(1), lse.flip(1)))
+    return merge(parts, dv)

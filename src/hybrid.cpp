@@ -1,0 +1,357 @@
+// Hybrid attention's driver (src/hybrid.hpp): the parts, their frames, the merge and the
+// chain rule of the merge. Facade code: it fills kernel params and calls backend().
+#include "hybrid.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "kernels/band_params.hpp"
+
+namespace favor::detail {
+namespace {
+
+using kernels::AttentionParams;
+using kernels::BackwardParams;
+
+// One estimated part: causal FAVOR over a shifted (and, for the suffix, reversed) view in
+// which row r is query origin(r) and sees the keys up to r of the view.
+struct Part {
+  bool reversed = false;
+  int64_t offset = 0;  // rows of the view: n - offset
+  int64_t rows = 0;
+  std::vector<float> out, rows_x;  // [B*H][rows][dv]: the kernel's y; [B*H][rows][dv + 1]
+  std::vector<double> shift;       // [B*H][rows]: full log scales once finished
+  // The original index of view row r (query) or view key j (key of the same frame).
+  int64_t query(int64_t n, int64_t r) const { return reversed ? n - 1 - offset - r : r + offset; }
+  int64_t key(int64_t n, int64_t j) const { return reversed ? n - 1 - j : j; }
+};
+
+bool visible(const AttentionParams& p, int64_t b, int64_t j) {
+  return p.mask == nullptr || p.mask[b * p.mask_stride_b + j * p.mask_stride_n] != 0;
+}
+
+// [B][sinks]: each batch row's first `sinks` visible keys, -1 past the last.
+std::vector<int64_t> sink_index(const AttentionParams& p, int64_t sinks) {
+  std::vector<int64_t> index(static_cast<size_t>(p.batch * sinks), -1);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    int64_t found = 0;
+    for (int64_t j = 0; j < p.nk && found < sinks; ++j)
+      if (visible(p, b, j)) index[b * sinks + found++] = j;
+  }
+  return index;
+}
+
+// [B][N]: the keys the estimated parts take (visible, not sinks).
+std::vector<uint8_t> estimated_keys(const AttentionParams& p, const std::vector<int64_t>& sinks,
+                                    int64_t count) {
+  std::vector<uint8_t> keep(static_cast<size_t>(p.batch * p.nk));
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t j = 0; j < p.nk; ++j) keep[b * p.nk + j] = visible(p, b, j) ? 1 : 0;
+    for (int64_t t = 0; t < count; ++t) {
+      const int64_t j = sinks[b * count + t];
+      if (j >= 0) keep[b * p.nk + j] = 0;
+    }
+  }
+  return keep;
+}
+
+// A view of rows of t starting at `first`, reversed or not.
+const float* view_at(const float* data, const Shape4& st, int64_t first) {
+  return data + first * st[2];
+}
+
+// The part's view of base: q from origin(0), k and v from key(0), the estimated keys' flags.
+AttentionParams part_params(const AttentionParams& base, const Part& part, const uint8_t* keep) {
+  AttentionParams p = base;
+  const int64_t n = base.nq;
+  p.nq = p.nk = part.rows;
+  p.q = view_at(base.q, base.q_strides, part.query(n, 0));
+  p.k = view_at(base.k, base.k_strides, part.key(n, 0));
+  p.v = view_at(base.v, base.v_strides, part.key(n, 0));
+  p.mask = keep + part.key(n, 0);
+  p.mask_stride_b = n;
+  p.mask_stride_n = part.reversed ? -1 : 1;
+  if (part.reversed) {
+    p.q_strides[2] = -p.q_strides[2];
+    p.k_strides[2] = -p.k_strides[2];
+    p.v_strides[2] = -p.v_strides[2];
+  }
+  p.out = nullptr;
+  p.out_strides = {p.heads * part.rows * p.dv, part.rows * p.dv, p.dv, 1};
+  p.ctx_states = nullptr;
+  p.ctx_maxima = nullptr;
+  p.ctx_chunk_states = nullptr;
+  p.ctx_chunk_maxima = nullptr;
+  p.ctx_rows = nullptr;
+  p.init_states = nullptr;
+  p.init_maxima = nullptr;
+  p.final_states = nullptr;
+  p.final_maxima = nullptr;
+  p.init_distance = nullptr;
+  p.part_rows = nullptr;
+  p.part_shift = nullptr;
+  p.bf16 = false;
+  return p;
+}
+
+// The log constant of the map's features on both sides (q and k): 2 log c_h.
+double pair_log_const(const ResolvedMap& r, int64_t bh) {
+  if (r.adapted.heads > 0) return 2.0 * r.adapted.log_const[r.adapted.heads == 1 ? 0 : bh];
+  switch (r.kernel) {
+    case Kernel::hedgehog:
+      return 0.0;
+    case Kernel::hyperbolic:
+      return -std::log(2.0 * double(r.m));
+    default:
+      return -std::log(double(r.m));
+  }
+}
+
+// What every key of query row i shares and the kernel leaves out: the query's norm term, the
+// constants, and the query's decay clock (view row r: the kernel weighs key j by exp(rate j)).
+double query_log_weight(const AttentionParams& p, const ResolvedMap& r, int64_t bh, int64_t i,
+                        int64_t view_row) {
+  const int64_t b = bh / p.heads, h = bh % p.heads;
+  const float* qi = p.q + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
+  double n2 = 0.0;
+  for (int64_t x = 0; x < p.d; ++x) {
+    const double e = qi[x * p.q_strides[3]];
+    n2 += e * e;
+  }
+  const double half = 0.5 * r.scale * n2;
+  const kernels::FeatureParams fp = r.params();
+  double g = fp.key_norm == kernels::KeyNorm::minus_half  ? -half
+             : fp.key_norm == kernels::KeyNorm::plus_half ? half
+                                                          : 0.0;
+  g += pair_log_const(r, bh);
+  if (fp.decay_rate) g -= fp.head_decay(bh) * double(view_row);
+  return g;
+}
+
+struct Plan {
+  std::vector<int64_t> sinks;
+  std::vector<uint8_t> keep;
+  std::vector<Part> parts;
+};
+
+Plan make_plan(const AttentionParams& base, const AttentionOptions& o) {
+  Plan plan;
+  plan.sinks = sink_index(base, o.sinks);
+  plan.keep = estimated_keys(base, plan.sinks, o.sinks);
+  const int64_t n = base.nq;
+  // Causal and the prefix: keys up to i - w. The suffix: keys from i + max(w, 1) (with no
+  // window the prefix already holds key i).
+  const int64_t offsets[2] = {o.window, std::max<int64_t>(o.window, 1)};
+  for (int side = 0; side < (o.causal ? 1 : 2); ++side) {
+    if (offsets[side] >= n) continue;
+    Part part;
+    part.reversed = side == 1;
+    part.offset = offsets[side];
+    part.rows = n - part.offset;
+    plan.parts.push_back(std::move(part));
+  }
+  return plan;
+}
+
+// Runs the estimated parts' forward: each row's [num | den] and its full log scale.
+void run_parts(const AttentionParams& base, const ResolvedMap& resolved, Plan& plan) {
+  const int64_t heads = base.batch * base.heads, dv = base.dv;
+  for (Part& part : plan.parts) {
+    AttentionParams p = part_params(base, part, plan.keep.data());
+    part.out.assign(static_cast<size_t>(heads * part.rows * dv), 0.0f);
+    part.rows_x.assign(static_cast<size_t>(heads * part.rows * (dv + 1)), 0.0f);
+    part.shift.assign(static_cast<size_t>(heads * part.rows), 0.0);
+    p.out = part.out.data();
+    p.part_rows = part.rows_x.data();
+    p.part_shift = part.shift.data();
+    kernels::backend().favor_causal(p);
+    for (int64_t bh = 0; bh < heads; ++bh)
+      for (int64_t r = 0; r < part.rows; ++r) {
+        double& s = part.shift[bh * part.rows + r];
+        if (!std::isinf(s)) s += query_log_weight(base, resolved, bh, part.query(base.nq, r), r);
+      }
+  }
+}
+
+// The exact part's params.
+kernels::BandParams band_params(const AttentionParams& base, const ResolvedMap& resolved,
+                                const AttentionOptions& o, const Plan& plan) {
+  kernels::BandParams bp;
+  bp.p = base;
+  bp.scale = resolved.scale;
+  bp.causal = o.causal;
+  bp.window = o.window;
+  bp.sinks = o.sinks;
+  bp.sink_index = plan.sinks.data();
+  return bp;
+}
+
+// The forward on a plan whose estimated parts keep their rows (run_parts).
+HybridRows merge_forward(const AttentionParams& base, const ResolvedMap& resolved,
+                         const AttentionOptions& options, Plan& plan) {
+  const int64_t n = base.nq, heads = base.batch * base.heads, dv = base.dv, ld = dv + 1;
+  std::vector<float> band_rows(static_cast<size_t>(heads * n * ld));
+  std::vector<double> band_shift(static_cast<size_t>(heads * n));
+  kernels::BandParams bp = band_params(base, resolved, options, plan);
+  bp.p.part_rows = band_rows.data();
+  bp.p.part_shift = band_shift.data();
+  kernels::backend().band_attention(bp);
+  run_parts(base, resolved, plan);
+
+  HybridRows out;
+  out.y.assign(static_cast<size_t>(heads * n * dv), 0.0f);
+  out.lse.assign(static_cast<size_t>(heads * n), -INFINITY);
+  std::vector<double> num(static_cast<size_t>(dv));
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    // Each row's parts: the band's, then the estimated parts' view rows.
+    std::vector<std::pair<const float*, double>> parts;
+    for (int64_t i = 0; i < n; ++i) {
+      parts.clear();
+      parts.emplace_back(band_rows.data() + (bh * n + i) * ld, band_shift[bh * n + i]);
+      for (const Part& part : plan.parts) {
+        const int64_t r = part.reversed ? n - 1 - part.offset - i : i - part.offset;
+        if (r < 0 || r >= part.rows) continue;
+        parts.emplace_back(part.rows_x.data() + (bh * part.rows + r) * ld,
+                           part.shift[bh * part.rows + r]);
+      }
+      double top = -INFINITY;
+      for (const auto& pr : parts) top = std::max(top, pr.second);
+      if (std::isinf(top)) {
+        ++out.zero_rows;
+        continue;
+      }
+      std::fill(num.begin(), num.end(), 0.0);
+      double den = 0.0;
+      for (const auto& pr : parts) {
+        if (std::isinf(pr.second)) continue;
+        const double f = std::exp(pr.second - top);
+        for (int64_t x = 0; x < dv; ++x) num[x] += f * pr.first[x];
+        den += f * pr.first[dv];
+      }
+      float* y = out.y.data() + (bh * n + i) * dv;
+      bool ok = den > 0.0 && std::isfinite(den);
+      for (int64_t x = 0; ok && x < dv; ++x) {
+        y[x] = static_cast<float>(num[x] / den);
+        ok = std::isfinite(y[x]);
+      }
+      if (!ok) {
+        std::fill(y, y + dv, 0.0f);
+        ++out.zero_rows;
+        continue;
+      }
+      out.lse[bh * n + i] = top + std::log(den);
+    }
+  }
+  return out;
+}
+
+// The estimated part's log scale holds the query's norm term (+-scale |q_i|^2 / 2), which
+// the kernel's backward treats as a constant (it cancels in a plain call, not here):
+// dL/dq_i += (dL/dL_i) d(norm term)/dq_i with dL/dL_i = e^(L_i - lse_i) (dy_i . num_i -
+// (dy_i . y_i) den_i), the row's share in the merge times how it moves the output.
+void add_norm_term_grad(const BackwardParams& bp, const ResolvedMap& resolved, const Part& part,
+                        const HybridRows& merged) {
+  const AttentionParams& base = bp.fwd;
+  const kernels::FeatureParams fp = resolved.params();
+  if (fp.key_norm == kernels::KeyNorm::none) return;
+  const double sign = fp.key_norm == kernels::KeyNorm::minus_half ? -1.0 : 1.0;
+  const int64_t n = base.nq, heads = base.batch * base.heads, d = base.d, dv = base.dv;
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    const int64_t b = bh / base.heads, h = bh % base.heads;
+    for (int64_t r = 0; r < part.rows; ++r) {
+      const int64_t i = part.query(n, r);
+      const double L = part.shift[bh * part.rows + r], lse = merged.lse[bh * n + i];
+      if (std::isinf(L) || std::isinf(lse)) continue;
+      const float* row = part.rows_x.data() + (bh * part.rows + r) * (dv + 1);
+      const float* y = merged.y.data() + (bh * n + i) * dv;
+      const float* dy = bp.dy + b * bp.dy_strides[0] + h * bp.dy_strides[1] + i * bp.dy_strides[2];
+      double g_num = 0.0, g_y = 0.0;
+      for (int64_t x = 0; x < dv; ++x) {
+        const double g = dy[x * bp.dy_strides[3]];
+        g_num += g * row[x];
+        g_y += g * y[x];
+      }
+      const double dl = std::exp(L - lse) * (g_num - g_y * row[dv]);
+      const float* qi =
+          base.q + b * base.q_strides[0] + h * base.q_strides[1] + i * base.q_strides[2];
+      float* dq = bp.dq + (bh * n + i) * d;
+      for (int64_t x = 0; x < d; ++x)
+        dq[x] += static_cast<float>(dl * sign * resolved.scale * qi[x * base.q_strides[3]]);
+    }
+  }
+}
+
+}  // namespace
+
+HybridRows hybrid_forward(const AttentionParams& base, const ResolvedMap& resolved,
+                          const AttentionOptions& options) {
+  Plan plan = make_plan(base, options);
+  return merge_forward(base, resolved, options, plan);
+}
+
+void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
+                     const AttentionOptions& options) {
+  const AttentionParams& base = bp.fwd;
+  const int64_t n = base.nq, heads = base.batch * base.heads, d = base.d, dv = base.dv;
+  Plan plan = make_plan(base, options);
+  const HybridRows merged = merge_forward(base, resolved, options, plan);
+
+  kernels::BandBackwardParams band;
+  band.band = band_params(base, resolved, options, plan);
+  band.dy = bp.dy;
+  band.dy_strides = bp.dy_strides;
+  band.merged_y = merged.y.data();
+  band.merged_lse = merged.lse.data();
+  band.dq = bp.dq;
+  band.dk = bp.dk;
+  band.dv = bp.dv;
+  kernels::backend().band_attention_backward(band);
+
+  for (const Part& part : plan.parts) {
+    add_norm_term_grad(bp, resolved, part, merged);
+    const int64_t rows = part.rows;
+    // The merged rows in the view's order, lse in the kernel's frame (its row scales c + M).
+    std::vector<float> y(static_cast<size_t>(heads * rows * dv));
+    std::vector<double> lse(static_cast<size_t>(heads * rows));
+    for (int64_t bh = 0; bh < heads; ++bh)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = part.query(n, r);
+        std::copy_n(merged.y.data() + (bh * n + i) * dv, dv, y.data() + (bh * rows + r) * dv);
+        const double l = merged.lse[bh * n + i];
+        lse[bh * rows + r] = std::isinf(l) ? l : l - query_log_weight(base, resolved, bh, i, r);
+      }
+    BackwardParams lb = bp;
+    lb.fwd = part_params(base, part, plan.keep.data());
+    lb.dy = view_at(bp.dy, bp.dy_strides, part.query(n, 0));
+    if (part.reversed) lb.dy_strides[2] = -lb.dy_strides[2];
+    std::vector<float> dq(static_cast<size_t>(heads * rows * d)),
+        dk(static_cast<size_t>(heads * rows * d)), dvv(static_cast<size_t>(heads * rows * dv));
+    lb.dq = dq.data();
+    lb.dk = dk.data();
+    lb.dv = dvv.data();
+    lb.merged_y = y.data();
+    lb.merged_lse = lse.data();
+    lb.ctx_states = nullptr;
+    lb.ctx_maxima = nullptr;
+    lb.ctx_chunk_states = nullptr;
+    lb.ctx_chunk_maxima = nullptr;
+    lb.ctx_rows = nullptr;
+    lb.r_out = nullptr;
+    lb.r_in = nullptr;
+    kernels::backend().favor_backward_causal(lb);
+    for (int64_t bh = 0; bh < heads; ++bh)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = part.query(n, r), j = part.key(n, r);
+        for (int64_t x = 0; x < d; ++x) {
+          bp.dq[(bh * n + i) * d + x] += dq[(bh * rows + r) * d + x];
+          bp.dk[(bh * n + j) * d + x] += dk[(bh * rows + r) * d + x];
+        }
+        for (int64_t x = 0; x < dv; ++x)
+          bp.dv[(bh * n + j) * dv + x] += dvv[(bh * rows + r) * dv + x];
+      }
+  }
+}
+
+}  // namespace favor::detail

@@ -1,0 +1,38 @@
+#pragma once
+// Hybrid attention (AttentionOptions::window, ::sinks; docs/math.md, "Hybrid attention"):
+// the facades' shared driver. Each row is the merge of parts that give unnormalised rows
+// [num | den] at a log scale: the exact part (window and sinks, kernels/band_params.hpp) and
+// the estimated part, which is causal FAVOR on shifted views (the keys up to i - window:
+// query i of the shifted call is row i - window) and, bidirectional, the same on reversed
+// views (keys from i + window). Merged: y_i = sum_p e^(L_pi - S_i) num_pi / sum_p
+// e^(L_pi - S_i) den_pi, S_i = max_p L_pi; its log normaliser lse_i = S_i + log den_i.
+#include <cstdint>
+#include <vector>
+
+#include "core/feature_map_params.hpp"
+#include "favor/attention.hpp"
+#include "kernels/attention_params.hpp"
+
+namespace favor::detail {
+
+/// Whether options ask for hybrid attention (window or sinks above 0).
+inline bool is_hybrid(const AttentionOptions& options) {
+  return options.window > 0 || options.sinks > 0;
+}
+
+/// The merged output y (B*H x N x dv, C order) and log normaliser lse (B*H x N, -inf for a
+/// zero row) of a hybrid call; `base` holds q, k, v, sizes, mask and the resolved map.
+struct HybridRows {
+  std::vector<float> y;
+  std::vector<double> lse;
+  int64_t zero_rows = 0;
+};
+HybridRows hybrid_forward(const kernels::AttentionParams& base, const ResolvedMap& resolved,
+                          const AttentionOptions& options);
+
+/// Adds the gradients of a hybrid call to bp.dq, bp.dk, bp.dv (C-contiguous, zeroed) and to
+/// its parameter slices (bp.dw, dbias, dlogw, drate where set); bp.fwd as `base` above.
+void hybrid_backward(const kernels::BackwardParams& bp, const ResolvedMap& resolved,
+                     const AttentionOptions& options);
+
+}  // namespace favor::detail

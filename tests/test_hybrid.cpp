@@ -1,0 +1,221 @@
+// Hybrid attention (AttentionOptions::window, ::sinks: exact softmax on the window and the
+// sinks, the estimator on the other keys, one normaliser) against the double reference, which
+// materialises A_ij = exp(s_ij) on the exact set and phi(q_i).phi(k_j) gamma^(i - j - w)
+// elsewhere; its gradients against central differences of that reference; window >= N
+// against exact softmax; window = sinks = 0 against the plain method bit for bit; the
+// argument checks. Rerun with
+//   ./favor_tests --gtest_filter='Hybrid*'
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gradient_check.hpp"
+#include "map_fixture.hpp"
+#include "test_helpers.hpp"
+
+namespace favor::test_hybrid {
+namespace {
+using testing::expect_error;
+using testing::MapSpec;
+using testing::random_map;
+using testing::random_tensor;
+
+enum class Mask { none, periodic, left_padded };
+
+struct Case {
+  Kernel kernel;
+  bool causal;
+  int64_t window, sinks;
+  Mask mask;
+  bool learned = false, decay = false;
+};
+
+std::string name_of(const Case& c) {
+  return to_string(c.kernel) + (c.causal ? "_causal" : "_bidir") + "_w" + std::to_string(c.window) +
+         "_s" + std::to_string(c.sinks) +
+         (c.mask == Mask::none       ? ""
+          : c.mask == Mask::periodic ? "_periodic"
+                                     : "_leftpad") +
+         (c.learned ? "_learned" : "") + (c.decay ? "_decay" : "");
+}
+
+// Flags [B, N]: every third key out, or batch row 1 left-padded by 5 keys (its sinks move).
+std::vector<uint8_t> mask_flags(Mask mask, int64_t B, int64_t N) {
+  if (mask == Mask::periodic) return testing::periodic_mask(static_cast<size_t>(B * N), 3, 1);
+  std::vector<uint8_t> flags(static_cast<size_t>(B * N), 1);
+  if (mask == Mask::left_padded)
+    for (int64_t j = 0; j < 5; ++j) flags[static_cast<size_t>(N + j)] = 0;
+  return flags;
+}
+
+struct Inputs {
+  static constexpr int64_t B = 2, H = 2, N = 37, D = 8, Dv = 5, m = 32;
+  Tensor q = random_tensor({B, H, N, D}, 1, 1.0);
+  Tensor k = random_tensor({B, H, N, D}, 2, 1.0);
+  Tensor v = random_tensor({B, H, N, Dv}, 3);
+  std::vector<uint8_t> flags;
+  FeatureMap map;
+  AttentionOptions o;
+  explicit Inputs(const Case& c)
+      : flags(mask_flags(c.mask, B, N)),
+        map(random_map(c.kernel,
+                       Projection::draw(m, D, {ProjectionKind::orthogonal, NormMode::chi, 7}),
+                       c.learned ? MapSpec{H, true, true, true} : MapSpec{}, 11)) {
+    o.causal = c.causal;
+    o.window = c.window;
+    o.sinks = c.sinks;
+    if (c.mask != Mask::none) o.key_mask = KeyMaskView::contiguous(flags.data(), B, N);
+    if (c.decay) o.decay = {0.9, 0.97};
+  }
+};
+
+class HybridVsReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(HybridVsReference, WithinTwiceNaiveFloatError) {
+  const Case c = GetParam();
+  Inputs s(c);
+  AttentionStats stats;
+  testing::expect_near_reference(s.q, s.k, s.v, s.map, s.o, name_of(c), &stats);
+  // Rows with no visible key (causal: none up to i) are zeros; every other row has one.
+  int64_t blind = 0;
+  for (int64_t b = 0; b < Inputs::B; ++b)
+    for (int64_t i = 0; i < Inputs::N; ++i) {
+      bool seen = false;
+      for (int64_t j = 0; j <= (c.causal ? i : Inputs::N - 1); ++j)
+        seen |= s.flags[b * Inputs::N + j] != 0;
+      blind += seen ? 0 : Inputs::H;
+    }
+  EXPECT_EQ(stats.zero_rows, blind);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  const std::pair<int64_t, int64_t> shapes[] = {{4, 2}, {0, 3}, {6, 0}, {1, 1}, {16, 4}};
+  for (Kernel kernel : {Kernel::positive, Kernel::hyperbolic, Kernel::trig})
+    for (bool causal : {false, true})
+      for (auto [w, s] : shapes)
+        for (Mask mask : {Mask::none, Mask::periodic, Mask::left_padded})
+          out.push_back({kernel, causal, w, s, mask});
+  // Learned maps (W, b, lambda per head), hedgehog, decay from the window's edge.
+  for (bool causal : {false, true}) {
+    out.push_back({Kernel::hedgehog, causal, 4, 2, Mask::left_padded, true});
+    out.push_back({Kernel::positive, causal, 5, 1, Mask::periodic, true, causal});
+  }
+  out.push_back({Kernel::positive, true, 3, 2, Mask::none, false, true});
+  out.push_back({Kernel::trig, true, 0, 2, Mask::left_padded, false, true});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, HybridVsReference, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+// The gradients of q, k, v and of the map's parameters and the decay against central
+// differences of the double reference's loss <dy, y> (steps 1e-5, fd_error_float).
+class HybridGradients : public ::testing::TestWithParam<Case> {};
+
+TEST_P(HybridGradients, MatchFiniteDifferencesOfTheReference) {
+  const Case c = GetParam();
+  Inputs s(c);
+  const Tensor dy = random_tensor({Inputs::B, Inputs::H, Inputs::N, Inputs::Dv}, 4);
+  const AttentionGrads g = favor_attention_backward(s.q, s.k, s.v, dy, s.map, s.o, true);
+  auto loss = [&] {
+    return testing::output_loss(dy, reference::favor_attention(s.q, s.k, s.v, s.map, s.o).values);
+  };
+  auto as_double = [](const auto& values) {
+    return std::vector<double>(values.begin(), values.end());
+  };
+  // float32 gradients of O(1) sums carry ~1e-6 relative rounding; 1e-4 leaves room for the
+  // stabiliser's rounding and catches any wrong term (O(1e-2) and more).
+  constexpr double kBound = 1e-4;
+  EXPECT_LE(testing::fd_error_float(s.q.values(), as_double(g.dq.values()), loss), kBound) << "dq";
+  EXPECT_LE(testing::fd_error_float(s.k.values(), as_double(g.dk.values()), loss), kBound) << "dk";
+  EXPECT_LE(testing::fd_error_float(s.v.values(), as_double(g.dv.values()), loss), kBound) << "dv";
+  if (c.learned) {
+    EXPECT_LE(testing::fd_error_float(s.map.weights, as_double(g.dw), loss), kBound) << "dW";
+    EXPECT_LE(testing::fd_error_float(s.map.bias, as_double(g.dbias), loss), kBound) << "db";
+    EXPECT_LE(testing::fd_error_float(s.map.lambda, as_double(g.dlambda), loss), kBound) << "dl";
+  }
+  if (c.decay) {
+    std::vector<float> gamma(s.o.decay.begin(), s.o.decay.end());
+    auto decay_loss = [&] {
+      s.o.decay.assign(gamma.begin(), gamma.end());
+      return loss();
+    };
+    EXPECT_LE(testing::fd_error_float(gamma, g.ddecay, decay_loss), kBound) << "dgamma";
+  }
+}
+
+std::vector<Case> gradient_cases() {
+  return {{Kernel::positive, true, 4, 2, Mask::left_padded},
+          {Kernel::positive, false, 4, 2, Mask::periodic},
+          {Kernel::positive, false, 0, 3, Mask::none},
+          {Kernel::hyperbolic, true, 6, 0, Mask::none},
+          {Kernel::trig, false, 3, 1, Mask::left_padded},
+          {Kernel::positive, true, 5, 1, Mask::periodic, true, true},
+          {Kernel::hedgehog, false, 4, 2, Mask::none, true}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, HybridGradients, ::testing::ValuesIn(gradient_cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+TEST(Hybrid, WindowCoveringTheSequenceIsExactSoftmax) {
+  for (bool causal : {false, true}) {
+    Inputs s({Kernel::positive, causal, Inputs::N, 0, Mask::left_padded});
+    const Tensor y = favor_attention(s.q, s.k, s.v, s.map, s.o);
+    ExactOptions e;
+    e.causal = causal;
+    e.key_mask = s.o.key_mask;
+    const auto ref = reference::exact_attention(s.q, s.k, s.v, e);
+    EXPECT_LE(testing::rel_error(y, ref.values), 1e-6) << causal;
+  }
+}
+
+TEST(Hybrid, NoWindowNoSinksIsThePlainMethodBitForBit) {
+  for (bool causal : {false, true}) {
+    Inputs s({Kernel::positive, causal, 0, 0, Mask::periodic});
+    AttentionOptions plain = s.o;
+    plain.window = plain.sinks = 0;
+    const Tensor a = favor_attention(s.q, s.k, s.v, s.map, s.o);
+    AttentionOptions defaults;
+    defaults.causal = causal;
+    defaults.key_mask = s.o.key_mask;
+    const Tensor b = favor_attention(s.q, s.k, s.v, s.map, defaults);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * size_t(a.numel())), 0);
+  }
+}
+
+TEST(Hybrid, RowsWithNoVisibleKeyAreZeros) {
+  Inputs s({Kernel::positive, true, 4, 2, Mask::none});
+  for (int64_t j = 0; j < Inputs::N; ++j) s.flags[static_cast<size_t>(j)] = 0;  // batch row 0
+  s.o.key_mask = KeyMaskView::contiguous(s.flags.data(), Inputs::B, Inputs::N);
+  AttentionStats stats;
+  const Tensor y = favor_attention(s.q, s.k, s.v, s.map, s.o, &stats);
+  EXPECT_EQ(stats.zero_rows, Inputs::H * Inputs::N);
+  for (int64_t i = 0; i < Inputs::H * Inputs::N * Inputs::Dv; ++i) EXPECT_EQ(y.data()[i], 0.0f);
+  const Tensor dy = random_tensor({Inputs::B, Inputs::H, Inputs::N, Inputs::Dv}, 4);
+  const AttentionGrads g = favor_attention_backward(s.q, s.k, s.v, dy, s.map, s.o);
+  for (float x : g.dq.values()) EXPECT_TRUE(std::isfinite(x));
+}
+
+TEST(Hybrid, Errors) {
+  Inputs s({Kernel::positive, true, 4, 2, Mask::none});
+  AttentionOptions o = s.o;
+  o.window = -1;
+  expect_error([&] { favor_attention(s.q, s.k, s.v, s.map, o); }, "window: -1 must be >= 0");
+  o.window = 4;
+  o.sinks = -2;
+  expect_error([&] { favor_attention(s.q, s.k, s.v, s.map, o); }, "sinks: -2 must be >= 0");
+  o.sinks = 1;
+  o.causal = false;
+  const Tensor k2 = random_tensor({Inputs::B, Inputs::H, 9, Inputs::D}, 5);
+  const Tensor v2 = random_tensor({Inputs::B, Inputs::H, 9, Inputs::Dv}, 6);
+  expect_error([&] { favor_attention(s.q, k2, v2, s.map, o); }, "Nq == Nk");
+  const Tensor dy = random_tensor({Inputs::B, Inputs::H, Inputs::N, Inputs::Dv}, 4);
+  o.window = -3;
+  expect_error([&] { favor_attention_backward(s.q, s.k, s.v, dy, s.map, o); }, "window: -3");
+}
+
+}  // namespace
+}  // namespace favor::test_hybrid
