@@ -19,6 +19,7 @@ void section_decode(BenchRunner& bench);       // bench_decode.cpp
 void section_calls(BenchRunner& bench);        // bench_calls.cpp
 void section_bf16(BenchRunner& bench);         // bench_bf16.cpp
 void section_load(BenchRunner& bench);         // bench_load.cpp
+void section_hybrid(BenchRunner& bench);       // bench_hybrid.cpp
 
 const std::vector<BenchSection>& bench_sections() {
   static const std::vector<BenchSection> table{
@@ -43,6 +44,9 @@ const std::vector<BenchSection>& bench_sections() {
       {"load", section_load,
        "a decode step, a tiny call and N = 1024 calls on 1 thread and all, idle and with "
        "another process busy on a core (at the same priority, and at nice -10)"},
+      {"hybrid", section_hybrid,
+       "causal hybrid attention (window 64, sinks 4) vs plain FAVOR and exact at --lengths "
+       "up to 8192, and both backwards at N = 2048 (or the longest below)"},
   };
   return table;
 }

@@ -35,13 +35,21 @@ def pass_cache(module, args, kwargs):
     return None
 
 
+def _hybrid(config):
+    """Whether the model was converted to hybrid attention (window or sinks): its keys beyond
+    the model's own sliding window are then served as favor serves every key beyond its
+    window, by the estimator (docs/hf.md)."""
+    spec = getattr(config, "favor", None) or {}
+    return bool(spec.get("window") or spec.get("sinks"))
+
+
 def padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                  mask_function=causal_mask_function, attention_mask=None, config=None,
                  **kwargs):
     """The mask a converted layer receives: None (no padding) or a bool [B, kv_length]
     (True = the key takes part), from the 2D attention_mask. Causal order is the layer's
     own (module.is_causal). Masks favor cannot honour are refused: packed sequences, overlays
-    and a sliding window the keys outrun."""
+    and a sliding window the keys outrun (unless the conversion is hybrid)."""
     if mask_function is not causal_mask_function and mask_function is not \
             bidirectional_mask_function:
         family = FAMILIES.get(getattr(config, "model_type", None))
@@ -52,7 +60,7 @@ def padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                               f"({getattr(mask_function, '__qualname__', mask_function)}: packed "
                               "sequences or an overlay); favor attends causally or "
                               "bidirectionally with a padding mask")
-        if kv_offset + kv_length > window:
+        if kv_offset + kv_length > window and not _hybrid(config):
             raise _core.Error(f"sliding_window: {kv_offset + kv_length} keys outrun the model's "
                               f"window of {window}; favor attends to every earlier key (set "
                               "config.sliding_window = None to accept that)")

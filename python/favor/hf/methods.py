@@ -15,7 +15,7 @@ from ..torch.favor_core import FavorCore
 from ..torch.vq_core import VQCore
 
 _FAVOR_OPTIONS = ("kernel", "features", "projection", "norms", "seed", "decay", "learn_decay",
-                  "feature_redraw_interval", "backend")
+                  "feature_redraw_interval", "window", "sinks", "backend")
 _VQ_OPTIONS = ("codes", "tau", "learn_codebook", "seed", "decay", "dead_after", "beta",
                "backend")  # backend: favor.torch's path (None: by the device; docs/gpu.md)
 _OWN_METHODS = ("favorpp", "favorsharp", "favor++", "favor#", "hedgehog")
@@ -54,6 +54,10 @@ class Method:
     fits: str = "maps"
     needs_fit: bool = False
     refused: dict = field(default_factory=dict)
+
+    def hybrid(self, options):
+        """Whether a conversion with `options` is hybrid attention (a window or sinks)."""
+        return bool(options.get("window") or options.get("sinks"))
 
     @property
     def learns(self):

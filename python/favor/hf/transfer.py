@@ -37,13 +37,21 @@ class TransferReport(list):
                          for r in self)
 
 
-def transfer(model, batches, *, steps=200, lr=1e-2, checkpoint=None, progress=True):
+def transfer(model, batches, *, steps=200, lr=1e-2, checkpoint=None, progress=True,
+             window_dropout=0.5):
     """Attention transfer of a model converted by favor.hf.convert (module docstring).
     batches: a list of dicts of model inputs (input_ids, attention_mask) or of input_ids
-    tensors: the calibration text. steps, lr: Adam per learned layer. Returns a
-    TransferReport. The model is left in eval mode."""
+    tensors: the calibration text. steps, lr: Adam per learned layer. window_dropout
+    (hybrid conversions, window > 0): the probability that a step fits with the window
+    shortened to a random length in [0, window) (SWAX, arXiv 2509.24552), so that the
+    estimator learns to carry what the window usually holds; 0 fits with the full window
+    only. The draws are seeded (a rerun fits the same). Returns a TransferReport. The model
+    is left in eval mode."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise _core.Error(f"steps: {steps!r} must be an integer >= 0")
+    if isinstance(window_dropout, bool) or not isinstance(window_dropout, (int, float)) \
+            or not 0.0 <= window_dropout <= 1.0:
+        raise _core.Error(f"window_dropout: {window_dropout!r} must be a number in [0, 1]")
     if not batches:
         raise _core.Error("batches: give at least one calibration batch")
     layers = cores(model)
@@ -54,6 +62,8 @@ def transfer(model, batches, *, steps=200, lr=1e-2, checkpoint=None, progress=Tr
             model(**_inputs(batch))
     settings = {"method": record.name, "steps": steps, "lr": lr,
                 "batches": len(batches), "tokens": int(sum(_count(b) for b in batches))}
+    if getattr(layers[0][2], "window", 0):
+        settings["window_dropout"] = window_dropout
     _check_checkpoint(checkpoint, settings)
     report = TransferReport()
     bar = _bar(len(layers), progress)
@@ -68,7 +78,7 @@ def transfer(model, batches, *, steps=200, lr=1e-2, checkpoint=None, progress=Tr
             _load_layer(core, torch.load(path, weights_only=False))
             row["fitted"], row["resumed"] = "resumed from checkpoint", True
         else:
-            row["fitted"] = _FITTERS[record.fits](core, data, steps, lr)
+            row["fitted"] = _FITTERS[record.fits](core, data, steps, lr, window_dropout)
             if path is not None:
                 tmp = path + ".tmp"
                 torch.save(_layer_state(core), tmp)
@@ -84,34 +94,43 @@ def transfer(model, batches, *, steps=200, lr=1e-2, checkpoint=None, progress=Tr
     return report
 
 
-def _fit_codebook(core, data, steps, lr):
+def _fit_codebook(core, data, steps, lr, window_dropout):
     core.initialise_codebook(_rows(data, 1))
     return "codebooks by k-means on the layer's keys"
 
 
-def _fit_nothing(core, data, steps, lr):
+def _fit_nothing(core, data, steps, lr, window_dropout):
     return "nothing (exact)"
 
 
-def _fit_kernel(core, data, steps, lr):
+def _fit_kernel(core, data, steps, lr, window_dropout):
     q, k = _rows(data, 0), _rows(data, 1)
     core.fit = fit_kernel(core.kernel, q.numpy(), k.numpy(), scale=core.scale)
     return f"{core.kernel} fit per head"
 
 
-def _fit_maps(core, data, steps, lr):
+def _fit_maps(core, data, steps, lr, window_dropout=0.0):
     params = [p for p in core.parameters() if p.requires_grad]
     if not params or steps == 0:
         return "nothing to learn"
     targets = [exact(core, q, k, v, keep, causal) for q, k, v, keep, causal in data]
     opt = torch.optim.Adam(params, lr=lr)
+    window = getattr(core, "window", 0)
+    draws = torch.Generator().manual_seed(0)  # window dropout's draws: a rerun fits the same
+    shortened = 0
     core.train()
     for step in range(steps):
         for group in opt.param_groups:  # cosine from lr to lr / 10
             group["lr"] = lr * (0.1 + 0.45 * (1.0 + math.cos(math.pi * step / steps)))
         q, k, v, keep, causal = data[step % len(data)]
-        loss = _relative_error(core.attend(q, k, v, None if keep is None else ~keep, causal),
-                               targets[step % len(data)], keep)
+        if window and float(torch.rand(1, generator=draws)) < window_dropout:
+            core.window = int(torch.randint(0, window, (1,), generator=draws))
+            shortened += 1
+        try:
+            loss = _relative_error(core.attend(q, k, v, None if keep is None else ~keep,
+                                               causal), targets[step % len(data)], keep)
+        finally:
+            core.window = window
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -119,7 +138,8 @@ def _fit_maps(core, data, steps, lr):
             floor_lambda(core.map_lambda, 1e-3)
     core.eval()
     names = [n for n, p in core.named_parameters() if p.requires_grad]
-    return f"{', '.join(names)} by {steps} Adam steps"
+    dropped = f" ({shortened} with the window shortened)" if window else ""
+    return f"{', '.join(names)} by {steps} Adam steps{dropped}"
 
 
 # Method.fits -> what transfer does to a layer of the method (methods.FITS)

@@ -24,6 +24,7 @@ from . import plain
 from .convert import convert
 from .decoder import Decoder
 from .favor_core import FavorCore
+from .hybrid_decoder import HybridDecoder
 from .function import attention
 from .masks import is_causal_mask
 from .mha import MultiheadAttention
@@ -33,6 +34,6 @@ from .vq_core import VQCore
 from .vq_mha import VQMultiheadAttention
 from .vq_modules import VQAttention
 
-__all__ = ["Decoder", "FavorAttention", "FavorCore", "MultiheadAttention", "VQAttention", "VQCore",
+__all__ = ["Decoder", "FavorAttention", "FavorCore", "HybridDecoder", "MultiheadAttention", "VQAttention", "VQCore",
            "VQDecoder", "VQMultiheadAttention", "attention", "convert", "is_causal_mask", "plain",
            "vq_attention"]

@@ -39,6 +39,7 @@ from ..feature_map import FeatureMap
 from . import _tensors as T
 from ._attention_core import AttentionCore
 from .decoder import Decoder
+from .hybrid_decoder import HybridDecoder
 from .function import attention
 
 _TENSORS = ("projection", "map_weight", "map_bias", "map_lambda", "decay_logit", "fit_a",
@@ -307,17 +308,18 @@ class FavorCore(AttentionCore):
         projection (or learned map and decay), kernel, scale and fit."""
         if self.method != "favor":
             raise _core.Error("decoder: method='exact' has no fixed-size state; use favor")
-        if self.window or self.sinks:
-            raise _core.Error("decoder: hybrid attention (window, sinks) has no decoding "
-                              "state in favor.torch.Decoder yet")
+        make, hybrid = Decoder, {}
+        if self.window or self.sinks:  # the ring of the window, the sinks, the linear state
+            make, hybrid = HybridDecoder, dict(window=self.window, sinks=self.sinks)
         if self._uses_map():
             gamma = self.gamma
             if isinstance(gamma, torch.Tensor):
                 gamma = [float(g) for g in gamma.detach()]
-            return Decoder(batch, self.num_heads, self.head_dim, feature_map=self.feature_map(),
-                           decay=gamma, backend=self.backend)
-        return Decoder(batch, self.num_heads, self.head_dim, self.projection,
-                       kernel=self.kernel, scale=self.scale, fit=self.fit, backend=self.backend)
+            return make(batch, self.num_heads, self.head_dim, feature_map=self.feature_map(),
+                        decay=gamma, backend=self.backend, **hybrid)
+        return make(batch, self.num_heads, self.head_dim, self.projection,
+                    kernel=self.kernel, scale=self.scale, fit=self.fit, backend=self.backend,
+                    **hybrid)
 
     # ------------------------------------------------------------------ state_dict
 

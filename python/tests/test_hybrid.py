@@ -1,0 +1,248 @@
+"""Hybrid attention (window and sinks: exact softmax on each query's window and the first kept
+keys, FAVOR's estimator beyond, one normaliser) through every entry point: the numpy API, the
+torch op and modules, the CLI, favor.torch.HybridDecoder (decoding over a prompt equals the
+causal rows, with left padding, decay and beam reorder; a fixed state size) and favor.hf
+(conversion, generation, transfer with window dropout). The kernels themselves are checked
+against the float64 oracles in test_conformance.py, test_hybrid_generic.py and
+tests/test_hybrid.cpp."""
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import favor
+import favor.torch as ft
+from test_cli_parity import cli_attention
+
+B, H, N, D = 2, 3, 30, 8
+
+
+def qkv(n=N, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, n, D, generator=g) * 0.6 for _ in range(3)]
+
+
+def projection(m=32):
+    return torch.tensor(favor.make_projection(D, "orthogonal", features=m, seed=3).matrix)
+
+
+def left_padding(n=N, pad=5):
+    mask = torch.zeros(B, n, dtype=torch.bool)  # torch's convention: True = ignore
+    mask[1, :pad] = True
+    return mask
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_numpy_api_equals_the_torch_op(causal):
+    q, k, v = qkv()
+    y = ft.attention(q, k, v, causal=causal, window=6, sinks=2, features=32)
+    yn = favor.attention(q.numpy(), k.numpy(), v.numpy(), causal=causal, window=6, sinks=2,
+                         features=32)
+    assert np.array_equal(y.numpy(), yn)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_window_covering_the_sequence_is_exact_softmax(causal):
+    q, k, v = qkv()
+    mask = left_padding()
+    for backend in ("cpu", "torch"):
+        y = ft.attention(q, k, v, causal=causal, window=N, key_padding_mask=mask,
+                         backend=backend)
+        ref = ft.attention(q.double(), k.double(), v.double(), causal=causal, method="exact",
+                           key_padding_mask=mask)
+        assert (y.double() - ref).abs().max() < 1e-6, backend
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_no_window_no_sinks_is_the_plain_method_bit_for_bit(causal):
+    q, k, v = qkv()
+    for backend in ("cpu", "torch"):
+        a = ft.attention(q, k, v, causal=causal, window=0, sinks=0, backend=backend)
+        b = ft.attention(q, k, v, causal=causal, backend=backend)
+        assert torch.equal(a, b), backend
+
+
+def test_the_estimator_carries_the_keys_beyond_the_window():
+    """The hybrid differs from its window alone and from the plain method: both parts count."""
+    q, k, v = qkv()
+    hybrid = ft.attention(q, k, v, causal=True, window=4, sinks=1, features=256)
+    plain = ft.attention(q, k, v, causal=True, features=256)
+    exact = ft.attention(q, k, v, causal=True, method="exact")
+    err = lambda y: float((y - exact).norm() / exact.norm())  # noqa: E731
+    assert err(hybrid) < err(plain)
+
+
+def test_bad_window_and_sinks_are_refused_naming_them():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="window: -1 must be >= 0"):
+        ft.attention(q, k, v, window=-1)
+    with pytest.raises(ValueError, match="sinks: -2 must be >= 0"):
+        favor.attention(q.numpy(), k.numpy(), v.numpy(), sinks=-2)
+    with pytest.raises(ValueError, match="Nq == Nk"):
+        ft.attention(q[:, :, :5], k, v, window=3)
+    with pytest.raises(ValueError, match="window: must be an int"):
+        ft.attention(q, k, v, window=2.5)
+    with pytest.raises(ValueError, match="method: 'exact' takes no"):
+        ft.attention(q, k, v, method="exact", window=3)
+    with pytest.raises(ValueError, match="window: only method='favor'"):
+        favor.attention(q.numpy(), k.numpy(), v.numpy(), method="exact", window=3)
+    with pytest.raises(ValueError, match="window: -1 must be >= 0"):
+        ft.attention(q, k, v, window=-1, backend="torch")
+
+
+def test_gradients_flow_through_both_parts_and_compile():
+    q, k, v = (t.requires_grad_() for t in qkv())
+    w = projection().requires_grad_()
+    y = ft.attention(q, k, v, causal=True, window=5, sinks=2, projection=w)
+    grads = torch.autograd.grad(y.square().sum(), (q, k, v, w))
+    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+    f = torch.compile(lambda a, b, c: ft.attention(a, b, c, causal=True, window=5, sinks=2,
+                                                   projection=w.detach()), fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(f(q, k, v), ft.attention(q, k, v, causal=True, window=5, sinks=2,
+                                                    projection=w.detach()))
+
+
+def test_modules_take_window_and_sinks():
+    layer = ft.FavorAttention(16, 2, causal=True, features=32, window=4, sinks=1)
+    x = torch.randn(2, 20, 16)
+    y = layer(x)
+    assert y.shape == x.shape
+    assert isinstance(layer.core.decoder(2), ft.HybridDecoder)
+    mha = ft.MultiheadAttention(16, 2, batch_first=True, features=32, window=3,
+                                warn_dropout=False)
+    out, _ = mha(x, x, x, need_weights=False)
+    assert out.shape == x.shape
+    with pytest.raises(ValueError, match="hybrid attention is method='favor'"):
+        ft.FavorAttention(16, 2, method="exact", window=4)
+
+
+def test_cli_window_and_sinks_equal_the_numpy_api(favor_cli, tmp_path):
+    q, k, v = (t.numpy() for t in qkv())
+    y = cli_attention(favor_cli, tmp_path, q, k, v, "--causal", "--window", 6, "--sinks", 2)
+    assert np.array_equal(y, favor.attention(q, k, v, causal=True, window=6, sinks=2))
+
+
+# ---- decoding ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("window,sinks,decay", [(6, 2, None), (0, 3, None),
+                                                (5, 0, [0.9, 0.95, 0.99]), (4, 2, [0.93]),
+                                                (N + 5, 1, None)])
+@pytest.mark.parametrize("split", [0, 7, 13])
+def test_decoding_a_prompt_equals_the_causal_rows(window, sinks, decay, split):
+    """prefill of the first `split` tokens then one step per token, a left-padded batch:
+    the rows of causal hybrid attention (same window, sinks, decay; decay counts from the
+    window's edge in both)."""
+    q, k, v = qkv()
+    pad, w = left_padding(), projection()
+    extra = {} if decay is None else dict(decay=decay)
+    ref = ft.attention(q, k, v, causal=True, window=window, sinks=sinks, projection=w,
+                       key_padding_mask=pad, **extra)
+    dec = ft.HybridDecoder(B, H, D, w, window=window, sinks=sinks, **extra)
+    keep = ~pad
+    outs = [dec.prefill(q[:, :, :split], k[:, :, :split], v[:, :, :split],
+                        key_mask=keep[:, :split])] if split else []
+    sizes = set()
+    for i in range(split, N):
+        outs.append(dec.step(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
+                             key_mask=keep[:, i:i + 1]))
+        sizes.add(dec.state_bytes)
+    assert (torch.cat(outs, 2) - ref).abs().max() < 1e-5
+    assert len(sizes) == 1  # the state does not grow
+
+
+def test_decoder_select_reorders_like_a_beam_search():
+    q, k, v = qkv()
+    w = projection()
+    dec = ft.HybridDecoder(B, H, D, w, window=4, sinks=2)
+    dec.prefill(q[:, :, :10], k[:, :, :10], v[:, :, :10])
+    rows = [1, 1, 0]
+    dec.select(rows)
+    y = dec.step(q[rows][:, :, 10:11], k[rows][:, :, 10:11], v[rows][:, :, 10:11])
+    ref = ft.attention(q[rows][:, :, :11], k[rows][:, :, :11], v[rows][:, :, :11], causal=True,
+                       window=4, sinks=2, projection=w)[:, :, 10:]
+    assert (y - ref).abs().max() < 1e-5
+
+
+def test_decoder_state_size_is_fixed_by_window_sinks_and_m():
+    w = projection(32)
+    small = ft.HybridDecoder(1, H, D, w, window=4, sinks=1)
+    big = ft.HybridDecoder(1, H, D, w, window=64, sinks=4)
+    q, k, v = qkv(n=80)
+    for dec in (small, big):
+        before = dec.state_bytes
+        dec.prefill(q[:1], k[:1], v[:1])
+        assert dec.state_bytes == before
+    ring = lambda wn, s: H * (wn + s) * 2 * D * 4  # noqa: E731 (keys and values, float32)
+    assert big.state_bytes - small.state_bytes >= ring(64, 4) - ring(4, 1)
+
+
+def test_decoder_errors():
+    with pytest.raises(ValueError, match="window: -1 must be an integer >= 0"):
+        ft.HybridDecoder(B, H, D, projection(), window=-1)
+    with pytest.raises(ValueError, match="both 0 is the plain method"):
+        ft.HybridDecoder(B, H, D, projection(), window=0, sinks=0)
+
+
+# ---- favor.hf ------------------------------------------------------------------------------
+
+hf_models = pytest.importorskip("hf_models")
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_a_conversion_whose_window_covers_the_input_is_the_original(family):
+    fh = pytest.importorskip("favor.hf")
+    m = hf_models.make(family)
+    ids, mask = hf_models.inputs(n=12, left=family != "bert")
+    with torch.no_grad():
+        ref = m(input_ids=ids, attention_mask=mask)[0]
+        gen = None if family == "bert" else m.generate(input_ids=ids, attention_mask=mask,
+                                                       max_new_tokens=6, do_sample=False)
+    fh.convert(m, "favor", window=64, sinks=2, features=32)
+    with torch.no_grad():
+        got = m(input_ids=ids, attention_mask=mask)[0]
+    assert (got - ref)[mask.bool()].abs().max() < 1e-4
+    if gen is not None:
+        assert torch.equal(m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6,
+                                      do_sample=False), gen)
+
+
+def test_a_hybrid_mistral_serves_calls_beyond_its_sliding_window_and_beams():
+    fh = pytest.importorskip("favor.hf")
+    m = hf_models.make("mistral", sliding_window=8)
+    ids, mask = hf_models.inputs(n=12)
+    fh.convert(m, "favor", window=4, sinks=1, features=32)
+    out = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, num_beams=2,
+                     do_sample=False)
+    assert out.shape == (B, 17)
+    plain = hf_models.make("mistral", sliding_window=8)
+    fh.convert(plain, "favor", features=32)
+    with pytest.raises(ValueError, match="outrun the model's window"):
+        plain(input_ids=ids, attention_mask=mask)
+
+
+def test_transfer_fits_with_window_dropout_deterministically():
+    fh = pytest.importorskip("favor.hf")
+    ids, mask = hf_models.inputs(n=40, pad=3)
+    batches = [dict(input_ids=ids, attention_mask=mask)]
+    reports, maps = [], []
+    for dropout in (0.5, 0.5, 0.0):
+        m = hf_models.make("llama")
+        fh.convert(m, "hedgehog", window=4, sinks=1, features=16)
+        reports.append(fh.transfer(m, batches, steps=20, progress=False,
+                                   window_dropout=dropout))
+        maps.append([p.detach().clone() for p in m.parameters() if p.requires_grad])
+    assert "with the window shortened" in reports[0][0]["fitted"]
+    assert all(torch.equal(a, b) for a, b in zip(maps[0], maps[1]))  # seeded draws
+    assert not all(torch.equal(a, b) for a, b in zip(maps[0], maps[2]))
+    for r in reports[0]:
+        assert r["error_after"] < r["error_before"]
+    with pytest.raises(ValueError, match="window_dropout"):
+        fh.transfer(m, batches, steps=1, progress=False, window_dropout=2)
+    with pytest.raises(ValueError, match="window: not an option of method vq"):
+        fh.convert(hf_models.make("llama"), "vq", window=4)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))

@@ -1,0 +1,205 @@
+// favor bench's hybrid section: causal hybrid attention (AttentionOptions::window, ::sinks:
+// exact softmax on each query's last w = 64 keys and on the first s = 4, the estimator on
+// every other key, one normaliser) against plain FAVOR (window = sinks = 0) and exact
+// attention, forward, at each N of --lengths up to 8192; the time per token of the hybrid
+// (linear in N), its ratios to both, where it overtakes exact; then the backward of the
+// hybrid and of plain FAVOR at one N (2048, or the nearest length below it).
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench_runner.hpp"
+
+namespace favor::cli {
+namespace {
+
+using namespace favor::bench;
+
+constexpr int64_t kHybridWindow = 64, kHybridSinks = 4;
+constexpr int64_t kHybridLongestN = 8192;  // --lengths above it are left out (exact rows)
+constexpr int64_t kHybridBackwardN = 2048;
+
+// Exact keys of all queries of one head, causal: query i takes its window
+// {i - w < j <= i}, min(i + 1, w) keys, and the sinks outside it, min(s, max(0, i + 1 - w))
+// (src/cpu/band_attention.cpp, exact_keys; no mask here).
+double hybrid_exact_pairs(int64_t n, int64_t w, int64_t s) {
+  double pairs = 0.0;
+  for (int64_t i = 0; i < n; ++i)
+    pairs += double(std::min(i + 1, w) + std::min(s, std::max<int64_t>(0, i + 1 - w)));
+  return pairs;
+}
+
+// The hybrid's cost model, causal (src/hybrid.cpp). Forward: the exact part, per (query, key)
+// pair of the window and sinks s_ij = q_i . k_j (2 D) and the row sums exp(s) [v_j | 1]
+// (2 (Dv + 1)): about N (w + s) (2 D + 2 Dv + 2); plus the estimated part, causal FAVOR
+// (favor_flops, bench/cost_model.hpp) over the N - w rows whose keys reach beyond the
+// window. Backward (it recomputes the forward: a hybrid call saves no context): the forward,
+// per exact pair the score, dy_i . v_j, dq_i, dk_j and dv_j (2 D + 2 Dv + 2 D + 2 D + 2 Dv),
+// and the causal FAVOR backward (favor_backward_flops) over N - w rows. Left out, as
+// exponentials are: the terms linear in N without w or m (the merge of the parts' rows, the
+// query norms, the scatter of the parts' gradients).
+double hybrid_flops(const Problem& p, int64_t w, int64_t s, int64_t chunk, bool backward) {
+  const double pairs = double(p.bh) * hybrid_exact_pairs(p.n, w, s);
+  Problem rest = p;
+  rest.n = std::max<int64_t>(0, p.n - w);
+  const double forward =
+      pairs * (2.0 * p.d + 2.0 * (p.dv + 1)) + (rest.n > 0 ? favor_flops(rest, true, chunk) : 0.0);
+  if (!backward) return forward;
+  return forward + pairs * (6.0 * p.d + 4.0 * p.dv) +
+         (rest.n > 0 ? favor_backward_flops(rest, true, chunk) : 0.0);
+}
+
+struct HybridPoint {
+  int64_t n;
+  double hybrid, favor;
+  std::optional<double> exact;
+};
+
+// The causal hybrid's forward (or backward) row at N; its ratio to plain FAVOR (and exact,
+// where measured) timed just before on the same inputs.
+double hybrid_row(BenchRunner& bench, int64_t n, bool backward, double favor_seconds,
+                  std::optional<double> exact_seconds, double forward_seconds = 0.0) {
+  const BenchArgs& a = bench.args();
+  const int64_t bh = a.bh;
+  const auto qkv = bench.inputs(bh, n);
+  const Tensor &q = std::get<0>(qkv), &k = std::get<1>(qkv), &v = std::get<2>(qkv);
+  const Projection w = Projection::draw(a.m, a.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
+  AttentionOptions o;
+  o.kernel = bench.kernel();
+  o.causal = true;
+  o.window = kHybridWindow;
+  o.sinks = kHybridSinks;
+  if (data_adapted(o.kernel)) o.fit = fit_kernel(o.kernel, q, k);  // as favor_row
+  Measured t;
+  if (backward) {
+    const Tensor dy = gaussian_rows({1, bh, n, a.d}, 44);  // as favor_backward_row
+    t = measure([&] { favor_attention_backward(q, k, v, dy, w, o); }, a.repeats, a.min_time);
+  } else {
+    Tensor out({1, bh, n, a.d}, 0.0f);
+    t = measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o); }, a.repeats,
+                a.min_time);
+  }
+  const double flops = hybrid_flops(bench.problem(bh, n), kHybridWindow, kHybridSinks,
+                                    kernel_info().causal_chunk, backward);
+  nlohmann::json r = timed_record("hybrid", true, n, bh, num_threads(), t, flops);
+  r.update({{"pass", backward ? "backward" : "forward"},
+            {"window", kHybridWindow},
+            {"sinks", kHybridSinks},
+            {"ns_per_token", t.seconds / double(n * bh) * 1e9},
+            {"ratio_to_favor", t.seconds / favor_seconds},
+            {"ratio_to_exact", exact_seconds ? nlohmann::json(t.seconds / *exact_seconds)
+                                             : nlohmann::json(nullptr)}});
+  if (backward) {
+    const double outputs_mb = double(bh * n * (2 * a.d + a.d)) * 4.0 / (1024.0 * 1024.0);
+    r.update({{"extra_heap_mb", t.heap_mb - outputs_mb},
+              {"context", false},
+              {"ratio_to_forward", t.seconds / forward_seconds}});
+  }
+  bench.emit(std::move(r));
+  if (!a.json) {
+    fmt::print("{:>7} hybrid / favor = {:.2f}{}{}\n", "", t.seconds / favor_seconds,
+               exact_seconds ? fmt::format(", hybrid / exact = {:.3g}", t.seconds / *exact_seconds)
+                             : "",
+               backward ? fmt::format(", backward / forward = {:.2f}", t.seconds / forward_seconds)
+                        : fmt::format(", {:.1f} ns per token and head",
+                                      t.seconds / double(n * bh) * 1e9));
+  }
+  return t.seconds;
+}
+
+// The N where the hybrid becomes faster than exact attention: log-log interpolation between
+// the last N where it is slower and the next, or a bound when the lengths do not bracket it.
+// Recorded on the hybrid's forward rows (exact_crossover, exact_crossover_n).
+void hybrid_crossover(BenchRunner& bench, const std::vector<HybridPoint>& points) {
+  std::vector<HybridPoint> p;
+  for (const HybridPoint& x : points)
+    if (x.exact) p.push_back(x);
+  if (p.empty()) return;
+  std::string kind = "above", text;
+  std::optional<double> at;
+  if (p.front().hybrid < *p.front().exact) {
+    kind = "below";
+    text = fmt::format("below N = {} (the hybrid is faster at every N measured)", p.front().n);
+  } else {
+    text = fmt::format("above N = {} (exact is faster at every N measured)", p.back().n);
+  }
+  for (size_t i = 1; i < p.size() && kind != "below"; ++i) {
+    if (p[i - 1].hybrid >= *p[i - 1].exact && p[i].hybrid < *p[i].exact) {
+      const double r0 = std::log(p[i - 1].hybrid / *p[i - 1].exact),
+                   r1 = std::log(p[i].hybrid / *p[i].exact);
+      const double l0 = std::log(double(p[i - 1].n)), l1 = std::log(double(p[i].n));
+      at = std::exp(l0 + (l1 - l0) * r0 / (r0 - r1));
+      kind = "interpolated";
+      text = fmt::format("N ~ {:.0f} (between {} and {}, log-log interpolation)", *at, p[i - 1].n,
+                         p[i].n);
+      break;
+    }
+  }
+  for (auto& r : bench.records()) {
+    if (r["section"] == "hybrid" && r["method"] == "hybrid" && r["pass"] == "forward") {
+      r["exact_crossover"] = kind;
+      r["exact_crossover_n"] = at ? nlohmann::json(*at) : nlohmann::json(nullptr);
+    }
+  }
+  if (!bench.args().json) fmt::print("hybrid crossover with exact, forward causal: {}\n", text);
+}
+
+// The forward rows again as one table: the three times, the ratios and the hybrid's time
+// per token and head (flat in N if it grows linearly).
+void hybrid_summary(const BenchRunner& bench, const std::vector<HybridPoint>& points) {
+  if (bench.args().json || points.empty()) return;
+  fmt::print("hybrid summary (causal forward, w = {}, s = {}, B*H = {}, D = Dv = {}, m = {}):\n",
+             kHybridWindow, kHybridSinks, bench.args().bh, bench.args().d, bench.args().m);
+  fmt::print("  {:>6} {:>10} {:>10} {:>10} {:>9} {:>9} {:>11}\n", "N", "hybrid s", "favor s",
+             "exact s", "hyb/fav", "hyb/ex", "ns/token");
+  for (const HybridPoint& x : points) {
+    const int64_t bh = bench.args().bh;
+    fmt::print("  {:>6} {:>10.4g} {:>10.4g} {:>10} {:>9.2f} {:>9} {:>11.1f}\n", x.n, x.hybrid,
+               x.favor, x.exact ? fmt::format("{:.4g}", *x.exact) : "-", x.hybrid / x.favor,
+               x.exact ? fmt::format("{:.3g}", x.hybrid / *x.exact) : "-",
+               x.hybrid / double(x.n * bh) * 1e9);
+  }
+}
+
+}  // namespace
+
+void section_hybrid(BenchRunner& bench) {
+  const BenchArgs& a = bench.args();
+  std::vector<int64_t> lengths;
+  for (int64_t n : a.lengths)
+    if (n <= kHybridLongestN) lengths.push_back(n);
+  std::sort(lengths.begin(), lengths.end());
+  lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+  if (lengths.empty()) {
+    if (!a.json) fmt::print("hybrid: no --lengths at most {}, nothing to run\n", kHybridLongestN);
+    return;
+  }
+  if (!a.json) {
+    fmt::print(
+        "hybrid: causal, exact softmax on a window of w = {} keys and s = {} sinks, the {} "
+        "estimator beyond (m = {}), vs plain FAVOR (w = s = 0) and exact, at N <= {}\n",
+        kHybridWindow, kHybridSinks, to_string(bench.kernel()), a.m, kHybridLongestN);
+  }
+  std::vector<HybridPoint> points;
+  for (int64_t n : lengths) {
+    const double favor = bench.favor_row(a.bh, n, true, num_threads());
+    std::optional<double> exact;
+    if (n <= a.max_exact_n) exact = bench.exact_row(a.bh, n, true);
+    const double hybrid = hybrid_row(bench, n, false, favor, exact);
+    points.push_back({n, hybrid, favor, exact});
+  }
+  hybrid_crossover(bench, points);
+  hybrid_summary(bench, points);
+  // The backward at one N: 2048, or the longest length below it, or the shortest.
+  const HybridPoint* at = &points.front();
+  for (const HybridPoint& x : points)
+    if (x.n <= kHybridBackwardN) at = &x;
+  const double favor_b = bench.favor_backward_row(a.bh, at->n, true, at->favor, false);
+  hybrid_row(bench, at->n, true, favor_b, std::nullopt, at->hybrid);
+}
+
+}  // namespace favor::cli
