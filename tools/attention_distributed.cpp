@@ -276,6 +276,8 @@ void run(const AttentionArgs& a, distributed::MpiExchange& ex) {
       map.emplace(attention_feature_map(a, s->qf.shape));
       o.causal = a.causal;
       o.decay = attention_decay(a, s->qf.shape[1]);
+      o.window = a.window;  // the library refuses hybrid attention here, naming them
+      o.sinks = a.sinks;
       if (ex.rank() == 0 && !a.projection.save.empty()) {
         const Projection& w = map->projection;
         outputs.stage(a.projection.save, encode_npy_f32({w.m(), w.d()}, w.data()),

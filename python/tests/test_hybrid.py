@@ -73,6 +73,26 @@ def test_the_estimator_carries_the_keys_beyond_the_window():
     assert err(hybrid) < err(plain)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_method_window_is_the_window_and_sinks_alone(causal):
+    """method='window': the hybrid's exact part alone. It equals exact softmax once the
+    window covers the sequence, and otherwise differs from the hybrid only by the estimated
+    terms (a hybrid whose sinks cover every key has none)."""
+    q, k, v = qkv()
+    mask = left_padding()
+    y = ft.attention(q, k, v, causal=causal, method="window", window=N, key_padding_mask=mask)
+    ref = ft.attention(q, k, v, causal=causal, method="exact", key_padding_mask=mask)
+    assert (y - ref).abs().max() < 1e-6
+    a = ft.attention(q, k, v, causal=causal, method="window", window=3, sinks=N,
+                     key_padding_mask=mask)
+    b = ft.attention(q, k, v, causal=causal, window=3, sinks=N, key_padding_mask=mask)
+    assert (a - b).abs().max() < 1e-6
+    with pytest.raises(ValueError, match="give window > 0 or sinks > 0"):
+        ft.attention(q, k, v, method="window")
+    with pytest.raises(ValueError, match="method: 'window' takes no feature map"):
+        ft.attention(q, k, v, method="window", window=3, decay=0.9, causal=True)
+
+
 def test_bad_window_and_sinks_are_refused_naming_them():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="window: -1 must be >= 0"):
@@ -150,6 +170,19 @@ def test_decoding_a_prompt_equals_the_causal_rows(window, sinks, decay, split):
         sizes.add(dec.state_bytes)
     assert (torch.cat(outs, 2) - ref).abs().max() < 1e-5
     assert len(sizes) == 1  # the state does not grow
+
+
+def test_a_window_only_decoder_equals_method_window():
+    q, k, v = qkv()
+    pad = left_padding()
+    ref = ft.attention(q, k, v, causal=True, method="window", window=5, sinks=2,
+                       key_padding_mask=pad)
+    dec = ft.HybridDecoder(B, H, D, projection(), window=5, sinks=2, estimate=False)
+    keep = ~pad
+    outs = [dec.prefill(q[:, :, :9], k[:, :, :9], v[:, :, :9], key_mask=keep[:, :9])]
+    outs += [dec.step(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
+                      key_mask=keep[:, i:i + 1]) for i in range(9, N)]
+    assert (torch.cat(outs, 2) - ref).abs().max() < 1e-5
 
 
 def test_decoder_select_reorders_like_a_beam_search():
@@ -242,6 +275,25 @@ def test_transfer_fits_with_window_dropout_deterministically():
         fh.transfer(m, batches, steps=1, progress=False, window_dropout=2)
     with pytest.raises(ValueError, match="window: not an option of method vq"):
         fh.convert(hf_models.make("llama"), "vq", window=4)
+
+
+def test_method_window_converts_generates_and_has_nothing_to_fit():
+    fh = pytest.importorskip("favor.hf")
+    m = hf_models.make("llama")
+    ids, mask = hf_models.inputs(n=20, pad=3)
+    fh.convert(m, "window", window=4, sinks=1)
+    report = fh.transfer(m, [dict(input_ids=ids, attention_mask=mask)], steps=5,
+                         progress=False)
+    assert report[0]["fitted"] == "nothing (window)"
+    assert report[0]["error_before"] == report[0]["error_after"] > 0
+    with torch.no_grad():
+        full = m(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        cache = fh.FavorCache()
+        parts = [m(input_ids=ids[:, :12], attention_mask=mask[:, :12], past_key_values=cache,
+                   use_cache=True).logits]
+        parts += [m(input_ids=ids[:, i:i + 1], attention_mask=mask[:, :i + 1],
+                    past_key_values=cache, use_cache=True).logits for i in range(12, 20)]
+    assert (torch.cat(parts, 1) - full)[mask.bool()].abs().max() < 1e-4
 
 
 if __name__ == "__main__":

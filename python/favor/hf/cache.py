@@ -64,7 +64,7 @@ class FavorCacheLayer(CacheLayerMixin):
         if self.decoder is None:
             pad = None if new is None else ~new
             grad = torch.is_grad_enabled() and q.requires_grad
-            if isinstance(core, FavorCore) and core.method == "favor" and not grad:
+            if isinstance(core, FavorCore) and core.method != "exact" and not grad:
                 core.prepare(k, pad)
                 self.decoder = make(core, q.shape[0])
                 y = self.decoder.prefill(q, k, v, key_mask=new)

@@ -18,6 +18,7 @@ _FAVOR_OPTIONS = ("kernel", "features", "projection", "norms", "seed", "decay", 
                   "feature_redraw_interval", "window", "sinks", "backend")
 _VQ_OPTIONS = ("codes", "tau", "learn_codebook", "seed", "decay", "dead_after", "beta",
                "backend")  # backend: favor.torch's path (None: by the device; docs/gpu.md)
+_WINDOW_OPTIONS = ("window", "sinks", "backend")
 _OWN_METHODS = ("favorpp", "favorsharp", "favor++", "favor#", "hedgehog")
 
 # What favor.hf.transfer does to a layer of the method (transfer._FITTERS):
@@ -98,6 +99,10 @@ class Method:
 
 METHODS = {m.name: m for m in [
     Method("exact", FavorCore, dict(method="exact"), state=None, fits="nothing"),
+    # hybrid attention's window and sinks alone (the estimator removed): the baseline a
+    # hybrid conversion must beat
+    Method("window", FavorCore, dict(method="window"), options=_WINDOW_OPTIONS,
+           fits="nothing"),
     Method("favor", FavorCore, refused={"kernel": _OWN_METHODS}),
     Method("favor++", FavorCore, dict(kernel="favorpp"), fits="kernel", needs_fit=True),
     Method("favor#", FavorCore, dict(kernel="favorsharp"), fits="kernel", needs_fit=True),

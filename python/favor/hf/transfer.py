@@ -100,7 +100,7 @@ def _fit_codebook(core, data, steps, lr, window_dropout):
 
 
 def _fit_nothing(core, data, steps, lr, window_dropout):
-    return "nothing (exact)"
+    return f"nothing ({core.method})"
 
 
 def _fit_kernel(core, data, steps, lr, window_dropout):
@@ -150,7 +150,7 @@ _FITTERS = {"nothing": _fit_nothing, "kernel": _fit_kernel, "maps": _fit_maps,
 @torch.no_grad()
 def _error(record, core, data):
     """Relative squared error of the layer's favor output against its softmax output."""
-    if record.fits == "nothing":
+    if record.name == "exact":
         return 0.0
     if record.needs_fit and core.fit is None and any(r[4] for r in data):
         return float("nan")  # a causal FAVOR++/# layer runs only once fitted

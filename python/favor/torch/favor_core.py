@@ -85,9 +85,9 @@ class FavorCore(AttentionCore):
                  sinks=0):
         super().__init__()
         check_method(method, learn_features, feature_weights, decay)
-        if method != "favor" and (window or sinks):
-            raise _core.Error(f"window, sinks: hybrid attention is method='favor' (method is "
-                              f"'{method}')")
+        if method == "exact" and (window or sinks):
+            raise _core.Error("window, sinks: hybrid attention is method='favor' (or 'window': "
+                              "the window alone); method is 'exact'")
         self.window, self.sinks = window, sinks
         self.backend = T.check_backend(backend)
         self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
@@ -211,7 +211,7 @@ class FavorCore(AttentionCore):
         """favor.torch.attention on [B, H, N, D] tensors with this core's configuration."""
         causal = self.causal if causal is None else causal
         extra = self._map_arguments(causal) if self._uses_map() else {}
-        if self.method == "favor" and (self.window or self.sinks):
+        if self.method != "exact" and (self.window or self.sinks):
             extra.update(window=self.window, sinks=self.sinks)
         return attention(q, k, v, causal=causal, kernel=self.kernel, projection=self.projection,
                          scale=self.scale, key_padding_mask=key_padding_mask,
@@ -306,11 +306,12 @@ class FavorCore(AttentionCore):
     def decoder(self, batch):
         """A streaming state for generation: favor.torch.Decoder over this core's heads,
         projection (or learned map and decay), kernel, scale and fit."""
-        if self.method != "favor":
+        if self.method == "exact":
             raise _core.Error("decoder: method='exact' has no fixed-size state; use favor")
         make, hybrid = Decoder, {}
         if self.window or self.sinks:  # the ring of the window, the sinks, the linear state
-            make, hybrid = HybridDecoder, dict(window=self.window, sinks=self.sinks)
+            make, hybrid = HybridDecoder, dict(window=self.window, sinks=self.sinks,
+                                               estimate=self.method == "favor")
         if self._uses_map():
             gamma = self.gamma
             if isinstance(gamma, torch.Tensor):
@@ -337,16 +338,19 @@ class FavorCore(AttentionCore):
     def extra_repr(self):
         return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "
                 f"kernel={self.kernel}, features={self.features}, "
-                f"projection={self.projection_kind}, method={self.method}" + describe(self))
+                f"projection={self.projection_kind}, method={self.method}" + describe(self)
+                + (f", window={self.window}, sinks={self.sinks}"
+                   if self.window or self.sinks else ""))
 
 
 def check_method(method, learn_features, feature_weights, decay):
-    """FAVOR or exact; exact takes no feature map or decay."""
-    if method not in ("favor", "exact"):
-        raise _core.Error(f"method: '{method}' is not a method; use favor or exact")
-    if method == "exact" and (learn_features or feature_weights or decay is not None):
-        raise _core.Error("method: 'exact' has no feature map; learn_features, feature_weights "
-                          "and decay need method='favor'")
+    """FAVOR, exact or window (hybrid attention's window and sinks alone); exact and window
+    take no feature map or decay."""
+    if method not in ("favor", "exact", "window"):
+        raise _core.Error(f"method: '{method}' is not a method; use favor, exact or window")
+    if method != "favor" and (learn_features or feature_weights or decay is not None):
+        raise _core.Error(f"method: '{method}' has no feature map; learn_features, "
+                          "feature_weights and decay need method='favor'")
 
 
 def describe(core):

@@ -36,12 +36,13 @@ class HybridDecoder:
     prefill(q, k, v, key_mask=None) -> causal hybrid attention over a prompt (the rows of
     favor.torch.attention(..., causal=True, window, sinks)), leaving its state; step(q, k, v,
     key_mask=None) one token per row; append(k, v, key_mask=None); query(q); select(indices)
-    (beam search); state_bytes (fixed by window, sinks and the map).
+    (beam search); state_bytes (fixed by window, sinks and the map). estimate=False keeps
+    the window and the sinks alone (method='window': no linear state is read or fed).
     """
 
     def __init__(self, batch, heads, dv, projection=None, *, window, sinks=0,
                  kernel="positive", scale=None, fit=None, feature_map=None, decay=None,
-                 backend=None):
+                 backend=None, estimate=True):
         for value, name in ((window, "window"), (sinks, "sinks")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise _core.Error(f"{name}: {value!r} must be an integer >= 0")
@@ -51,6 +52,7 @@ class HybridDecoder:
         self.linear = Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale, fit=fit,
                               feature_map=feature_map, decay=decay, backend=backend)
         self.window, self.sinks, self.dv, self.heads = window, sinks, dv, heads
+        self.estimate = bool(estimate)  # False: the window and the sinks alone
         w, kernel, scale, fit_t, weights, bias, lam, gammas = self.linear._op_map
         self._attention_map = dict(kernel=kernel, scale=scale, weights=weights, bias=bias,
                                    feature_weights=lam, decay=gammas, fit=fit_t, projection=w)
@@ -124,10 +126,11 @@ class HybridDecoder:
             self.sink_v[rows, :, slot] = v[rows, :, 0]
             self.sink_pos[rows, slot] = t
         if w == 0:
-            self.linear.append(k, v, key_mask=(keep & ~sink)[:, None])
+            if self.estimate:
+                self.linear.append(k, v, key_mask=(keep & ~sink)[:, None])
         else:
             slot = t % w
-            if t >= w:
+            if t >= w and self.estimate:
                 leaving = self.ring_keep[:, slot] & ~self.ring_sink[:, slot]
                 self.linear.append(self.ring_k[:, :, slot:slot + 1],
                                    self.ring_v[:, :, slot:slot + 1], key_mask=leaving[:, None])
@@ -192,7 +195,7 @@ class HybridDecoder:
         """[B, H, T, Dv] float32: each query reads the current state (the ring as it is)."""
         q = q.detach().float()
         self._follow(q.device)
-        parts = [self._exact_part(q), self._linear_part(q)]
+        parts = [self._exact_part(q)] + ([self._linear_part(q)] if self.estimate else [])
         top = torch.stack([s for _, s in parts]).amax(0)
         top = top.masked_fill(torch.isinf(top), 0.0)
         acc = sum(torch.exp(s - top).float().unsqueeze(-1) * out for out, s in parts)
@@ -224,7 +227,8 @@ class HybridDecoder:
                                         torch.as_tensor(key_mask)[:, i:i + 1])
                               for i in range(q.shape[2])], 2)
         keep = self._keep(key_mask, k.shape[0], k.shape[2], k.device)
-        m = self._attention_map
+        m = self._attention_map if self.estimate else dict(method="window",
+                                                             scale=self._attention_map["scale"])
         y = attention(q.detach().float(), k.detach().float(), v.detach().float(), causal=True,
                       window=self.window, sinks=self.sinks, key_padding_mask=~keep,
                       backend=self.linear.backend, **m)
@@ -243,7 +247,7 @@ class HybridDecoder:
             self.sink_v[b, :, :len(pos)] = v[b, :, pos]
             self.sink_pos[b, :len(pos)] = pos
         folded = max(t - w, 0)
-        if folded:
+        if folded and self.estimate:
             self.linear.append(k[:, :, :folded], v[:, :, :folded],
                                key_mask=(keep & ~sink)[:, :folded])
         for p in range(folded, t):

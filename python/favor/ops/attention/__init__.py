@@ -17,6 +17,7 @@ from .. import _tensors as T
 from .. import _dispatch
 from ..exact.op import exact_attention
 from ..projection import projection as draw_projection
+from . import paths
 from .op import Formula, attention_op, eager, eager_attention, eager_mode, plain_inputs
 
 __all__ = ["attention", "check_parameters", "fit_tensors", "projection_tensor"]
@@ -225,7 +226,9 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     that the backward runs one sweep instead of recomputing the forward (C++
     AttentionOptions::save_causal_states; docs/gradients.md). Same gradients, more memory.
 
-    window, sinks (method='favor', Nq = Nk): hybrid attention (docs/math.md, "Hybrid
+    method='window': the window and the sinks alone (exact softmax, the estimator removed:
+    the baseline a hybrid must beat; plain torch on any device).
+    window, sinks (method='favor' or 'window', Nq = Nk): hybrid attention (docs/math.md, "Hybrid
     attention"): exact softmax on each query's last `window` keys (causal; bidirectional
     |i - j| < window) and on the first `sinks` keys the mask keeps, the estimator on the
     others, one normaliser (decay counts from the window's edge). 0, 0: the plain method.
@@ -290,6 +293,25 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
             y = attention_op(*args)[0]
         else:
             y = _dispatch.ForcedAutograd.apply(Formula, *forced, *args)[0]
+    elif method == "window":
+        if any(x is not None for x in map_args):
+            raise _core.Error("method: 'window' takes no feature map, weights, bias, "
+                              "feature_weights or decay (it has no estimator)")
+        y = _window(q32, k32, v32, mask, bool(causal), scale, window, sinks)
     else:
-        raise _core.Error(f"method: '{method}' is not a method; use favor or exact")
+        raise _core.Error(f"method: '{method}' is not a method; use favor, exact or window")
     return y if out_dtype == torch.float32 else y.to(out_dtype)
+
+
+def _window(q, k, v, mask, causal, scale, window, sinks):
+    """method='window': hybrid attention's exact part alone (plain torch, differentiable)."""
+    from .hybrid import window_attention
+    paths.check_inputs(q, k, v, causal, mask, window, sinks)
+    if not (window or sinks):
+        raise _core.Error("window, sinks: method='window' attends to the window and the sinks "
+                          "only; give window > 0 or sinks > 0")
+    d = q.shape[-1]
+    s = d ** -0.5 if scale is None else float(_args.optional_number(scale, "scale"))
+    qf, kf, vf = paths.flat(q), paths.flat(k), paths.flat(v)
+    y = window_attention(qf, kf, vf, paths.keep_rows(mask, q), causal, window, sinks, s)
+    return y.reshape(*q.shape[:-1], v.shape[-1])

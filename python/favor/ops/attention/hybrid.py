@@ -151,3 +151,13 @@ def hybrid_attention(q, k, v, cm, keep, causal, window, sinks, chunk=64, *, scal
                                log_const, chunk)
             parts.append((out.flip(1), lse.flip(1)))
     return merge(parts, dv)
+
+
+def window_attention(q, k, v, keep, causal, window, sinks, scale):
+    """Exact softmax on the window and the sinks alone, the estimator removed: y [BH, N, Dv]
+    (q, k, v [BH, N, D or Dv] float32, keep [BH, N] or None). The baseline a hybrid must
+    beat (method='window' of favor.torch.attention; StreamingLLM's attention)."""
+    sink = sink_mask(keep, q.shape[1], sinks, q.shape[0], q.device)
+    out, _ = _band(q, k, v, keep, sink, sinks, causal, window, scale)
+    return ratio(out, v.shape[-1])
+
