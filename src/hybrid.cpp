@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
+#include "favor/runtime.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/band_params.hpp"
 
@@ -21,8 +23,10 @@ struct Part {
   bool reversed = false;
   int64_t offset = 0;  // rows of the view: n - offset
   int64_t rows = 0;
-  std::vector<float> out, rows_x;  // [B*H][rows][dv]: the kernel's y; [B*H][rows][dv + 1]
-  std::vector<double> shift;       // [B*H][rows]: full log scales once finished
+  // [B*H][rows][dv + 1] and [B*H][rows] (full log scales once finished), written whole by
+  // the kernel: allocated, not zeroed.
+  std::unique_ptr<float[]> rows_x;
+  std::unique_ptr<double[]> shift;
   // The original index of view row r (query) or view key j (key of the same frame).
   int64_t query(int64_t n, int64_t r) const { return reversed ? n - 1 - offset - r : r + offset; }
   int64_t key(int64_t n, int64_t j) const { return reversed ? n - 1 - j : j; }
@@ -111,8 +115,8 @@ double pair_log_const(const ResolvedMap& r, int64_t bh) {
 
 // What every key of query row i shares and the kernel leaves out: the query's norm term, the
 // constants, and the query's decay clock (view row r: the kernel weighs key j by exp(rate j)).
-double query_log_weight(const AttentionParams& p, const ResolvedMap& r, int64_t bh, int64_t i,
-                        int64_t view_row) {
+double query_log_weight(const AttentionParams& p, const ResolvedMap& r,
+                        const kernels::FeatureParams& fp, int64_t bh, int64_t i, int64_t view_row) {
   const int64_t b = bh / p.heads, h = bh % p.heads;
   const float* qi = p.q + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
   double n2 = 0.0;
@@ -121,7 +125,6 @@ double query_log_weight(const AttentionParams& p, const ResolvedMap& r, int64_t 
     n2 += e * e;
   }
   const double half = 0.5 * r.scale * n2;
-  const kernels::FeatureParams fp = r.params();
   double g = fp.key_norm == kernels::KeyNorm::minus_half  ? -half
              : fp.key_norm == kernels::KeyNorm::plus_half ? half
                                                           : 0.0;
@@ -160,17 +163,19 @@ void run_parts(const AttentionParams& base, const ResolvedMap& resolved, Plan& p
   const int64_t heads = base.batch * base.heads, dv = base.dv;
   for (Part& part : plan.parts) {
     AttentionParams p = part_params(base, part, plan.keep.data());
-    part.out.assign(static_cast<size_t>(heads * part.rows * dv), 0.0f);
-    part.rows_x.assign(static_cast<size_t>(heads * part.rows * (dv + 1)), 0.0f);
-    part.shift.assign(static_cast<size_t>(heads * part.rows), 0.0);
-    p.out = part.out.data();
-    p.part_rows = part.rows_x.data();
-    p.part_shift = part.shift.data();
+    part.rows_x.reset(new float[static_cast<size_t>(heads * part.rows * (dv + 1))]);
+    part.shift.reset(new double[static_cast<size_t>(heads * part.rows)]);
+    p.out = nullptr;  // the rows are what the merge reads
+    p.part_rows = part.rows_x.get();
+    p.part_shift = part.shift.get();
     kernels::backend().favor_causal(p);
+    const kernels::FeatureParams fp = resolved.params();
+#pragma omp parallel for num_threads(favor::num_threads()) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < part.rows; ++r) {
         double& s = part.shift[bh * part.rows + r];
-        if (!std::isinf(s)) s += query_log_weight(base, resolved, bh, part.query(base.nq, r), r);
+        if (!std::isinf(s))
+          s += query_log_weight(base, resolved, fp, bh, part.query(base.nq, r), r);
       }
   }
 }
@@ -192,34 +197,37 @@ kernels::BandParams band_params(const AttentionParams& base, const ResolvedMap& 
 HybridRows merge_forward(const AttentionParams& base, const ResolvedMap& resolved,
                          const AttentionOptions& options, Plan& plan) {
   const int64_t n = base.nq, heads = base.batch * base.heads, dv = base.dv, ld = dv + 1;
-  std::vector<float> band_rows(static_cast<size_t>(heads * n * ld));
-  std::vector<double> band_shift(static_cast<size_t>(heads * n));
+  // written whole by the band kernel: allocated, not zeroed
+  std::unique_ptr<float[]> band_rows(new float[static_cast<size_t>(heads * n * ld)]);
+  std::unique_ptr<double[]> band_shift(new double[static_cast<size_t>(heads * n)]);
   kernels::BandParams bp = band_params(base, resolved, options, plan);
-  bp.p.part_rows = band_rows.data();
-  bp.p.part_shift = band_shift.data();
+  bp.p.part_rows = band_rows.get();
+  bp.p.part_shift = band_shift.get();
   kernels::backend().band_attention(bp);
   run_parts(base, resolved, plan);
 
   HybridRows out;
   out.y.assign(static_cast<size_t>(heads * n * dv), 0.0f);
   out.lse.assign(static_cast<size_t>(heads * n), -INFINITY);
-  std::vector<double> num(static_cast<size_t>(dv));
+  int64_t zero_rows = 0;
+#pragma omp parallel for num_threads(favor::num_threads()) schedule(static) reduction(+ : zero_rows)
   for (int64_t bh = 0; bh < heads; ++bh) {
     // Each row's parts: the band's, then the estimated parts' view rows.
     std::vector<std::pair<const float*, double>> parts;
+    std::vector<double> num(static_cast<size_t>(dv));
     for (int64_t i = 0; i < n; ++i) {
       parts.clear();
-      parts.emplace_back(band_rows.data() + (bh * n + i) * ld, band_shift[bh * n + i]);
+      parts.emplace_back(band_rows.get() + (bh * n + i) * ld, band_shift[bh * n + i]);
       for (const Part& part : plan.parts) {
         const int64_t r = part.reversed ? n - 1 - part.offset - i : i - part.offset;
         if (r < 0 || r >= part.rows) continue;
-        parts.emplace_back(part.rows_x.data() + (bh * part.rows + r) * ld,
+        parts.emplace_back(part.rows_x.get() + (bh * part.rows + r) * ld,
                            part.shift[bh * part.rows + r]);
       }
       double top = -INFINITY;
       for (const auto& pr : parts) top = std::max(top, pr.second);
       if (std::isinf(top)) {
-        ++out.zero_rows;
+        ++zero_rows;
         continue;
       }
       std::fill(num.begin(), num.end(), 0.0);
@@ -238,12 +246,13 @@ HybridRows merge_forward(const AttentionParams& base, const ResolvedMap& resolve
       }
       if (!ok) {
         std::fill(y, y + dv, 0.0f);
-        ++out.zero_rows;
+        ++zero_rows;
         continue;
       }
       out.lse[bh * n + i] = top + std::log(den);
     }
   }
+  out.zero_rows = zero_rows;
   return out;
 }
 
@@ -258,13 +267,14 @@ void add_norm_term_grad(const BackwardParams& bp, const ResolvedMap& resolved, c
   if (fp.key_norm == kernels::KeyNorm::none) return;
   const double sign = fp.key_norm == kernels::KeyNorm::minus_half ? -1.0 : 1.0;
   const int64_t n = base.nq, heads = base.batch * base.heads, d = base.d, dv = base.dv;
+#pragma omp parallel for num_threads(favor::num_threads()) schedule(static)
   for (int64_t bh = 0; bh < heads; ++bh) {
     const int64_t b = bh / base.heads, h = bh % base.heads;
     for (int64_t r = 0; r < part.rows; ++r) {
       const int64_t i = part.query(n, r);
       const double L = part.shift[bh * part.rows + r], lse = merged.lse[bh * n + i];
       if (std::isinf(L) || std::isinf(lse)) continue;
-      const float* row = part.rows_x.data() + (bh * part.rows + r) * (dv + 1);
+      const float* row = part.rows_x.get() + (bh * part.rows + r) * (dv + 1);
       const float* y = merged.y.data() + (bh * n + i) * dv;
       const float* dy = bp.dy + b * bp.dy_strides[0] + h * bp.dy_strides[1] + i * bp.dy_strides[2];
       double g_num = 0.0, g_y = 0.0;
@@ -309,18 +319,20 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
   band.dv = bp.dv;
   kernels::backend().band_attention_backward(band);
 
+  const kernels::FeatureParams fp = resolved.params();
   for (const Part& part : plan.parts) {
     add_norm_term_grad(bp, resolved, part, merged);
     const int64_t rows = part.rows;
     // The merged rows in the view's order, lse in the kernel's frame (its row scales c + M).
     std::vector<float> y(static_cast<size_t>(heads * rows * dv));
     std::vector<double> lse(static_cast<size_t>(heads * rows));
+#pragma omp parallel for num_threads(favor::num_threads()) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = part.query(n, r);
         std::copy_n(merged.y.data() + (bh * n + i) * dv, dv, y.data() + (bh * rows + r) * dv);
         const double l = merged.lse[bh * n + i];
-        lse[bh * rows + r] = std::isinf(l) ? l : l - query_log_weight(base, resolved, bh, i, r);
+        lse[bh * rows + r] = std::isinf(l) ? l : l - query_log_weight(base, resolved, fp, bh, i, r);
       }
     BackwardParams lb = bp;
     lb.fwd = part_params(base, part, plan.keep.data());
@@ -341,6 +353,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
     lb.r_out = nullptr;
     lb.r_in = nullptr;
     kernels::backend().favor_backward_causal(lb);
+#pragma omp parallel for num_threads(favor::num_threads()) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = part.query(n, r), j = part.key(n, r);

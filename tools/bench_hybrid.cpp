@@ -80,8 +80,7 @@ double hybrid_row(BenchRunner& bench, int64_t n, bool backward, double favor_sec
     t = measure([&] { favor_attention_backward(q, k, v, dy, w, o); }, a.repeats, a.min_time);
   } else {
     Tensor out({1, bh, n, a.d}, 0.0f);
-    t = measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o); }, a.repeats,
-                a.min_time);
+    t = measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o); }, a.repeats, a.min_time);
   }
   const double flops = hybrid_flops(bench.problem(bh, n), kHybridWindow, kHybridSinks,
                                     kernel_info().causal_chunk, backward);
@@ -101,12 +100,11 @@ double hybrid_row(BenchRunner& bench, int64_t n, bool backward, double favor_sec
   }
   bench.emit(std::move(r));
   if (!a.json) {
-    fmt::print("{:>7} hybrid / favor = {:.2f}{}{}\n", "", t.seconds / favor_seconds,
-               exact_seconds ? fmt::format(", hybrid / exact = {:.3g}", t.seconds / *exact_seconds)
-                             : "",
-               backward ? fmt::format(", backward / forward = {:.2f}", t.seconds / forward_seconds)
-                        : fmt::format(", {:.1f} ns per token and head",
-                                      t.seconds / double(n * bh) * 1e9));
+    fmt::print(
+        "{:>7} hybrid / favor = {:.2f}{}{}\n", "", t.seconds / favor_seconds,
+        exact_seconds ? fmt::format(", hybrid / exact = {:.3g}", t.seconds / *exact_seconds) : "",
+        backward ? fmt::format(", backward / forward = {:.2f}", t.seconds / forward_seconds)
+                 : fmt::format(", {:.1f} ns per token and head", t.seconds / double(n * bh) * 1e9));
   }
   return t.seconds;
 }

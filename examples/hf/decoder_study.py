@@ -47,6 +47,16 @@ METHODS = [
     ("positive-fit", "positive-fit", dict(features=128)),
     ("hedgehog+decay", "hedgehog", dict(features=64, decay=0.99, learn_decay=True)),
     ("vq", "vq", dict(codes=64)),
+    # hybrid attention: exact softmax on the last 64 characters and 4 sinks, the estimator
+    # beyond (hedgehog with a learned decay, the best plain row); the same window and sinks
+    # alone (method 'window': the estimator removed)
+    ("hedgehog+decay w=64 s=4", "hedgehog", dict(features=64, decay=0.99, learn_decay=True,
+                                                 window=64, sinks=4)),
+    ("window w=64 s=4", "window", dict(window=64, sinks=4)),
+    # the same at a window of 8, which leaves this model's attention short of its mass
+    ("hedgehog+decay w=8 s=4", "hedgehog", dict(features=64, decay=0.99, learn_decay=True,
+                                                window=8, sinks=4)),
+    ("window w=8 s=4", "window", dict(window=8, sinks=4)),
 ]
 CONTROL = "original (control)"
 

@@ -34,6 +34,11 @@ METHODS = [  # (label, method, options)
     ("hedgehog m=64", "hedgehog", dict(features=64)),
     ("positive-fit m=128", "positive-fit", dict(features=128)),
     ("vq c=64", "vq", dict(codes=64)),
+    # hybrid attention (run at --embed-length 512 --calibration-length 512, lengths the band
+    # cannot cover): a band of |i - j| < 32 and 2 sinks ([CLS] and the first token), the
+    # estimator beyond; the same band alone; the plain method is the row above
+    ("positive-fit m=128 w=32 s=2", "positive-fit", dict(features=128, window=32, sinks=2)),
+    ("window w=32 s=2", "window", dict(window=32, sinks=2)),
 ]
 QUICK = [("exact", "exact", {}), ("hedgehog m=16", "hedgehog", dict(features=16))]
 

@@ -72,7 +72,8 @@ void save_part_rows(const AttentionParams& p, int64_t bh, int64_t c0, int64_t ro
 int64_t sweep(const AttentionParams& p, int64_t chunk, int64_t b, int64_t h, int64_t begin,
               int64_t end, double& max, ChunkWorkspace& ws) {
   const int64_t F = ws.F, dv = p.dv;
-  float* oh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
+  // A hybrid part (p.part_rows) may leave out null: its rows are all it needs.
+  float* oh = p.out ? p.out + b * p.out_strides[0] + h * p.out_strides[1] : nullptr;
   HeadState state = ws.state();
   state.max = max;
   float* vx = ws.sv.data() + F * (dv + 1);  // the chunk's [V_c | 1], right below the state
@@ -101,8 +102,9 @@ int64_t sweep(const AttentionParams& p, int64_t chunk, int64_t b, int64_t h, int
     chunk_output(rows, state.max, moved, ws, empty);
     if (save) std::copy_n(ws.yx.data(), rows * (dv + 1), p.ctx_rows + (bh * p.nq + c0) * (dv + 1));
     if (p.part_rows) save_part_rows(p, bh, c0, rows, ws);
-    zero_rows += write_rows(ws.yx.data(), rows, dv, oh + c0 * p.out_strides[2], p.out_strides[2],
-                            p.out_strides[3]);
+    if (oh)
+      zero_rows += write_rows(ws.yx.data(), rows, dv, oh + c0 * p.out_strides[2], p.out_strides[2],
+                              p.out_strides[3]);
     if (keep || c0 + rows < end) chunk_state_update(rows, moved, state, vx, ws);
   }
   if (save && end == p.nq) save_state(p, bh, kernels::causal_chunks(p.nq), state);

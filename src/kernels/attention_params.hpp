@@ -61,7 +61,7 @@ struct AttentionParams {
   // the query's shift plus the key offset it reads at; -inf for a row that saw no key. The
   // true sums are the rows times exp(scale + what every key of the row shares: the query's
   // norm term, the map's constants, the query's decay clock), which the facade adds. out is
-  // written as usual.
+  // written as usual, or not at all when null.
   float* part_rows = nullptr;
   double* part_shift = nullptr;
 };

@@ -93,8 +93,22 @@ class Method:
             codes = kw.pop("codes", 256)
             return VQCore(heads, head_dim, codes, causal=causal, scale=scale, seed=seed,
                           device=device, **self.fixed, **kw)
-        return FavorCore(heads, head_dim, causal=causal, scale=scale, seed=seed, device=device,
-                         **{**self.fixed, **kw})
+        kw = {**self.fixed, **kw}
+        mix = self.hybrid(kw) and kw.get("kernel") == "hedgehog" \
+            and not kw.get("feature_weights")
+        if mix:  # hybrid hedgehog: the learned mix factor, below
+            kw["feature_weights"] = True
+        core = FavorCore(heads, head_dim, causal=causal, scale=scale, seed=seed, device=device,
+                         **kw)
+        if mix:
+            # hedgehog's features carry no constant and no norm term, so its estimate has no
+            # common scale with the window's exact terms: lambda (per head and feature, only
+            # lambda^2 enters) is the learned mix factor (LoLCATs learns one per head; its
+            # bias b cannot serve, as it scales hedgehog's two halves by e^(2b) and e^(-2b)),
+            # started at (2m)^(-1/2), the random features' own constant.
+            with torch.no_grad():
+                core.map_lambda.fill_((2 * core.features) ** -0.5)
+        return core
 
 
 METHODS = {m.name: m for m in [

@@ -206,6 +206,9 @@ class HybridDecoder:
         k, v = k.detach().float(), v.detach().float()
         self._follow(k.device)
         keep = self._keep(key_mask, k.shape[0], k.shape[2], k.device)
+        if self.position == 0:  # from an empty state: in bulk
+            self._build(k, v, keep)
+            return
         for i in range(k.shape[2]):
             self._push(k[:, :, i:i + 1], v[:, :, i:i + 1], keep[:, i])
 
