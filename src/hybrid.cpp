@@ -100,35 +100,13 @@ AttentionParams part_params(const AttentionParams& base, const Part& part, const
   return p;
 }
 
-// The log constant of the map's features on both sides (q and k): 2 log c_h.
-double pair_log_const(const ResolvedMap& r, int64_t bh) {
-  if (r.adapted.heads > 0) return 2.0 * r.adapted.log_const[r.adapted.heads == 1 ? 0 : bh];
-  switch (r.kernel) {
-    case Kernel::hedgehog:
-      return 0.0;
-    case Kernel::hyperbolic:
-      return -std::log(2.0 * double(r.m));
-    default:
-      return -std::log(double(r.m));
-  }
-}
-
-// What every key of query row i shares and the kernel leaves out: the query's norm term, the
-// constants, and the query's decay clock (view row r: the kernel weighs key j by exp(rate j)).
+// What every key of query row i shares and the kernel leaves out (row_log_weight), plus the
+// query's decay clock (view row r: the kernel weighs key j by exp(rate j)).
 double query_log_weight(const AttentionParams& p, const ResolvedMap& r,
                         const kernels::FeatureParams& fp, int64_t bh, int64_t i, int64_t view_row) {
   const int64_t b = bh / p.heads, h = bh % p.heads;
   const float* qi = p.q + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
-  double n2 = 0.0;
-  for (int64_t x = 0; x < p.d; ++x) {
-    const double e = qi[x * p.q_strides[3]];
-    n2 += e * e;
-  }
-  const double half = 0.5 * r.scale * n2;
-  double g = fp.key_norm == kernels::KeyNorm::minus_half  ? -half
-             : fp.key_norm == kernels::KeyNorm::plus_half ? half
-                                                          : 0.0;
-  g += pair_log_const(r, bh);
+  double g = row_log_weight(r, fp, bh, qi, p.q_strides[3]);
   if (fp.decay_rate) g -= fp.head_decay(bh) * double(view_row);
   return g;
 }
@@ -294,6 +272,30 @@ void add_norm_term_grad(const BackwardParams& bp, const ResolvedMap& resolved, c
 }
 
 }  // namespace
+
+double row_log_weight(const ResolvedMap& r, const kernels::FeatureParams& fp, int64_t bh,
+                      const float* q, int64_t stride) {
+  double n2 = 0.0;
+  for (int64_t x = 0; x < fp.d; ++x) {
+    const double e = q[x * stride];
+    n2 += e * e;
+  }
+  const double half = 0.5 * r.scale * n2;
+  double g = fp.key_norm == kernels::KeyNorm::minus_half  ? -half
+             : fp.key_norm == kernels::KeyNorm::plus_half ? half
+                                                          : 0.0;
+  // the features' constant on both sides: m^-1/2 (positive, trig), (2m)^-1/2 (hyperbolic),
+  // 1 (hedgehog), FAVOR++ / FAVOR#'s per head from their fit
+  if (r.adapted.heads > 0) return g + 2.0 * r.adapted.log_const[r.adapted.heads == 1 ? 0 : bh];
+  switch (r.kernel) {
+    case Kernel::hedgehog:
+      return g;
+    case Kernel::hyperbolic:
+      return g - std::log(2.0 * double(r.m));
+    default:
+      return g - std::log(double(r.m));
+  }
+}
 
 HybridRows hybrid_forward(const AttentionParams& base, const ResolvedMap& resolved,
                           const AttentionOptions& options) {

@@ -30,6 +30,12 @@ struct HybridRows {
 HybridRows hybrid_forward(const kernels::AttentionParams& base, const ResolvedMap& resolved,
                           const AttentionOptions& options);
 
+/// What the kernels leave out of query row q's estimated sums (they cancel in a plain call,
+/// not against exact terms): the query's norm term (-+scale |q|^2 / 2 by the map's key norm)
+/// and the features' constant on both sides, as a log; q: the row's D values at `stride`.
+double row_log_weight(const ResolvedMap& r, const kernels::FeatureParams& fp, int64_t bh,
+                      const float* q, int64_t stride);
+
 /// Adds the gradients of a hybrid call to bp.dq, bp.dk, bp.dv (C-contiguous, zeroed) and to
 /// its parameter slices (bp.dw, dbias, dlogw, drate where set); bp.fwd as `base` above.
 void hybrid_backward(const kernels::BackwardParams& bp, const ResolvedMap& resolved,

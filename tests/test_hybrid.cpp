@@ -219,3 +219,93 @@ TEST(Hybrid, Errors) {
 
 }  // namespace
 }  // namespace favor::test_hybrid
+
+// ---- HybridDecoder ----------------------------------------------------------------------
+
+namespace favor::test_hybrid {
+namespace {
+
+// A prompt of `split` tokens through prefill, then one step per token: the rows of causal
+// hybrid attention (same map, window, sinks, decay, key mask), and a fixed state size.
+void expect_decoding_equals_attention(const Case& c, int64_t split) {
+  Inputs s(c);
+  const Tensor ref = favor_attention(s.q, s.k, s.v, s.map, s.o);
+  DecoderOptions dopt;
+  dopt.decay = s.o.decay;
+  HybridDecoder dec(Inputs::B, Inputs::H, Inputs::Dv, s.map, c.window, c.sinks, dopt);
+  const int64_t bytes = dec.state_bytes();
+  const int64_t N = Inputs::N, H = Inputs::H, B = Inputs::B;
+  auto slice = [&](const Tensor& t, int64_t from, int64_t n) {
+    const Shape4& sh = t.shape();
+    return TensorView{t.data() + from * sh[3],
+                      {sh[0], sh[1], n, sh[3]},
+                      {sh[1] * sh[2] * sh[3], sh[2] * sh[3], sh[3], 1}};
+  };
+  std::vector<uint8_t> m(static_cast<size_t>(B));
+  auto mask_of = [&](int64_t from, int64_t n, std::vector<uint8_t>& buf) {
+    buf.resize(static_cast<size_t>(B * n));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < n; ++t) buf[b * n + t] = s.flags[b * N + from + t];
+    return KeyMaskView::contiguous(buf.data(), B, n);
+  };
+  double worst = 0.0;
+  auto compare = [&](const Tensor& y, int64_t from, int64_t n) {
+    for (int64_t bh = 0; bh < B * H; ++bh)
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t x = 0; x < Inputs::Dv; ++x)
+          worst =
+              std::max(worst, double(std::abs(y.data()[(bh * n + t) * Inputs::Dv + x] -
+                                              ref.data()[(bh * N + from + t) * Inputs::Dv + x])));
+  };
+  std::vector<uint8_t> buf;
+  if (split > 0)
+    compare(dec.prefill(slice(s.q, 0, split), slice(s.k, 0, split), slice(s.v, 0, split),
+                        mask_of(0, split, buf)),
+            0, split);
+  for (int64_t t = split; t < N; ++t) {
+    compare(dec.step(slice(s.q, t, 1), slice(s.k, t, 1), slice(s.v, t, 1), mask_of(t, 1, buf)), t,
+            1);
+    EXPECT_EQ(dec.state_bytes(), bytes);
+  }
+  EXPECT_LE(worst, 2e-5) << name_of(c) << " split " << split;
+}
+
+TEST(HybridDecoder, DecodingAPromptEqualsTheCausalRows) {
+  for (const Case& c : {Case{Kernel::positive, true, 6, 2, Mask::left_padded},
+                        Case{Kernel::positive, true, 0, 3, Mask::periodic},
+                        Case{Kernel::hyperbolic, true, 5, 0, Mask::none},
+                        Case{Kernel::trig, true, 4, 2, Mask::left_padded},
+                        Case{Kernel::positive, true, 5, 1, Mask::left_padded, true, true},
+                        Case{Kernel::hedgehog, true, 3, 2, Mask::none, true, true}})
+    for (int64_t split : {0, 9, 20}) expect_decoding_equals_attention(c, split);
+}
+
+TEST(HybridDecoder, SelectStateAndErrors) {
+  Inputs s({Kernel::positive, true, 4, 2, Mask::none});
+  HybridDecoder dec(Inputs::B, Inputs::H, Inputs::Dv, s.map, 4, 2);
+  const Shape4 st{Inputs::H * Inputs::N * Inputs::D, Inputs::N * Inputs::D, Inputs::D, 1};
+  const Shape4 sv{Inputs::H * Inputs::N * Inputs::Dv, Inputs::N * Inputs::Dv, Inputs::Dv, 1};
+  auto view = [](const Tensor& t, const Shape4& strides, int64_t from, int64_t n) {
+    const Shape4& sh = t.shape();
+    return TensorView{t.data() + from * sh[3], {sh[0], sh[1], n, sh[3]}, strides};
+  };
+  dec.prefill(view(s.q, st, 0, 10), view(s.k, st, 0, 10), view(s.v, sv, 0, 10));
+  const HybridDecoderState saved = dec.state();
+  const Tensor a = dec.step(view(s.q, st, 10, 1), view(s.k, st, 10, 1), view(s.v, sv, 10, 1));
+  HybridDecoder fresh(Inputs::B, Inputs::H, Inputs::Dv, s.map, 4, 2);
+  fresh.load_state(saved);
+  const Tensor b = fresh.step(view(s.q, st, 10, 1), view(s.k, st, 10, 1), view(s.v, sv, 10, 1));
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * size_t(a.numel())), 0);
+  // select: rows 1, 1, 0 equal attention over those rows
+  fresh.load_state(saved);
+  fresh.select({1, 1, 0});
+  EXPECT_EQ(fresh.batch(), 3);
+  HybridDecoderState bad = saved;
+  bad.ring_k.pop_back();
+  expect_error([&] { dec.load_state(bad); }, "state.ring_k");
+  expect_error([&] { HybridDecoder(1, 1, 4, s.map, -1, 0); }, "window: -1 must be >= 0");
+  expect_error([&] { HybridDecoder(1, 1, 4, s.map, 0, 0); }, "both 0 is the plain method");
+}
+
+}  // namespace
+}  // namespace favor::test_hybrid

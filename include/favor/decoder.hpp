@@ -88,6 +88,11 @@ class Decoder {
   void prefill(DecoderStateView state, TensorView q, TensorView k, TensorView v,
                MutableTensorView out, const std::optional<KeyMaskView>& key_mask = {});
 
+  /// The estimated sums of T queries q [B, H, T, D] against the current state, unnormalised:
+  /// rows [B*H][T][dv + 1] ([num | den]) and each row's log scale shift [B*H][T] (the true
+  /// sums, every constant kept, are rows * exp(shift), at the decay clock of the last kept
+  /// token appended; -inf: an empty head). Hybrid decoding's estimated part (HybridDecoder).
+  void query_parts(TensorView q, float* rows, double* shift) const;
   /// Tokens appended so far.
   int64_t position() const { return position_; }
   /// Bytes held by the state (S, s, the stabilisers and the row positions): fixed at

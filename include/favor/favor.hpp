@@ -21,6 +21,7 @@
 #include "favor/feature_map.hpp"
 #include "favor/features.hpp"
 #include "favor/fit.hpp"
+#include "favor/hybrid_decoder.hpp"
 #include "favor/kernel_rules.hpp"
 #include "favor/metrics.hpp"
 #include "favor/projection.hpp"

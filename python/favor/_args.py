@@ -291,3 +291,23 @@ class Streaming:
     batch = property(lambda self: self._d.batch)
     heads = property(lambda self: self._d.heads)
     dv = property(lambda self: self._d.dv)
+
+
+def hybrid_sizes(window, sinks, check=False):
+    """window and sinks as ints (any integer type, not bool: favor.Error instead of a
+    TypeError); with check, also C++'s rule on their values (favor::check_attention_shapes:
+    >= 0), for a constructor (a call's values are checked by the call)."""
+    out = []
+    for value, name in ((window, "window"), (sinks, "sinks")):
+        if isinstance(value, bool):
+            raise _core.Error(f"{name}: must be an integer (got bool)")
+        try:
+            out.append(operator.index(value))
+        except TypeError:
+            raise _core.Error(f"{name}: must be an integer (got {type(value).__name__})") \
+                from None
+    if check:
+        _core.check_attention_shapes([1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], window=out[0],
+                                     sinks=out[1])
+    return tuple(out)
+

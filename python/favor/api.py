@@ -13,7 +13,8 @@ import numpy as np
 from . import _core
 from ._args import (DEFAULT_FEATURES, DRAW_DEFAULTS, KERNEL_NAMES, Streaming,  # noqa: F401
                     batch_heads, check_map_defaults, check_set_count, check_values, decay_values,
-                    fit_for, head_dim, integer, kernel_name, make_projection, parameter_sets)
+                    fit_for, head_dim, hybrid_sizes, integer, kernel_name, make_projection,
+                    parameter_sets)
 from .feature_map import FeatureMap
 
 # The names favor.torch and favor.distributed import from here (they live in _args now).
@@ -134,6 +135,7 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
     window) and on the first `sinks` visible keys, the estimator on every other key, one
     normaliser; decay then counts from the window's edge. 0 and 0: the plain method.
     """
+    window, sinks = hybrid_sizes(window, sinks)
     if method != "favor":
         for name, value in (("feature_map", feature_map), ("feature_weights", feature_weights),
                             ("decay", decay), ("window", window or None),
@@ -200,6 +202,7 @@ def attention_backward(q, k, v, dy, *, causal=False, kernel="positive", features
     state and is refused if it came from other inputs. parameter_grads=True returns
     FeatureMapGrads(dq, dk, dv, dw, dbias, dlambda, ddecay): the gradients of the map's
     learned parameters and of the decay as well."""
+    window, sinks = hybrid_sizes(window, sinks)
     if context is not None and not isinstance(context, _core.AttentionContext):
         raise _core.Error(f"context: must be the AttentionContext of attention(..., "
                           f"full_output=True), not {type(context).__name__}")
@@ -274,10 +277,28 @@ class Decoder(Streaming):
     query after appending tokens 0..i equals row i of causal attention. FAVOR++/FAVOR#
     need a fit (calibrated, or a float A for favorpp). state_bytes does not grow with
     position. One decoder is not to be shared by threads (calls are serialised).
+    window, sinks (not both 0): hybrid attention's decoder (favor::HybridDecoder): a ring of
+    the last `window` tokens, the sinks and the linear state of the tokens that left the
+    window; query after tokens 0..i equals row i of attention(..., causal=True, window,
+    sinks). Its state is fixed by (window, sinks, m).
     """
 
     def __init__(self, batch, heads, dv, projection=None, *, kernel="positive", scale=None,
-                 fit=None, feature_map=None, feature_weights=None, decay=None):
+                 fit=None, feature_map=None, feature_weights=None, decay=None, window=0,
+                 sinks=0):
+        window, sinks = hybrid_sizes(window, sinks)
+        if window or sinks:  # hybrid attention: favor::HybridDecoder over the map
+            if feature_map is None and not isinstance(projection, _core.Projection):
+                raise _core.Error("projection: Decoder needs a favor.Projection (its d sets D) "
+                                  "or a feature_map")
+            d = projection.d if feature_map is None else None
+            fm = _core_map(d, feature_map, feature_weights, decay,
+                           dict(DRAW_DEFAULTS, kernel=kernel, scale=scale, fit=fit,
+                                **({} if projection is None else dict(projection=projection))),
+                           force=True, inputs=(batch, heads))
+            self._d = _core.HybridDecoder(batch, heads, dv, fm, window, sinks,
+                                          decay=decay_values(decay))
+            return
         if feature_map is not None:
             if projection is not None:
                 raise _core.Error("projection: the feature_map carries the projection; give one "
@@ -299,10 +320,14 @@ class Decoder(Streaming):
         self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
                                 fit=fit_for(fit, kernel, projection.d, (batch, heads)))
 
-    projection = property(lambda self: self._d.projection)
+    projection = property(lambda self: getattr(self._d, "projection", None))
+    window = property(lambda self: getattr(self._d, "window", 0), doc="hybrid: the window")
+    sinks = property(lambda self: getattr(self._d, "sinks", 0), doc="hybrid: the sinks")
     state_bytes = property(lambda self: self._d.state_bytes,
                            doc="bytes of state (S, s, stabilisers): fixed, whatever the position")
 
     def __repr__(self):
-        return (f"favor.Decoder(batch={self.batch}, heads={self.heads}, dv={self.dv}, "
-                f"m={self.projection.m}, position={self.position})")
+        hybrid = f", window={self.window}, sinks={self.sinks}" if self.window or self.sinks \
+            else f", m={self.projection.m}"
+        return (f"favor.Decoder(batch={self.batch}, heads={self.heads}, dv={self.dv}"
+                f"{hybrid}, position={self.position})")

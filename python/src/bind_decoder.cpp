@@ -101,6 +101,25 @@ void bind_decoder(py::module_& m) {
           py::arg("sums"), py::arg("log_max"), py::arg("row_positions"), py::arg("position"),
           "Replaces the state by arrays shaped as state() returns them (load_state(**state())); "
           "shapes and values are checked, favor.Error naming the argument otherwise.");
+
+  // Hybrid attention's decoder (favor/hybrid_decoder.hpp): a ring of the window, the sinks
+  // and a Decoder fed the tokens that leave the window.
+  using PyHybrid = Locked<HybridDecoder>;
+  bind_streaming_decoder<HybridDecoder>(m, "HybridDecoder")
+      .def(py::init([](int64_t batch, int64_t heads, int64_t dv, const FeatureMap& map,
+                       int64_t window, int64_t sinks, std::vector<double> decay) {
+             DecoderOptions o;
+             o.decay = std::move(decay);
+             try {
+               return new PyHybrid{HybridDecoder(batch, heads, dv, map, window, sinks, o), {}};
+             } catch (const Error& e) {
+               throw renamed_map_error(e);
+             }
+           }),
+           py::arg("batch"), py::arg("heads"), py::arg("dv"), py::arg("feature_map"),
+           py::arg("window"), py::arg("sinks") = 0, py::arg("decay") = std::vector<double>{})
+      .def_property_readonly("window", [](PyHybrid& s) { return s.decoder.window(); })
+      .def_property_readonly("sinks", [](PyHybrid& s) { return s.decoder.sinks(); });
 }
 
 }  // namespace favor::python

@@ -101,8 +101,22 @@ def test_bad_window_and_sinks_are_refused_naming_them():
         favor.attention(q.numpy(), k.numpy(), v.numpy(), sinks=-2)
     with pytest.raises(ValueError, match="Nq == Nk"):
         ft.attention(q[:, :, :5], k, v, window=3)
-    with pytest.raises(ValueError, match="window: must be an int"):
+    with pytest.raises(ValueError, match="window: must be an integer"):
         ft.attention(q, k, v, window=2.5)
+    with pytest.raises(ValueError, match="sinks: must be an integer"):
+        favor.attention(q.numpy(), k.numpy(), v.numpy(), sinks=None)
+    assert torch.equal(ft.attention(q, k, v, window=np.int64(3)), ft.attention(q, k, v, window=3))
+    with pytest.raises(ValueError, match="window: -2 must be >= 0"):
+        ft.FavorAttention(16, 2, window=-2)
+    with pytest.raises(ValueError, match="give window > 0 or sinks > 0"):
+        ft.FavorAttention(16, 2, method="window")
+    layer = ft.FavorAttention(16, 2, window=3)
+    x = torch.randn(2, 10, 16)
+    with pytest.raises(ValueError, match="hybrid attention is self-attention"):
+        layer(x, torch.randn(2, 10, 16))  # cross-attention of equal length
+    mha = ft.MultiheadAttention(16, 2, batch_first=True, window=3, warn_dropout=False)
+    with pytest.raises(ValueError, match="hybrid attention is self-attention"):
+        mha(x, x.clone(), x.clone(), need_weights=False)
     with pytest.raises(ValueError, match="method: 'exact' takes no"):
         ft.attention(q, k, v, method="exact", window=3)
     with pytest.raises(ValueError, match="window: only method='favor'"):
@@ -185,6 +199,41 @@ def test_a_window_only_decoder_equals_method_window():
     assert (torch.cat(outs, 2) - ref).abs().max() < 1e-5
 
 
+def test_decoder_select_keeps_each_heads_fit_constant():
+    """FAVOR# with a fit per head (H sets): after select the heads keep their own constant."""
+    q, k, v = qkv(n=12)
+    fit = favor.fit_kernel("favorsharp", q[:1].numpy(), k[:1].numpy())
+    ref = ft.attention(q[[0, 0]], k[[0, 0]], v[[0, 0]], causal=True, window=3, sinks=1,
+                       kernel="favorsharp", fit=fit, projection=projection())
+    dec = ft.HybridDecoder(1, H, D, projection(), window=3, sinks=1, kernel="favorsharp",
+                           fit=fit)
+    dec.prefill(q[:1, :, :8], k[:1, :, :8], v[:1, :, :8])
+    dec.select([0, 0])
+    y = torch.cat([dec.step(q[[0, 0]][:, :, i:i + 1], k[[0, 0]][:, :, i:i + 1],
+                            v[[0, 0]][:, :, i:i + 1]) for i in range(8, 12)], 2)
+    assert (y - ref[:, :, 8:]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("decay", [None, 0.95])
+def test_the_numpy_decoder_is_cpp_hybrid_decoder(decay):
+    """favor.Decoder(window=, sinks=) (C++ favor::HybridDecoder) equals favor.attention's
+    causal rows and favor.torch.HybridDecoder's steps."""
+    q, k, v = (t.numpy() for t in qkv())
+    keep = (~left_padding()).numpy()
+    p = favor.make_projection(D, "orthogonal", features=32, seed=3)
+    extra = {} if decay is None else dict(decay=decay)
+    ref = favor.attention(q, k, v, causal=True, window=5, sinks=2, key_mask=keep,
+                          projection=p, features=32, **extra)
+    dec = favor.Decoder(B, H, D, p, window=5, sinks=2, **extra)
+    ys = [dec.prefill(q[:, :, :9], k[:, :, :9], v[:, :, :9], key_mask=keep[:, :9])]
+    ys += [dec.step(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
+                    key_mask=keep[:, i:i + 1]) for i in range(9, N)]
+    assert np.abs(np.concatenate(ys, 2) - ref).max() < 1e-5
+    assert dec.window == 5 and dec.sinks == 2 and dec.position == N
+    with pytest.raises(ValueError, match="both 0 is the plain method"):
+        favor._core.HybridDecoder(1, 1, 4, favor.FeatureMap(p.matrix).core(), 0)
+
+
 def test_decoder_select_reorders_like_a_beam_search():
     q, k, v = qkv()
     w = projection()
@@ -196,6 +245,22 @@ def test_decoder_select_reorders_like_a_beam_search():
     ref = ft.attention(q[rows][:, :, :11], k[rows][:, :, :11], v[rows][:, :, :11], causal=True,
                        window=4, sinks=2, projection=w)[:, :, 10:]
     assert (y - ref).abs().max() < 1e-5
+
+
+def test_decoder_state_round_trips_and_decoder_takes_window():
+    q, k, v = qkv()
+    w = projection()
+    dec = ft.Decoder(B, H, D, w, window=5, sinks=2, decay=[0.95])
+    assert isinstance(dec, ft.HybridDecoder)
+    dec.prefill(q[:, :, :12], k[:, :, :12], v[:, :, :12])
+    saved = dec.state()
+    a = dec.step(q[:, :, 12:13], k[:, :, 12:13], v[:, :, 12:13])
+    fresh = ft.HybridDecoder(B, H, D, w, window=5, sinks=2, decay=[0.95])
+    fresh.load_state(**saved)
+    assert torch.equal(fresh.step(q[:, :, 12:13], k[:, :, 12:13], v[:, :, 12:13]), a)
+    bad = dict(saved, ring_k=saved["ring_k"][:, :, :2])
+    with pytest.raises(ValueError, match="ring_k: must be a torch.float32 tensor"):
+        fresh.load_state(**bad)
 
 
 def test_decoder_state_size_is_fixed_by_window_sinks_and_m():
@@ -212,7 +277,7 @@ def test_decoder_state_size_is_fixed_by_window_sinks_and_m():
 
 
 def test_decoder_errors():
-    with pytest.raises(ValueError, match="window: -1 must be an integer >= 0"):
+    with pytest.raises(ValueError, match="window: -1 must be >= 0"):
         ft.HybridDecoder(B, H, D, projection(), window=-1)
     with pytest.raises(ValueError, match="both 0 is the plain method"):
         ft.HybridDecoder(B, H, D, projection(), window=0, sinks=0)

@@ -193,7 +193,12 @@ void decoder_query(const DecoderQuery& dq, const Config& config) {
           query_features(fp.kernel, buf.a.data(), m, c, buf.log_s.data(), buf.phi.data());
           transposed_matvec(Sx, buf.phi.data(), F, dv + 1, buf.yx.data());  // [y | den]
         }
-        write_rows(buf.yx.data(), 1, dv, output_row(p, b, h, t), 0, p.out_strides[3]);
+        if (dq.part_rows) {  // a hybrid decoder's linear part: the row and its log scale
+          std::copy(buf.yx.begin(), buf.yx.end(), dq.part_rows + (bh * T + t) * (dv + 1));
+          const double lm = dq.log_max[bh];
+          dq.part_shift[bh * T + t] = std::isinf(c) || std::isinf(lm) ? -INFINITY : c + lm;
+        }
+        if (p.out) write_rows(buf.yx.data(), 1, dv, output_row(p, b, h, t), 0, p.out_strides[3]);
       }
     }
     clock.done(arrived);

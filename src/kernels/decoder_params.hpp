@@ -26,6 +26,12 @@ struct DecoderQuery {
   AttentionParams step;  // batch, heads, d, dv, map, q, nq, out
   const float* wt;       // [map.w_sets][d][m]
   const float* sums;     // [B*H][F][dv + 1]
+  // Hybrid attention's decoder (favor::HybridDecoder): if set, each query's [num | den]
+  // ([B*H][T][dv + 1]) and its log scale c + log_max[bh] ([B*H][T]; -inf: an empty head),
+  // the query's shift plus the state's stabiliser. step.out may then be null.
+  float* part_rows = nullptr;
+  double* part_shift = nullptr;
+  const double* log_max = nullptr;
 };
 
 /// One fused decode step (Decoder::step): appends one token per row, step.k and step.v

@@ -39,8 +39,12 @@ class FavorCacheLayer(CacheLayerMixin):
         self.seen = 0  # tokens attended (a Python int: mask sizes are read without a sync)
 
     # The state has a fixed size and is advanced in place by its op (favor::decode_step,
-    # favor::vq_decode_step): a decoding step compiles.
-    is_compileable = True
+    # favor::vq_decode_step): a decoding step compiles. A hybrid layer's HybridDecoder keeps
+    # Python-side bookkeeping (its position, the sinks found): not compileable.
+    @property
+    def is_compileable(self):
+        from ..torch.hybrid_decoder import HybridDecoder
+        return not isinstance(self.decoder, HybridDecoder)
 
     def lazy_initialization(self, key_states, value_states):
         self.dtype, self.device = key_states.dtype, key_states.device

@@ -45,6 +45,8 @@ class MultiHeadModule(nn.Module):
             raise _core.Error(f"query: shape {list(query.shape)} must be [B, N, embed_dim]"
                               + ("" if self.batch_first else " ([N, B, embed_dim] with "
                                  "batch_first=False)"))
+        if key is not None and key is not query:
+            _refuse_cross_window(self.core)
         key = query if key is None else key
         value = key if value is None else value
         if not self.batch_first:
@@ -78,3 +80,12 @@ class MultiHeadModule(nn.Module):
             decoder.append(k, v)
         y = self.out_proj(self._merge(y.to(x.dtype)))
         return y if self.batch_first else y.transpose(0, 1)
+
+
+def _refuse_cross_window(core):
+    """A window or sinks are positions in one sequence: cross-attention with them is refused
+    (equal lengths would otherwise pass C++'s Nq == Nk rule)."""
+    if getattr(core, "window", 0) or getattr(core, "sinks", 0):
+        raise _core.Error("window, sinks: hybrid attention is self-attention (positions of "
+                          "one sequence); this call attends to another key sequence")
+

@@ -148,6 +148,9 @@ class TorchMultihead(nn.Module):
         causal = resolve_causal(attn_mask, is_causal, self.causal)
         unbatched = query.dim() == 2
         same = query is key and key is value
+        if not same:
+            from ._multihead import _refuse_cross_window
+            _refuse_cross_window(self.core)
         if unbatched:
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
             if key_padding_mask is not None:

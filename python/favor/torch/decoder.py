@@ -21,11 +21,19 @@ class Decoder:
     v [B, H, T, Dv]); query(q [B, H, T, D]) -> [B, H, T, Dv] (float32; no autograd) reads
     the current state: query after appending tokens 0..i equals row i of causal
     attention. The state has a fixed size (state_bytes) whatever the position. backend
-    forces a kernel (favor.torch.attention's; None: by the tensors' device).
+    forces a kernel (favor.torch.attention's; None: by the tensors' device). window, sinks
+    (not both 0): a favor.torch.HybridDecoder instead (hybrid attention's state).
     """
 
+    def __new__(cls, *args, window=0, sinks=0, **kwargs):
+        # window or sinks: hybrid attention's state (favor.torch.HybridDecoder)
+        if window or sinks:
+            from .hybrid_decoder import HybridDecoder
+            return HybridDecoder(*args, window=window, sinks=sinks, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, batch, heads, dv, projection=None, *, kernel="positive", scale=None,
-                 fit=None, feature_map=None, decay=None, backend=None):
+                 fit=None, feature_map=None, decay=None, backend=None, window=0, sinks=0):
         self.backend = T.check_backend(backend)
         if isinstance(projection, torch.Tensor):
             projection = T.projection_matrix(projection.detach(), projection.shape[-1])

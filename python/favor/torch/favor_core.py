@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .. import _core
-from .._args import decay_values, drawn_projection, fit_for
+from .._args import decay_values, drawn_projection, fit_for, hybrid_sizes
 from ..feature_map import FeatureMap
 from . import _tensors as T
 from ._attention_core import AttentionCore
@@ -85,9 +85,13 @@ class FavorCore(AttentionCore):
                  sinks=0):
         super().__init__()
         check_method(method, learn_features, feature_weights, decay)
+        window, sinks = hybrid_sizes(window, sinks, check=True)
         if method == "exact" and (window or sinks):
             raise _core.Error("window, sinks: hybrid attention is method='favor' (or 'window': "
                               "the window alone); method is 'exact'")
+        if method == "window" and not (window or sinks):
+            raise _core.Error("window, sinks: method='window' attends to the window and the "
+                              "sinks only; give window > 0 or sinks > 0")
         self.window, self.sinks = window, sinks
         self.backend = T.check_backend(backend)
         self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal

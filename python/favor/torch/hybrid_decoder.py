@@ -20,6 +20,7 @@ import math
 import torch
 
 from .. import _core
+from .._args import hybrid_sizes
 from ..ops.attention import generic
 from ..ops.attention.canonical import TRIG, canonical_map
 from ..ops.attention.hybrid import pair_log_const
@@ -43,9 +44,7 @@ class HybridDecoder:
     def __init__(self, batch, heads, dv, projection=None, *, window, sinks=0,
                  kernel="positive", scale=None, fit=None, feature_map=None, decay=None,
                  backend=None, estimate=True):
-        for value, name in ((window, "window"), (sinks, "sinks")):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise _core.Error(f"{name}: {value!r} must be an integer >= 0")
+        window, sinks = hybrid_sizes(window, sinks, check=True)
         if window == 0 and sinks == 0:
             raise _core.Error("window, sinks: both 0 is the plain method; use "
                               "favor.torch.Decoder")
@@ -95,6 +94,37 @@ class HybridDecoder:
     def reset(self):
         self.linear.reset()
         self._empty(self.batch, self.ring_k.device)
+
+    _FIELDS = ("ring_k", "ring_v", "ring_keep", "ring_sink", "sink_k", "sink_v", "sink_pos")
+
+    def state(self):
+        """A copy of the state as a dict: the linear state (Decoder.state(): sums, log_max,
+        row_positions), the ring and the sinks (tensors on the state's device) and the int
+        position; load_state(**state) restores it (bit for bit)."""
+        out = {f"linear_{k}": v for k, v in self.linear.state().items()}
+        out.update({name: getattr(self, name).clone() for name in self._FIELDS})
+        out["position"] = self.position
+        return out
+
+    def load_state(self, **state):
+        """Replaces the state by one state() gave (checked: the linear part by the C++
+        rules, the ring and sinks against this decoder's shapes)."""
+        linear = {k[len("linear_"):]: v for k, v in state.items() if k.startswith("linear_")}
+        self.linear.load_state(**linear)
+        for name in self._FIELDS:
+            want, got = getattr(self, name), state.get(name)
+            if not isinstance(got, torch.Tensor) or got.dtype != want.dtype or \
+                    got.shape[1:] != want.shape[1:] or got.shape[0] != self.linear.batch:
+                raise _core.Error(f"{name}: must be a {want.dtype} tensor of shape "
+                                  f"[{self.linear.batch}, {', '.join(map(str, want.shape[1:]))}]")
+        device = state["ring_k"].device
+        for name in self._FIELDS:
+            setattr(self, name, state[name].detach().to(device).clone())
+        position = state.get("position")
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise _core.Error(f"position: {position!r} must be an integer >= 0")
+        self.position = position
+        self._cm = None
 
     def select(self, indices):
         """Keeps batch rows `indices` in that order (beam search)."""
@@ -178,10 +208,10 @@ class HybridDecoder:
             psi, c = generic.shifted(lq, sx[..., self.dv].unsqueeze(1), with_shift=True)
         out = (psi @ sx).reshape(b, h, tq, -1)
         extra = cm.norm_coef * (q.double() ** 2).sum(-1)                   # [B, H, T]
-        lc = self._log_const  # a float, or one per fit set (1 or B*H)
+        lc = self._log_const  # a float, or one per fit set: head bh takes set bh % sets
         if torch.is_tensor(lc):
-            lc = lc.to(q.device).double()
-            lc = lc.reshape(b, h, 1) if lc.numel() == b * h else lc.reshape(-1)[0]
+            lc = lc.to(q.device).double().reshape(-1)
+            lc = lc[torch.arange(b * h, device=q.device) % lc.numel()].reshape(b, h, 1)
         extra = extra + lc
         if cm.rate is not None:  # the query's clock: the last folded token's
             rate = cm.rate.to(q.device).reshape(-1)

@@ -169,16 +169,6 @@ def _eager_favor(q, k, v, mask, d, projection, features, norms, seed, fit, kerne
                            _args.optional_number(scale, "scale"), str(precision), window, sinks)
 
 
-def _hybrid(window, sinks):
-    """window and sinks as ints (their values' rules are C++'s: >= 0, Nq == Nk)."""
-    out = []
-    for value, name in ((window, "window"), (sinks, "sinks")):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _core.Error(f"{name}: must be an int (got {type(value).__name__})")
-        out.append(int(value))
-    return tuple(out)
-
-
 @T.names_key_padding_mask
 def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogonal",
               features=None, norms="chi", seed=0, scale=None, key_padding_mask=None, fit=None,
@@ -234,7 +224,7 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     others, one normaliser (decay counts from the window's edge). 0, 0: the plain method.
     Every kernel takes them ('triton' through the default kernel: no fused hybrid kernel).
     """
-    window, sinks = _hybrid(window, sinks)
+    window, sinks = _args.hybrid_sizes(window, sinks)
     if (method == "favor" and _dispatch.cpu_kernel_runs(backend)
             and not isinstance(projection, torch.Tensor)
             and feature_map is None and weights is None and bias is None

@@ -1,0 +1,429 @@
+// Streaming hybrid attention (favor/hybrid_decoder.hpp): a ring of the last `window` tokens,
+// the sinks, and a Decoder fed each token as it leaves the window; a query merges the exact
+// part (ring and sinks) with the Decoder's estimated sums (Decoder::query_parts) in log space,
+// as hybrid_forward merges its parts (src/hybrid.cpp).
+#include "favor/hybrid_decoder.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/decoder_state_check.hpp"
+#include "core/feature_map_params.hpp"
+#include "core/params.hpp"
+#include "core/validate.hpp"
+#include "favor/attention.hpp"
+#include "favor/error.hpp"
+#include "hybrid.hpp"
+#include "kernels/backend.hpp"
+
+namespace favor {
+namespace {
+
+int64_t checked(int64_t value, const char* name) {
+  if (value < 0) throw Error(std::string(name) + ": " + std::to_string(value) + " must be >= 0");
+  return value;
+}
+
+double resolved_scale(const FeatureMap& map) {
+  return map.scale ? *map.scale : 1.0 / std::sqrt(double(map.d()));
+}
+
+// Row t of head (b, h) of a [B, H, T, X] view.
+const float* row_of(const TensorView& t, int64_t b, int64_t h, int64_t i) {
+  return t.data + b * t.strides[0] + h * t.strides[1] + i * t.strides[2];
+}
+
+}  // namespace
+
+void Decoder::query_parts(TensorView q, float* rows, double* shift) const {
+  detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
+  const int64_t T = q.shape[2], heads = batch_ * heads_;
+  if (S_.empty()) {  // nothing appended: every head is empty
+    std::fill(rows, rows + heads * T * (dv_ + 1), 0.0f);
+    std::fill(shift, shift + heads * T, -INFINITY);
+    return;
+  }
+  kernels::DecoderQuery dq{};
+  kernels::AttentionParams& p = dq.step;
+  p = detail::attention_params(q, {}, {}, {batch_, heads_, T, 0, w_.d(), dv_}, 1.0, std::nullopt);
+  p.out = nullptr;
+  p.map = map_->params();
+  dq.wt = wt_.data();
+  dq.sums = S_.data();
+  dq.part_rows = rows;
+  dq.part_shift = shift;
+  dq.log_max = max_.data();
+  kernels::backend().decoder_query(dq);
+  const kernels::FeatureParams fp = map_->params();
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    const int64_t b = bh / heads_, h = bh % heads_;
+    // the query's decay clock: the last kept token's (the kernel weighs key j by its clock)
+    const double clock = fp.decay_rate ? double(row_pos_[b] - 1) * fp.head_decay(bh) : 0.0;
+    for (int64_t t = 0; t < T; ++t) {
+      double& s = shift[bh * T + t];
+      if (!std::isinf(s))
+        s += detail::row_log_weight(*map_, fp, bh, row_of(q, b, h, t), q.strides[3]) - clock;
+    }
+  }
+}
+
+HybridDecoder::HybridDecoder(int64_t batch, int64_t heads, int64_t dv, Projection w, int64_t window,
+                             int64_t sinks, const DecoderOptions& options)
+    : HybridDecoder(batch, heads, dv, detail::map_of(w, options), window, sinks,
+                    detail::without_map(options)) {}
+
+HybridDecoder::HybridDecoder(int64_t batch, int64_t heads, int64_t dv, FeatureMap map,
+                             int64_t window, int64_t sinks, const DecoderOptions& options)
+    : batch_(batch),
+      heads_(heads),
+      d_(map.d()),
+      dv_(dv),
+      window_(checked(window, "window")),
+      sinks_(checked(sinks, "sinks")),
+      map_(map),
+      options_(options),
+      scale_(resolved_scale(map)),
+      linear_(batch, heads, dv, map, options) {
+  if (window == 0 && sinks == 0)
+    throw Error("window, sinks: both 0 is the plain method; use favor::Decoder");
+  reset();
+}
+
+void HybridDecoder::reset() {
+  linear_.reset();
+  position_ = 0;
+  ring_k_.assign(static_cast<size_t>(batch_ * heads_ * window_ * d_), 0.0f);
+  ring_v_.assign(static_cast<size_t>(batch_ * heads_ * window_ * dv_), 0.0f);
+  ring_keep_.assign(static_cast<size_t>(batch_ * window_), 0);
+  ring_sink_.assign(static_cast<size_t>(batch_ * window_), 0);
+  sink_k_.assign(static_cast<size_t>(batch_ * heads_ * sinks_ * d_), 0.0f);
+  sink_v_.assign(static_cast<size_t>(batch_ * heads_ * sinks_ * dv_), 0.0f);
+  sink_pos_.assign(static_cast<size_t>(batch_ * sinks_), -1);
+}
+
+int64_t HybridDecoder::state_bytes() const {
+  return linear_.state_bytes() +
+         int64_t(sizeof(float)) *
+             int64_t(ring_k_.size() + ring_v_.size() + sink_k_.size() + sink_v_.size()) +
+         int64_t(ring_keep_.size() + ring_sink_.size()) +
+         int64_t(sizeof(int64_t)) * int64_t(sink_pos_.size());
+}
+
+// Token t of every row (k, v: rows of kv, vv at token index t of the caller's views)
+// enters: the token one window back leaves the ring for the linear state (sinks never do),
+// the row's first kept tokens become sinks.
+void HybridDecoder::push(const std::vector<uint8_t>& keep, const TensorView& kv,
+                         const TensorView& vv, int64_t t) {
+  const int64_t tok = position_;
+  std::vector<uint8_t> sink(static_cast<size_t>(batch_), 0);
+  for (int64_t b = 0; b < batch_; ++b) {
+    if (!keep[b]) continue;
+    int64_t count = 0;
+    while (count < sinks_ && sink_pos_[b * sinks_ + count] >= 0) ++count;
+    if (count == sinks_) continue;
+    sink[b] = 1;
+    sink_pos_[b * sinks_ + count] = tok;
+    for (int64_t h = 0; h < heads_; ++h) {
+      const int64_t o = (b * heads_ + h) * sinks_ + count;
+      const float* kr = row_of(kv, b, h, t);
+      const float* vr = row_of(vv, b, h, t);
+      for (int64_t x = 0; x < d_; ++x) sink_k_[o * d_ + x] = kr[x * kv.strides[3]];
+      for (int64_t x = 0; x < dv_; ++x) sink_v_[o * dv_ + x] = vr[x * vv.strides[3]];
+    }
+  }
+  // the token (or, with a window, the one leaving it) for the linear state
+  std::vector<uint8_t> fold(static_cast<size_t>(batch_), 0);
+  if (window_ == 0) {
+    for (int64_t b = 0; b < batch_; ++b) fold[b] = keep[b] && !sink[b];
+    const TensorView k1{row_of(kv, 0, 0, t), {batch_, heads_, 1, d_}, kv.strides};
+    const TensorView v1{row_of(vv, 0, 0, t), {batch_, heads_, 1, dv_}, vv.strides};
+    linear_.append(k1, v1, KeyMaskView::contiguous(fold.data(), batch_, 1));
+  } else {
+    const int64_t slot = tok % window_;
+    if (tok >= window_) {
+      for (int64_t b = 0; b < batch_; ++b)
+        fold[b] = ring_keep_[b * window_ + slot] && !ring_sink_[b * window_ + slot];
+      const Shape4 ks{heads_ * window_ * d_, window_ * d_, d_, 1};
+      const Shape4 vs{heads_ * window_ * dv_, window_ * dv_, dv_, 1};
+      const TensorView k1{ring_k_.data() + slot * d_, {batch_, heads_, 1, d_}, ks};
+      const TensorView v1{ring_v_.data() + slot * dv_, {batch_, heads_, 1, dv_}, vs};
+      linear_.append(k1, v1, KeyMaskView::contiguous(fold.data(), batch_, 1));
+    }
+    for (int64_t b = 0; b < batch_; ++b) {
+      ring_keep_[b * window_ + slot] = keep[b];
+      ring_sink_[b * window_ + slot] = sink[b];
+      for (int64_t h = 0; h < heads_; ++h) {
+        const int64_t o = (b * heads_ + h) * window_ + slot;
+        const float* kr = row_of(kv, b, h, t);
+        const float* vr = row_of(vv, b, h, t);
+        for (int64_t x = 0; x < d_; ++x) ring_k_[o * d_ + x] = kr[x * kv.strides[3]];
+        for (int64_t x = 0; x < dv_; ++x) ring_v_[o * dv_ + x] = vr[x * vv.strides[3]];
+      }
+    }
+  }
+  position_ = tok + 1;
+}
+
+void HybridDecoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(k, batch_, heads_, d_, "k", "D");
+  detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
+  if (k.shape[2] != v.shape[2])
+    throw Error("k " + shape_string(k.shape) + ", v " + shape_string(v.shape) +
+                ": same token count T");
+  if (key_mask) detail::check_key_mask(*key_mask, batch_, k.shape[2], "T");
+  detail::check_finite(k, "k");
+  detail::check_finite(v, "v");
+  if (position_ == 0) {
+    build(k, v, key_mask);
+    return;
+  }
+  std::vector<uint8_t> keep(static_cast<size_t>(batch_));
+  for (int64_t t = 0; t < k.shape[2]; ++t) {
+    for (int64_t b = 0; b < batch_; ++b) keep[b] = kept(key_mask, b, t);
+    push(keep, k, v, t);
+  }
+}
+
+// The state after the prompt k, v from an empty one, in bulk: the sinks, the tokens before
+// the last `window` into the linear state at once, the last `window` into the ring.
+void HybridDecoder::build(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask) {
+  const int64_t T = k.shape[2], folded = std::max<int64_t>(T - window_, 0);
+  std::vector<uint8_t> sink(static_cast<size_t>(batch_ * T), 0);
+  for (int64_t b = 0; b < batch_; ++b) {
+    int64_t count = 0;
+    for (int64_t t = 0; t < T && count < sinks_; ++t) {
+      if (!kept(key_mask, b, t)) continue;
+      sink[b * T + t] = 1;
+      sink_pos_[b * sinks_ + count] = t;
+      for (int64_t h = 0; h < heads_; ++h) {
+        const int64_t o = (b * heads_ + h) * sinks_ + count;
+        for (int64_t x = 0; x < d_; ++x) sink_k_[o * d_ + x] = k.at(b, h, t, x);
+        for (int64_t x = 0; x < dv_; ++x) sink_v_[o * dv_ + x] = v.at(b, h, t, x);
+      }
+      ++count;
+    }
+  }
+  if (folded > 0) {
+    std::vector<uint8_t> fold(static_cast<size_t>(batch_ * folded));
+    for (int64_t b = 0; b < batch_; ++b)
+      for (int64_t t = 0; t < folded; ++t)
+        fold[b * folded + t] = kept(key_mask, b, t) && !sink[b * T + t];
+    const TensorView kf{k.data, {batch_, heads_, folded, d_}, k.strides};
+    const TensorView vf{v.data, {batch_, heads_, folded, dv_}, v.strides};
+    linear_.append(kf, vf, KeyMaskView::contiguous(fold.data(), batch_, folded));
+  }
+  for (int64_t t = folded; t < T; ++t) {
+    const int64_t slot = t % window_;
+    for (int64_t b = 0; b < batch_; ++b) {
+      ring_keep_[b * window_ + slot] = kept(key_mask, b, t) ? 1 : 0;
+      ring_sink_[b * window_ + slot] = sink[b * T + t];
+      for (int64_t h = 0; h < heads_; ++h) {
+        const int64_t o = (b * heads_ + h) * window_ + slot;
+        for (int64_t x = 0; x < d_; ++x) ring_k_[o * d_ + x] = k.at(b, h, t, x);
+        for (int64_t x = 0; x < dv_; ++x) ring_v_[o * dv_ + x] = v.at(b, h, t, x);
+      }
+    }
+  }
+  position_ = T;
+}
+
+void HybridDecoder::query(TensorView q, MutableTensorView out) const {
+  detail::check_step(q, batch_, heads_, d_, "q", "D");
+  detail::check_output(out, {batch_, heads_, q.shape[2], dv_}, "out", {q});
+  detail::check_finite(q, "q");
+  const int64_t T = q.shape[2], heads = batch_ * heads_, ld = dv_ + 1, last = position_ - 1;
+  std::vector<float> rows(static_cast<size_t>(heads * T * ld));
+  std::vector<double> shift(static_cast<size_t>(heads * T));
+  linear_.query_parts(q, rows.data(), shift.data());
+  std::vector<double> s(static_cast<size_t>(window_ + sinks_)), num(static_cast<size_t>(dv_));
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    const int64_t b = bh / heads_, h = bh % heads_;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* qi = row_of(q, b, h, t);
+      // the exact part: the ring's kept tokens and the sinks outside it
+      double top = -INFINITY;
+      auto score = [&](const float* key) {
+        double acc = 0.0;
+        for (int64_t x = 0; x < d_; ++x) acc += double(qi[x * q.strides[3]]) * key[x];
+        return scale_ * acc;
+      };
+      for (int64_t u = 0; u < window_; ++u) {
+        s[u] = ring_keep_[b * window_ + u] ? score(&ring_k_[((bh * window_) + u) * d_]) : -INFINITY;
+        top = std::max(top, s[u]);
+      }
+      for (int64_t u = 0; u < sinks_; ++u) {
+        const int64_t j = sink_pos_[b * sinks_ + u];
+        const bool outside = j >= 0 && j <= last - window_;
+        s[window_ + u] = outside ? score(&sink_k_[((bh * sinks_) + u) * d_]) : -INFINITY;
+        top = std::max(top, s[window_ + u]);
+      }
+      const double lin = shift[bh * T + t];
+      const double ref = std::max(top, lin);
+      float* y = out.data + b * out.strides[0] + h * out.strides[1] + t * out.strides[2];
+      if (std::isinf(ref)) {
+        for (int64_t x = 0; x < dv_; ++x) y[x * out.strides[3]] = 0.0f;
+        continue;
+      }
+      std::fill(num.begin(), num.end(), 0.0);
+      double den = 0.0;
+      for (int64_t u = 0; u < window_ + sinks_; ++u) {
+        if (std::isinf(s[u])) continue;
+        const double p = std::exp(s[u] - ref);
+        const float* val = u < window_ ? &ring_v_[((bh * window_) + u) * dv_]
+                                       : &sink_v_[((bh * sinks_) + u - window_) * dv_];
+        for (int64_t x = 0; x < dv_; ++x) num[x] += p * val[x];
+        den += p;
+      }
+      if (!std::isinf(lin)) {
+        const double f = std::exp(lin - ref);
+        const float* r = &rows[(bh * T + t) * ld];
+        for (int64_t x = 0; x < dv_; ++x) num[x] += f * r[x];
+        den += f * r[dv_];
+      }
+      bool ok = den > 0.0 && std::isfinite(den);
+      for (int64_t x = 0; x < dv_; ++x) ok = ok && std::isfinite(num[x] / den);
+      for (int64_t x = 0; x < dv_; ++x)
+        y[x * out.strides[3]] = ok ? static_cast<float>(num[x] / den) : 0.0f;
+    }
+  }
+}
+
+Tensor HybridDecoder::query(TensorView q) const {
+  detail::check_step(q, batch_, heads_, d_, "q", "D");
+  Tensor out({batch_, heads_, q.shape[2], dv_});
+  query(q, out.mutable_view());
+  return out;
+}
+
+void HybridDecoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                         const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(q, batch_, heads_, d_, "q", "D");
+  detail::check_step(k, batch_, heads_, d_, "k", "D");
+  if (q.shape[2] != 1 || k.shape[2] != 1)
+    throw Error("q " + shape_string(q.shape) + ", k " + shape_string(k.shape) +
+                ": a step takes one token per row (T = 1; prefill takes more)");
+  detail::check_output(out, {batch_, heads_, 1, dv_}, "out", {q, k, v});
+  append(k, v, key_mask);
+  query(q, out);
+}
+
+Tensor HybridDecoder::step(TensorView q, TensorView k, TensorView v,
+                           const std::optional<KeyMaskView>& key_mask) {
+  Tensor out({batch_, heads_, 1, dv_});
+  step(q, k, v, out.mutable_view(), key_mask);
+  return out;
+}
+
+void HybridDecoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorView out,
+                            const std::optional<KeyMaskView>& key_mask) {
+  if (position_ > 0) {  // after earlier tokens: token by token
+    detail::check_step(q, batch_, heads_, d_, "q", "D");
+    const int64_t T = q.shape[2];
+    if (key_mask) detail::check_key_mask(*key_mask, batch_, T, "T");
+    detail::check_output(out, {batch_, heads_, T, dv_}, "out", {q, k, v});
+    std::vector<uint8_t> m(static_cast<size_t>(batch_));
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t b = 0; b < batch_; ++b) m[b] = kept(key_mask, b, t);
+      auto one = [t](const TensorView& x) {
+        return TensorView{
+            x.data + t * x.strides[2], {x.shape[0], x.shape[1], 1, x.shape[3]}, x.strides};
+      };
+      const MutableTensorView row{
+          out.data + t * out.strides[2], {batch_, heads_, 1, dv_}, out.strides};
+      step(one(q), one(k), one(v), row, KeyMaskView::contiguous(m.data(), batch_, 1));
+    }
+    return;
+  }
+  AttentionOptions o;
+  o.causal = true;
+  o.key_mask = key_mask;
+  o.decay = options_.decay;
+  o.window = window_;
+  o.sinks = sinks_;
+  favor_attention(q, k, v, map_, out, o);  // checks q, k, v, out and the mask
+  build(k, v, key_mask);
+}
+
+Tensor HybridDecoder::prefill(TensorView q, TensorView k, TensorView v,
+                              const std::optional<KeyMaskView>& key_mask) {
+  detail::check_step(q, batch_, heads_, d_, "q", "D");
+  Tensor out({batch_, heads_, q.shape[2], dv_});
+  prefill(q, k, v, out.mutable_view(), key_mask);
+  return out;
+}
+
+void HybridDecoder::select(const std::vector<int64_t>& indices) {
+  linear_.select(indices);  // the rules, and the linear state
+  const int64_t rows = static_cast<int64_t>(indices.size());
+  ring_k_ = detail::select_rows(ring_k_, heads_ * window_ * d_, indices);
+  ring_v_ = detail::select_rows(ring_v_, heads_ * window_ * dv_, indices);
+  ring_keep_ = detail::select_rows(ring_keep_, window_, indices);
+  ring_sink_ = detail::select_rows(ring_sink_, window_, indices);
+  sink_k_ = detail::select_rows(sink_k_, heads_ * sinks_ * d_, indices);
+  sink_v_ = detail::select_rows(sink_v_, heads_ * sinks_ * dv_, indices);
+  sink_pos_ = detail::select_rows(sink_pos_, sinks_, indices);
+  batch_ = rows;
+}
+
+HybridDecoderState HybridDecoder::state() const {
+  HybridDecoderState s;
+  s.batch = batch_;
+  s.heads = heads_;
+  s.d = d_;
+  s.dv = dv_;
+  s.window = window_;
+  s.sinks = sinks_;
+  s.position = position_;
+  s.linear = linear_.state();
+  s.ring_k = ring_k_;
+  s.ring_v = ring_v_;
+  s.ring_keep = ring_keep_;
+  s.ring_sink = ring_sink_;
+  s.sink_k = sink_k_;
+  s.sink_v = sink_v_;
+  s.sink_pos = sink_pos_;
+  return s;
+}
+
+void HybridDecoder::load_state(const HybridDecoderState& s) {
+  auto same = [](int64_t got, int64_t want, const char* name) {
+    if (got != want)
+      throw Error(std::string("state.") + name + ": " + std::to_string(got) +
+                  " differs from the decoder's " + std::to_string(want));
+  };
+  same(s.batch, batch_, "batch");
+  same(s.heads, heads_, "heads");
+  same(s.d, d_, "d");
+  same(s.dv, dv_, "dv");
+  same(s.window, window_, "window");
+  same(s.sinks, sinks_, "sinks");
+  auto size = [](size_t got, int64_t want, const char* name) {
+    if (static_cast<int64_t>(got) != want)
+      throw Error(std::string("state.") + name + ": " + std::to_string(got) +
+                  " entries, the decoder's extents give " + std::to_string(want));
+  };
+  size(s.ring_k.size(), batch_ * heads_ * window_ * d_, "ring_k");
+  size(s.ring_v.size(), batch_ * heads_ * window_ * dv_, "ring_v");
+  size(s.ring_keep.size(), batch_ * window_, "ring_keep");
+  size(s.ring_sink.size(), batch_ * window_, "ring_sink");
+  size(s.sink_k.size(), batch_ * heads_ * sinks_ * d_, "sink_k");
+  size(s.sink_v.size(), batch_ * heads_ * sinks_ * dv_, "sink_v");
+  size(s.sink_pos.size(), batch_ * sinks_, "sink_pos");
+  if (s.position < 0) throw Error("state.position: must be >= 0");
+  for (int64_t p : s.sink_pos)
+    if (p < -1 || p >= s.position)
+      throw Error("state.sink_pos: " + std::to_string(p) + " must be -1 or in [0, position)");
+  linear_.load_state(s.linear);  // checked by the Decoder's rules
+  ring_k_ = s.ring_k;
+  ring_v_ = s.ring_v;
+  ring_keep_ = s.ring_keep;
+  ring_sink_ = s.ring_sink;
+  sink_k_ = s.sink_k;
+  sink_v_ = s.sink_v;
+  sink_pos_ = s.sink_pos;
+  position_ = s.position;
+}
+
+}  // namespace favor
