@@ -284,7 +284,7 @@ AdaptedProjection adapt_projection(const KernelFit& fit, const Projection& w) {
   for (int64_t g = 0; g < fit.heads; ++g) {
     const double* a = fit.a.data() + g * d;
     const double* q = fit.basis.data() + g * d * d;
-    double log_const = -0.5 * std::log(static_cast<double>(m));
+    double log_const = feature_log_constant(Kernel::favorpp, m);
     const bool identity = is_identity(q, d);  // FAVOR++: Q = I, no rotation
     for (int64_t l = 0; l < d; ++l) {
       root[l] = std::sqrt(1.0 - 4.0 * a[l]);

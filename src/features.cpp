@@ -55,6 +55,12 @@ int64_t feature_count(Kernel kernel, int64_t m) {
              : m;
 }
 
+double feature_log_constant(Kernel kernel, int64_t m) {
+  return kernel == Kernel::hedgehog     ? 0.0
+         : kernel == Kernel::hyperbolic ? -0.5 * std::log(2.0 * double(m))
+                                        : -0.5 * std::log(double(m));
+}
+
 KernelForm kernel_form(Kernel kernel) {
   if (kernel == Kernel::trig) return {"trig", 0.5};
   const double norm = kernel == Kernel::hedgehog ? 0.0 : -0.5;
@@ -98,10 +104,7 @@ Tensor features(TensorView x, const FeatureMap& map) {
   fp.key_logw = nullptr;
   const int64_t m = fp.m;
   const auto& adapted = resolved.adapted;
-  // Constant factors: m^-1/2 (positive, trig), (2m)^-1/2 (hyperbolic), 1 (hedgehog), as a log.
-  const double log_const = map.kernel == Kernel::hedgehog     ? 0.0
-                           : map.kernel == Kernel::hyperbolic ? -0.5 * std::log(2.0 * m)
-                                                              : -0.5 * std::log(double(m));
+  const double log_const = feature_log_constant(map.kernel, m);
   Tensor out({x.shape[0], x.shape[1], x.shape[2], fp.features()});
   kernels::FeaturesParams p{};
   p.x = x.data;

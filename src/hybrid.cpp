@@ -287,14 +287,7 @@ double row_log_weight(const ResolvedMap& r, const kernels::FeatureParams& fp, in
   // the features' constant on both sides: m^-1/2 (positive, trig), (2m)^-1/2 (hyperbolic),
   // 1 (hedgehog), FAVOR++ / FAVOR#'s per head from their fit
   if (r.adapted.heads > 0) return g + 2.0 * r.adapted.log_const[r.adapted.heads == 1 ? 0 : bh];
-  switch (r.kernel) {
-    case Kernel::hedgehog:
-      return g;
-    case Kernel::hyperbolic:
-      return g - std::log(2.0 * double(r.m));
-    default:
-      return g - std::log(double(r.m));
-  }
+  return g + 2.0 * feature_log_constant(r.kernel, r.m);
 }
 
 HybridRows hybrid_forward(const AttentionParams& base, const ResolvedMap& resolved,

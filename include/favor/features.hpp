@@ -27,6 +27,10 @@ std::string to_string(Kernel kernel);
 Kernel parse_kernel(const std::string& text, const std::string& argument);
 /// Features per row for a kernel with m projections.
 int64_t feature_count(Kernel kernel, int64_t m);
+/// The log of each feature's constant factor for m projections: -log(m) / 2 (positive,
+/// trig, and FAVOR++ / FAVOR# before their fit's factor), -log(2m) / 2 (hyperbolic), 0
+/// (hedgehog, a learned map), so that phi(q).phi(k) estimates exp(scale q.k).
+double feature_log_constant(Kernel kernel, int64_t m);
 
 /// The canonical form of a kernel's features (docs/math.md; every kernel, CPU and device
 /// ones, computes in it): with a = W x + b on the scaled input and g = key_norm |x|^2,

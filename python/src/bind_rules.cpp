@@ -105,6 +105,15 @@ void bind_rules(py::module_& m) {
       [](const std::string& kernel) { return data_adapted(parse_kernel(kernel, "kernel")); },
       py::arg("kernel"), "True for the kernels whose parameters come from a KernelFit.");
   m.def(
+      "feature_log_constant",
+      [](const std::string& kernel, int64_t m) {
+        return feature_log_constant(parse_kernel(kernel, "kernel"), m);
+      },
+      py::arg("kernel"), py::arg("m"),
+      "log of each feature's constant factor for m projections (favor::feature_log_constant): "
+      "-log(m)/2 (positive, trig, FAVOR++/# before their fit), -log(2m)/2 (hyperbolic), 0 "
+      "(hedgehog).");
+  m.def(
       "feature_count",
       [](const std::string& kernel, int64_t m) {
         if (m < 1) throw Error("m: " + std::to_string(m) + " must be >= 1");

@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from ... import _core
 from .canonical import TRIG, kind_of, per_head
 from .generic import key_features, linear_core, query_logits, ratio
 
@@ -26,10 +27,7 @@ def pair_log_const(kernel, m, fit_a=None):
     cancels in the plain ratio, not against exact terms): m^-1 (positive, trig), (2m)^-1
     (hyperbolic), 1 (hedgehog), FAVOR++ / FAVOR# m^-1 prod_l (1-4A_l)^(1/2) per fit set
     (fit_a [sets, D]: a float64 tensor [sets])."""
-    name = kind_of(kernel)[0]
-    if name == "hedgehog":
-        return 0.0
-    c = -math.log(2 * m if name == "hyperbolic" else m)
+    c = 2.0 * _core.feature_log_constant(kind_of(kernel)[0], m)  # C++'s constant, bound
     if fit_a is None:
         return c
     return c + 0.5 * torch.log1p(-4 * fit_a.detach().double()).sum(-1)
