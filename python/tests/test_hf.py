@@ -262,7 +262,7 @@ def test_a_favor_core_keeps_its_fit_in_its_state_dict():
 def test_the_registries_hold_one_record_per_family_and_method():
     assert set(fh.FAMILIES) == {"bert", "gpt2", "llama", "mistral", "qwen2", "gpt_neox"}
     assert set(fh.METHODS) == {"exact", "favor", "favor++", "favor#", "dijiang", "hedgehog",
-                               "positive-fit", "vq"}
+                               "positive-fit", "vq", "window"}
     assert [m for m, r in fh.METHODS.items() if r.needs_fit] == ["favor++", "favor#"]
     assert fh.METHODS["exact"].state is None and fh.METHODS["vq"].fits == "codebook"
     for kind, family in fh.FAMILIES.items():

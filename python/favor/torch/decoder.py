@@ -8,6 +8,9 @@ from .._args import fit_for
 from . import _tensors as T
 
 
+HYBRID = []  # [favor.torch.HybridDecoder] (hybrid_decoder.py appends it)
+
+
 class Decoder:
     """Streaming FAVOR state per (batch, head), for generation with torch tensors: a thin
     owner of one DecodeState (favor.ops.decoder), advanced by the op favor::decode_step on
@@ -26,10 +29,10 @@ class Decoder:
     """
 
     def __new__(cls, *args, window=0, sinks=0, **kwargs):
-        # window or sinks: hybrid attention's state (favor.torch.HybridDecoder)
+        # window or sinks: hybrid attention's state (favor.torch.HybridDecoder, which
+        # registers itself in HYBRID when favor.torch is imported)
         if window or sinks:
-            from .hybrid_decoder import HybridDecoder
-            return HybridDecoder(*args, window=window, sinks=sinks, **kwargs)
+            return HYBRID[0](*args, window=window, sinks=sinks, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, batch, heads, dv, projection=None, *, kernel="positive", scale=None,

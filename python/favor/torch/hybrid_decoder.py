@@ -24,7 +24,7 @@ from .._args import hybrid_sizes
 from ..ops.attention import generic
 from ..ops.attention.canonical import TRIG, canonical_map
 from ..ops.attention.hybrid import pair_log_const
-from .decoder import Decoder
+from .decoder import HYBRID, Decoder
 from .function import attention
 
 
@@ -290,3 +290,6 @@ class HybridDecoder:
             self.ring_keep[:, slot] = keep[:, p]
             self.ring_sink[:, slot] = sink[:, p]
         self.position = t
+
+
+HYBRID.append(HybridDecoder)  # favor.torch.Decoder(..., window=, sinks=) makes one
