@@ -381,3 +381,28 @@ def test_compiles_for_sm90(dtype):
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     print(r.stdout.strip())
+
+
+# ---- hybrid attention's exact part: the window inside the tile (triton/band.py) ----------
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window,sinks", [(5, 2), (0, 3), (20, 0), (1, 1)])
+def test_band_kernel_equals_the_torch_band(causal, window, sinks):
+    """The fused band kernel gives hybrid._band's rows and maxima: key masks (left padding
+    moves the sinks), N not a multiple of the tiles, sinks inside and outside the window."""
+    from favor.ops.attention import hybrid
+    from favor.ops.attention.triton.band import band
+    g = torch.Generator().manual_seed(7)
+    bh, n, d, dv = 4, 37, 16, 8
+    q, k = (torch.randn(bh, n, d, generator=g) for _ in range(2))
+    v = torch.randn(bh, n, dv, generator=g)
+    keep = torch.ones(bh, n, dtype=torch.bool)
+    keep[1, :6] = False
+    keep[2, 10:13] = False
+    sink = hybrid.sink_mask(keep, n, sinks, bh, q.device)
+    want, want_max = hybrid._band(q, k, v, keep, sink, sinks, causal, window, d ** -0.5)
+    got, got_max = band(q, k, v, keep, sink, sinks, causal, window, d ** -0.5)
+    assert torch.equal(torch.isinf(got_max), torch.isinf(want_max))
+    live = ~torch.isinf(want_max)
+    assert (got_max[live] - want_max[live]).abs().max() < 1e-5
+    assert (got[live] - want[live]).abs().max() < 1e-4 * want[live].abs().max()

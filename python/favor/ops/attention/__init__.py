@@ -222,7 +222,7 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     attention"): exact softmax on each query's last `window` keys (causal; bidirectional
     |i - j| < window) and on the first `sinks` keys the mask keeps, the estimator on the
     others, one normaliser (decay counts from the window's edge). 0, 0: the plain method.
-    Every kernel takes them ('triton' through the default kernel: no fused hybrid kernel).
+    Every kernel takes them ('triton': the exact part fused, the rest in torch).
     """
     window, sinks = _args.hybrid_sizes(window, sinks)
     if (method == "favor" and _dispatch.cpu_kernel_runs(backend)

@@ -127,7 +127,7 @@ def sink_mask(keep, n, sinks, bh, device):
 
 
 def hybrid_attention(q, k, v, cm, keep, causal, window, sinks, chunk=64, *, scale,
-                     log_const):
+                     log_const, band=None):
     """Hybrid attention y [BH, N, Dv] float32 of q, k [BH, N, D], v [BH, N, Dv] (float32)
     under the CanonicalMap cm; keep [BH, N] bool (True = the key takes part) or None; window
     w >= 0 and sinks s >= 0 (w + s > 0: the caller sends w = s = 0 to generic.attention);
@@ -137,7 +137,8 @@ def hybrid_attention(q, k, v, cm, keep, causal, window, sinks, chunk=64, *, scal
     sink = sink_mask(keep, n, sinks, q.shape[0], q.device)
     rest = ~sink if keep is None else keep & ~sink                      # the estimated keys
     vx = torch.cat([v, torch.ones_like(v[..., :1])], -1)
-    parts = [_band(q, k, v, keep, sink, sinks, causal, window, scale)]
+    # the exact part: _band, or a device kernel with its contract (triton/band.py)
+    parts = [(band or _band)(q, k, v, keep, sink, sinks, causal, window, scale)]
     if not causal:
         cm = cm._replace(rate=None)  # decay is causal only
     if window == 0 and not causal:

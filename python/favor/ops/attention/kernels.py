@@ -92,8 +92,15 @@ def _fused(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel
 
 def triton_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                    kernel, causal, scale, save_context, precision_name, window=0, sinks=0):
-    """CUDA's kernel: the fused forward (without triton, for head dims the kernels do not
-    take, or hybrid attention, which has no fused kernel yet: the default)."""
+    """CUDA's kernel: the fused forward (without triton, or for head dims the kernels do not
+    take: the default). Hybrid attention: the exact part's fused kernel (triton/band.py:
+    the window inside the tile), the estimated parts and the merge in torch."""
+    if (window or sinks) and triton_ready():
+        from .triton.band import band
+        y = paths.torch_attention(q.float(), k.float(), v.float(), w, weights, bias, lam, decay,
+                                  key_padding_mask, fit_a, fit_basis, kernel, causal, scale,
+                                  window=window, sinks=sinks, band=band)
+        return (y, *_placeholders(q))
     if window or sinks or not (triton_ready() and supported(q.shape[-1], v.shape[-1])):
         return torch_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
                              fit_basis, kernel, causal, scale, save_context, precision_name,
@@ -142,14 +149,12 @@ def triton_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask,
 
 
 def _require_fused(q, v, hybrid=()):
-    """backend='triton' forces the fused kernels: sizes they do not take, and hybrid
-    attention, are an error there (CUDA's registration falls back to the default kernel
-    instead)."""
+    """backend='triton' forces the fused kernels: sizes they do not take are an error there
+    (CUDA's registration falls back to the default kernel instead). Hybrid attention takes
+    any size (its fused part, the band, does)."""
     from .triton_function import HEAD_DIMS, MAX_DV
     if any(hybrid):
-        from ... import _core
-        raise _core.Error("backend: 'triton' has no hybrid attention kernel (window, sinks) "
-                          "yet; use backend='torch' or None")
+        return
     if not supported(q.shape[-1], v.shape[-1]):
         from ... import _core
         raise _core.Error(f"backend: 'triton' takes head dims D in {HEAD_DIMS} and Dv <= "
