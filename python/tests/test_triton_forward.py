@@ -349,6 +349,13 @@ comp(decode._decode, {**ints, "q_ptr": io, "k_ptr": io, "v_ptr": io, "w_ptr": P,
      "lw_ptr": P, "r_ptr": P, "keep_ptr": "*i8", "sums_ptr": P, "lm_ptr": "*fp64",
      "pos_ptr": "*i64", "y_ptr": io, "out_ptr": P, "nlm_ptr": "*fp64", "norm_coef": "fp32"},
      {**flags, "BLOCK_F": BF, "BLOCK_D": D, "BLOCK_DV": BDV}, decode.NUM_WARPS)
+band = importlib.import_module("favor.ops.attention.triton.band")
+for causal in (True, False):  # hybrid attention's exact part (fp32 inputs: band() casts;
+    # not autotuned, so wrapped as comp() unwraps an autotuner's .fn)
+    comp(type("Tuned", (), {"fn": band._band_fwd}), {"Q": P, "K": P, "V": P, "KEEP": "*i8", "SINK": "*i32", "OUT": P,
+         "MAX": P, "n": "i32", "d": "i32", "dv": "i32", "scale": "fp32", "window": "i32",
+         "sinks": "i32"}, {"CAUSAL": causal, "BM": band.BM, "BN": band.BN, "BD": D,
+         "BDV": 128, "BS": 16}, 4)
 if sys.argv[1] == "fp32":  # no input dtype in these two
     comp(fw._combine, {"ps_ptr": P, "pz_ptr": P, "pm_ptr": P, "s_ptr": P, "z_ptr": P,
          "m_ptr": P, "T": "i32", "F": "i32", "DV": "i32", "N_F": "i32"},
