@@ -130,6 +130,13 @@ void tile_scores(const BandParams& bp, int64_t b, int64_t t0, int64_t rows, cons
   }
 }
 
+// Head (b, h)'s q, k and v rows into the workspace, contiguous.
+void load_head(const kernels::AttentionParams& p, int64_t b, int64_t h, Workspace& ws) {
+  gather(p.q, p.q_strides, b, h, p.nq, p.d, ws.q.data());
+  gather(p.k, p.k_strides, b, h, p.nk, p.d, ws.k.data());
+  gather(p.v, p.v_strides, b, h, p.nk, p.dv, ws.v.data());
+}
+
 // exp(x - shift) in place over n entries (-inf -> 0).
 void exp_shift(float* x, int64_t n, float shift) {
   for (int64_t c = 0; c < n; ++c) x[c] = std::isinf(x[c]) ? 0.0f : std::exp(x[c] - shift);
@@ -146,9 +153,7 @@ void band_forward(const BandParams& bp, const Config& config) {
   auto spaces = make_workspaces<Workspace>(plan.team, p.nk, d, dv, span, bp.sinks);
   for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
     const int64_t b = bh / p.heads, h = bh % p.heads;
-    gather(p.q, p.q_strides, b, h, p.nq, d, ws.q.data());
-    gather(p.k, p.k_strides, b, h, p.nk, d, ws.k.data());
-    gather(p.v, p.v_strides, b, h, p.nk, dv, ws.v.data());
+    load_head(p, b, h, ws);
     for (int64_t t0 = 0; t0 < p.nq; t0 += kTile) {
       const int64_t rows = std::min(kTile, p.nq - t0);
       const TileKeys t = tile_keys(bp, b, t0, rows);
@@ -205,9 +210,7 @@ void band_backward(const BandBackwardParams& g, const Config& config) {
   auto spaces = make_workspaces<Workspace>(plan.team, p.nk, d, dv, span, bp.sinks);
   for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
     const int64_t b = bh / p.heads, h = bh % p.heads;
-    gather(p.q, p.q_strides, b, h, p.nq, d, ws.q.data());
-    gather(p.k, p.k_strides, b, h, p.nk, d, ws.k.data());
-    gather(p.v, p.v_strides, b, h, p.nk, dv, ws.v.data());
+    load_head(p, b, h, ws);
     const auto scale = static_cast<float>(bp.scale);
     float* dq = g.dq + bh * p.nq * d;
     float* dk = g.dk + bh * p.nk * d;

@@ -15,6 +15,18 @@ BM, BN = 16, 16
 
 
 @triton.jit
+def _online(s, ok, v, m_i, l_i, acc):
+    """One block of keys into the online softmax: scores s [BM, K] (ok: the row's keys),
+    values v [K, BDV]; returns the new (max, sum, accumulator)."""
+    s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.where(m_i == float("-inf"), 0.0, tl.exp(m_i - safe))
+    p = tl.where(ok, tl.exp(s - safe[:, None]), 0.0)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+
+
+@triton.jit
 def _band_fwd(Q, K, V, KEEP, SINK, OUT, MAX, n, d, dv, scale, window, sinks,
               CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
               BDV: tl.constexpr, BS: tl.constexpr):
@@ -52,14 +64,7 @@ def _band_fwd(Q, K, V, KEEP, SINK, OUT, MAX, n, d, dv, scale, window, sinks,
         else:
             inside = (gap < window) & (gap > -window)
         ok = inside & keep[None, :] & live_c[None, :] & live_r[:, None]
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.where(m_i == float("-inf"), 0.0, tl.exp(m_i - safe))
-        p = tl.where(ok, tl.exp(s - safe[:, None]), 0.0)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m_i = m_new
+        m_i, l_i, acc = _online(s, ok, v, m_i, l_i, acc)
     # the sinks outside each row's window (and, causal, not after it)
     si = tl.arange(0, BS)
     pos = tl.load(SINK + bh * BS + si, mask=si < sinks, other=-1)
@@ -75,17 +80,11 @@ def _band_fwd(Q, K, V, KEEP, SINK, OUT, MAX, n, d, dv, scale, window, sinks,
         ok = has[None, :] & (gap >= window) & live_r[:, None]
     else:
         ok = has[None, :] & ((gap >= window) | (gap <= -window)) & live_r[:, None]
-    s = tl.where(ok, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.where(m_i == float("-inf"), 0.0, tl.exp(m_i - safe))
-    p = tl.where(ok, tl.exp(s - safe[:, None]), 0.0)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p, vs)
+    m_i, l_i, acc = _online(s, ok, vs, m_i, l_i, acc)
     out = OUT + bh * n * (dv + 1) + rows[:, None] * (dv + 1) + de[None, :]
     tl.store(out, acc, mask=live_r[:, None] & (de[None, :] < dv))
     tl.store(OUT + bh * n * (dv + 1) + rows * (dv + 1) + dv, l_i, mask=live_r)
-    tl.store(MAX + bh * n + rows, m_new, mask=live_r)
+    tl.store(MAX + bh * n + rows, m_i, mask=live_r)
 
 
 def _pow2(x, least=16):
