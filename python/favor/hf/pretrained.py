@@ -1,4 +1,5 @@
-"""save_pretrained / from_pretrained of a model converted by favor.hf.convert.
+"""save_pretrained / from_pretrained of a model converted by favor.hf.convert, in full or
+in the compact form of hf/adapters.py (favor's tensors and LoRA deltas on an unchanged base).
 
 model.save_pretrained(path) writes everything: the favor tensors of every favor_core
 (projection, learned map, decay, codebooks and the FAVOR++ / FAVOR# fit, fit_a and
@@ -20,25 +21,45 @@ import os
 import warnings
 
 from .. import _core
+from . import adapters
 from .convert import convert, cores
 from .methods import FavorConfig
 
 LEGACY_FITS = "favor_fits.safetensors"  # where an earlier favor.hf.save_pretrained put fits
 
 
-def save_pretrained(model, path, **kwargs):
-    """model.save_pretrained(path, **kwargs) of a converted model (the fits are in its
-    state_dict: no file of their own)."""
+def save_pretrained(model, path, compact=None, **kwargs):
+    """Saves a converted model. Full (compact False): model.save_pretrained(path, **kwargs),
+    the fits in its state_dict. Compact (True): favor's tensors, the LoRA adapters of
+    add_adapters / distill / finetune(keep_adapters=True) and favor_adapter.json, a few MB,
+    which from_pretrained(path, base=original) puts back on a freshly loaded original (the
+    base weights must be the original's: the load checks their digest). compact=None: compact
+    when the model has adapters (a full save cannot hold them unmerged: merge_adapters
+    first), else full."""
     cores(model)  # raises if not converted
+    has = adapters.adapter_options(model) is not None
+    if compact is None:
+        compact = has
+    if compact:
+        if kwargs:
+            raise _core.Error(f"{sorted(kwargs)[0]}: an option of the full save; the compact "
+                              "save takes none")
+        adapters.save_compact(model, path, FavorConfig.of(model))
+        return
+    if has:
+        raise _core.Error("compact: False, but the model has LoRA adapters, which a full save "
+                          "cannot hold; call favor.hf.merge_adapters(model) first")
     model.save_pretrained(path, **kwargs)
 
 
-def from_pretrained(path, model_class=None, **kwargs):
-    """The converted model saved at `path` (model.save_pretrained or save_pretrained):
-    model_class (default: the transformers class named in config.architectures) loaded from
-    path, converted with config.favor (a FavorConfig), its favor tensors and fits loaded.
-    kwargs go to from_pretrained. `path` is a local directory (a model on the hub: download
-    it first, e.g. with huggingface_hub.snapshot_download)."""
+def from_pretrained(path, model_class=None, *, base=None, **kwargs):
+    """The converted model saved at `path` by save_pretrained. A full save: model_class
+    (default: the transformers class named in config.architectures) loaded from path,
+    converted with config.favor (a FavorConfig), its favor tensors and fits loaded; kwargs
+    go to from_pretrained. A compact save: `base`, the original model freshly loaded (the
+    one the adapter was saved on; its weights' digest is checked), converted in place and
+    given favor's tensors and the adapters; returns it. `path` is a local directory (a model
+    on the hub: download it first, e.g. with huggingface_hub.snapshot_download)."""
     import transformers
     from safetensors.torch import load_file
     if not os.path.isdir(path):
@@ -46,6 +67,17 @@ def from_pretrained(path, model_class=None, **kwargs):
         raise _core.Error(f"path: {os.fspath(path)!r} {what} (favor.hf.from_pretrained "
                           "loads the directory that save_pretrained wrote; a model on the hub: "
                           "download it first, e.g. with huggingface_hub.snapshot_download)")
+    if adapters.is_compact(path):
+        if base is None:
+            raise _core.Error(f"base: {path} holds a compact favor adapter; give base=, the "
+                              "original model it was saved on, freshly loaded")
+        if model_class is not None or kwargs:
+            raise _core.Error("model_class: a compact adapter loads onto base=; give no class "
+                              "or load options")
+        return adapters.load_compact(path, base, convert)
+    if base is not None:
+        raise _core.Error(f"base: {path} is a full save, which needs no base; call "
+                          "from_pretrained(path) without it")
     config = transformers.AutoConfig.from_pretrained(path)
     if not getattr(config, "favor", None):
         raise _core.Error(f"path: {path} holds no favor model (config.json has no 'favor'); "

@@ -24,6 +24,7 @@ from .._args import hybrid_sizes
 from ..ops.attention import generic
 from ..ops.attention.canonical import TRIG, canonical_map
 from ..ops.attention.hybrid import pair_log_const
+from . import _tensors as T
 from .decoder import HYBRID, Decoder
 from .function import attention
 
@@ -39,11 +40,16 @@ class HybridDecoder:
     key_mask=None) one token per row; append(k, v, key_mask=None); query(q); select(indices)
     (beam search); state_bytes (fixed by window, sinks and the map). estimate=False keeps
     the window and the sinks alone (method='window': no linear state is read or fed).
+    engine=True: a prompt of CPU tensors outside autograd makes the state favor's C++
+    favor::HybridDecoder (favor.Decoder(..., window, sinks): one fused call per step, where
+    these torch operations take ~20); every later call runs there, and state() /
+    load_state() are refused (its state is the C++ decoder's, favor.Decoder.state()). The
+    HF cache layers use it (favor.hf); the rows are the same attention either way.
     """
 
     def __init__(self, batch, heads, dv, projection=None, *, window, sinks=0,
                  kernel="positive", scale=None, fit=None, feature_map=None, decay=None,
-                 backend=None, estimate=True):
+                 backend=None, estimate=True, engine=False):
         window, sinks = hybrid_sizes(window, sinks, check=True)
         if window == 0 and sinks == 0:
             raise _core.Error("window, sinks: both 0 is the plain method; use "
@@ -62,6 +68,16 @@ class HybridDecoder:
                                          None if fit_t is None else fit_t[0])
         self._cm = None
         self._empty(batch, torch.device("cpu"))
+        # the C++ engine's arguments (favor.Decoder), when it may be used: FAVOR++ / FAVOR#
+        # fits and the window alone (estimate=False) stay on the torch operations
+        self._engine, self._engine_args = None, None
+        if engine and self.estimate and fit is None:
+            proj = projection
+            if isinstance(proj, torch.Tensor):  # as favor.torch.Decoder takes it
+                proj = T.projection_matrix(proj.detach(), proj.shape[-1])
+            self._engine_args = dict(batch=batch, heads=heads, dv=dv, projection=proj,
+                                     kernel=kernel, scale=scale, feature_map=feature_map,
+                                     decay=decay, window=window, sinks=sinks)
 
     # ------------------------------------------------------------------ state
 
@@ -86,21 +102,62 @@ class HybridDecoder:
              self.sink_v, self.sink_pos) = (t.to(device) for t in self._tensors())
             self._cm = None
 
-    batch = property(lambda self: int(self.ring_k.shape[0]))
-    state_bytes = property(lambda self: self.linear.state_bytes + sum(
-        t.numel() * t.element_size() for t in self._tensors()),
-        doc="bytes of the state: the linear state, the ring and the sinks (fixed)")
+    @property
+    def batch(self):
+        return self._engine.batch if self._engine is not None else int(self.ring_k.shape[0])
+
+    @property
+    def state_bytes(self):
+        """bytes of the state: the linear state, the ring and the sinks (fixed)"""
+        if self._engine is not None:
+            return self._engine.state_bytes
+        return self.linear.state_bytes + sum(t.numel() * t.element_size()
+                                             for t in self._tensors())
 
     def reset(self):
+        if self._engine is not None:
+            self._engine.reset()
+            return
         self.linear.reset()
         self._empty(self.batch, self.ring_k.device)
 
+    # ------------------------------------------------------------------ C++ engine
+
+    def _use_engine(self, x):
+        """Whether this call runs on the C++ engine: once made, always; it is made at the
+        first tokens from an empty state when they are CPU tensors outside autograd."""
+        if self._engine is not None:
+            return True
+        if self._engine_args is None or self.position > 0 or x.device.type != "cpu" or \
+                (torch.is_grad_enabled() and x.requires_grad):
+            return False
+        from .. import api
+        a = dict(self._engine_args)
+        self._engine = api.Decoder(a.pop("batch"), a.pop("heads"), a.pop("dv"),
+                                   a.pop("projection"), **a)
+        return True
+
+    @staticmethod
+    def _np(x):
+        return x.detach().float().contiguous().numpy()
+
+    @staticmethod
+    def _np_mask(key_mask):
+        return None if key_mask is None else \
+            torch.as_tensor(key_mask).ne(0).to(torch.uint8).contiguous().numpy()
+
     _FIELDS = ("ring_k", "ring_v", "ring_keep", "ring_sink", "sink_k", "sink_v", "sink_pos")
+
+    def _no_engine(self, what):
+        if self._engine is not None:
+            raise _core.Error(f"{what}: this decoder runs on the C++ engine (engine=True), whose "
+                              "state is favor.Decoder's; make one with engine=False")
 
     def state(self):
         """A copy of the state as a dict: the linear state (Decoder.state(): sums, log_max,
         row_positions), the ring and the sinks (tensors on the state's device) and the int
         position; load_state(**state) restores it (bit for bit)."""
+        self._no_engine("state")
         out = {f"linear_{k}": v for k, v in self.linear.state().items()}
         out.update({name: getattr(self, name).clone() for name in self._FIELDS})
         out["position"] = self.position
@@ -109,6 +166,7 @@ class HybridDecoder:
     def load_state(self, **state):
         """Replaces the state by one state() gave (checked: the linear part by the C++
         rules, the ring and sinks against this decoder's shapes)."""
+        self._no_engine("load_state")
         linear = {k[len("linear_"):]: v for k, v in state.items() if k.startswith("linear_")}
         self.linear.load_state(**linear)
         for name in self._FIELDS:
@@ -128,6 +186,10 @@ class HybridDecoder:
 
     def select(self, indices):
         """Keeps batch rows `indices` in that order (beam search)."""
+        if self._engine is not None:
+            self._engine.select([int(i) for i in (indices.tolist() if isinstance(
+                indices, torch.Tensor) else indices)])
+            return
         self.linear.select(indices)
         idx = torch.as_tensor(indices.tolist() if isinstance(indices, torch.Tensor)
                               else list(indices), dtype=torch.int64, device=self.ring_k.device)
@@ -223,6 +285,8 @@ class HybridDecoder:
 
     def query(self, q):
         """[B, H, T, Dv] float32: each query reads the current state (the ring as it is)."""
+        if self._engine is not None:
+            return torch.from_numpy(self._engine.query(self._np(q))).to(q.device)
         q = q.detach().float()
         self._follow(q.device)
         parts = [self._exact_part(q)] + ([self._linear_part(q)] if self.estimate else [])
@@ -233,6 +297,9 @@ class HybridDecoder:
 
     def append(self, k, v, key_mask=None):
         """Adds T tokens (key_mask [B, T]: nonzero = the token takes part)."""
+        if self._use_engine(k):
+            self._engine.append(self._np(k), self._np(v), key_mask=self._np_mask(key_mask))
+            return
         k, v = k.detach().float(), v.detach().float()
         self._follow(k.device)
         keep = self._keep(key_mask, k.shape[0], k.shape[2], k.device)
@@ -247,6 +314,9 @@ class HybridDecoder:
         then query."""
         if q.shape[2] != 1:
             raise _core.Error(f"q: a step takes one token per row, got {q.shape[2]}")
+        if self._use_engine(q):
+            return torch.from_numpy(self._engine.step(self._np(q), self._np(k), self._np(v),
+                                                      key_mask=self._np_mask(key_mask)))
         self.append(k, v, key_mask)
         return self.query(q)
 
@@ -254,6 +324,9 @@ class HybridDecoder:
         """Causal hybrid attention over a prompt -> [B, H, T, Dv], leaving the state: from an
         empty state, favor.torch.attention (one call) and the state built from the prompt;
         after earlier tokens, token by token."""
+        if self._use_engine(q):
+            return torch.from_numpy(self._engine.prefill(self._np(q), self._np(k), self._np(v),
+                                                         key_mask=self._np_mask(key_mask)))
         if self.position > 0:
             return torch.cat([self.step(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
                                         None if key_mask is None else

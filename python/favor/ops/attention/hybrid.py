@@ -9,7 +9,7 @@ key, one normaliser. For query i (Nq = Nk = N):
 with s_ij = scale q_i.k_j and g_ij = gamma^(i - j - w) (causal decay from the window's edge).
 Each part gives unnormalised rows [num | den] at a per-row log scale L_p,i (a no-grad float64
 constant: the part's stabiliser); the parts merge at S_i = max_p L_p,i. The band (E) is
-gathered, O(N (w + s) D); the keys before the window are causal FAVOR of q[w:] against
+in blocks, O(N (w + s) D); the keys before the window are causal FAVOR of q[w:] against
 k[:N-w] (a plain causal call in the window-shifted frame, sinks removed from the mask); the
 keys after it (bidirectional) the same on the reversed sequence.
 """
@@ -36,34 +36,72 @@ def pair_log_const(kernel, m, fit_a=None):
 def _band(q, k, v, keep, sink, sinks, causal, w, scale):
     """The exact part over E(i): (out [BH, N, Dv + 1] at log scale L [BH, N] float64, the
     row's max score). sink [BH, N] bool marks the (at most `sinks`) sink keys; a sink inside
-    the window counts once (as a window key)."""
+    the window counts once (as a window key). The window in blocks of b >= w queries, each
+    against its own span of keys (b + w - 1 causal, b + 2w - 2 bidirectional): strided views
+    of the padded keys and values, one batched matmul for the scores and one for P V."""
     bh, n, _ = q.shape
-    i = torch.arange(n, device=q.device)
     w = min(w, n)
-    end = 1 if causal or w == 0 else w                                   # offsets j - i
-    idx = i[:, None] + torch.arange(1 - w, end, device=q.device)         # [N, K]
-    live = ((idx >= 0) & (idx < n)).expand(bh, -1, -1)
-    idx = idx.clamp(0, n - 1).expand(bh, -1, -1)
-    if keep is not None:
-        live = live & torch.gather(keep, 1, idx.reshape(bh, -1)).view_as(idx)
-    # the sinks: positions [BH, s] (ascending; rows with fewer point past the end)
-    sidx = torch.where(sink, i, i + n).topk(min(sinks, n), -1, largest=False).values
-    gap = i[:, None] - sidx.unsqueeze(1)                                  # i - j [BH, N, s]
-    ok = (sidx < n).unsqueeze(1)
-    ok = ok & (gap >= w) if causal else ok & (gap.abs() >= w)           # outside the window
-    jdx = torch.cat([idx, sidx.clamp(max=n - 1).unsqueeze(1).expand(-1, n, -1)], -1)
-    live = torch.cat([live, ok], -1)                                      # [BH, N, K + s]
-    if jdx.shape[-1] == 0:
+    scores, values, live = [], [], []
+    if w > 0:
+        s_w, v_w, l_w = _window_blocks(q, k, v, keep, causal, w, scale)
+        scores.append(s_w)
+        values.append(v_w)
+        live.append(l_w)
+    if sinks > 0:
+        i = torch.arange(n, device=q.device)
+        # the sinks: positions [BH, s] (ascending; rows with fewer point past the end)
+        sidx = torch.where(sink, i, i + n).topk(min(sinks, n), -1, largest=False).values
+        gap = i[:, None] - sidx.unsqueeze(1)                              # i - j [BH, N, s]
+        ok = (sidx < n).unsqueeze(1)
+        ok = ok & (gap >= w) if causal else ok & (gap.abs() >= w)       # outside the window
+        take = sidx.clamp(max=n - 1).unsqueeze(-1)
+        ks = torch.gather(k, 1, take.expand(-1, -1, k.shape[-1]))        # [BH, s, D]
+        scores.append((q @ ks.transpose(1, 2)) * scale)                  # [BH, N, s]
+        values.append(torch.gather(v, 1, take.expand(-1, -1, v.shape[-1])))
+        live.append(ok)
+    if not scores:
         return q.new_zeros(bh, n, v.shape[-1] + 1), q.new_full((bh, n), -math.inf).double()
-    rows = torch.arange(bh, device=q.device)[:, None, None]
-    scores = (k[rows, jdx] @ q.unsqueeze(-1)).squeeze(-1) * scale        # [BH, N, K + s]
-    scores = scores.masked_fill(~live, -math.inf)
+    scores = [sc.masked_fill(~ok, -math.inf) for sc, ok in zip(scores, live)]
     with torch.no_grad():
-        top = scores.amax(-1, keepdim=True)
+        top = torch.stack([sc.amax(-1) for sc in scores]).amax(0).unsqueeze(-1)  # [BH, N, 1]
         safe = top.masked_fill(torch.isinf(top), 0.0)
-    p = torch.exp(scores - safe)
-    num = (p.unsqueeze(-2) @ v[rows, jdx]).squeeze(-2)
-    return torch.cat([num, p.sum(-1, keepdim=True)], -1), top.squeeze(-1).double()
+    num, den = 0, 0
+    for sc, val in zip(scores, values):
+        p = torch.exp(sc - safe)
+        num = num + (p @ val if isinstance(val, torch.Tensor) else _unblock(p, *val, n))
+        den = den + p.sum(-1, keepdim=True)
+    return torch.cat([num, den], -1), top.squeeze(-1).double()
+
+
+def _window_blocks(q, k, v, keep, causal, w, scale):
+    """The window's scores [BH, N, span] (row i, column c: key (i - i mod b) - (w - 1) + c),
+    (the blocked values [BH, nb, span, Dv], b) and the live mask [BH, N, span]."""
+    bh, n, d = q.shape
+    b = max(w, 32)
+    nb = -(-n // b)
+    span = b + (w - 1 if causal else 2 * (w - 1))
+    right = nb * b - n + (0 if causal else w - 1)
+    kp = torch.nn.functional.pad(k, (0, 0, w - 1, right))               # key j at j + w - 1
+    vp = torch.nn.functional.pad(v, (0, 0, w - 1, right))
+    kb = kp.unfold(1, span, b)                                          # [BH, nb, D, span]
+    vb = vp.unfold(1, span, b).transpose(-1, -2)                        # [BH, nb, span, Dv]
+    qb = torch.nn.functional.pad(q, (0, 0, 0, nb * b - n)).view(bh, nb, b, d)
+    scores = (qb @ kb) * scale                                          # [BH, nb, b, span]
+    r = torch.arange(b, device=q.device)[:, None]
+    c = torch.arange(span, device=q.device)[None, :]
+    band = (c >= r) & (c <= r + (w - 1 if causal else 2 * (w - 1)))    # [b, span]
+    kept = torch.ones(bh, n, dtype=torch.bool, device=q.device) if keep is None else keep
+    valid = torch.nn.functional.pad(kept, (w - 1, right)).unfold(1, span, b)  # [BH, nb, span]
+    live = band & valid.unsqueeze(2)                                    # [BH, nb, b, span]
+    return (scores.reshape(bh, nb * b, span)[:, :n], (vb, b),
+            live.reshape(bh, nb * b, span)[:, :n])
+
+
+def _unblock(p, vb, b, n):
+    """P V of the window: p [BH, N, span] against the blocked values [BH, nb, span, Dv]."""
+    bh, nb, span, dv = vb.shape
+    pb = torch.nn.functional.pad(p, (0, 0, 0, nb * b - n)).view(bh, nb, b, span)
+    return (pb @ vb).reshape(bh, nb * b, dv)[:, :n]
 
 
 def _before(q, k, vx, cm, keep, w, log_const, chunk):
