@@ -3,6 +3,7 @@ adapters beside unchanged weights (add_adapters, merge_adapters) and the compact
 (save_pretrained / from_pretrained(path, base=...)), on tiny random models (hf_models.py).
 The real model's slice is test_hf_smollm2.py."""
 import copy
+import math
 import os
 
 import pytest
@@ -131,6 +132,9 @@ def test_window_dropout_is_drawn_per_step_and_restored():
                     progress=False)
     assert list(ra) != list(rb)  # shortened windows changed some steps
     assert all(core.window == 4 for _, _, core in fh.cores(a))
+    alone = _student(teacher, "window", window=3)  # no sinks: a window of 0 is no attention
+    report = fh.distill(alone, teacher, _batches(), steps=6, window_dropout=1.0, progress=False)
+    assert all(math.isfinite(x) for x in report)
 
 
 def test_distill_refuses_bad_arguments():

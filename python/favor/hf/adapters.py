@@ -50,8 +50,9 @@ def add_adapters(model, **lora):
             raise _core.Error(f"lora: the model has adapters with {have}; these are {options} "
                               "(merge_adapters first, or give the same options)")
         return have
-    torch.manual_seed(0)  # peft's A init draws: the same model gets the same adapters
-    inject_adapter_in_model(LoraConfig(**options), model)
+    with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
+        torch.manual_seed(0)  # peft's A init draws: the same model gets the same adapters
+        inject_adapter_in_model(LoraConfig(**options), model)
     model._favor_lora = options
     return options
 

@@ -54,7 +54,8 @@ def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train
     the student's logits. train: one of TRAIN ("lora": add_adapters(student, **lora) first;
     the adapters stay unmerged, so favor.hf.save_pretrained writes the compact form).
     window_dropout (hybrids: default 0.5, else 0): the probability that a step runs every
-    layer with the window shortened to one random length in [0, window). Deterministic: the
+    layer with the window shortened to one random length in [0, window) ([1, window) for
+    method 'window' without sinks). Deterministic: the
     draws depend on (seed, step) only. checkpoint: a folder where the trained tensors, the
     optimiser and the losses are saved every save_every steps and at the end; a rerun with
     the same settings resumes there. Returns a DistillReport. The student is left in eval
@@ -62,6 +63,9 @@ def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train
     _check(steps, temperature, train, window_dropout, chunk, batches)
     layers = cores(student)
     window = getattr(layers[0][2], "window", 0) or 0
+    # the shortest window a step may take: 1 where the sinks alone would be no attention
+    # (method 'window' without sinks), else 0 (the estimator, or the sinks, remain)
+    shortest = int(any(core.method == "window" and not core.sinks for _, _, core in layers))
     if window_dropout is None:
         window_dropout = 0.5 if window else 0.0
     head, t_head = student.get_output_embeddings(), teacher.get_output_embeddings()
@@ -93,8 +97,8 @@ def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train
         inputs = _inputs(batches[step % len(batches)])
         draws = torch.Generator().manual_seed(seed * 1_000_003 + step)
         short = window
-        if window and float(torch.rand(1, generator=draws)) < window_dropout:
-            short = int(torch.randint(0, window, (1,), generator=draws))
+        if window > shortest and float(torch.rand(1, generator=draws)) < window_dropout:
+            short = int(torch.randint(shortest, window, (1,), generator=draws))
         try:
             for _, _, core in layers:
                 core.window = short
@@ -124,9 +128,9 @@ def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train
 def kl_loss(student, teacher, inputs, temperature=1.0, chunk=256):
     """The mean over real tokens of KL(softmax(t / T) || softmax(s / T)) T^2 (distill's loss),
     the logits made and dropped chunk by chunk (module docstring)."""
-    with torch.no_grad():
-        t_hidden = teacher.base_model(**inputs).last_hidden_state
-    hidden = student.base_model(**inputs).last_hidden_state
+    with torch.no_grad():  # no cache: nothing is generated
+        t_hidden = teacher.base_model(**inputs, use_cache=False).last_hidden_state
+    hidden = student.base_model(**inputs, use_cache=False).last_hidden_state
     keep = inputs.get("attention_mask")
     weight = (torch.ones(hidden.shape[:2]) if keep is None else keep).to(hidden.dtype)
     head, t_head = student.get_output_embeddings(), teacher.get_output_embeddings()

@@ -78,4 +78,4 @@ def _loss(model, inputs, loss, teacher):
     labels = inputs["input_ids"].clone()
     if inputs.get("attention_mask") is not None:
         labels[inputs["attention_mask"] == 0] = -100
-    return model(**inputs, labels=labels).loss
+    return model(**inputs, labels=labels, use_cache=False).loss  # no cache: nothing generated

@@ -75,9 +75,10 @@ class HybridDecoder:
             proj = projection
             if isinstance(proj, torch.Tensor):  # as favor.torch.Decoder takes it
                 proj = T.projection_matrix(proj.detach(), proj.shape[-1])
+            drawn = {} if feature_map is not None else dict(kernel=kernel, scale=scale)
             self._engine_args = dict(batch=batch, heads=heads, dv=dv, projection=proj,
-                                     kernel=kernel, scale=scale, feature_map=feature_map,
-                                     decay=decay, window=window, sinks=sinks)
+                                     feature_map=feature_map, decay=decay, window=window,
+                                     sinks=sinks, **drawn)  # a feature_map carries the rest
 
     # ------------------------------------------------------------------ state
 
