@@ -52,7 +52,10 @@ def main():
     ap.add_argument("--text", help="a UTF-8 text file (default: the held-out docstrings)")
     ap.add_argument("--length", type=int, default=1024)
     ap.add_argument("--windows", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="one window of 256 tokens")
     args = ap.parse_args()
+    if args.quick:
+        args.length, args.windows = 256, 1
     print(f"seed 0, torch threads {torch.get_num_threads()}", flush=True)
     adapter = rebuild(args.rebuild, args.adapter) if args.rebuild else args.adapter
     original, tok = smollm2.load()

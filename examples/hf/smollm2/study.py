@@ -75,11 +75,14 @@ def trained(original, run, stage):
     return fh.from_pretrained(path, base=copy.deepcopy(original))
 
 
-def models(original, cal, trained_runs):
-    """(label, kind, build) of every row of the ppl section."""
+def models(original, cal, trained_runs, methods=None):
+    """(label, kind, build) of every row of the ppl section (methods: names of METHODS to
+    run; None: all)."""
     rows = [("original (sdpa)", "original", lambda: original),
             ("exact", "exact", lambda: converted(original, "exact", {}, cal))]
     for method, options in METHODS:
+        if methods is not None and method not in methods:
+            continue
         rows.append((method, "plain", lambda m=method, o=options: converted(original, m, o, cal)))
         if method == "vq":  # Transformer-VQ is exact on its quantised keys: no hybrid form
             continue
@@ -96,11 +99,11 @@ def models(original, cal, trained_runs):
     return rows
 
 
-def section_ppl(original, cal, held, trained_runs, done, counts=(8, 2)):
+def section_ppl(original, cal, held, trained_runs, done, counts=(8, 2), methods=None):
     w1k, w4k = smollm2.windows(held, 1024, counts[0]), smollm2.windows(held, 4096, counts[1])
     out = done.get("ppl", [])
     have = {r["model"] for r in out}
-    for label, kind, build in models(original, cal, trained_runs):
+    for label, kind, build in models(original, cal, trained_runs, methods):
         if label in have:
             continue
         t = time.perf_counter()
@@ -282,8 +285,14 @@ def main(argv=None):
     ap.add_argument("--ppl-windows", type=int, nargs=2, default=[8, 2],
                     help="held-out windows of 1024 and of 4096 tokens")
     ap.add_argument("--layers", type=int, help="the first LAYERS layers only (a quick check)")
+    ap.add_argument("--methods", help="comma-separated methods of the ppl section (default all)")
     ap.add_argument("--gen-worker", nargs=3, metavar=("KIND", "PROMPT", "BATCH"))
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: 2 layers, one window each, one small generate setting")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.layers, args.ppl_windows, args.generate, args.new = 2, [1, 1], [(512, 1)], 4
+        args.methods = "favor,positive-fit"
     if args.gen_worker:
         kind, prompt, batch = args.gen_worker
         r = gen_worker(kind, int(prompt), int(batch), args.new, args.ship, args.threads,
@@ -302,7 +311,9 @@ def main(argv=None):
     torch.save(held, os.path.join(args.out, "held_ids.pt"))  # for the generate workers
     cal = smollm2.windows(cal, 1024, 1)
     runs = [tuple(t.split("=", 1)) for t in args.trained]
-    sections = {"ppl": lambda: section_ppl(original, cal, held, runs, res, args.ppl_windows),
+    methods = None if not args.methods else args.methods.split(",")
+    sections = {"ppl": lambda: section_ppl(original, cal, held, runs, res, args.ppl_windows,
+                                           methods),
                 "greedy": lambda: section_greedy(original, cal, held, runs, res),
                 "generate": lambda: section_generate(args, res)}
     for name in args.sections.split(","):

@@ -40,7 +40,12 @@ def main():
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--layers", type=int, help="the first LAYERS layers only (a quick check)")
     ap.add_argument("--calibration-windows", type=int, help="use only this many windows")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: 2 layers, 256-token windows, a few steps (~30 s)")
     args = ap.parse_args()
+    if args.quick:
+        args.layers, args.length, args.calibration_windows = 2, 256, 4
+        args.transfer_steps, args.transfer_batches, args.distill_steps = 5, 1, 2
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"seed {args.seed}, torch threads {torch.get_num_threads()}", flush=True)
