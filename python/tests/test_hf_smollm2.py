@@ -100,17 +100,23 @@ def test_generate_through_the_state_is_the_full_forwards_argmax(original, distil
     assert torch.equal(logits.argmax(-1)[clear], out[0, prompt.shape[1]:][clear])
 
 
-def test_the_shipped_conversion_loads_onto_the_packaged_model(original):
-    """examples/hf/smollm2/positive-fit-hybrid (14 MB: favor's maps and the LoRA deltas)
-    loads onto the full 30-layer model from the package and predicts held-out text nearly as
-    well: on 256 tokens of docs/math.md its loss is within 0.5 nats of the original's
-    (the study measures 1.20x perplexity at 1024 tokens, 0.18 nats) and its greedy
-    next-token choice agrees on most positions."""
+@pytest.fixture(scope="module")
+def full():
+    return smollm2.load()[0]
+
+
+@pytest.mark.parametrize("name,method", [("window-sinks", "window"),
+                                         ("positive-fit-hybrid", "positive-fit")])
+def test_the_shipped_conversions_load_onto_the_packaged_model(original, full, name, method):
+    """examples/hf/smollm2/window-sinks and positive-fit-hybrid (favor's maps, if any, and
+    the LoRA deltas) load onto the full 30-layer model from the package and predict
+    held-out text nearly as well: on 256 tokens of docs/math.md the loss is within 0.5 nats
+    of the original's (the study measures 1.18x and 1.20x perplexity at 1024 tokens, 0.17
+    and 0.18 nats) and the greedy next-token choice agrees on most positions."""
     _, ids = original
-    full, _ = smollm2.load()
-    shipped = os.path.join(os.path.dirname(smollm2.__file__), "positive-fit-hybrid")
+    shipped = os.path.join(os.path.dirname(smollm2.__file__), name)
     model = fh.from_pretrained(shipped, base=copy.deepcopy(full))
-    assert fh.FavorConfig.of(model).method == "positive-fit"
+    assert fh.FavorConfig.of(model).method == method
     x = ids.reshape(1, -1)[:, :256]
     with torch.no_grad():
         a, b = full(x, labels=x, use_cache=False), model(x, labels=x, use_cache=False)
