@@ -20,7 +20,7 @@ import torch
 
 from .. import _core
 from . import families
-from .convert import cores
+from .convert import convert, cores
 
 ADAPTER_JSON = "favor_adapter.json"
 ADAPTER_TENSORS = "favor_adapter.safetensors"
@@ -122,7 +122,7 @@ def is_compact(path):
     return os.path.isfile(os.path.join(path, ADAPTER_JSON))
 
 
-def load_compact(path, base, convert):
+def load_compact(path, base):
     """base (a freshly loaded original, not converted) converted and given the saved favor
     tensors and adapters, in place; favor.Error if its weights are not those it was saved on."""
     from safetensors.torch import load_file

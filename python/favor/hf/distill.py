@@ -15,7 +15,6 @@ made from the hidden states inside a checkpointed function, so the backward hold
 chunk's [chunk, vocab] at a time (49152-token vocabularies at 1024 tokens: 200 MB a copy
 otherwise).
 """
-import json
 import math
 import os
 import time
@@ -26,7 +25,7 @@ from torch.utils.checkpoint import checkpoint as _checkpointed
 from .. import _core
 from . import adapters
 from .convert import cores
-from .transfer import _bar, _count, _inputs
+from .transfer import _bar, _check_checkpoint, _count, _inputs
 
 TRAIN = {"attention": "favor's maps and each attention module's own weights (q, k, v, o)",
          "lora": "favor's maps and LoRA adapters on the attention projections (peft)",
@@ -196,17 +195,7 @@ def _resume(folder, settings, params, opt, report):
     holds, or None."""
     if folder is None:
         return None
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "distill.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            before = json.load(f)
-        if before != json.loads(json.dumps(settings)):
-            raise _core.Error(f"checkpoint: {folder} holds a distillation with {before}; this "
-                              f"one is {settings} (use another folder)")
-    else:
-        with open(path, "w") as f:
-            json.dump(settings, f)
+    _check_checkpoint(folder, settings, "distill.json", "a distillation")
     state = os.path.join(folder, _STATE)
     if not os.path.exists(state):
         return None

@@ -74,7 +74,7 @@ def from_pretrained(path, model_class=None, *, base=None, **kwargs):
         if model_class is not None or kwargs:
             raise _core.Error("model_class: a compact adapter loads onto base=; give no class "
                               "or load options")
-        return adapters.load_compact(path, base, convert)
+        return adapters.load_compact(path, base)
     if base is not None:
         raise _core.Error(f"base: {path} is a full save, which needs no base; call "
                           "from_pretrained(path) without it")

@@ -203,16 +203,20 @@ def _load_layer(core, saved):
         core.fit = _core.KernelFit(*saved["fit"])
 
 
-def _check_checkpoint(checkpoint, settings):
+def _check_checkpoint(checkpoint, settings, record="transfer.json", what="a transfer"):
+    """Creates the checkpoint folder with its settings file `record`, or checks that the one
+    there holds the same settings (favor.Error otherwise: another run's folder). Shared by
+    transfer and distill."""
     if checkpoint is None:
         return
     os.makedirs(checkpoint, exist_ok=True)
-    path = os.path.join(checkpoint, "transfer.json")
+    path = os.path.join(checkpoint, record)
+    settings = json.loads(json.dumps(settings))  # as JSON reads it back (tuples: lists)
     if os.path.exists(path):
         with open(path) as f:
             before = json.load(f)
         if before != settings:
-            raise _core.Error(f"checkpoint: {checkpoint} holds a transfer with {before}; this "
+            raise _core.Error(f"checkpoint: {checkpoint} holds {what} with {before}; this "
                               f"one is {settings} (use another folder)")
     else:
         with open(path, "w") as f:
