@@ -64,7 +64,7 @@ def test_distill_lowers_the_kl_and_trains_what_it_says(train):
     batches = _batches()
     kl0 = sum(_kl_by_hand(student, teacher, b, 1.0) for b in batches)
     report = fh.distill(student, teacher, batches, steps=30, lr=3e-3, train=train,
-                        progress=False)
+                        progress=False, precision="float32")
     assert len(report) == 30 and report.tokens == 10 * sum(
         int(b["attention_mask"].sum()) for b in batches)
     assert sum(_kl_by_hand(student, teacher, b, 1.0) for b in batches) < 0.6 * kl0
@@ -145,7 +145,10 @@ def test_distill_refuses_bad_arguments():
                          (dict(steps=1, train="mlp"), "train: 'mlp' is not one of"),
                          (dict(steps=1, train="all", lora=dict(r=4)), "lora: options for"),
                          (dict(steps=1, window_dropout=2), "window_dropout"),
-                         (dict(steps=1, chunk=0), "chunk")]:
+                         (dict(steps=1, chunk=0), "chunk"),
+                         (dict(steps=1, precision="f16"), "precision: 'f16' is not one of"),
+                         (dict(steps=1, max_seconds=0), "max_seconds: 0 must be"),
+                         (dict(steps=1, compile="yes"), "compile: 'yes' must be")]:
         with pytest.raises(favor.Error, match=rule):
             fh.distill(student, teacher, b, progress=False, **kwargs)
     with pytest.raises(favor.Error, match="same tokenizer"):
@@ -236,3 +239,130 @@ def test_adapters_start_as_the_identity_and_merge_into_the_weights():
         trained = student(**b).logits
         fh.merge_adapters(student)
         assert torch.allclose(student(**b).logits, trained, atol=1e-5)
+
+
+def test_precision_auto_is_bf16_where_favor_has_it_and_float32_elsewhere(monkeypatch):
+    teacher = make("llama")
+    want = "bf16" if favor.bf16_available() else "float32"
+    report = fh.distill(_student(teacher), teacher, _batches(1), steps=1, progress=False)
+    assert report.precision == want and want in str(report)
+    monkeypatch.setenv("FAVOR_NO_BF16", "1")  # favor's own switch: auto follows it
+    report = fh.distill(_student(teacher), teacher, _batches(1), steps=1, progress=False)
+    assert report.precision == "float32"
+
+
+def test_bf16_trains_in_float32_masters_and_puts_every_weight_back():
+    """The frozen weights are bfloat16 only during the run: after it, every base weight is
+    float32 and bit for bit what it was; the adapters and favor's maps (what trained) are
+    float32; the loss fell."""
+    teacher = make("llama")
+    student = _student(teacher)
+    base = {k: v.clone() for k, v in student.state_dict().items()}
+    t_before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    batches = _batches()
+    kl0 = sum(_kl_by_hand(student, teacher, b, 1.0) for b in batches)
+    report = fh.distill(student, teacher, batches, steps=20, lr=3e-3, precision="bf16",
+                        progress=False)
+    assert report.precision == "bf16"
+    after = student.state_dict()
+    for k, v in after.items():
+        assert v.dtype == torch.float32, k
+        if "lora_" not in k and ".favor_core." not in k:
+            assert torch.equal(v, base[k.replace(".base_layer.", ".")]), k
+    assert all(torch.equal(v, t_before[k]) for k, v in teacher.state_dict().items())
+    assert sum(_kl_by_hand(student, teacher, b, 1.0) for b in batches) < 0.8 * kl0
+
+
+def test_bf16_runs_the_adapters_in_float32_beside_a_bfloat16_base():
+    """favor.hf.precision's LoRA forward: the same function as peft's (in float32), and
+    under bf16 the adapter's delta is not rounded to bfloat16."""
+    from favor.hf.precision import low_precision
+    teacher = make("llama")
+    student = _student(teacher)
+    fh.add_adapters(student, r=4)
+    layer = student.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        layer.lora_B["default"].weight.normal_(0, 1e-3)  # a small delta, as in training
+    for n, p in student.named_parameters():
+        p.requires_grad_("lora_" in n)
+    x = torch.randn(2, 5, layer.in_features)
+    want = layer(x)  # peft's own forward, float32
+    with low_precision(True, student):
+        assert "forward" in layer.__dict__
+        got = layer(x)
+        base = layer.base_layer(x)
+        with torch.autocast("cpu", enabled=False):
+            delta = layer.lora_B["default"](layer.lora_A["default"](x)) * \
+                layer.scaling["default"]
+    assert "forward" not in layer.__dict__  # peft's forward again
+    assert got.dtype == torch.float32 and base.dtype == torch.bfloat16
+    assert delta.dtype == torch.float32 and torch.equal(got, base.float() + delta)
+    # bf16 rounding of the base only: far below what rounding the sum would cost
+    assert (got - want).abs().max() < 0.02 * want.abs().max()
+
+
+def test_max_seconds_stops_checkpointed_and_the_rerun_ends_where_an_unbroken_run_ends(
+        tmp_path):
+    teacher = make("llama")
+    whole = _student(teacher)
+    unbroken = fh.distill(whole, teacher, _batches(), steps=5, lr=3e-3, progress=False,
+                          precision="float32")
+    student = _student(teacher)
+    folder = str(tmp_path / "d")
+    first = fh.distill(student, teacher, _batches(), steps=5, lr=3e-3, progress=False,
+                       precision="float32", checkpoint=folder, max_seconds=1e-9)
+    assert first.done == 1 and len(first) == 1 and first.steps == 5
+    again = _student(teacher)
+    rest = fh.distill(again, teacher, _batches(), steps=5, lr=3e-3, progress=False,
+                      precision="float32", checkpoint=folder)
+    assert rest.resumed_at == 1 and rest.done == 5 and list(rest) == list(unbroken)
+    for k, v in whole.state_dict().items():
+        assert torch.equal(v, again.state_dict()[k]), k
+
+
+def test_compile_gives_the_eager_losses_and_is_undone():
+    teacher = make("llama")
+    runs = []
+    for compiled in (False, True):
+        student = _student(teacher)
+        report = fh.distill(student, teacher, _batches(), steps=3, lr=3e-3, progress=False,
+                            precision="float32", compile=compiled, window_dropout=0.0)
+        runs.append(list(report))
+        assert all(getattr(layer, "_compiled_call_impl", None) is None
+                   for layer in student.model.layers)
+    assert runs[1] == pytest.approx(runs[0], rel=1e-4)
+
+
+def test_training_builds_no_decoding_state(monkeypatch):
+    from favor.hf import cache
+    made = []
+    real = cache.FavorCache.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(1)
+        real(self, *args, **kwargs)
+    monkeypatch.setattr(cache.FavorCache, "__init__", counting)
+    teacher = make("llama")
+    fh.distill(_student(teacher), teacher, _batches(), steps=2, progress=False)
+    assert not made
+
+
+def test_merged_adapters_compute_the_same_and_put_the_weights_back():
+    teacher = make("llama")
+    student = _student(teacher)
+    fh.add_adapters(student, r=4)
+    for name, p in student.named_parameters():
+        if "lora_B" in name:
+            with torch.no_grad():
+                p.normal_(0, 0.05)
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    batch = _batches(1)[0]
+    with torch.no_grad():
+        want = student(**batch).logits
+        with fh.merged(student) as m:
+            assert m is student
+            got = student(**batch).logits
+    assert torch.allclose(got, want, atol=1e-5)
+    assert all(torch.equal(v, before[k]) for k, v in student.state_dict().items())
+    with torch.no_grad():
+        assert torch.equal(student(**batch).logits, want)  # unmerged again

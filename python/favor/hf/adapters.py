@@ -6,12 +6,14 @@ unchanged weights, and the compact saved form they allow.
     favor.hf.save_pretrained(model, "adapter")                   # favor tensors + deltas, a few MB
     again = favor.hf.from_pretrained("adapter", base=original)   # on a freshly loaded original
     favor.hf.merge_adapters(model)             # deltas into the weights: a plain model again
+    with favor.hf.merged(model): ...           # merged for a pass that does not train them
 
 The compact form is three things: favor's tensors (every favor_core), the adapters' A and B,
 and favor_adapter.json (the conversion's FavorConfig, the LoRA options, and a SHA-256 digest
 of the base weights it was saved on). Loading checks the digest of the base it is given, so
 an adapter never lands on another model's weights.
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -76,6 +78,29 @@ def merge_adapters(model):
             setattr(model.get_submodule(parent) if parent else model, leaf, module.base_layer)
     del model._favor_lora
     return model
+
+
+@contextlib.contextmanager
+def merged(model):
+    """With the model's adapters merged into their base layers' weights (one product a
+    layer instead of three: evaluation, a teacher or any pass where the adapters do not
+    train); at exit the adapters are unmerged and the base weights put back bit for bit.
+    Without adapters: nothing changes."""
+    from peft.tuners.lora import LoraLayer
+    if adapter_options(model) is None:
+        yield model
+        return
+    saved = []
+    try:
+        for module in model.modules():
+            if isinstance(module, LoraLayer) and not module.merged:
+                saved.append((module, module.base_layer.weight.data.clone()))
+                module.merge()
+        yield model
+    finally:
+        for module, weight in saved:
+            module.base_layer.weight.data = weight
+            module.merged_adapters.clear()
 
 
 def base_digest(model):

@@ -128,8 +128,8 @@ def _refuse_packed(position_ids, keep, nq):
     and favor would attend across them as one. Padded tokens are not compared (generate()
     gives them position 1); one new token (a decoding step) has nothing to compare."""
     if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or nq < 2 \
-            or position_ids.shape[1] != nq:
-        return
+            or position_ids.shape[1] != nq or torch.compiler.is_compiling():
+        return  # (a traced graph cannot branch on values: checked in eager runs only)
     restart = position_ids[:, 1:] != position_ids[:, :-1] + 1
     if keep is not None and keep.shape[-1] >= nq:
         tokens = keep[:, -nq:]
