@@ -57,6 +57,16 @@ def inputs(batch=2, n=10, pad=3, left=True, seed=1):
     return ids, mask
 
 
+def batches(count=3, n=16, seed=20):
+    """`count` dicts of model inputs (input_ids, attention_mask), from inputs(n=n) with the
+    seeds seed, seed + 1, ...: calibration or distillation batches."""
+    out = []
+    for i in range(count):
+        ids, mask = inputs(n=n, seed=seed + i)
+        out.append(dict(input_ids=ids, attention_mask=mask))
+    return out
+
+
 def positions(mask):
     """The position ids generate() gives a left-padded batch (cumulative mask - 1)."""
     return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)

@@ -12,15 +12,11 @@ import torch
 import favor
 import favor.hf as fh
 from favor.hf.distill import kl_loss
-from hf_models import inputs, make
+from hf_models import batches, make
 
 
 def _batches(count=3, n=16):
-    out = []
-    for i in range(count):
-        ids, mask = inputs(n=n, seed=20 + i)
-        out.append(dict(input_ids=ids, attention_mask=mask))
-    return out
+    return batches(count, n, seed=20)
 
 
 def _student(teacher, method="hedgehog", **options):

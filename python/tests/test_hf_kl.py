@@ -9,10 +9,11 @@ import os
 import pytest
 import torch
 
+import favor
 import favor.hf as fh
 from favor.hf.distill import kl_loss
 from favor.hf.kl import Full, TopK, linear_kl, tail_bound, topk_of
-from hf_models import inputs, make
+from hf_models import batches, make
 
 V, D, N = 40, 12, 23
 
@@ -122,11 +123,7 @@ def test_linear_kl_refuses_mismatched_weights():
 
 
 def _batches(count=3, n=16):
-    out = []
-    for i in range(count):
-        ids, mask = inputs(n=n, seed=40 + i)
-        out.append(dict(input_ids=ids, attention_mask=mask))
-    return out
+    return batches(count, n, seed=40)
 
 
 def test_the_cache_holds_the_teachers_topk_and_reads_it_back(tmp_path):
@@ -217,3 +214,20 @@ def test_the_cache_refuses_other_settings_another_teacher_and_missing_entries(tm
     with pytest.raises(ValueError, match="temperature: 2.0, but the cache was made at 1.0"):
         fh.distill(student, fh.TeacherCache(folder, k=4), _batches(1), steps=1,
                    temperature=2.0, progress=False)
+
+
+@pytest.mark.skipif(not favor.bf16_available(), reason="no bf16 here: nothing to tell apart")
+def test_a_float32_cache_made_during_a_bf16_run_holds_the_float32_teacher(tmp_path):
+    teacher = make("llama")
+    student = copy.deepcopy(teacher)
+    fh.convert(student, "hedgehog", features=8, window=4, sinks=1)
+    batches = _batches(2)
+    cache = fh.TeacherCache(str(tmp_path / "c"), teacher, k=6)
+    fh.distill(student, cache, batches, steps=2, precision="bf16", progress=False)
+    assert cache.made == 2
+    for b in batches:
+        with torch.no_grad():
+            logits = teacher(**b).logits
+        index, logp, rest = topk_of(logits.reshape(-1, logits.shape[-1]), 6)
+        got = fh.TeacherCache(str(tmp_path / "c"), k=6).get(b)
+        assert torch.equal(got.index, index) and torch.equal(got.logp, logp)

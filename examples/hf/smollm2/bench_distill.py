@@ -134,10 +134,12 @@ def main():
     ap.add_argument("--layers", type=int, help="the first LAYERS layers (a quick check)")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--quality", type=int, metavar="STEPS", help="also the result check")
-    ap.add_argument("--quick", action="store_true", help="2 layers, 256 tokens, 2 steps")
+    ap.add_argument("--quick", action="store_true",
+                    help="2 layers, 256 tokens, 2 steps, not compiled (seconds)")
     args = ap.parse_args()
-    if args.quick:
-        args.layers, args.length, args.steps = 2, 256, 2
+    if args.quick:  # a smoke run: no compiling, no quality check
+        args.layers, args.length, args.steps, args.no_compile = 2, 256, 2, True
+        args.quality = None
     import favor
     import favor.hf as fh
     from favor.hf.distill import kl_loss, trainable

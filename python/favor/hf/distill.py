@@ -109,13 +109,18 @@ def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train
     live = teacher if not isinstance(teacher, TeacherCache) else None
     if live is not None:
         live.eval()
+    # the teacher's weights cast to bfloat16 once for the run where its forward is bf16 (a
+    # live teacher in a bf16 run; a bf16 cache's teacher, making missing entries on the way)
+    side = live if ran == "bf16" else None
+    if live is None and teacher.precision == "bf16":
+        side = teacher.teacher
     student.train()
     bar = _bar(steps, progress, f"favor.hf.distill ({ran})", "step")
     if bar is not None:
         bar.update(start)
     began = time.perf_counter()
     with _compiled(student, layers, compile), low_precision(ran == "bf16", student), \
-            low_precision(ran == "bf16" and live is not None, *([live] if live else []),
+            low_precision(side is not None, *([side] if side is not None else []),
                           frozen_only=False):
         for step in range(start, steps):
             for group in opt.param_groups:  # cosine from lr to lr / 10
@@ -223,7 +228,11 @@ def _compiled(student, layers, on):
         for block in blocks:
             block.compile(dynamic=False)
         kl.compile_rows(True)
-        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+        # graphs per layer: the first layer's input needs no grad, the others' do; the window
+        # is specialised at 0 and 1 and at its first value (then a graph input): more than
+        # dynamo's default limit of 8, past which it would run the layers eagerly
+        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True,
+                                        recompile_limit=64):
             yield
     finally:
         for block in blocks:

@@ -116,8 +116,11 @@ class TeacherCache:
     def compute(self, inputs):
         """The entry's tensors for one batch, from the teacher (no grad, no cache)."""
         inputs = _on(inputs, self.teacher)
-        with torch.no_grad(), low_precision(self.precision == "bf16", self.teacher,
-                                            frozen_only=False):
+        device = next(self.teacher.parameters()).device.type
+        bf16 = self.precision == "bf16"
+        # float32 means float32 even inside a bf16 distillation's autocast
+        with torch.no_grad(), torch.autocast(device, enabled=bf16), \
+                low_precision(bf16, self.teacher, frozen_only=False):
             logits = self.teacher(**inputs, use_cache=False).logits
         index, logp, rest = topk_of(logits, self.k, self.temperature)
         return {"index": index.to(torch.int32).cpu().contiguous(),
