@@ -13,6 +13,7 @@ def make(family, **overrides):
     """A tiny model of `family` in eval mode (seeded)."""
     torch.manual_seed(0)
     small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    small.update({k: overrides.pop(k) for k in list(overrides) if k in small})
     if family == "llama":
         m = tf.LlamaForCausalLM(tf.LlamaConfig(**small, num_key_value_heads=2, **_COMMON,
                                                **overrides))
@@ -23,7 +24,8 @@ def make(family, **overrides):
         m = tf.Qwen2ForCausalLM(tf.Qwen2Config(**small, num_key_value_heads=2, **_COMMON,
                                                **overrides))
     elif family == "gpt2":
-        m = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64,
+        m = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=small["num_hidden_layers"],
+                                             n_head=4, n_positions=64,
                                              bos_token_id=0, eos_token_id=0, **_COMMON,
                                              **overrides))
     elif family == "gpt_neox":

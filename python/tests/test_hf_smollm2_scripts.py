@@ -111,3 +111,23 @@ def test_gpu_distill_runs_on_the_cpu_stops_on_time_and_resumes(tmp_path):
     assert log2["distill"]["steps"] == plan["steps"]  # the plan is kept
     assert log2["distill"]["resumed_at"] == done and log2["distill"]["done"] >= done
     assert log2["earlier"]["distill"]["done"] == done
+
+
+def test_train_runs_a_gated_hybrid_with_a_softmax_layer(tmp_path):
+    """train.py --gate --softmax-layers (issue 48): layer 1 of the 2 stays on softmax, layer
+    0 is a gated positive-fit hybrid; train.json reports its gates; the adapter keeps the
+    plan."""
+    out = str(tmp_path / "gated")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "hf", "smollm2",
+                                                     "train.py"),
+                        "--out", out, "--quick", "--data", "stdlib", "--method", "positive-fit",
+                        "--features", "16", "--gate", "1e-3", "--softmax-layers", "1",
+                        "--length", "64", "--calibration-windows", "8", "--precision",
+                        "float32", "--threads", "1"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    log = json.load(open(os.path.join(out, "train.json")))
+    assert list(log["gates"]) == ["0"] and len(log["gates"]["0"]) == 9
+    assert log["options"]["softmax_layers"] == [1]
+    saved = json.load(open(os.path.join(out, "adapter", "favor_adapter.json")))
+    assert saved["favor"]["softmax_layers"] == [1] and saved["favor"]["gate"] == 1e-3

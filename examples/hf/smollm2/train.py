@@ -42,6 +42,10 @@ def arguments(argv=None):
     ap.add_argument("--features", type=int, default=128)
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--sinks", type=int, default=4)
+    ap.add_argument("--gate", type=float, help="a gated hybrid starting at this gate (1e-3)")
+    ap.add_argument("--gate-lr", type=float, default=0.02)
+    ap.add_argument("--softmax-layers", default="",
+                    help="layers kept on softmax, e.g. 7,18,20 (favor.hf.rank_layers)")
     ap.add_argument("--length", type=int, default=1024, help="tokens per training sequence")
     ap.add_argument("--transfer-steps", type=int, default=200)
     ap.add_argument("--transfer-batches", type=int, default=8)
@@ -149,6 +153,10 @@ def main(argv=None):
     options = {"window": args.window, "sinks": args.sinks}
     if args.method != "window":
         options.update(features=args.features, seed=args.seed)
+    if args.gate is not None:
+        options["gate"] = args.gate
+    if args.softmax_layers:
+        options["softmax_layers"] = [int(x) for x in args.softmax_layers.split(",")]
     print(fh.convert(student, args.method, **options).method, options, flush=True)
     log = {"method": args.method, "layers": args.layers, "options": options,
            "length": args.length, "seed": args.seed, "threads": torch.get_num_threads(),
@@ -186,7 +194,7 @@ def main(argv=None):
     compiled = args.compile == "on" or (args.compile == "auto" and steps >= 200)
     distilled = fh.distill(student, source, rest, steps=steps, lr=args.lr, compile=compiled,
                            lora={"r": args.lora_r}, seed=args.seed, precision=args.precision,
-                           checkpoint=os.path.join(args.out, "distill"),
+                           checkpoint=os.path.join(args.out, "distill"), gate_lr=args.gate_lr,
                            max_seconds=None if budget is None else max(1.0, budget * 0.95))
     print(distilled, flush=True)
     log["distill"] = {"steps": steps, "done": distilled.done,
@@ -197,6 +205,8 @@ def main(argv=None):
                       "tokens_per_second_this_run":
                           distilled.tokens / distilled.seconds if distilled.seconds else None,
                       "resumed_at": distilled.resumed_at, "losses": list(distilled)}
+    if args.gate is not None:
+        log["gates"] = fh.gates(student)
     if args.eval_windows:
         log["held_out_kl"] = held_out_kl(student, teacher, held, args.length, args.eval_windows)
         print("held-out KL:", {k: round(v, 4) for k, v in log["held_out_kl"].items()},

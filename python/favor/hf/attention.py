@@ -9,9 +9,17 @@ cache's update() and then this function with the module itself; the module carri
 the forward pre-hook convert registers (`pass_cache`), the call receives the module's cache
 as the keyword `favor_cache`: a causal layer then attends through its cache layer's favor
 decoding state (favor.hf.cache.layer_for) instead of a key-value cache.
+
+A model whose plan keeps some layers on softmax (convert's softmax_layers) gets two masks
+from padding_mask, {"favor": the 2D padding mask, "softmax": the mask the model's own
+implementation builds (its AttentionMaskInterface function, same arguments)}; a softmax
+layer (module.favor_softmax names its implementation) calls that implementation with its
+mask and its cache layer's keys and values, exactly as the unconverted model does.
 """
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.masking_utils import (bidirectional_mask_function, causal_mask_function,
                                         prepare_padding_mask)
 
@@ -43,13 +51,32 @@ def _hybrid(config):
     return bool(spec.get("window") or spec.get("sinks"))
 
 
+def _softmax_plan(config):
+    """The implementation the plan's softmax layers run, or None (no softmax layers)."""
+    spec = getattr(config, "favor", None) or {}
+    return spec.get("softmax_attention") if spec.get("softmax_layers") else None
+
+
 def padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                  mask_function=causal_mask_function, attention_mask=None, config=None,
                  **kwargs):
     """The mask a converted layer receives: None (no padding) or a bool [B, kv_length]
     (True = the key takes part), from the 2D attention_mask. Causal order is the layer's
     own (module.is_causal). Masks favor cannot honour are refused: packed sequences, overlays
-    and a sliding window the keys outrun (unless the conversion is hybrid)."""
+    and a sliding window the keys outrun (unless the conversion is hybrid). With softmax
+    layers in the plan: {"favor": that mask, "softmax": the model's own mask}."""
+    softmax = _softmax_plan(config)
+    if softmax is not None:
+        own = ALL_MASK_ATTENTION_FUNCTIONS[softmax](
+            batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+            kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+            config=config, **kwargs)
+        return {"favor": _padding_mask(kv_length, kv_offset, mask_function, attention_mask,
+                                       config), "softmax": own}
+    return _padding_mask(kv_length, kv_offset, mask_function, attention_mask, config)
+
+
+def _padding_mask(kv_length, kv_offset, mask_function, attention_mask, config):
     if mask_function is not causal_mask_function and mask_function is not \
             bidirectional_mask_function:
         family = FAMILIES.get(getattr(config, "model_type", None))
@@ -81,6 +108,18 @@ def favor_attention(module, query, key, value, attention_mask, scaling=None, dro
     """query [B, H, Nq, D], key/value [B, Hkv, Nk, D] (Hkv divides H: grouped-query heads
     are repeated) -> ([B, Nq, H, Dv] in the query's dtype, None): the module's favor_core
     (favor computes in float32). Attention weights are never formed, so none are returned."""
+    softmax = getattr(module, "favor_softmax", None)
+    if softmax is not None:  # a softmax layer of the plan: the model's own attention
+        if not isinstance(attention_mask, dict):
+            raise _core.Error(f"attention_mask: layer {getattr(module, 'layer_idx', '?')} is a "
+                              "softmax layer, and the model's mask function gave no softmax "
+                              "mask (config.favor lists no softmax_layers)")
+        kwargs.pop("favor_cache", None)
+        return softmax_function(module, softmax)(module, query, key, value,
+                                                 attention_mask["softmax"], scaling=scaling,
+                                                 dropout=dropout, **kwargs)
+    if isinstance(attention_mask, dict):
+        attention_mask = attention_mask["favor"]
     core = getattr(module, "favor_core", None)
     if core is None:
         raise _core.Error(f"model: {type(module).__name__} (layer {getattr(module, 'layer_idx', '?')})"
@@ -100,11 +139,9 @@ def favor_attention(module, query, key, value, attention_mask, scaling=None, dro
     layer, idx = None, getattr(module, "layer_idx", 0)
     if cache is not None and causal and core.method != "exact":
         layer = layer_for(cache, idx, query.shape[2])
-    elif core.method == "exact" and isinstance(
-            (getattr(cache, "layers", None) or {}).__len__() > idx and cache.layers[idx],
-            FavorCacheLayer):
-        raise _core.Error("cache: method 'exact' attends over a key-value cache (a "
-                          "transformers DynamicCache); a FavorCache holds favor state only")
+    elif core.method == "exact" and getattr(_cache_layer(cache, idx), "favor", False):
+        raise _core.Error("cache: method 'exact' attends over keys and values; this cache "
+                          f"layer ({idx}) holds favor state")
     heads, kv_heads = query.shape[1], key.shape[1]
     if heads != kv_heads:
         key = key.repeat_interleave(heads // kv_heads, dim=1)
@@ -119,6 +156,24 @@ def favor_attention(module, query, key, value, attention_mask, scaling=None, dro
     else:
         y = _attend(core, q, k, v, attention_mask, causal)
     return y.transpose(1, 2).to(dtype), None
+
+
+def _cache_layer(cache, idx):
+    layers = getattr(cache, "layers", None) or []
+    return layers[idx] if idx < len(layers) else None
+
+
+def softmax_function(module, name):
+    """The attention function `name` of a family's module, as the family's code picks it:
+    its own eager_attention_forward for "eager", else transformers' AttentionInterface."""
+    if name == "eager":
+        import sys
+        own = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if own is None:
+            raise _core.Error(f"softmax_attention: {type(module).__name__} has no eager "
+                              "attention function; use 'sdpa'")
+        return own
+    return ALL_ATTENTION_FUNCTIONS[name]
 
 
 def _refuse_packed(position_ids, keep, nq):

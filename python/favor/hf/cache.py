@@ -18,6 +18,11 @@ attention that leaves the state; on the CPU one C++ sweep that featurises the ke
 every later token is one step ('step': fused on the CPU, the fused Triton step on CUDA).
 Under autograd the prompt goes through the layer's core instead (differentiable) and its
 keys are then appended. Beam search reorders the state by batch index (reorder_cache).
+
+A softmax layer of the plan (convert's softmax_layers) keeps keys and values: in a cache
+generate() made, its transformers key-value layer stays; in a FavorCache, a FavorCacheLayer
+holds them until favor's attention claims the layer at its prompt (a favor layer then
+drops the prompt's keys and keeps its state only). state_bytes counts both.
 """
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -36,26 +41,38 @@ class FavorCacheLayer(CacheLayerMixin):
     def __init__(self, **kwargs):
         super().__init__()
         self.decoder = None
+        self.favor = False  # claimed by favor's attention (else: a softmax layer's keys)
         self.seen = 0  # tokens attended (a Python int: mask sizes are read without a sync)
 
     # The state has a fixed size and is advanced in place by its op (favor::decode_step,
     # favor::vq_decode_step): a decoding step compiles. A hybrid layer's HybridDecoder keeps
     # Python-side bookkeeping (its position, the sinks found): not compileable.
+    # A softmax layer's keys and values grow (not compileable; generate() then gives the
+    # model its 2D mask, from which each layer gets its own, favor.hf.attention).
     @property
     def is_compileable(self):
         from ..torch.hybrid_decoder import HybridDecoder
-        return not isinstance(self.decoder, HybridDecoder)
+        return self.favor and not isinstance(self.decoder, HybridDecoder)
 
     def lazy_initialization(self, key_states, value_states):
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        """Returns the new keys and values as they are: the attention function advances the
-        state with them (attend), as it holds the layer's core."""
+        """A favor layer: returns the new keys and values as they are (the attention function
+        advances the state with them, attend, as it holds the layer's core). Until favor
+        claims the layer (a softmax layer of the plan): appends them and returns all."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        return key_states, value_states
+        if self.favor:
+            return key_states, value_states
+        if self.keys is None:
+            self.keys, self.values = key_states, value_states
+        else:
+            self.keys = torch.cat([self.keys, key_states], dim=-2)
+            self.values = torch.cat([self.values, value_states], dim=-2)
+        self.seen = self.keys.shape[-2]
+        return self.keys, self.values
 
     def attend(self, core, q, k, v, keep, state=None):
         """Causal attention of the new tokens q, k, v [B, H, T, D] (float32) after the ones
@@ -65,6 +82,8 @@ class FavorCacheLayer(CacheLayerMixin):
         make = state if state is not None else (lambda c, batch: c.decoder(batch))
         t = q.shape[2]
         new = None if keep is None else keep[:, -t:]
+        if not self.favor:  # claimed: the prompt's keys update() kept are not needed
+            self.favor, self.keys, self.values = True, None, None
         if self.decoder is None:
             pad = None if new is None else ~new
             grad = torch.is_grad_enabled() and q.requires_grad
@@ -101,11 +120,16 @@ class FavorCacheLayer(CacheLayerMixin):
 
     def reset(self):
         self.decoder = None
+        self.favor, self.keys, self.values = False, None, None
         self.seen = 0
 
     def reorder_cache(self, beam_idx):
         if self.decoder is not None:
             self.decoder.select(beam_idx)
+        if self.keys is not None:
+            index = beam_idx.to(self.keys.device)
+            self.keys = self.keys.index_select(0, index)
+            self.values = self.values.index_select(0, index)
 
     def batch_select_indices(self, indices):
         self.reorder_cache(indices)
@@ -113,10 +137,17 @@ class FavorCacheLayer(CacheLayerMixin):
     def batch_repeat_interleave(self, repeats):
         if self.decoder is not None:
             self.decoder.select(torch.arange(self.decoder.batch).repeat_interleave(repeats))
+        if self.keys is not None:
+            self.keys = self.keys.repeat_interleave(repeats, dim=0)
+            self.values = self.values.repeat_interleave(repeats, dim=0)
 
     @property
     def state_bytes(self):
-        return 0 if self.decoder is None else self.decoder.state_bytes
+        """Bytes held: favor's state, or a softmax layer's keys and values."""
+        held = 0 if self.decoder is None else self.decoder.state_bytes
+        if self.keys is not None:
+            held += self.keys.nbytes + self.values.nbytes
+        return held
 
 
 def layer_for(cache, idx, tokens):
@@ -159,5 +190,19 @@ class FavorCache(Cache):
 
     @property
     def state_bytes(self):
-        """Bytes of favor state held by all layers."""
-        return sum(getattr(layer, "state_bytes", 0) for layer in self.layers)
+        """Bytes held by all layers: favor's state and the softmax layers' keys and values."""
+        return cache_bytes(self)
+
+
+def cache_bytes(cache):
+    """Bytes a transformers Cache holds, any mix of layers: favor's state (state_bytes) and
+    key-value layers (their keys and values)."""
+    total = 0
+    for layer in getattr(cache, "layers", ()):
+        if isinstance(layer, FavorCacheLayer):
+            total += layer.state_bytes
+        else:
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if isinstance(t, torch.Tensor):
+                    total += t.nbytes
+    return total

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from .. import _core
 from . import families
 from .attention import NAME, pass_cache, register
-from .methods import METHODS, FavorConfig  # noqa: F401  METHODS: favor.hf.METHODS
+from .methods import METHODS, SOFTMAX, FavorConfig  # noqa: F401  METHODS: favor.hf.METHODS
 
 
 @dataclass
@@ -61,7 +61,10 @@ class ConversionReport(list):
 def convert(model, method="favor", **options):
     """Replaces the attention of every layer of `model` (a transformers model of a family in
     favor.hf.FAMILIES) with favor `method` (module docstring), in place; returns a
-    ConversionReport. The weights stay; each attention module gains `favor_core` (its
+    ConversionReport. Every method also takes the per-layer plan: softmax_layers=[i, ...]
+    keeps those layers on the model's own softmax attention (its mask, its implementation:
+    softmax_attention, default the model's, e.g. "sdpa"; a key-value cache in generate()),
+    the other layers on `method`. All layers listed: the original model, bit for bit. The weights stay; each attention module gains `favor_core` (its
     tensors join the state_dict) and the model attends through favor ("favor" attention
     implementation). A decoder's generate() then keeps favor's decoder state per layer
     (favor.hf.FavorCache) instead of a key-value cache (method 'exact' keeps the cache).
@@ -74,17 +77,31 @@ def convert(model, method="favor", **options):
     heads, kv_heads, head_dim = families.shapes(config)
     modules = family.attention_modules(model)
     _refuse_decay_without_causal_layers(record, options, modules)
+    numbers = [_layer_number(i, m) for i, (_, m) in enumerate(modules)]
+    outside = [i for i in spec.softmax_layers if i not in numbers]
+    if outside:
+        raise _core.Error(f"softmax_layers: {outside[0]} is not a layer of the model (its "
+                          f"{len(modules)} attention layers are {numbers[0]}..{numbers[-1]})")
+    if spec.softmax_layers:
+        spec = FavorConfig(method, {**spec.options,
+                                    "softmax_attention": softmax_attention(model, spec)})
     register()
     rows = []
-    for i, (name, module) in enumerate(modules):
+    for (name, module), layer in zip(modules, numbers):
         causal = bool(getattr(module, "is_causal", False))
         scale = float(getattr(module, "scaling", head_dim ** -0.5))
-        layer = getattr(module, "layer_idx", None)
-        layer = i if layer is None else layer
+        if spec.layer_method(layer) == SOFTMAX:
+            module.favor_core = None  # (a core of an earlier conversion leaves the state_dict)
+            module.favor_state = None
+            module.favor_softmax = spec.options["softmax_attention"]
+            rows.append(LayerReport(name, layer, causal, heads, kv_heads, head_dim, scale,
+                                    f"softmax ({module.favor_softmax}, the model's own)"))
+            continue
         device = next(module.parameters()).device
         core = record.build(options, heads, head_dim, causal, scale, layer, device)
         module.favor_core = core
         module.favor_state = record.state  # the decoding state its cache layer keeps
+        module.favor_softmax = None
         rows.append(LayerReport(name, layer, causal, heads, kv_heads, head_dim, scale,
                                 "exact softmax" if core.method == "exact"
                                 else core.extra_repr()))
@@ -97,6 +114,28 @@ def convert(model, method="favor", **options):
         module._favor_cache_hook = module.register_forward_pre_hook(pass_cache,
                                                                     with_kwargs=True)
     return ConversionReport(rows, family.kind, family.model_type, method, options)
+
+
+def _layer_number(i, module):
+    layer = getattr(module, "layer_idx", None)
+    return i if layer is None else layer
+
+
+def softmax_attention(model, spec=None):
+    """The attention implementation a softmax layer of `model` runs: the plan's
+    softmax_attention, else the model's own (config._attn_implementation; "sdpa" once the
+    model attends through favor), checked against transformers' AttentionInterface."""
+    from transformers import AttentionInterface
+    name = None if spec is None else spec.options.get("softmax_attention")
+    if name is None:
+        name = getattr(model.config, "_attn_implementation", None) or "sdpa"
+        name = "sdpa" if name == NAME else name
+    known = AttentionInterface._global_mapping
+    if name == NAME or (name != "eager" and name not in known):
+        raise _core.Error(f"softmax_attention: {name!r} is not a transformers attention "
+                          f"implementation a softmax layer can run (eager, "
+                          f"{', '.join(k for k in known if k != NAME)})")
+    return name
 
 
 def _refuse_decay_without_causal_layers(record, options, modules):
@@ -116,11 +155,11 @@ def _refuse_decay_without_causal_layers(record, options, modules):
 
 
 def cores(model):
-    """[(layer, attention module, its favor_core)] of a converted model, in layer order."""
-    family = families.family(model)
-    found = [(m.layer_idx if getattr(m, "layer_idx", None) is not None else i, m, m.favor_core)
-             for i, (_, m) in enumerate(family.attention_modules(model))
-             if getattr(m, "favor_core", None) is not None]
-    if not found:
+    """[(layer, attention module, its favor_core)] of a converted model, in layer order (the
+    layers of its plan that run favor; softmax_layers have no core)."""
+    modules = families.family(model).attention_modules(model)
+    if not any(getattr(m, "favor_core", None) is not None or getattr(m, "favor_softmax", None)
+               for _, m in modules):  # (config.favor alone: a plain load of a checkpoint)
         raise _core.Error("model: not converted; call favor.hf.convert first")
-    return found
+    return [(_layer_number(i, m), m, m.favor_core) for i, (_, m) in enumerate(modules)
+            if getattr(m, "favor_core", None) is not None]

@@ -57,7 +57,8 @@ class DistillReport(list):
 
 def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train="lora",
             lora=None, window_dropout=None, chunk=256, seed=0, clip=1.0, checkpoint=None,
-            save_every=25, progress=True, precision="auto", max_seconds=None, compile=False):
+            save_every=25, progress=True, precision="auto", max_seconds=None, compile=False,
+            gate_lr=0.02):
     """Trains `student` (converted by favor.hf.convert) to match `teacher` (the original
     model, the same tokenizer, or a favor.hf.TeacherCache of it) for `steps` AdamW steps
     over batches (cycled in order; dicts of model inputs or input_ids tensors). The loss is
@@ -72,7 +73,9 @@ def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train
     'float32'. checkpoint: a folder where the trained tensors, the optimiser and the losses
     are saved every save_every steps and at the end; a rerun with the same settings resumes
     there. max_seconds: stop after the step that passes this wall time (checkpointed; a rerun
-    resumes). compile: torch.compile each decoder layer of the student and the loss's
+    resumes). gate_lr: the step of a gated hybrid's gates (their gate_log: log g moves about
+    gate_lr a step; the gradient of g is proportional to g, so lr would barely move a gate
+    that starts closed). compile: torch.compile each decoder layer of the student and the loss's
     elementwise part for this call (undone at the end): the first steps pay the compiling
     (about 25 s at SmolLM2's size, again for the first few window lengths window dropout
     draws), every later step runs faster (docs/hf.md, "Distillation at scale"). Returns a
@@ -81,7 +84,7 @@ def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train
     if not isinstance(compile, bool):
         raise _core.Error(f"compile: {compile!r} must be True or False")
     layers = cores(student)
-    window = getattr(layers[0][2], "window", 0) or 0
+    window = max((getattr(core, "window", 0) or 0 for _, _, core in layers), default=0)
     # the shortest window a step may take: 1 where the sinks alone would be no attention
     # (method 'window' without sinks), else 0 (the estimator, or the sinks, remain)
     shortest = int(any(core.method == "window" and not core.sinks for _, _, core in layers))
@@ -100,7 +103,14 @@ def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train
                 "lora": lora, "window_dropout": window_dropout, "seed": seed, "clip": clip,
                 "batches": len(batches), "tokens": int(sum(_count(b) for b in batches)),
                 "precision": ran, "teacher": _teacher_name(teacher)}
-    opt = torch.optim.AdamW([p for _, p in params], lr=lr, weight_decay=0.0)
+    gates = [p for n, p in params if n.endswith("gate_log")]
+    if gates:
+        if isinstance(gate_lr, bool) or not isinstance(gate_lr, (int, float)) or gate_lr <= 0:
+            raise _core.Error(f"gate_lr: {gate_lr!r} must be a number > 0")
+        settings["gate_lr"] = gate_lr
+    rest = [p for n, p in params if not n.endswith("gate_log")]
+    opt = torch.optim.AdamW([{"params": rest}] + ([{"params": gates, "lr": gate_lr}]
+                                                  if gates else []), lr=lr, weight_decay=0.0)
     report = DistillReport()
     report.resumed_at = _resume(checkpoint, settings, params, opt, report)
     start = report.resumed_at or 0
@@ -123,8 +133,9 @@ def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train
             low_precision(side is not None, *([side] if side is not None else []),
                           frozen_only=False):
         for step in range(start, steps):
-            for group in opt.param_groups:  # cosine from lr to lr / 10
-                group["lr"] = lr * (0.1 + 0.45 * (1.0 + math.cos(math.pi * step / steps)))
+            cosine = 0.1 + 0.45 * (1.0 + math.cos(math.pi * step / steps))  # to a tenth
+            for group, base in zip(opt.param_groups, (lr, gate_lr)):
+                group["lr"] = base * cosine
             inputs = _on(_inputs(batches[step % len(batches)]), device)
             draws = torch.Generator().manual_seed(seed * 1_000_003 + step)
             short = window

@@ -15,11 +15,16 @@ from ..torch.favor_core import FavorCore
 from ..torch.vq_core import VQCore
 
 _FAVOR_OPTIONS = ("kernel", "features", "projection", "norms", "seed", "decay", "learn_decay",
-                  "feature_redraw_interval", "window", "sinks", "backend")
+                  "feature_redraw_interval", "window", "sinks", "gate", "backend")
 _VQ_OPTIONS = ("codes", "tau", "learn_codebook", "seed", "decay", "dead_after", "beta",
                "backend")  # backend: favor.torch's path (None: by the device; docs/gpu.md)
 _WINDOW_OPTIONS = ("window", "sinks", "backend")
 _OWN_METHODS = ("favorpp", "favorsharp", "favor++", "favor#", "hedgehog")
+# The per-layer plan, an option of every method: the layers that keep the model's own softmax
+# attention (softmax_layers) and the attention implementation they run (softmax_attention,
+# transformers' name: "sdpa", "eager", ...; default: the model's own when converted).
+PLAN_OPTIONS = ("softmax_layers", "softmax_attention")
+SOFTMAX = "softmax"  # the plan's name for a layer on the model's own attention
 
 # What favor.hf.transfer does to a layer of the method (transfer._FITTERS):
 FITS = {"nothing": "nothing to fit (exact)",
@@ -76,7 +81,7 @@ class Method:
 
     def check(self, options):
         """favor.Error for an option the method does not take or a value it refuses."""
-        unknown = sorted(set(options) - set(self.options))
+        unknown = sorted(set(options) - set(self.options) - set(PLAN_OPTIONS))
         if unknown:
             raise _core.Error(f"{unknown[0]}: not an option of method {self.name}; its options: "
                               f"{', '.join(self.options)}")
@@ -90,7 +95,7 @@ class Method:
 
     def build(self, options, heads, head_dim, causal, scale, layer, device):
         """The core of one layer: layer i draws with seed + i."""
-        kw = dict(options)
+        kw = {k: v for k, v in options.items() if k not in PLAN_OPTIONS}
         seed = kw.pop("seed", 0) + layer
         if self.core is VQCore:
             codes = kw.pop("codes", 256)
@@ -148,14 +153,42 @@ class FavorConfig:
     with FavorConfig.of(model) or FavorConfig.from_dict(config.favor).
 
         {"method": "favor++", "features": 64, "seed": 0}
+        {"method": "window", "window": 64, "sinks": 4, "softmax_layers": [7, 18, 20],
+         "softmax_attention": "sdpa"}
+
+    The per-layer plan (layer_method): the layers in softmax_layers keep the model's own
+    softmax attention (implementation softmax_attention), every other layer the method.
     """
     method: str
     options: dict = field(default_factory=dict)
 
     def __post_init__(self):
         method(self.method).check(self.options)
-        object.__setattr__(self, "options", {k: _plain(v) for k, v in self.options.items()
-                                             if k != "backend"})
+        options = {k: _plain(v) for k, v in self.options.items() if k != "backend"}
+        layers = _softmax_layers(options.pop("softmax_layers", None))
+        attention = options.pop("softmax_attention", None)
+        if attention is not None and (not isinstance(attention, str) or not attention):
+            raise _core.Error(f"softmax_attention: {attention!r} must be the name of a "
+                              "transformers attention implementation ('sdpa', 'eager', ...)")
+        if layers:
+            options["softmax_layers"] = layers
+            if attention is not None:
+                options["softmax_attention"] = attention
+        object.__setattr__(self, "options", options)
+
+    @property
+    def softmax_layers(self):
+        """The layers that keep the model's own softmax attention (a sorted tuple)."""
+        return tuple(self.options.get("softmax_layers", ()))
+
+    def layer_method(self, layer):
+        """The plan of one layer: SOFTMAX ('softmax') or the method's name."""
+        return SOFTMAX if layer in self.softmax_layers else self.method
+
+    @property
+    def core_options(self):
+        """The options the method's cores take (the plan's options left out)."""
+        return {k: v for k, v in self.options.items() if k not in PLAN_OPTIONS}
 
     @property
     def record(self):
@@ -183,6 +216,23 @@ class FavorConfig:
         if not spec:
             raise _core.Error("model: not converted; call favor.hf.convert first")
         return cls.from_dict(spec)
+
+
+def _softmax_layers(layers):
+    """softmax_layers checked: None or a list of distinct layer indices >= 0 -> sorted list.
+    (Whether each is a layer of the model, convert checks.)"""
+    if layers is None:
+        return []
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        raise _core.Error(f"softmax_layers: {layers!r} must be a list of layer indices")
+    layers = list(layers)
+    for i in layers:
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise _core.Error(f"softmax_layers: {i!r} is not a layer index (an integer >= 0)")
+    if len(set(layers)) != len(layers):
+        twice = next(i for i in layers if layers.count(i) > 1)
+        raise _core.Error(f"softmax_layers: layer {twice} is listed twice")
+    return sorted(layers)
 
 
 def _plain(value):

@@ -55,6 +55,9 @@ def transfer(model, batches, *, steps=200, lr=1e-2, checkpoint=None, progress=Tr
     if not batches:
         raise _core.Error("batches: give at least one calibration batch")
     layers = cores(model)
+    if not layers:
+        raise _core.Error("model: every layer is on softmax (softmax_layers); transfer fits "
+                          "favor's layers and there are none")
     record = FavorConfig.of(model).record
     model.eval()
     with capturing() as records, torch.no_grad():
@@ -72,18 +75,23 @@ def transfer(model, batches, *, steps=200, lr=1e-2, checkpoint=None, progress=Tr
         if not data:
             raise _core.Error(f"batches: layer {layer} was not reached by the calibration run")
         row = {"layer": layer}
-        row["error_before"] = _error(record, core, data)
-        path = None if checkpoint is None else os.path.join(checkpoint, f"layer{layer}.pt")
-        if path is not None and os.path.exists(path):
-            _load_layer(core, torch.load(path, weights_only=False))
-            row["fitted"], row["resumed"] = "resumed from checkpoint", True
-        else:
-            row["fitted"] = _FITTERS[record.fits](core, data, steps, lr, window_dropout)
-            if path is not None:
-                tmp = path + ".tmp"
-                torch.save(_layer_state(core), tmp)
-                os.replace(tmp, path)
-        row["error_after"] = _error(record, core, data)
+        gated = getattr(core, "gate_log", None) is not None
+        core.gate_open = gated  # a gated hybrid's estimator is fitted (and measured) at g = 1
+        try:
+            row["error_before"] = _error(record, core, data)
+            path = None if checkpoint is None else os.path.join(checkpoint, f"layer{layer}.pt")
+            if path is not None and os.path.exists(path):
+                _load_layer(core, torch.load(path, weights_only=False))
+                row["fitted"], row["resumed"] = "resumed from checkpoint", True
+            else:
+                row["fitted"] = _FITTERS[record.fits](core, data, steps, lr, window_dropout)
+                if path is not None:
+                    tmp = path + ".tmp"
+                    torch.save(_layer_state(core), tmp)
+                    os.replace(tmp, path)
+            row["error_after"] = _error(record, core, data)
+        finally:
+            core.gate_open = False
         report.append(row)
         if bar is not None:
             bar.set_postfix(layer=layer, error=f"{row['error_after']:.3g}")
@@ -110,7 +118,7 @@ def _fit_kernel(core, data, steps, lr, window_dropout):
 
 
 def _fit_maps(core, data, steps, lr, window_dropout=0.0):
-    params = [p for p in core.parameters() if p.requires_grad]
+    params = [p for n, p in core.named_parameters() if p.requires_grad and n != "gate_log"]
     if not params or steps == 0:
         return "nothing to learn"
     targets = [exact(core, q, k, v, keep, causal) for q, k, v, keep, causal in data]
@@ -137,7 +145,7 @@ def _fit_maps(core, data, steps, lr, window_dropout=0.0):
         if core.map_lambda is not None:  # feature weights stay nonzero, as fit_features
             floor_lambda(core.map_lambda, 1e-3)
     core.eval()
-    names = [n for n, p in core.named_parameters() if p.requires_grad]
+    names = [n for n, p in core.named_parameters() if p.requires_grad and n != "gate_log"]
     dropped = f" ({shortened} with the window shortened)" if window else ""
     return f"{', '.join(names)} by {steps} Adam steps{dropped}"
 

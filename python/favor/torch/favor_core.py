@@ -42,8 +42,9 @@ from .decoder import Decoder
 from .hybrid_decoder import HybridDecoder
 from .function import attention
 
-_TENSORS = ("projection", "map_weight", "map_bias", "map_lambda", "decay_logit", "fit_a",
-            "fit_basis")
+_TENSORS = ("projection", "map_weight", "map_bias", "map_lambda", "decay_logit", "gate_log",
+            "fit_a", "fit_basis")
+GATE_START = 1e-3  # gate=True: the estimate's starting weight beside the window and sinks
 _GAMMA_MAX = 1.0 - 1e-6
 
 
@@ -73,6 +74,14 @@ class FavorCore(AttentionCore):
     `fit`: the FAVOR++ / FAVOR# KernelFit (or a float A), kept as tensors for the op.
     window, sinks: hybrid attention (favor.torch.attention's; configuration, not state):
     exact softmax on the last `window` keys and the first `sinks`, the estimator beyond.
+    gate (hybrid only): a learned weight g per head on the estimated terms, under the one
+    normaliser: (window and sink terms + g * estimated terms) / (their masses + g * the
+    estimated mass). gate=True starts at g = GATE_START (1e-3: the window and sinks' output
+    to within that weight of the estimate), a float in (0, 1] at that g. Kept as
+    gate_log [H] = log g (g > 0 whatever the optimiser does) and entering the estimator as a
+    feature weight (lambda^2 times g), so every kernel with feature weights takes it; the
+    gradient of g is proportional to g, so train gate_log with a larger step (distill's
+    gate_lr). gate_open = True runs with g = 1 (attention transfer fits the estimator so).
     """
 
     TENSORS = _TENSORS
@@ -82,7 +91,7 @@ class FavorCore(AttentionCore):
                  learn_projection=False, method="favor", scale=None, fit=None,
                  learn_features=False, feature_weights=False, decay=None, learn_decay=False,
                  feature_init="projection", device=None, dtype=None, backend=None, window=0,
-                 sinks=0):
+                 sinks=0, gate=None):
         super().__init__()
         check_method(method, learn_features, feature_weights, decay)
         window, sinks = hybrid_sizes(window, sinks, check=True)
@@ -103,6 +112,7 @@ class FavorCore(AttentionCore):
                               feature_redraw_interval, device, dtype)
         self._init_feature_map(learn_features, feature_weights, decay, learn_decay,
                                feature_init, learn_projection, device, dtype)
+        self._init_gate(gate, device, dtype)
         self.fit = fit
 
     # ------------------------------------------------------------------ construction
@@ -176,6 +186,43 @@ class FavorCore(AttentionCore):
             self.register_parameter("decay_logit", None)
             self.decay = gammas
 
+    def _init_gate(self, gate, device, dtype):
+        self.gate_open = False
+        if gate is None or gate is False:
+            self.register_parameter("gate_log", None)
+            return
+        start = GATE_START if gate is True else gate
+        if isinstance(start, bool) or not isinstance(start, (int, float)) or not 0 < start <= 1:
+            raise _core.Error(f"gate: {gate!r} must be True or a starting weight in (0, 1]")
+        if self.method != "favor" or not (self.window or self.sinks):
+            raise _core.Error("gate: weighs the estimate beside the window and sinks; give "
+                              "window or sinks (method 'favor')")
+        if self.kernel in ("favorpp", "favorsharp", "favor++", "favor#"):
+            raise _core.Error(f"gate: enters as a feature weight, which kernel {self.kernel} "
+                              "does not take (its parameters come from its fit)")
+        if self.feature_redraw_interval is not None:
+            raise _core.Error("feature_redraw_interval: a gated hybrid's map is not redrawn; "
+                              "give one or the other")
+        self.gate_log = nn.Parameter(torch.full((self.num_heads,), float(np.log(start)),
+                                                device=device, dtype=dtype or torch.float32))
+
+    @property
+    def gate(self):
+        """The gate g per head (a tensor; 1 while gate_open), or None without a gate."""
+        if self.gate_log is None:
+            return None
+        return torch.ones_like(self.gate_log) if self.gate_open else self.gate_log.exp()
+
+    def _lambda(self):
+        """The feature weights the op takes: map_lambda, times sqrt(g) per head when gated
+        (lambda^2 enters the estimate)."""
+        if self.gate_log is None or self.gate_open:
+            return self.map_lambda
+        half = (0.5 * self.gate_log)[:, None].exp()
+        base = self.map_lambda if self.map_lambda is not None else \
+            torch.ones(self.num_heads, self.features, device=half.device, dtype=half.dtype)
+        return base * half
+
     def _feature_init(self, init):
         """The favor.FeatureMap given as feature_init (checked against this core, its
         projection copied into W), or None for 'projection' (the drawn W, bias 0, lambda 1)."""
@@ -227,14 +274,15 @@ class FavorCore(AttentionCore):
 
     def _uses_map(self):
         return (self.map_weight is not None or self.map_lambda is not None
-                or self.decay_logit is not None or self.decay is not None)
+                or self.decay_logit is not None or self.decay is not None
+                or (self.gate_log is not None and not self.gate_open))
 
     def _map_arguments(self, causal):
         """The keywords of favor.torch.attention for the map and, on a causal call, the
         decay: gamma^(i - j) weighs causal attention only, so a non-causal call (a
         MultiheadAttention's cross-attention or unmasked self-attention) runs without it."""
         return dict(weights=self.map_weight, bias=self.map_bias,
-                    feature_weights=self.map_lambda, decay=self.gamma if causal else None)
+                    feature_weights=self._lambda(), decay=self.gamma if causal else None)
 
     # ------------------------------------------------------------------ projection
 
@@ -301,11 +349,12 @@ class FavorCore(AttentionCore):
         """The current map as a favor.FeatureMap (numpy copies): save() it, give it to
         favor.attention, or to another module as feature_init."""
         arr = lambda t: None if t is None else t.detach().to(torch.float32).cpu().numpy().copy()
-        learned = self.map_weight is not None or self.map_lambda is not None
+        lam = self._lambda()
+        learned = self.map_weight is not None or lam is not None
         return FeatureMap(arr(self.projection), kernel=self.kernel, scale=self.scale,
                           heads=self.num_heads if learned else None,
                           weights=arr(self.map_weight), bias=arr(self.map_bias),
-                          lambda_=arr(self.map_lambda), fit=self.fit)
+                          lambda_=arr(lam), fit=self.fit)
 
     def decoder(self, batch, engine=False):
         """A streaming state for generation: favor.torch.Decoder over this core's heads,
@@ -369,4 +418,6 @@ def describe(core):
         parts.append("learn_decay=True")
     elif core.decay is not None:
         parts.append(f"decay={core.decay}")
+    if getattr(core, "gate_log", None) is not None:
+        parts.append("gate=True")
     return "".join(", " + p for p in parts)
