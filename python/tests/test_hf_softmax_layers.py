@@ -163,3 +163,34 @@ def test_a_bad_plan_is_refused_by_name(layers, rule):
 def test_an_unknown_softmax_attention_is_refused():
     with pytest.raises(favor.Error, match="softmax_attention: 'nope'"):
         fh.convert(four("llama"), "favor", softmax_layers=[0], softmax_attention="nope")
+
+
+def test_a_refused_core_leaves_the_model_as_it_was():
+    model = four("llama")
+    fh.convert(model, "favor", features=8, window=4)
+    before = [m.favor_core for _, m, _ in fh.cores(model)]
+    spec = dict(model.config.favor)
+    with pytest.raises(favor.Error, match="gate"):
+        fh.convert(model, "favor", features=8, softmax_layers=[0], gate=True)  # no window
+    assert model.config.favor == spec
+    assert [m.favor_core for _, m, _ in fh.cores(model)] == before
+
+
+def test_softmax_layers_of_a_model_converted_from_eager_stay_eager():
+    model = four("llama")
+    model.set_attn_implementation("eager")
+    fh.convert(model, "favor", features=8)
+    with fh.softmax_at(model, [1]):
+        assert model.config.favor["softmax_attention"] == "eager"
+
+
+def test_favor_does_not_take_over_a_layer_that_holds_earlier_tokens():
+    model = four("llama")
+    fh.convert(model, "favor", features=8)
+    ids, mask = inputs()
+    cache = fh.FavorCache()
+    with fh.softmax_at(model, [0, 1, 2, 3]):  # the prompt runs every layer on softmax
+        model(ids, attention_mask=mask, cache=cache)
+    nxt = torch.ones(2, 1, dtype=torch.long)
+    with pytest.raises(favor.Error, match="earlier tokens as keys and values"):
+        model(nxt, attention_mask=torch.cat([mask, nxt], 1), cache=cache)

@@ -320,6 +320,11 @@ def test_decoder_state_size_is_fixed_by_window_sinks_and_m():
         assert dec.state_bytes == before
     ring = lambda wn, s: H * (wn + s) * 2 * D * 4  # noqa: E731 (keys and values, float32)
     assert big.state_bytes - small.state_bytes >= ring(64, 4) - ring(4, 1)
+    # the window and sinks alone (estimate=False) hold no linear state: ring, sinks and their
+    # masks and positions only
+    alone = ft.HybridDecoder(1, H, D, w, window=64, sinks=4, estimate=False)
+    alone.prefill(q[:1], k[:1], v[:1])
+    assert alone.state_bytes == ring(64, 4) + 64 * 2 + 4 * 8
 
 
 def test_decoder_errors():

@@ -34,13 +34,16 @@ def build(spec, original, layers=()):
     import favor.hf as fh
     if os.path.isdir(spec):
         model = fh.from_pretrained(spec, base=copy.deepcopy(original))
-        if layers:  # the adapter's favor layers put on softmax: trained without them
-            spec_ = dict(model.config.favor)
-            model.config.favor = {**spec_, "softmax_layers": sorted(layers),
-                                  "softmax_attention": "sdpa"}
+        if layers:  # these favor layers on softmax too (the adapter trained without them)
+            from favor.hf.convert import softmax_attention
+            impl = softmax_attention(model)
+            plan = dict(model.config.favor)
+            plan["softmax_layers"] = sorted(set(plan.get("softmax_layers", [])) | set(layers))
+            plan["softmax_attention"] = plan.get("softmax_attention", impl)
+            model.config.favor = plan
             for layer, module, _ in fh.cores(model):
                 if layer in layers:
-                    module.favor_softmax = "sdpa"
+                    module.favor_softmax = plan["softmax_attention"]
         return model
     model = copy.deepcopy(original)
     options = {"window": 64, "sinks": 4}

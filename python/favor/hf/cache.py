@@ -83,6 +83,10 @@ class FavorCacheLayer(CacheLayerMixin):
         t = q.shape[2]
         new = None if keep is None else keep[:, -t:]
         if not self.favor:  # claimed: the prompt's keys update() kept are not needed
+            if self.keys is not None and self.keys.shape[-2] > t:
+                raise _core.Error(f"cache: this layer holds {self.keys.shape[-2] - t} earlier "
+                                  "tokens as keys and values (it ran as a softmax layer); "
+                                  "favor's state starts at the prompt: give a fresh cache")
             self.favor, self.keys, self.values = True, None, None
         if self.decoder is None:
             pad = None if new is None else ~new
@@ -181,7 +185,8 @@ def layer_for(cache, idx, tokens):
 
 class FavorCache(Cache):
     """The cache of a model converted by favor.hf.convert: favor decoding state per layer, a
-    fixed size whatever the number of tokens (state_bytes). generate() needs none (the
+    fixed size whatever the number of tokens (state_bytes; the plan's softmax layers keep
+    keys and values, which grow). generate() needs none (the
     layers of the cache it makes become favor's at the prompt); pass FavorCache() as `cache`
     to a forward loop of your own, or to generate()."""
 

@@ -86,19 +86,29 @@ def convert(model, method="favor", **options):
         spec = FavorConfig(method, {**spec.options,
                                     "softmax_attention": softmax_attention(model, spec)})
     register()
-    rows = []
+    # every core built before any module changes: an option a core refuses leaves the model
+    # as it was
+    plan = []
     for (name, module), layer in zip(modules, numbers):
         causal = bool(getattr(module, "is_causal", False))
         scale = float(getattr(module, "scaling", head_dim ** -0.5))
-        if spec.layer_method(layer) == SOFTMAX:
+        core = None
+        if spec.layer_method(layer) != SOFTMAX:
+            device = next(module.parameters()).device
+            core = record.build(options, heads, head_dim, causal, scale, layer, device)
+        plan.append((name, module, layer, causal, scale, core))
+    own = getattr(config, "_attn_implementation", None)
+    if own and own != NAME:  # what softmax layers run unless the plan names another
+        model._favor_own_attention = own
+    rows = []
+    for name, module, layer, causal, scale, core in plan:
+        if core is None:
             module.favor_core = None  # (a core of an earlier conversion leaves the state_dict)
             module.favor_state = None
             module.favor_softmax = spec.options["softmax_attention"]
             rows.append(LayerReport(name, layer, causal, heads, kv_heads, head_dim, scale,
                                     f"softmax ({module.favor_softmax}, the model's own)"))
             continue
-        device = next(module.parameters()).device
-        core = record.build(options, heads, head_dim, causal, scale, layer, device)
         module.favor_core = core
         module.favor_state = record.state  # the decoding state its cache layer keeps
         module.favor_softmax = None
@@ -123,18 +133,20 @@ def _layer_number(i, module):
 
 def softmax_attention(model, spec=None):
     """The attention implementation a softmax layer of `model` runs: the plan's
-    softmax_attention, else the model's own (config._attn_implementation; "sdpa" once the
-    model attends through favor), checked against transformers' AttentionInterface."""
-    from transformers import AttentionInterface
+    softmax_attention, else the model's own (config._attn_implementation, or the one it had
+    when first converted; "sdpa" for a model loaded converted), checked against
+    transformers' attention and mask interfaces."""
+    from transformers import AttentionInterface, AttentionMaskInterface
     name = None if spec is None else spec.options.get("softmax_attention")
     if name is None:
         name = getattr(model.config, "_attn_implementation", None) or "sdpa"
-        name = "sdpa" if name == NAME else name
-    known = AttentionInterface._global_mapping
-    if name == NAME or (name != "eager" and name not in known):
+        if name == NAME:
+            name = getattr(model, "_favor_own_attention", None) or "sdpa"
+    known = [k for k in AttentionInterface._global_mapping
+             if k in AttentionMaskInterface._global_mapping and k != NAME]
+    if name != "eager" and name not in known:
         raise _core.Error(f"softmax_attention: {name!r} is not a transformers attention "
-                          f"implementation a softmax layer can run (eager, "
-                          f"{', '.join(k for k in known if k != NAME)})")
+                          f"implementation a softmax layer can run (eager, {', '.join(known)})")
     return name
 
 

@@ -73,9 +73,10 @@ def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train
     'float32'. checkpoint: a folder where the trained tensors, the optimiser and the losses
     are saved every save_every steps and at the end; a rerun with the same settings resumes
     there. max_seconds: stop after the step that passes this wall time (checkpointed; a rerun
-    resumes). gate_lr: the step of a gated hybrid's gates (their gate_log: log g moves about
-    gate_lr a step; the gradient of g is proportional to g, so lr would barely move a gate
-    that starts closed). compile: torch.compile each decoder layer of the student and the loss's
+    resumes). gate_lr: the step of a gated hybrid's gates (their gate_log = log g: Adam moves
+    it about gate_lr a step, so a gate closed at 1e-3 can open to 1 in a few hundred steps,
+    where lr would take tens of thousands). compile: torch.compile each decoder layer of the
+    student that runs favor (the plan's softmax layers stay eager) and the loss's
     elementwise part for this call (undone at the end): the first steps pay the compiling
     (about 25 s at SmolLM2's size, again for the first few window lengths window dropout
     draws), every later step runs faster (docs/hf.md, "Distillation at scale"). Returns a

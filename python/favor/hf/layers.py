@@ -29,6 +29,7 @@ from .methods import FavorConfig
 def softmax_at(model, layers):
     """Inside the block, `layers` (favor layers of a converted model) run the model's own
     softmax attention besides the plan's softmax layers; everything is put back after."""
+    layers = list(layers)
     spec = FavorConfig.of(model)
     found = {layer: module for layer, module, _ in cores(model)}
     missing = [i for i in layers if i not in found]
@@ -99,6 +100,7 @@ def rank_layers(student, teacher, batches, *, recall=None, greedy=0, by=None, pr
     with torch.no_grad():
         targets = [teacher(**_on(x, device), use_cache=False).logits.float().log_softmax(-1)
                    for x in inputs]
+    was_training = student.training
     student.eval()
 
     def measure():
@@ -132,7 +134,7 @@ def rank_layers(student, teacher, batches, *, recall=None, greedy=0, by=None, pr
         with softmax_at(student, [layer]):
             row = {"layer": layer, **measure()}
         row["kl_cut"] = baseline["kl"] - row["kl"]
-        row["recall_cut"] = None if recall is None else baseline["recall"] - row["recall"]
+        row["recall_cut"] = baseline["recall"] - row["recall"] if recall else None
         rows.append(row)
         bar.update(1)
     rows.sort(key=lambda r: r[by])
@@ -149,6 +151,7 @@ def rank_layers(student, teacher, batches, *, recall=None, greedy=0, by=None, pr
         chosen.append(layer)
         path.append({"layers": list(chosen), **best})
     bar.close()
+    student.train(was_training)
     return RankReport(baseline, rows, path, by)
 
 

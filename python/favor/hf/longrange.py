@@ -16,9 +16,10 @@ of token ids of a text; the reference (the original model) gives the scale.
     rows = lr.suite(model, tokenizer, ids, reference=original)
     print(lr.table({"original": ref_rows, "converted": rows}))
 
-Command line (a transformers directory, or favor's save; a compact adapter with --base):
+Command line (a transformers directory, or favor's full save; a compact adapter on its
+original with --adapter; --reference: the original to compare with):
 
-    python -m favor.hf.longrange --model DIR [--adapter DIR] --text FILE --out rows.json
+    python -m favor.hf.longrange --model DIR [--adapter DIR] [--reference DIR] --text FILE
 
 Deterministic: the passages, fillers and keys are drawn from `seed`.
 """
@@ -234,8 +235,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m favor.hf.longrange",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a transformers directory, or favor's full "
-                   "save; with --adapter, the original (the base)")
+                   "save; with --adapter, the original (the base and the reference)")
     p.add_argument("--adapter", help="favor's compact adapter, loaded on --model")
+    p.add_argument("--reference", help="the original, for a full save given as --model")
     p.add_argument("--gguf", help="a GGUF file inside --model (transformers' gguf_file)")
     p.add_argument("--text", required=True, help="a UTF-8 text file")
     p.add_argument("--lengths", default="1024,4096")
@@ -250,16 +252,27 @@ def main(argv=None):
             text = f.read()
         load = {"gguf_file": args.gguf} if args.gguf else {}
         tokenizer = transformers.AutoTokenizer.from_pretrained(args.model, **load)
-        original = transformers.AutoModelForCausalLM.from_pretrained(args.model, **load).eval()
-        model = original
-        if args.adapter:
-            import copy
-            model = pretrained.from_pretrained(args.adapter, base=copy.deepcopy(original))
+        plain = lambda path: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
+            path, **load).eval()
+        config = transformers.AutoConfig.from_pretrained(args.model, **load)
+        if getattr(config, "favor", None):  # favor's full save: its converted model
+            model = pretrained.from_pretrained(args.model)
+            reference = plain(args.reference) if args.reference else None
+        else:
+            reference = plain(args.model)
+            model = reference
+            if args.adapter:
+                import copy
+                model = pretrained.from_pretrained(args.adapter, base=copy.deepcopy(reference))
+            elif args.reference:
+                reference = plain(args.reference)
+            else:
+                reference = None
         ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
         print(f"favor.hf.longrange: {ids.numel()} tokens of {args.text}, seed {args.seed}",
               flush=True)
         ints = lambda s: tuple(int(x) for x in s.split(","))  # noqa: E731
-        rows = suite(model, tokenizer, ids, reference=original if args.adapter else None,
+        rows = suite(model, tokenizer, ids, reference=reference,
                      lengths=ints(args.lengths), passkey_lengths=ints(args.passkey_lengths),
                      trials=args.trials, samples=args.samples, seed=args.seed)
     except (_core.Error, OSError, ValueError) as e:

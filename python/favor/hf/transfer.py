@@ -29,7 +29,8 @@ from .methods import FavorConfig
 
 class TransferReport(list):
     """Per layer: what was fitted and the relative error of its favor output against its
-    softmax output on the calibration text, before and after."""
+    softmax output on the calibration text, before and after (a gated hybrid's: with the
+    gate open, g = 1, the estimator it fitted; the layer is left with its gate closed)."""
 
     def __str__(self):
         return "\n".join(f"  layer {r['layer']}: {r['fitted']}, error {r['error_before']:.4f} -> "

@@ -79,9 +79,9 @@ class FavorCore(AttentionCore):
     estimated mass). gate=True starts at g = GATE_START (1e-3: the window and sinks' output
     to within that weight of the estimate), a float in (0, 1] at that g. Kept as
     gate_log [H] = log g (g > 0 whatever the optimiser does) and entering the estimator as a
-    feature weight (lambda^2 times g), so every kernel with feature weights takes it; the
-    gradient of g is proportional to g, so train gate_log with a larger step (distill's
-    gate_lr). gate_open = True runs with g = 1 (attention transfer fits the estimator so).
+    feature weight (lambda^2 times g), so every kernel with feature weights takes it. Adam
+    moves gate_log by about its lr a step: from 1e-3 to 1 is 7 in log g, so train it with a
+    larger step than the map's (distill's gate_lr). gate_open = True runs with g = 1 (attention transfer fits the estimator so).
     """
 
     TENSORS = _TENSORS

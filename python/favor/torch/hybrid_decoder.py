@@ -109,11 +109,12 @@ class HybridDecoder:
 
     @property
     def state_bytes(self):
-        """bytes of the state: the linear state, the ring and the sinks (fixed)"""
+        """bytes of the state: the linear state (estimate=True), the ring and the sinks
+        (fixed)"""
         if self._engine is not None:
             return self._engine.state_bytes
-        return self.linear.state_bytes + sum(t.numel() * t.element_size()
-                                             for t in self._tensors())
+        return (self.linear.state_bytes if self.estimate else 0) + sum(
+            t.numel() * t.element_size() for t in self._tensors())
 
     def reset(self):
         if self._engine is not None:
