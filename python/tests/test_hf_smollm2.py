@@ -106,10 +106,11 @@ def full():
 
 
 @pytest.mark.parametrize("name,method", [("window-sinks", "window"),
-                                         ("positive-fit-hybrid", "positive-fit")])
+                                         ("positive-fit-hybrid", "positive-fit"),
+                                         ("gated-hybrid-4-softmax", "positive-fit")])
 def test_the_shipped_conversions_load_onto_the_packaged_model(original, full, name, method):
-    """examples/hf/smollm2/window-sinks and positive-fit-hybrid (favor's maps, if any, and
-    the LoRA deltas) load onto the full 30-layer model from the package and predict
+    """examples/hf/smollm2/window-sinks, positive-fit-hybrid and gated-hybrid-4-softmax
+    (favor's maps, if any, and the LoRA deltas) load onto the full 30-layer model from the package and predict
     held-out text nearly as well: on 256 tokens of docs/math.md the loss is within 0.5 nats
     of the original's (the study measures 1.18x and 1.20x perplexity at 1024 tokens, 0.17
     and 0.18 nats) and the greedy next-token choice agrees on most positions."""
@@ -117,6 +118,9 @@ def test_the_shipped_conversions_load_onto_the_packaged_model(original, full, na
     shipped = os.path.join(os.path.dirname(smollm2.__file__), name)
     model = fh.from_pretrained(shipped, base=copy.deepcopy(full))
     assert fh.FavorConfig.of(model).method == method
+    if name == "gated-hybrid-4-softmax":  # issue 48: layers 7, 18, 20, 23 on softmax, gated
+        assert fh.FavorConfig.of(model).softmax_layers == (7, 18, 20, 23)
+        assert sorted(fh.gates(model)) == [i for i in range(30) if i not in (7, 18, 20, 23)]
     x = ids.reshape(1, -1)[:, :256]
     with torch.no_grad():
         a, b = full(x, labels=x, use_cache=False), model(x, labels=x, use_cache=False)

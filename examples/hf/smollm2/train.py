@@ -43,7 +43,7 @@ def arguments(argv=None):
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--gate", type=float, help="a gated hybrid starting at this gate (1e-3)")
-    ap.add_argument("--gate-lr", type=float, default=0.02)
+    ap.add_argument("--gate-lr", type=float, default=0.1)
     ap.add_argument("--softmax-layers", default="",
                     help="layers kept on softmax, e.g. 7,18,20 (favor.hf.rank_layers)")
     ap.add_argument("--length", type=int, default=1024, help="tokens per training sequence")

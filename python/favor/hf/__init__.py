@@ -35,6 +35,7 @@ from .transfer import TransferReport, transfer
 __all__ = ["FAMILIES", "METHODS", "NAME", "ConversionReport", "DistillReport", "Family",
            "FavorCache", "FavorCacheLayer", "FavorConfig", "Method", "RankReport", "TeacherCache",
            "TransferReport",
-           "add_adapters", "cache_bytes", "convert", "cores", "distill", "favor_attention", "finetune", "gates",
+           "add_adapters", "cache_bytes", "convert", "cores", "distill", "favor_attention",
+           "finetune", "gates",
            "from_pretrained", "merge_adapters", "merged", "padding_mask", "rank_layers", "register",
            "save_pretrained", "softmax_at", "transfer"]

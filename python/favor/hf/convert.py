@@ -64,10 +64,11 @@ def convert(model, method="favor", **options):
     ConversionReport. Every method also takes the per-layer plan: softmax_layers=[i, ...]
     keeps those layers on the model's own softmax attention (its mask, its implementation:
     softmax_attention, default the model's, e.g. "sdpa"; a key-value cache in generate()),
-    the other layers on `method`. All layers listed: the original model, bit for bit. The weights stay; each attention module gains `favor_core` (its
-    tensors join the state_dict) and the model attends through favor ("favor" attention
-    implementation). A decoder's generate() then keeps favor's decoder state per layer
-    (favor.hf.FavorCache) instead of a key-value cache (method 'exact' keeps the cache).
+    the other layers on `method`. All layers listed: the original model, bit for bit. The
+    weights stay; each attention module gains `favor_core` (its tensors join the state_dict)
+    and the model attends through favor ("favor" attention implementation). A decoder's
+    generate() then keeps favor's decoder state per layer (favor.hf.FavorCache) instead of
+    a key-value cache (method 'exact' keeps the cache).
     model.config.favor records FavorConfig(method, options).to_dict()."""
     spec = FavorConfig(method, options)  # checks the method and its options
     record = spec.record

@@ -58,7 +58,7 @@ class DistillReport(list):
 def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train="lora",
             lora=None, window_dropout=None, chunk=256, seed=0, clip=1.0, checkpoint=None,
             save_every=25, progress=True, precision="auto", max_seconds=None, compile=False,
-            gate_lr=0.02):
+            gate_lr=0.1):
     """Trains `student` (converted by favor.hf.convert) to match `teacher` (the original
     model, the same tokenizer, or a favor.hf.TeacherCache of it) for `steps` AdamW steps
     over batches (cycled in order; dicts of model inputs or input_ids tensors). The loss is
@@ -74,7 +74,7 @@ def distill(student, teacher, batches, *, steps, lr=1e-4, temperature=1.0, train
     are saved every save_every steps and at the end; a rerun with the same settings resumes
     there. max_seconds: stop after the step that passes this wall time (checkpointed; a rerun
     resumes). gate_lr: the step of a gated hybrid's gates (their gate_log = log g: Adam moves
-    it about gate_lr a step, so a gate closed at 1e-3 can open to 1 in a few hundred steps,
+    it about gate_lr a step, so a gate closed at 1e-3 can open to 1 in tens of steps,
     where lr would take tens of thousands). compile: torch.compile each decoder layer of the
     student that runs favor (the plan's softmax layers stay eager) and the loss's
     elementwise part for this call (undone at the end): the first steps pay the compiling

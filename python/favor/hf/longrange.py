@@ -120,7 +120,8 @@ def passkey(model, tokenizer, ids, *, lengths=(1024, 4096), depths=(0.1, 0.5, 0.
             raise _core.Error(f"depths: {d!r} must be in [0, 1]")
     g = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
-    encode = lambda s: torch.tensor(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    def encode(s):
+        return torch.tensor(tokenizer(s, add_special_tokens=False)["input_ids"])
     intro, question = encode(INTRO), encode(QUESTION)
     accuracy, overall = {}, {}
     for length in lengths:

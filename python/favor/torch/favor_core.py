@@ -81,7 +81,8 @@ class FavorCore(AttentionCore):
     gate_log [H] = log g (g > 0 whatever the optimiser does) and entering the estimator as a
     feature weight (lambda^2 times g), so every kernel with feature weights takes it. Adam
     moves gate_log by about its lr a step: from 1e-3 to 1 is 7 in log g, so train it with a
-    larger step than the map's (distill's gate_lr). gate_open = True runs with g = 1 (attention transfer fits the estimator so).
+    larger step than the map's (distill's gate_lr). gate_open = True runs with g = 1
+    (attention transfer fits the estimator so).
     """
 
     TENSORS = _TENSORS
