@@ -194,3 +194,18 @@ def test_favor_does_not_take_over_a_layer_that_holds_earlier_tokens():
     nxt = torch.ones(2, 1, dtype=torch.long)
     with pytest.raises(favor.Error, match="earlier tokens as keys and values"):
         model(nxt, attention_mask=torch.cat([mask, nxt], 1), cache=cache)
+
+
+def test_finetune_trains_a_mixed_model_softmax_layers_included():
+    original = four("llama")
+    model = copy.deepcopy(original)
+    fh.convert(model, "hedgehog", features=8, window=4, softmax_layers=[2])
+    soft = model.model.layers[2].self_attn
+    before = {n: p.detach().clone() for n, p in soft.named_parameters()}
+    losses = fh.finetune(model, batches(2), steps=3, lr=1e-3, progress=False)
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(list(losses))))
+    # finetune trains what requires grad: the whole model, softmax layer included, moves
+    assert any(not torch.equal(p, before[n]) for n, p in soft.named_parameters())
+    assert soft.favor_core is None and soft.favor_softmax == "sdpa"
+    ids, mask = inputs()
+    assert torch.isfinite(run(model, ids, mask)).all()
