@@ -79,3 +79,18 @@ def run(model, ids, mask):
     if isinstance(model, tf.BertModel):
         return model(ids, attention_mask=mask).last_hidden_state
     return model(ids, attention_mask=mask, position_ids=positions(mask)).logits
+
+
+def generates_as_full_forward(model, ids, mask, new=6, atol=1e-4):
+    """Greedy generate() of `new` tokens through the model's cache against its own full
+    forward of the whole sequence (left padding kept): the logits agree to atol and the
+    tokens are the full forward's argmax. Returns the sequences."""
+    n = ids.shape[1]
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                         output_logits=True, return_dict_in_generate=True)
+    logits = torch.stack(out.logits, 1)
+    full_mask = torch.cat([mask, torch.ones(ids.shape[0], new, dtype=mask.dtype)], 1)
+    full = run(model, out.sequences, full_mask)[:, n - 1:-1]
+    torch.testing.assert_close(logits, full, rtol=0, atol=atol)
+    assert torch.equal(full.argmax(-1), out.sequences[:, n:])
+    return out.sequences

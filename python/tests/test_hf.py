@@ -19,7 +19,8 @@ import transformers as tf
 
 import favor
 import favor.hf as fh
-from hf_models import DECODERS, FAMILIES, inputs, make, positions, run
+from hf_models import (DECODERS, FAMILIES, generates_as_full_forward, inputs, make, positions,
+                       run)
 
 METHOD_CASES = {
     "exact": ("exact", {}),
@@ -87,24 +88,13 @@ def test_every_method_runs_forward_and_backward(family, case):
                 assert p.grad is not None and torch.isfinite(p.grad).all(), name
 
 
-def _greedy(model, ids, mask, new, **kw):
-    r = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
-                       output_logits=True, return_dict_in_generate=True, **kw)
-    return r.sequences, torch.stack(r.logits, 1)
-
-
 @pytest.mark.parametrize("family", DECODERS)
 @pytest.mark.parametrize("case", ["favor", "hedgehog", "decay", "favor#", "vq"])
 def test_greedy_generation_through_the_state_equals_the_full_forward(family, case):
     method, options = METHOD_CASES[case]
     model = converted(family, method, **options)
     ids, mask = inputs()
-    n, new = ids.shape[1], 6
-    seq, logits = _greedy(model, ids, mask, new)
-    full_mask = torch.cat([mask, torch.ones(2, new, dtype=torch.long)], 1)
-    full = run(model, seq, full_mask)[:, n - 1:-1]
-    torch.testing.assert_close(logits, full, rtol=0, atol=1e-4)
-    assert torch.equal(full.argmax(-1), seq[:, n:])
+    generates_as_full_forward(model, ids, mask, 6)
 
 
 def test_generate_uses_a_favor_cache_of_fixed_size():

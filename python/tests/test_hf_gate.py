@@ -15,7 +15,7 @@ import torch
 import favor
 import favor.hf as fh
 from favor.torch import FavorCore
-from hf_models import batches, inputs, make, positions, run
+from hf_models import batches, generates_as_full_forward, inputs, make, run
 
 
 def qkv(seed=0, n=40):
@@ -101,12 +101,7 @@ def test_distill_opens_the_gates_it_needs_and_they_are_saved(tmp_path):
     assert fh.gates(loaded) == fh.gates(model)
     assert torch.equal(run(loaded, ids, mask), before)
     # generation's state carries the gate: greedy logits equal the full forward
-    out = loaded.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False,
-                          output_logits=True, return_dict_in_generate=True)
-    n = ids.shape[1]
-    full_mask = torch.cat([mask, torch.ones(2, 5, dtype=torch.long)], 1)
-    full = run(loaded, out.sequences, full_mask)[:, n - 1:-1]
-    torch.testing.assert_close(torch.stack(out.logits, 1), full, rtol=0, atol=1e-4)
+    generates_as_full_forward(loaded, ids, mask, 5)
     with pytest.raises(favor.Error, match="gate_lr: 0 must be a number > 0"):
         fh.distill(model, original, batches(1), steps=1, gate_lr=0, progress=False)
 

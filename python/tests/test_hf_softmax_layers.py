@@ -16,7 +16,8 @@ import transformers as tf
 
 import favor
 import favor.hf as fh
-from hf_models import DECODERS, FAMILIES, batches, inputs, make, positions, run
+from hf_models import (DECODERS, FAMILIES, batches, generates_as_full_forward, inputs, make,
+                       run)
 
 
 def four(family):
@@ -50,12 +51,6 @@ def test_the_eager_implementation_of_softmax_layers_is_the_eager_original():
     assert torch.equal(run(model, ids, mask), run(original, ids, mask))
 
 
-def _greedy(model, ids, mask, new, **kw):
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
-                         output_logits=True, return_dict_in_generate=True, **kw)
-    return out.sequences, torch.stack(out.logits, 1)
-
-
 @pytest.mark.parametrize("family", DECODERS)
 @pytest.mark.parametrize("method,options", [("favor", dict(features=16)),
                                             ("window", dict(window=4, sinks=1)),
@@ -65,12 +60,7 @@ def test_a_mixed_model_generates_as_its_own_full_forward(family, method, options
     fh.convert(model, method, softmax_layers=[1, 3], **options)
     assert [layer for layer, _, _ in fh.cores(model)] == [0, 2]
     ids, mask = inputs(n=12)
-    n, new = ids.shape[1], 6
-    seq, logits = _greedy(model, ids, mask, new)
-    full_mask = torch.cat([mask, torch.ones(2, new, dtype=torch.long)], 1)
-    full = run(model, seq, full_mask)[:, n - 1:-1]
-    torch.testing.assert_close(logits, full, rtol=0, atol=1e-4)
-    assert torch.equal(full.argmax(-1), seq[:, n:])
+    generates_as_full_forward(model, ids, mask, 6)
     beam = model.generate(ids, attention_mask=mask, max_new_tokens=5, num_beams=3,
                           do_sample=False)
     assert torch.equal(beam, model.generate(ids, attention_mask=mask, max_new_tokens=5,
