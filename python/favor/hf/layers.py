@@ -12,8 +12,9 @@ the KL to the teacher on `batches` (and, given `recall` sequences, the loss on t
 readings: copying from far back); every favor layer gets its row. Copying is a circuit
 across layers, so one layer alone may show little: `greedy=k` then adds, k times, the
 layer that helps most given those already chosen. Cost: one forward of the student per
-batch and recall sequence for each layer tried: L layers for the ranking, L + (L - 1) + ...
-k terms for the search (the teacher's distributions are computed once).
+batch and recall sequence for each layer tried: L layers for the ranking, then (L - 1) + (L - 2)
++ ... (k - 1 terms) for the search, whose first round is the ranking (the teacher's
+distributions are computed once).
 """
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -125,7 +126,7 @@ def rank_layers(student, teacher, batches, *, recall=None, greedy=0, by=None, pr
                 row["recall"] = sum(losses) / len(losses)
         return row
 
-    total = len(layers) + sum(len(layers) - i for i in range(greedy))
+    total = len(layers) + sum(len(layers) - i for i in range(1, greedy))  # (round 1 = rows)
     bar = _bar(total + 1, progress)
     baseline = measure()
     bar.update(1)
@@ -139,7 +140,13 @@ def rank_layers(student, teacher, batches, *, recall=None, greedy=0, by=None, pr
         bar.update(1)
     rows.sort(key=lambda r: r[by])
     path, chosen = [], []
-    for _ in range(greedy):
+    for step in range(greedy):
+        if step == 0:  # the first round is the ranking itself
+            tried = [({"kl": r["kl"], "recall": r["recall"]}, r["layer"]) for r in rows]
+            best, layer = min(tried, key=lambda t: t[0][by])
+            chosen.append(layer)
+            path.append({"layers": list(chosen), **best})
+            continue
         tried = []
         for layer in layers:
             if layer in chosen:
