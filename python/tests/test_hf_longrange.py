@@ -90,7 +90,11 @@ class Digits:
 
 class Reader(torch.nn.Module):
     """A 'model' whose greedy answer is the number after the prompt's last 'pass key is '
-    inside the filler (honest=True), or a fixed wrong number."""
+    inside the filler (honest=True), or a fixed wrong number. Its forward gives the answer
+    (" " + key) probability SURE at each of its positions when honest; else the space
+    probability 1/128 and each digit 1/10."""
+
+    SURE = 0.9
 
     def __init__(self, honest):
         super().__init__()
@@ -103,6 +107,20 @@ class Reader(torch.nn.Module):
         self.prompts.append(prompt)
         key = prompt.split("The pass key is ")[1][:5] if self.honest else "00000"
         return torch.cat([ids, torch.tensor([[ord(c) for c in " " + key + "."]])], 1)
+
+    def forward(self, input_ids, use_cache=False):
+        seq = "".join(chr(i) for i in input_ids[0].tolist())
+        begin = seq.rindex(lr.QUESTION) + len(lr.QUESTION)  # the answer's first position
+        answer = " " + seq.split("The pass key is ")[1][:5]
+        logits = torch.zeros(1, len(seq), 128)
+        for i, c in enumerate(answer):
+            row = logits[0, begin - 1 + i]
+            if self.honest:  # p(c) = e^a / (e^a + 127) = SURE
+                row[ord(c)] = math.log(self.SURE * 127 / (1 - self.SURE))
+            elif i > 0:
+                row[:] = -math.inf
+                row[ord("0"):ord("9") + 1] = 0.0
+        return type("Out", (), {"logits": logits})()
 
 
 def test_passkey_asks_for_the_key_at_each_depth():
@@ -118,7 +136,15 @@ def test_passkey_asks_for_the_key_at_each_depth():
         at = (prompt.index(lr.NEEDLE.split("{")[0]) - len(lr.INTRO)) / room
         assert abs(at - depth) < 1 / room
         assert prompt.endswith(lr.QUESTION)
-    assert lr.passkey(Reader(False), Digits(), filler, lengths=(1024,))["overall"][1024] == 0.0
+    for n in (1024, 2048):  # the answer's loss, teacher forced
+        assert out["nats"][n]["first"] == pytest.approx(-math.log(Reader.SURE), rel=1e-5)
+        assert out["nats"][n]["rest"] == pytest.approx(-math.log(Reader.SURE), rel=1e-5)
+    blind = lr.passkey(Reader(False), Digits(), filler, lengths=(1024,))
+    assert blind["overall"][1024] == 0.0
+    assert blind["nats"][1024]["first"] == pytest.approx(math.log(128), rel=1e-5)
+    assert blind["nats"][1024]["rest"] == pytest.approx(math.log(10), rel=1e-5)
+    assert "0% (2.30)" in lr.table({"blind": {"copy": {"recovered": 0.0, "second": 1.0},
+                                              "passkey": blind, "perplexity": {64: 2.0}}})
 
 
 def test_softmax_at_tries_a_plan_and_puts_the_model_back():

@@ -7,7 +7,11 @@ of token ids of a text; the reference (the original model) gives the scale.
   fraction of the reference's. A model that sees only a window gains nothing (0); the
   original copies (its second reading costs a tenth of the first).
 - passkey: a 5-digit number stated once at a depth of a filler text, then asked for; the
-  greedy answer's exact-match accuracy per length and depth.
+  greedy answer's exact-match accuracy per length and depth, and the answer's loss teacher
+  forced: its first token (the decision to answer with a number) and the rest (the key's
+  digits given that decision: about ln 10 = 2.3 nats a digit when the key is not seen, near
+  0 when it is copied). A model can know the key and still lose the greedy answer on the
+  first token; the two losses tell which.
 - perplexity: exp(mean next-token loss) over windows of each length.
 - agreement: the fraction of positions where the model's greedy next token (teacher forced)
   is the reference's.
@@ -111,7 +115,9 @@ def passkey(model, tokenizer, ids, *, lengths=(1024, 4096), depths=(0.1, 0.5, 0.
     """Passkey retrieval (module docstring): per length (prompt tokens, filler from `ids`)
     and depth (where the key sits, a fraction of the filler), `trials` random 5-digit keys;
     the answer is right when the first number in the greedy continuation is the key.
-    Returns {"accuracy": {length: {depth: fraction}}, "overall": {length: fraction}}."""
+    Returns {"accuracy": {length: {depth: fraction}}, "overall": {length: fraction},
+    "nats": {length: {"first": ..., "rest": ...}}}: the mean loss (nats per token, teacher
+    forced) of the answer's first token and of its other tokens, over depths and trials."""
     ids = _ids(ids)
     if trials < 1 or not lengths or not depths:
         raise _core.Error("trials, lengths, depths: at least one each")
@@ -123,9 +129,9 @@ def passkey(model, tokenizer, ids, *, lengths=(1024, 4096), depths=(0.1, 0.5, 0.
     def encode(s):
         return torch.tensor(tokenizer(s, add_special_tokens=False)["input_ids"])
     intro, question = encode(INTRO), encode(QUESTION)
-    accuracy, overall = {}, {}
+    accuracy, overall, nats = {}, {}, {}
     for length in lengths:
-        rows = {}
+        rows, first, rest = {}, [], []
         for depth in depths:
             right = 0
             for _ in range(trials):
@@ -145,13 +151,24 @@ def passkey(model, tokenizer, ids, *, lengths=(1024, 4096), depths=(0.1, 0.5, 0.
                                                                    dtype=torch.long,
                                                                    device=device),
                                          max_new_tokens=8, do_sample=False)
-                answer = tokenizer.decode(out[0, prompt.numel():].tolist())
+                    answer = tokenizer.decode(out[0, prompt.numel():].tolist())
+                    target = encode(" " + key)  # the answer, as the prompt continues
+                    seq = torch.cat([prompt, target])[None].to(device)
+                    lp = model(input_ids=seq, use_cache=False).logits[
+                        0, prompt.numel() - 1:-1].float().log_softmax(-1).cpu()
+                loss = -lp.gather(-1, target[:, None]).squeeze(-1)
+                first.append(float(loss[0]))
+                if loss.numel() > 1:  # (a tokenizer may make the answer one token)
+                    rest.append(float(loss[1:].mean()))
                 found = re.search(r"\d+", answer)
                 right += int(found is not None and found.group(0) == key)
             rows[depth] = right / trials
         accuracy[length] = rows
         overall[length] = sum(rows.values()) / len(rows)
-    return {"accuracy": accuracy, "overall": overall, "trials": trials, "seed": seed}
+        nats[length] = {"first": sum(first) / len(first),
+                        "rest": sum(rest) / len(rest) if rest else None}
+    return {"accuracy": accuracy, "overall": overall, "nats": nats, "trials": trials,
+            "seed": seed}
 
 
 def perplexity(model, ids, *, lengths=(1024, 4096), windows=2):
@@ -205,7 +222,8 @@ def suite(model, tokenizer, ids, *, reference=None, lengths=(1024, 4096),
 
 
 def table(results, reference=None):
-    """A markdown table of {name: suite rows}: copy recall (recovered), passkey per length,
+    """A markdown table of {name: suite rows}: copy recall (recovered), passkey per length
+    (accuracy, and in brackets the loss of the key's digits after the first token, nats),
     perplexity per length (and as a ratio to `reference`'s, a name in results), agreement."""
     names = list(results)
     first = results[names[0]]
@@ -220,7 +238,10 @@ def table(results, reference=None):
         r = results[name]
         cells = [name, f"{r['copy'].get('recovered', float('nan')):.0%}",
                  f"{r['copy']['second']:.2f}"]
-        cells += [f"{r['passkey']['overall'][n]:.0%}" for n in key_lengths]
+        for n in key_lengths:
+            rest = r["passkey"].get("nats", {}).get(n, {}).get("rest")
+            cells.append(f"{r['passkey']['overall'][n]:.0%}"
+                         + (f" ({rest:.2f})" if rest is not None else ""))
         for n in ppl_lengths:
             p = r["perplexity"][n]
             cells.append(f"{p:.2f}" if base is None or base is r

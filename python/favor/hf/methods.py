@@ -102,20 +102,19 @@ class Method:
             return VQCore(heads, head_dim, codes, causal=causal, scale=scale, seed=seed,
                           device=device, **self.fixed, **kw)
         kw = {**self.fixed, **kw}
-        mix = self.hybrid(kw) and kw.get("kernel") == "hedgehog" \
-            and not kw.get("feature_weights")
-        if mix:  # hybrid hedgehog: the learned mix factor, below
-            kw["feature_weights"] = True
+        if self.hybrid(kw) and kw.get("kernel") == "hedgehog":
+            # hybrid hedgehog: the map [exp(Wx + b), exp(-Wx - b)] with the hyperbolic
+            # estimator's norm term e^(-|x|^2/2) and constant (2m)^(-1/2), and a learned
+            # mix factor lambda (LoLCATs learns one per head). Hedgehog's own form has no
+            # norm term, so its estimate has no scale in common with the window's exact
+            # terms: at SmolLM2's query norms it outweighs them by more than 1e8, beyond
+            # what lambda or a gate can close. With the norm term the map starts as the
+            # hyperbolic random-feature estimator of exp(q.k) (W the drawn projection,
+            # b = 0): the exact terms' scale, so a gate starts it at the window.
+            kw["kernel"] = "hyperbolic"
+            kw.setdefault("feature_weights", True)
         core = FavorCore(heads, head_dim, causal=causal, scale=scale, seed=seed, device=device,
                          **kw)
-        if mix:
-            # hedgehog's features carry no constant and no norm term, so its estimate has no
-            # common scale with the window's exact terms: lambda (per head and feature, only
-            # lambda^2 enters) is the learned mix factor (LoLCATs learns one per head; its
-            # bias b cannot serve, as it scales hedgehog's two halves by e^(2b) and e^(-2b)),
-            # started at (2m)^(-1/2), the random features' own constant.
-            with torch.no_grad():
-                core.map_lambda.fill_((2 * core.features) ** -0.5)
         return core
 
 
