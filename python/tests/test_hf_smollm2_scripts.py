@@ -2,7 +2,8 @@
 (examples/hf/corpus.py: deduplication, the held-out split, packing, the token cache) and
 scripts/gpu-distill.sh run on the CPU with SmolLM2's first 2 layers (--quick), so that its
 first GPU run is not its first run: it writes the adapter and train.json, stops on time and
-resumes; bad arguments exit 2 with one line."""
+resumes; bad arguments exit 2 with one line. And the issue-48 study tables, which the docs
+quote exactly as the study scripts print them from their results files."""
 import json
 import os
 import subprocess
@@ -131,3 +132,32 @@ def test_train_runs_a_gated_hybrid_with_a_softmax_layer(tmp_path):
     assert log["options"]["softmax_layers"] == [1]
     saved = json.load(open(os.path.join(out, "adapter", "favor_adapter.json")))
     assert saved["favor"]["softmax_layers"] == [1] and saved["favor"]["gate"] == 1e-3
+
+
+def _script(name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "smollm2_" + name, os.path.join(ROOT, "examples", "hf", "smollm2", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _quoted(table, rows, *docs):
+    assert table.count("\n") == len(rows) + 1
+    for doc in docs:
+        with open(os.path.join(ROOT, doc)) as f:
+            assert table in f.read(), doc
+
+
+def test_the_docs_quote_the_long_range_study_as_measured():
+    """docs/hf.md and the SmolLM2 README carry the issue-48 study tables exactly as
+    longrange.py --table and hybrid_start.py --table print them from results/."""
+    results = os.path.join(ROOT, "examples", "hf", "smollm2", "results")
+    with open(os.path.join(results, "longrange-study.json")) as f:
+        out = json.load(f)
+    _quoted(_script("longrange").study_table(out), out["rows"], "docs/hf.md",
+            "examples/hf/smollm2/README.md")
+    with open(os.path.join(results, "hybrid_start.json")) as f:
+        out = json.load(f)
+    _quoted(_script("hybrid_start").table(out), out["rows"], "examples/hf/smollm2/README.md")

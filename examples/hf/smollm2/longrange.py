@@ -13,12 +13,21 @@ choice of softmax layers for a conversion.
 A --model is NAME=SPEC[+L1,L2,...]: SPEC a method converted as-is (window 64 + 4 sinks;
 favor methods with 128 features, seed 0), or a train.py adapter folder; "+greedy:K" (or a
 list of layers) puts those layers on softmax (the first K of the --rank search). The
-original is always the first row. Prints a markdown table; --out keeps every figure.
+original is always the first row. Perplexity and passkey at 1k, 4k and 8k by default.
+
+Memory, two figures a row: the decoding state + caches after an 8k prompt (fh.cache_bytes),
+and the process's (--rss-new: each model alone in a fresh process, generate() on the 8k
+prompt; the peak resident set above the loaded model's, and what stays held after).
+
+Prints a markdown table; --out keeps every figure.
 """
 import argparse
 import copy
+import gc
 import json
 import os
+import re
+import subprocess
 import sys
 import time
 
@@ -30,10 +39,12 @@ sys.path.insert(0, os.path.dirname(HERE))
 import smollm2  # noqa: E402
 
 
-def build(spec, original, layers=()):
+def build(spec, original, layers=(), keep=True):
+    """The model SPEC names (see the module docstring), on a copy of `original` (keep=True) or
+    on `original` itself."""
     import favor.hf as fh
     if os.path.isdir(spec):
-        model = fh.from_pretrained(spec, base=copy.deepcopy(original))
+        model = fh.from_pretrained(spec, base=copy.deepcopy(original) if keep else original)
         if layers:  # these favor layers on softmax too (the adapter trained without them)
             from favor.hf.convert import softmax_attention
             impl = softmax_attention(model)
@@ -45,7 +56,7 @@ def build(spec, original, layers=()):
                 if layer in layers:
                     module.favor_softmax = plan["softmax_attention"]
         return model
-    model = copy.deepcopy(original)
+    model = copy.deepcopy(original) if keep else original
     options = {"window": 64, "sinks": 4}
     if spec != "window":
         options.update(features=128, seed=0)
@@ -64,20 +75,111 @@ def memory(model, ids, n):
     return fh.cache_bytes(cache)
 
 
+def _rss_kib(field):
+    with open("/proc/self/status") as f:
+        return int(re.search(field + r":\s+(\d+) kB", f.read()).group(1))
+
+
+def rss_worker(spec, layers, n, new, threads):
+    """Process memory of one model in its own process (nothing else loaded): generate() on a
+    prompt of n held-out tokens, `new` tokens. The peak resident set (VmHWM, reset after
+    loading) above the loaded model's, and what generate() leaves held once its output is
+    dropped (as the process holds it, and after malloc_trim: what is still allocated)."""
+    import corpus
+    torch.set_num_threads(threads)
+    original, tok = smollm2.load()
+    model = original if spec == "original" else build(spec, original, layers, keep=False)
+    del original
+    ids = corpus.build(tok, os.path.join("runs", "corpus"), progress=False) \
+        .held_out("python-packages")[:n][None]
+    gc.collect()
+    import ctypes
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # what loading freed goes back: not counted
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := the current resident set
+    loaded = _rss_kib("VmRSS")
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=new, min_new_tokens=new)
+    assert out.shape[1] == n + new, out.shape
+    del out
+    gc.collect()
+    held = _rss_kib("VmRSS")
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # what is still allocated, not only cached
+    return {"loaded_bytes": loaded * 1024, "peak_bytes": _rss_kib("VmHWM") * 1024,
+            "peak_growth_bytes": (_rss_kib("VmHWM") - loaded) * 1024,
+            "held_bytes": (held - loaded) * 1024,
+            "held_trimmed_bytes": (_rss_kib("VmRSS") - loaded) * 1024, "prompt": n,
+            "new": new, "threads": threads}
+
+
+def rss(spec, layers, n, new, threads):
+    cmd = [sys.executable, os.path.abspath(__file__), "--out", os.devnull, "--rss-worker", spec,
+           ",".join(map(str, layers)), str(n), str(new), str(threads)]
+    res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def study_table(out):
+    """The study's markdown table: every suite figure with both memories, a row a model."""
+    rows = out["rows"]
+    first = next(iter(rows.values()))
+    keys, ppls = list(first["passkey"]["overall"]), list(first["perplexity"])
+    base = rows.get("original")
+    head = (["model", "softmax layers", "copy recall (2nd reading, nats)",
+             "passkey " + " / ".join(f"{int(n) / 1024:g}k" for n in keys) + " (digit nats)"]
+            + [f"ppl {n}" for n in ppls]
+            + ["agreement", f"state + caches at {out.get('memory_at', 8192) // 1024}k",
+               "generate() peak RSS (held after)"])
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for name, r in rows.items():
+        copy_ = r["copy"]
+        recall = "100%" if r is base else f"{copy_.get('recovered', float('nan')):.0%}"
+        nats = r["passkey"].get("nats", {})
+        key = " / ".join(f"{r['passkey']['overall'][n]:.0%}" for n in keys)
+        if nats:
+            key += " (" + " / ".join(f"{nats[n]['rest']:.2f}" for n in keys) + ")"
+        ppl = [f"{r['perplexity'][n]:.2f}" if r is base or base is None
+               else f"{r['perplexity'][n] / base['perplexity'][n]:.3f}x" for n in ppls]
+        proc = r.get("process")
+        rss = (f"+{proc['peak_growth_bytes'] / 2**30:.2f} GiB (+{proc['held_bytes'] / 2**20:.0f}"
+               " MiB)") if proc else ""
+        cells = ([name, ", ".join(map(str, r.get("softmax_layers", []))) or "-",
+                  f"{recall} ({copy_['second']:.2f})", key] + ppl
+                 + [f"{r['agreement']:.1%}" if "agreement" in r else "",
+                    f"{r['memory_bytes'] / 2**20:.1f} MiB ({r['memory_vs_original']:.1%})", rss])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--model", action="append", default=[])
     p.add_argument("--rank", help="a method (SPEC) to rank the layers of with rank_layers")
     p.add_argument("--greedy", type=int, default=0)
-    p.add_argument("--lengths", default="1024,4096")
-    p.add_argument("--passkey-lengths", default="1024,4096")
+    p.add_argument("--lengths", default="1024,4096,8192")
+    p.add_argument("--passkey-lengths", default="1024,4096,8192")
     p.add_argument("--trials", type=int, default=1)
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--memory-at", type=int, default=8192)
+    p.add_argument("--rss-new", type=int, default=16, help="tokens generate() makes after "
+                   "the --memory-at prompt in the process-memory measure (0: skip it)")
+    p.add_argument("--rss-worker", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--table", action="store_true", help="print --out's table and stop")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    if args.rss_worker:
+        spec, layers, n, new, threads = args.rss_worker
+        layers = tuple(int(x) for x in layers.split(",") if x)
+        print("RESULT " + json.dumps(rss_worker(spec, layers, int(n), int(new), int(threads))))
+        return
+    if args.table:
+        with open(args.out) as f:
+            print(study_table(json.load(f)))
+        return
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     import favor.hf as fh
@@ -89,7 +191,7 @@ def main():
     ids = c.held_out("python-packages")
     ints = lambda s: tuple(int(x) for x in s.split(","))  # noqa: E731
     out = {"text": "python-packages (held out whole)", "tokens": ids.numel(), "seed": args.seed,
-           "rows": {}}
+           "memory_at": args.memory_at, "rows": {}}
     if os.path.exists(args.out):
         with open(args.out) as f:
             out = {**json.load(f), **{k: v for k, v in out.items() if k != "rows"}}
@@ -124,7 +226,10 @@ def main():
         rows["memory_bytes"] = kv_full if model is original else memory(model, ids,
                                                                           args.memory_at)
         rows["memory_vs_original"] = rows["memory_bytes"] / kv_full
-        rows["softmax_layers"] = list(layers)
+        rows["softmax_layers"] = sorted(getattr(model.config, "favor", None) and
+                                        model.config.favor.get("softmax_layers") or [])
+        if args.rss_new:
+            rows["process"] = rss(spec, layers, args.memory_at, args.rss_new, args.threads)
         rows["minutes"] = (time.perf_counter() - t) / 60
         out["rows"][name] = rows
         print(name, json.dumps({k: v for k, v in rows.items() if k != "passkey"}), flush=True)
@@ -132,10 +237,15 @@ def main():
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
     out = json.loads(json.dumps(out))  # (the keys as the file keeps them)
-    print(lr.table(out["rows"], reference="original"))
+    print(study_table(out))
     for name, r in out["rows"].items():
-        print(f"{name}: memory at {args.memory_at} tokens {r['memory_bytes'] / 2**20:.1f} MiB "
-              f"({r['memory_vs_original']:.1%} of the original's key-value cache)")
+        line = (f"{name}: memory at {args.memory_at} tokens {r['memory_bytes'] / 2**20:.1f} "
+                f"MiB ({r['memory_vs_original']:.1%} of the original's key-value cache)")
+        if "process" in r:
+            line += (f"; generate(): peak RSS +{r['process']['peak_growth_bytes'] / 2**30:.2f}"
+                     f" GiB over the loaded model, +{r['process']['held_bytes'] / 2**20:.0f}"
+                     " MiB held after")
+        print(line)
 
 
 if __name__ == "__main__":
