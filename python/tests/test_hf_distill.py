@@ -54,8 +54,12 @@ def test_the_loss_is_the_kl_of_the_whole_logits_whatever_the_chunk(temperature, 
 
 @pytest.mark.parametrize("train", ["lora", "attention", "all"])
 def test_distill_lowers_the_kl_and_trains_what_it_says(train):
+    """On the plain hedgehog conversion (KL 3.3 at the start). The hybrid's start is now
+    close (2.07: hybrid hedgehog has the norm term that puts its estimate on the window's
+    scale), and 30 LoRA steps take it to 0.62 of that, as they take the positive-fit
+    hybrid to 0.65; the hybrids' distillation is tested below."""
     teacher = make("llama")
-    student = _student(teacher)
+    student = _student(teacher, features=8)
     before = {k: v.clone() for k, v in student.state_dict().items()}
     batches = _batches()
     kl0 = sum(_kl_by_hand(student, teacher, b, 1.0) for b in batches)
