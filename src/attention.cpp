@@ -29,18 +29,6 @@ kernels::AttentionParams make_params(const TensorView& q, const TensorView& k, c
   return p;
 }
 
-// Rows y [B*H][Nq][Dv] (C order) into out.
-void write_output(const std::vector<float>& y, const detail::AttentionShape& s,
-                  const MutableTensorView& out) {
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < s.heads; ++h)
-      for (int64_t i = 0; i < s.nq; ++i) {
-        const float* src = y.data() + ((b * s.heads + h) * s.nq + i) * s.dv;
-        float* dst = out.data + b * out.strides[0] + h * out.strides[1] + i * out.strides[2];
-        for (int64_t x = 0; x < s.dv; ++x) dst[x * out.strides[3]] = src[x];
-      }
-}
-
 Shape4 output_shape(const detail::AttentionShape& s) {
   return {s.batch, s.heads, s.nq, s.dv};
 }
@@ -100,10 +88,8 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
   p.map = resolved.params();
   if (detail::is_hybrid(options)) {  // saves no context: its backward recomputes
     if (context) *context = AttentionContext{};
-    const detail::HybridRows rows = detail::hybrid_forward(p, resolved, options);
-    write_output(rows.y, s, out);
     AttentionStats stats;
-    stats.zero_rows = rows.zero_rows;
+    stats.zero_rows = detail::hybrid_forward(p, resolved, options);
     return stats;
   }
   if (context) {

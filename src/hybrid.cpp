@@ -171,75 +171,58 @@ kernels::BandParams band_params(const AttentionParams& base, const ResolvedMap& 
   return bp;
 }
 
-// The forward on a plan whose estimated parts keep their rows (run_parts).
-HybridRows merge_forward(const AttentionParams& base, const ResolvedMap& resolved,
-                         const AttentionOptions& options, Plan& plan) {
-  const int64_t n = base.nq, heads = base.batch * base.heads, dv = base.dv, ld = dv + 1;
-  // written whole by the band kernel: allocated, not zeroed
-  std::unique_ptr<float[]> band_rows(new float[static_cast<size_t>(heads * n * ld)]);
-  std::unique_ptr<double[]> band_shift(new double[static_cast<size_t>(heads * n)]);
-  kernels::BandParams bp = band_params(base, resolved, options, plan);
-  bp.p.part_rows = band_rows.get();
-  bp.p.part_shift = band_shift.get();
-  kernels::backend().band_attention(bp);
-  run_parts(base, resolved, plan);
-
-  HybridRows out;
-  out.y.assign(static_cast<size_t>(heads * n * dv), 0.0f);
-  out.lse.assign(static_cast<size_t>(heads * n), -INFINITY);
-  int64_t zero_rows = 0;
-#pragma omp parallel for num_threads(favor::num_threads()) schedule(static) reduction(+ : zero_rows)
-  for (int64_t bh = 0; bh < heads; ++bh) {
-    // Each row's parts: the band's, then the estimated parts' view rows.
-    std::vector<std::pair<const float*, double>> parts;
-    std::vector<double> num(static_cast<size_t>(dv));
-    for (int64_t i = 0; i < n; ++i) {
-      parts.clear();
-      parts.emplace_back(band_rows.get() + (bh * n + i) * ld, band_shift[bh * n + i]);
-      for (const Part& part : plan.parts) {
-        const int64_t r = part.reversed ? n - 1 - part.offset - i : i - part.offset;
-        if (r < 0 || r >= part.rows) continue;
-        parts.emplace_back(part.rows_x.get() + (bh * part.rows + r) * ld,
-                           part.shift[bh * part.rows + r]);
-      }
-      double top = -INFINITY;
-      for (const auto& pr : parts) top = std::max(top, pr.second);
-      if (std::isinf(top)) {
-        ++zero_rows;
-        continue;
-      }
-      std::fill(num.begin(), num.end(), 0.0);
-      double den = 0.0;
-      for (const auto& pr : parts) {
-        if (std::isinf(pr.second)) continue;
-        const double f = std::exp(pr.second - top);
-        for (int64_t x = 0; x < dv; ++x) num[x] += f * pr.first[x];
-        den += f * pr.first[dv];
-      }
-      float* y = out.y.data() + (bh * n + i) * dv;
-      bool ok = den > 0.0 && std::isfinite(den);
-      for (int64_t x = 0; ok && x < dv; ++x) {
-        y[x] = static_cast<float>(num[x] / den);
-        ok = std::isfinite(y[x]);
-      }
-      if (!ok) {
-        std::fill(y, y + dv, 0.0f);
-        ++zero_rows;
-        continue;
-      }
-      out.lse[bh * n + i] = top + std::log(den);
-    }
-  }
-  out.zero_rows = zero_rows;
-  return out;
+// The causal forward with its estimated part: one sweep (kernels::HybridCausalParams).
+int64_t fused_causal(const AttentionParams& base, const ResolvedMap& resolved,
+                     const AttentionOptions& options, const Plan& plan, double* lse) {
+  const Part& part = plan.parts.front();
+  const int64_t heads = base.batch * base.heads;
+  const kernels::FeatureParams fp = resolved.params();
+  std::vector<double> constant(static_cast<size_t>(heads));
+  for (int64_t bh = 0; bh < heads; ++bh) constant[bh] = head_log_constant(resolved, bh);
+  kernels::HybridCausalParams hp;
+  hp.band = band_params(base, resolved, options, plan);
+  hp.band.lse = lse;
+  hp.part = part_params(base, part, plan.keep.data());
+  hp.offset = part.offset;
+  hp.weight.norm = norm_weight(resolved, fp);
+  hp.weight.constant = constant.data();
+  return kernels::backend().hybrid_causal(hp);
 }
+
+// The forward on a plan into base.out, and lse (B*H x N) where set: causal, one sweep;
+// bidirectional or keep_rows, the estimated parts' rows kept in the plan (run_parts), then
+// the exact terms merged with them by the band kernel.
+int64_t merge_forward(const AttentionParams& base, const ResolvedMap& resolved,
+                      const AttentionOptions& options, Plan& plan, double* lse, bool keep_rows) {
+  if (options.causal && !plan.parts.empty() && !keep_rows)
+    return fused_causal(base, resolved, options, plan, lse);
+  run_parts(base, resolved, plan);
+  kernels::BandParams bp = band_params(base, resolved, options, plan);
+  for (const Part& part : plan.parts) {
+    kernels::BandPart& to = bp.parts[bp.part_count++];
+    to.data = part.rows_x.get();
+    to.shift = part.shift.get();
+    to.offset = part.offset;
+    to.rows = part.rows;
+    to.head_stride = part.rows;
+    to.reversed = part.reversed;
+  }
+  bp.lse = lse;
+  return kernels::backend().band_attention(bp);
+}
+
+// The merged rows of a backward: y (C order) and lse.
+struct Merged {
+  std::vector<float> y;
+  std::vector<double> lse;
+};
 
 // The estimated part's log scale holds the query's norm term (+-scale |q_i|^2 / 2), which
 // the kernel's backward treats as a constant (it cancels in a plain call, not here):
 // dL/dq_i += (dL/dL_i) d(norm term)/dq_i with dL/dL_i = e^(L_i - lse_i) (dy_i . num_i -
 // (dy_i . y_i) den_i), the row's share in the merge times how it moves the output.
 void add_norm_term_grad(const BackwardParams& bp, const ResolvedMap& resolved, const Part& part,
-                        const HybridRows& merged) {
+                        const Merged& merged) {
   const AttentionParams& base = bp.fwd;
   const kernels::FeatureParams fp = resolved.params();
   if (fp.key_norm == kernels::KeyNorm::none) return;
@@ -273,27 +256,28 @@ void add_norm_term_grad(const BackwardParams& bp, const ResolvedMap& resolved, c
 
 }  // namespace
 
-double row_log_weight(const ResolvedMap& r, const kernels::FeatureParams& fp, int64_t bh,
-                      const float* q, int64_t stride) {
-  double n2 = 0.0;
-  for (int64_t x = 0; x < fp.d; ++x) {
-    const double e = q[x * stride];
-    n2 += e * e;
-  }
-  const double half = 0.5 * r.scale * n2;
-  double g = fp.key_norm == kernels::KeyNorm::minus_half  ? -half
-             : fp.key_norm == kernels::KeyNorm::plus_half ? half
-                                                          : 0.0;
-  // the features' constant on both sides: m^-1/2 (positive, trig), (2m)^-1/2 (hyperbolic),
-  // 1 (hedgehog), FAVOR++ / FAVOR#'s per head from their fit
-  if (r.adapted.heads > 0) return g + 2.0 * r.adapted.log_const[r.adapted.heads == 1 ? 0 : bh];
-  return g + 2.0 * feature_log_constant(r.kernel, r.m);
+double norm_weight(const ResolvedMap& r, const kernels::FeatureParams& fp) {
+  return fp.key_norm == kernels::KeyNorm::minus_half  ? -0.5 * r.scale
+         : fp.key_norm == kernels::KeyNorm::plus_half ? 0.5 * r.scale
+                                                      : 0.0;
 }
 
-HybridRows hybrid_forward(const AttentionParams& base, const ResolvedMap& resolved,
-                          const AttentionOptions& options) {
+double head_log_constant(const ResolvedMap& r, int64_t bh) {
+  // the features' constant on both sides: m^-1/2 (positive, trig), (2m)^-1/2 (hyperbolic),
+  // 1 (hedgehog), FAVOR++ / FAVOR#'s per head from their fit
+  if (r.adapted.heads > 0) return 2.0 * r.adapted.log_const[r.adapted.heads == 1 ? 0 : bh];
+  return 2.0 * feature_log_constant(r.kernel, r.m);
+}
+
+double row_log_weight(const ResolvedMap& r, const kernels::FeatureParams& fp, int64_t bh,
+                      const float* q, int64_t stride) {
+  return norm_weight(r, fp) * kernels::squared_norm(q, fp.d, stride) + head_log_constant(r, bh);
+}
+
+int64_t hybrid_forward(const AttentionParams& base, const ResolvedMap& resolved,
+                       const AttentionOptions& options) {
   Plan plan = make_plan(base, options);
-  return merge_forward(base, resolved, options, plan);
+  return merge_forward(base, resolved, options, plan, nullptr, false);
 }
 
 void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
@@ -301,7 +285,13 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
   const AttentionParams& base = bp.fwd;
   const int64_t n = base.nq, heads = base.batch * base.heads, d = base.d, dv = base.dv;
   Plan plan = make_plan(base, options);
-  const HybridRows merged = merge_forward(base, resolved, options, plan);
+  Merged merged;
+  merged.y.resize(static_cast<size_t>(heads * n * dv));
+  merged.lse.resize(static_cast<size_t>(heads * n));
+  AttentionParams fwd = base;
+  fwd.out = merged.y.data();
+  fwd.out_strides = {base.heads * n * dv, n * dv, dv, 1};
+  merge_forward(fwd, resolved, options, plan, merged.lse.data(), true);
 
   kernels::BandBackwardParams band;
   band.band = band_params(base, resolved, options, plan);

@@ -20,15 +20,15 @@ inline bool is_hybrid(const AttentionOptions& options) {
   return options.window > 0 || options.sinks > 0;
 }
 
-/// The merged output y (B*H x N x dv, C order) and log normaliser lse (B*H x N, -inf for a
-/// zero row) of a hybrid call; `base` holds q, k, v, sizes, mask and the resolved map.
-struct HybridRows {
-  std::vector<float> y;
-  std::vector<double> lse;
-  int64_t zero_rows = 0;
-};
-HybridRows hybrid_forward(const kernels::AttentionParams& base, const ResolvedMap& resolved,
-                          const AttentionOptions& options);
+/// A hybrid call's merged output into base.out (its strides); returns the zero rows. `base`
+/// holds q, k, v, sizes, mask, out and the resolved map.
+int64_t hybrid_forward(const kernels::AttentionParams& base, const ResolvedMap& resolved,
+                       const AttentionOptions& options);
+
+/// row_log_weight's parts: the factor of |q|^2 (-+ scale / 2 by the map's key norm, or 0)
+/// and head bh's constant (the features' constant on both sides, as a log).
+double norm_weight(const ResolvedMap& r, const kernels::FeatureParams& fp);
+double head_log_constant(const ResolvedMap& r, int64_t bh);
 
 /// What the kernels leave out of query row q's estimated sums (they cancel in a plain call,
 /// not against exact terms): the query's norm term (-+scale |q|^2 / 2 by the map's key norm)

@@ -7,6 +7,7 @@
 //   ./favor_tests --gtest_filter='Hybrid*'
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -159,6 +160,41 @@ std::vector<Case> gradient_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, HybridGradients, ::testing::ValuesIn(gradient_cases()),
                          [](const auto& info) { return name_of(info.param); });
+
+// Longer sequences of one head: the causal sweep splits the head over the threads (its
+// chunks hand their rows to the exact part as they come, cpu/hybrid_causal.cpp), the band's
+// tiles cover the window from both sides of a chunk; inputs and output strided (transposed
+// layout), then contiguous; the same rows either way.
+TEST(Hybrid, LongOneHeadStridedMatchesTheReference) {
+  const int64_t B = 1, H = 1, N = 520, D = 16, Dv = 8;
+  const Tensor q = random_tensor({B, H, N, D}, 21, 1.0), k = random_tensor({B, H, N, D}, 22, 1.0),
+               v = random_tensor({B, H, N, Dv}, 23);
+  std::vector<uint8_t> flags = testing::periodic_mask(static_cast<size_t>(N), 5, 2);
+  for (bool causal : {true, false})
+    for (bool masked : {false, true}) {
+      const std::string label =
+          std::string(causal ? "causal" : "bidir") + (masked ? " masked" : "");
+      AttentionOptions o;
+      o.causal = causal;
+      o.window = 40;
+      o.sinks = 4;
+      if (masked) o.key_mask = KeyMaskView::contiguous(flags.data(), B, N);
+      const FeatureMap map = random_map(
+          Kernel::positive, Projection::draw(64, D, {ProjectionKind::orthogonal, NormMode::chi, 5}),
+          MapSpec{}, 3);
+      const Tensor fast = testing::expect_near_reference(q, k, v, map, o, label);
+      testing::StridedCopy qs(q), ks(k), vs(v);
+      Tensor out_storage({B, N, H, Dv});
+      const MutableTensorView out{out_storage.data(), {B, H, N, Dv}, {N * H * Dv, Dv, H * Dv, 1}};
+      favor_attention(qs.view, ks.view, vs.view, map, out, o);
+      double worst = 0.0;
+      for (int64_t i = 0; i < N; ++i)
+        for (int64_t x = 0; x < Dv; ++x)
+          worst = std::max(worst, std::abs(double(out_storage.data()[i * Dv + x]) -
+                                           double(fast.at(0, 0, i, x))));
+      EXPECT_EQ(worst, 0.0) << label << ": strided against contiguous";
+    }
+}
 
 TEST(Hybrid, WindowCoveringTheSequenceIsExactSoftmax) {
   for (bool causal : {false, true}) {

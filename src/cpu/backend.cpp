@@ -10,6 +10,7 @@
 #include "cpu/config.hpp"
 #include "cpu/decoder_step.hpp"
 #include "cpu/band_attention.hpp"
+#include "cpu/hybrid_causal.hpp"
 #include "cpu/exact_attention.hpp"
 #include "cpu/feature_tile.hpp"
 #include "cpu/isa_cap.hpp"
@@ -84,8 +85,11 @@ class CpuBackend final : public kernels::Backend {
   void exact_attention_backward(const BackwardParams& p, bool causal) override {
     cpu::exact_attention_backward(p, causal, runtime_config());
   }
-  void band_attention(const kernels::BandParams& p) override {
-    cpu::band_forward(p, runtime_config());
+  int64_t band_attention(const kernels::BandParams& p) override {
+    return cpu::band_forward(p, runtime_config());
+  }
+  int64_t hybrid_causal(const kernels::HybridCausalParams& p) override {
+    return cpu::hybrid_causal(p, runtime_config());
   }
   void band_attention_backward(const kernels::BandBackwardParams& p) override {
     cpu::band_backward(p, runtime_config());

@@ -1,15 +1,17 @@
-// The exact part of hybrid attention, per (batch, head), in tiles of kTile queries: for query
+// The exact part of hybrid attention, per (batch, head), in tiles of kBandTile queries: for query
 // i the keys E(i) = its window plus the batch row's sinks (visible keys only; causal:
 // j <= i), scores s_ij = scale q_i . k_j.
 //   The tile's window keys are one contiguous range (the union of its rows' windows: at
-//   most kTile + w - 1 keys causal, kTile + 2w - 2 bidirectional), its sinks a gathered
+//   most kBandTile + w - 1 keys causal, kBandTile + 2w - 2 bidirectional), its sinks a gathered
 //   block of at most s rows; each is one GEMM for the scores and one for P V, and the rows
 //   mask what is not theirs (-inf).
-//   Forward: [sum exp(s_ij - M_i) v_j | sum exp(s_ij - M_i)] and M_i.
+//   Forward: [sum exp(s_ij - M_i) v_j | sum exp(s_ij - M_i)] and M_i, merged in the tile
+//   with the estimated parts' rows (kernels/band_params.hpp) into y_i and lse_i.
 //   Backward, from the merged row (y_i, lse_i): P_ij = exp(s_ij - lse_i), dv_j += P_ij dy_i,
 //   ds_ij = P_ij (dy_i . v_j - dy_i . y_i), dq_i += scale ds_ij k_j, dk_j += scale ds_ij q_i
 //   (the same GEMMs transposed).
-// A head's rows are gathered once (memory O(N (D + Dv)) per thread).
+// Rows are read in place when their features are contiguous, else gathered per tile:
+// memory O(kBandTile (w + s) + (kBandTile + w) (D + Dv)) per thread, lent between calls.
 #include "cpu/band_attention.hpp"
 
 #include <algorithm>
@@ -26,51 +28,34 @@ namespace {
 using kernels::BandBackwardParams;
 using kernels::BandParams;
 
-constexpr int64_t kTile = 64;
-
 // The keys of a tile of queries [t0, t0 + rows): the window range [lo, hi] (empty when
 // window is 0) and the sinks outside some row's window, gathered.
 struct TileKeys {
-  int64_t lo = 0, count = 0;  // window keys lo .. lo + count - 1
-  std::vector<int64_t> sinks;
+  int64_t lo = 0, count = 0;       // window keys lo .. lo + count - 1
+  const int64_t* sinks = nullptr;  // the batch row's first `ns` sinks (ascending)
+  int64_t ns = 0;
 };
 
-struct Workspace {
-  std::vector<float> q, k, v, dy, y;  // the head's rows; the tile's dy and merged y
-  std::vector<float> s, ss;           // scores: window [kTile][span], sinks [kTile][sinks]
-  std::vector<float> ks, vs;          // the sinks' keys and values, gathered
-  std::vector<float> dp, dps, g;      // backward: dP (window, sinks), scratch
-  std::vector<float> dks, dvs;        // backward: the sinks' dk, dv of the tile
-  int64_t span;
-  Workspace(int64_t n, int64_t d, int64_t dv, int64_t span_, int64_t sinks)
-      : q(n * d),
-        k(n * d),
-        v(n * dv),
-        dy(kTile * dv),
-        y(kTile * dv),
-        s(kTile * span_),
-        ss(kTile * std::max<int64_t>(sinks, 1)),
-        ks(std::max<int64_t>(sinks, 1) * d),
-        vs(std::max<int64_t>(sinks, 1) * dv),
-        dp(kTile * span_),
-        dps(kTile * std::max<int64_t>(sinks, 1)),
-        g(kTile * std::max(d, dv)),
-        dks(std::max<int64_t>(sinks, 1) * d),
-        dvs(std::max<int64_t>(sinks, 1) * dv),
-        span(span_) {}
+// Rows [first, first + count) of head (b, h) of a [B, H, N, X] view as a row-major matrix:
+// the view itself when its features are contiguous, else gathered into buf.
+struct Rows {
+  const float* data;
+  int64_t ld;
+  const float* row(int64_t r) const { return data + r * ld; }
 };
+Rows rows_of(const float* base, const Shape4& st, int64_t b, int64_t h, int64_t first,
+             int64_t count, int64_t x, float* buf) {
+  const float* at = base + b * st[0] + h * st[1] + first * st[2];
+  if (st[3] == 1 && st[2] >= x) return {at, st[2]};
+  for (int64_t r = 0; r < count; ++r)
+    for (int64_t c = 0; c < x; ++c) buf[r * x + c] = at[r * st[2] + c * st[3]];
+  return {buf, x};
+}
 
 // Keys per tile at most: the union of its rows' windows.
 int64_t span_of(const BandParams& bp) {
   if (bp.window == 0) return 1;
-  return std::min(bp.p.nk, kTile + (bp.causal ? 1 : 2) * (bp.window - 1));
-}
-
-void gather(const float* base, const Shape4& st, int64_t b, int64_t h, int64_t n, int64_t d,
-            float* dst) {
-  const float* head = base + b * st[0] + h * st[1];
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t x = 0; x < d; ++x) dst[r * d + x] = head[r * st[2] + x * st[3]];
+  return std::min(bp.p.nk, kBandTile + (bp.causal ? 1 : 2) * (bp.window - 1));
 }
 
 bool visible(const kernels::AttentionParams& p, int64_t b, int64_t j) {
@@ -90,38 +75,73 @@ TileKeys tile_keys(const BandParams& bp, int64_t b, int64_t t0, int64_t rows) {
     const int64_t hi = bp.causal ? last : std::min(bp.p.nk - 1, last + bp.window - 1);
     t.count = hi - t.lo + 1;
   }
-  for (int64_t u = 0; u < bp.sinks; ++u) {
-    const int64_t j = bp.sink_index[b * bp.sinks + u];
-    if (j < 0) break;
-    // every sink some row may see (tile_scores masks, per row, those in its window)
-    if (!(bp.causal && j > last)) t.sinks.push_back(j);
-  }
+  // every sink some row may see (the rows mask those in their window): sink_index ascends,
+  // so these are its first
+  t.sinks = bp.sink_index + b * bp.sinks;
+  while (t.ns < bp.sinks && t.sinks[t.ns] >= 0 && !(bp.causal && t.sinks[t.ns] > last)) ++t.ns;
   return t;
 }
 
+// Row r's window keys within the tile's range: columns [lo, hi) of ws.s (empty without a
+// window).
+struct Columns {
+  int64_t lo, hi;
+};
+Columns window_columns(const BandParams& bp, const TileKeys& t, int64_t i) {
+  if (t.count == 0) return {0, 0};
+  const int64_t first = std::max<int64_t>(0, i - bp.window + 1);
+  const int64_t last = bp.causal ? i : std::min(bp.p.nk - 1, i + bp.window - 1);
+  const int64_t lo = std::clamp<int64_t>(first - t.lo, 0, t.count);
+  return {lo, std::clamp<int64_t>(last - t.lo + 1, lo, t.count)};
+}
+
+// The tile's rows of q, k and v (the window's keys), read in place or gathered.
+struct TileRows {
+  Rows q, k, v;
+};
+TileRows tile_rows(const kernels::AttentionParams& p, int64_t b, int64_t h, int64_t t0,
+                   int64_t rows, const TileKeys& t, BandWorkspace& ws) {
+  return {rows_of(p.q, p.q_strides, b, h, t0, rows, p.d, ws.q.data()),
+          rows_of(p.k, p.k_strides, b, h, t.lo, t.count, p.d, ws.k.data()),
+          rows_of(p.v, p.v_strides, b, h, t.lo, t.count, p.dv, ws.v.data())};
+}
+
+// The sinks' keys and values into ws.ks, ws.vs.
+void gather_sinks(const kernels::AttentionParams& p, int64_t b, int64_t h, const TileKeys& t,
+                  BandWorkspace& ws) {
+  for (int64_t u = 0; u < t.ns; ++u) {
+    const int64_t j = t.sinks[u];
+    const float* k = p.k + b * p.k_strides[0] + h * p.k_strides[1] + j * p.k_strides[2];
+    const float* v = p.v + b * p.v_strides[0] + h * p.v_strides[1] + j * p.v_strides[2];
+    for (int64_t x = 0; x < p.d; ++x) ws.ks[u * p.d + x] = k[x * p.k_strides[3]];
+    for (int64_t x = 0; x < p.dv; ++x) ws.vs[u * p.dv + x] = v[x * p.v_strides[3]];
+  }
+}
+
 // The tile's scores, masked: window block ws.s [rows][t.count] and sink block ws.ss
-// [rows][sinks]; -inf where the key is not the row's.
-void tile_scores(const BandParams& bp, int64_t b, int64_t t0, int64_t rows, const TileKeys& t,
-                 Workspace& ws) {
+// [rows][sinks]; -inf where the key is not the row's. The sinks are gathered (ws.ks, vs).
+void tile_scores(const BandParams& bp, int64_t b, int64_t h, int64_t t0, int64_t rows,
+                 const TileKeys& t, const TileRows& tr, BandWorkspace& ws) {
   const kernels::AttentionParams& p = bp.p;
-  const int64_t d = p.d, ns = static_cast<int64_t>(t.sinks.size());
+  const int64_t d = p.d, ns = t.ns;
   const auto scale = static_cast<float>(bp.scale);
-  const float* qt = ws.q.data() + t0 * d;
   if (t.count > 0) {
-    gemm(false, true, rows, t.count, d, scale, qt, d, ws.k.data() + t.lo * d, d, 0.0f, ws.s.data(),
-         t.count);
+    gemm(false, true, rows, t.count, d, scale, tr.q.data, tr.q.ld, tr.k.data, tr.k.ld, 0.0f,
+         ws.s.data(), t.count);
     for (int64_t r = 0; r < rows; ++r) {
       float* row = ws.s.data() + r * t.count;
-      for (int64_t c = 0; c < t.count; ++c) {
-        const int64_t j = t.lo + c;
-        if (!in_window(bp, t0 + r, j) || !visible(p, b, j)) row[c] = -INFINITY;
-      }
+      const Columns c = window_columns(bp, t, t0 + r);
+      std::fill(row, row + c.lo, -INFINITY);
+      std::fill(row + c.hi, row + t.count, -INFINITY);
+      if (p.mask == nullptr) continue;
+      for (int64_t x = c.lo; x < c.hi; ++x)
+        if (!visible(p, b, t.lo + x)) row[x] = -INFINITY;
     }
   }
   if (ns > 0) {
-    for (int64_t u = 0; u < ns; ++u)
-      std::copy_n(ws.k.data() + t.sinks[u] * d, d, ws.ks.data() + u * d);
-    gemm(false, true, rows, ns, d, scale, qt, d, ws.ks.data(), d, 0.0f, ws.ss.data(), ns);
+    gather_sinks(p, b, h, t, ws);
+    gemm(false, true, rows, ns, d, scale, tr.q.data, tr.q.ld, ws.ks.data(), d, 0.0f, ws.ss.data(),
+         ns);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t u = 0; u < ns; ++u) {
         const int64_t i = t0 + r, j = t.sinks[u];
@@ -130,73 +150,169 @@ void tile_scores(const BandParams& bp, int64_t b, int64_t t0, int64_t rows, cons
   }
 }
 
-// Head (b, h)'s q, k and v rows into the workspace, contiguous.
-void load_head(const kernels::AttentionParams& p, int64_t b, int64_t h, Workspace& ws) {
-  gather(p.q, p.q_strides, b, h, p.nq, p.d, ws.q.data());
-  gather(p.k, p.k_strides, b, h, p.nk, p.d, ws.k.data());
-  gather(p.v, p.v_strides, b, h, p.nk, p.dv, ws.v.data());
-}
-
-// exp(x - shift) in place over n entries (-inf -> 0).
-void exp_shift(float* x, int64_t n, float shift) {
-  for (int64_t c = 0; c < n; ++c) x[c] = std::isinf(x[c]) ? 0.0f : std::exp(x[c] - shift);
+// Merges row i's exact [num | den] (log scale top) with the estimated parts' rows into y_i
+// (at stride; through tmp, dv floats, when not 1) and lse_i; false for a zero row (y_i = 0,
+// lse_i = -inf).
+bool merge_row(const BandParams& bp, int64_t bh, int64_t i, const float* exact, double top,
+               float* y, int64_t stride, double* lse, float* tmp) {
+  const int64_t n = bp.p.nq, dv = bp.p.dv, ld = dv + 1;
+  const float* rows[3] = {exact, nullptr, nullptr};
+  double scales[3] = {top, -INFINITY, -INFINITY};
+  int used = 1;
+  double S = top;
+  for (int q = 0; q < bp.part_count; ++q) {
+    const kernels::BandPart& part = bp.parts[q];
+    const int64_t r = part.reversed ? n - 1 - part.offset - i : i - part.offset;
+    if (r < part.first || r >= part.first + part.rows) continue;
+    const int64_t at = bh * part.head_stride + r - part.first;
+    const double L = part.shift[at];
+    if (std::isinf(L)) continue;
+    rows[used] = part.data + at * ld;
+    scales[used++] = L;
+    S = std::max(S, L);
+  }
+  bool ok = !std::isinf(S);
+  float f[3] = {0.0f, 0.0f, 0.0f};
+  double den = 0.0;
+  for (int u = 0; ok && u < used; ++u) {
+    if (std::isinf(scales[u])) continue;
+    const double e = std::exp(scales[u] - S);
+    f[u] = static_cast<float>(e);
+    den += e * double(rows[u][dv]);
+  }
+  ok = ok && den > 0.0 && std::isfinite(den);
+  if (ok) {
+    // y = sum_u (f_u / den) num_u, in place when contiguous; a non-finite entry makes the
+    // sum non-finite
+    float* to = stride == 1 ? y : tmp;
+    const auto inv = static_cast<float>(1.0 / den);
+    scale_copy(rows[0], f[0] * inv, to, dv);
+    for (int u = 1; u < used; ++u) scale_add(rows[u], f[u] * inv, to, to, dv);
+    ok = std::isfinite(sum_values(to, dv));
+    if (ok && stride != 1)
+      for (int64_t x = 0; x < dv; ++x) y[x * stride] = to[x];
+  }
+  if (!ok) {
+    for (int64_t x = 0; x < dv; ++x) y[x * stride] = 0.0f;
+    if (lse) lse[bh * n + i] = -INFINITY;
+    return false;
+  }
+  if (lse) lse[bh * n + i] = S + std::log(den);
+  return true;
 }
 
 }  // namespace
 
-void band_forward(const BandParams& bp, const Config& config) {
+namespace {
+
+// The rows of a tile whose window holds column c: [first, last) (window_columns is monotone
+// in the row).
+void rows_with_column(const Columns* cols, int64_t rows, int64_t c, int64_t* range) {
+  int64_t first = 0;
+  while (first < rows && cols[first].hi <= c) ++first;
+  int64_t last = first;
+  while (last < rows && cols[last].lo <= c) ++last;
+  range[0] = first;
+  range[1] = last;
+}
+
+// A tile's exact rows, keys along the rows of the scores (S^T = K Q^T and P^T, so that both
+// products run as plain GEMMs: OpenBLAS's small kernels take K Q^T at twice the rate of
+// Q K^T at these sizes): ws.o [rows][dv + 1] = [sum exp(s_ij - M_i) v_j | sum exp(s_ij -
+// M_i)], tops[r] = M_i.
+void exact_rows(const BandParams& bp, int64_t b, int64_t h, int64_t t0, int64_t rows,
+                const TileKeys& t, const TileRows& tr, float* tops, BandWorkspace& ws) {
   const kernels::AttentionParams& p = bp.p;
-  const int64_t d = p.d, dv = p.dv, ld = dv + 1, span = span_of(bp);
-  const double flops =
-      double(p.batch * p.heads * p.nq) * double(span + bp.sinks) * (2.0 * (d + dv));
-  const Schedule plan = heads_only(p.batch * p.heads, config.threads, flops);
-  auto spaces = make_workspaces<Workspace>(plan.team, p.nk, d, dv, span, bp.sinks);
-  for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
-    const int64_t b = bh / p.heads, h = bh % p.heads;
-    load_head(p, b, h, ws);
-    for (int64_t t0 = 0; t0 < p.nq; t0 += kTile) {
-      const int64_t rows = std::min(kTile, p.nq - t0);
-      const TileKeys t = tile_keys(bp, b, t0, rows);
-      const int64_t ns = static_cast<int64_t>(t.sinks.size());
-      tile_scores(bp, b, t0, rows, t, ws);
-      float* out = p.part_rows + (bh * p.nq + t0) * ld;
+  const int64_t d = p.d, dv = p.dv, ld = dv + 1, ns = t.ns;
+  const auto scale = static_cast<float>(bp.scale);
+  float* qt = ws.qt.data();  // Q^T [d][rows]
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t x = 0; x < d; ++x) qt[x * rows + r] = tr.q.row(r)[x];
+  float* st = ws.s.data();    // S^T [count][rows]
+  float* sst = ws.ss.data();  // the sinks' [ns][rows]
+  Columns cols[kBandTile];
+  for (int64_t r = 0; r < rows; ++r) {
+    cols[r] = window_columns(bp, t, t0 + r);
+    tops[r] = -INFINITY;
+  }
+  if (t.count > 0)
+    gemm(false, false, t.count, rows, d, scale, tr.k.data, tr.k.ld, qt, rows, 0.0f, st, rows);
+  if (ns > 0) {
+    gather_sinks(p, b, h, t, ws);
+    gemm(false, false, ns, rows, d, scale, ws.ks.data(), d, qt, rows, 0.0f, sst, rows);
+    for (int64_t u = 0; u < ns; ++u)
       for (int64_t r = 0; r < rows; ++r) {
-        float* sw = ws.s.data() + r * t.count;
-        float* sk = ws.ss.data() + r * ns;
-        float top = t.count > 0 ? max_value(sw, t.count) : -INFINITY;
-        if (ns > 0) top = std::max(top, max_value(sk, ns));
-        p.part_shift[bh * p.nq + t0 + r] = top;
-        if (std::isinf(top)) {  // no exact key: the row's sums are zero
-          std::fill(sw, sw + t.count, 0.0f);
-          std::fill(sk, sk + ns, 0.0f);
-          continue;
-        }
-        exp_shift(sw, t.count, top);
-        exp_shift(sk, ns, top);
+        const int64_t i = t0 + r, j = t.sinks[u];
+        float& x = sst[u * rows + r];
+        if (in_window(bp, i, j) || (bp.causal && j > i)) x = -INFINITY;
+        tops[r] = std::max(tops[r], x);
       }
-      // [num | den]: P V over the window and the sinks, and the row sums
-      for (int64_t r = 0; r < rows; ++r) {
-        float* row = out + r * ld;
-        const float* sw = ws.s.data() + r * t.count;
-        const float* sk = ws.ss.data() + r * ns;
-        float den = 0.0f;
-        for (int64_t c = 0; c < t.count; ++c) den += sw[c];
-        for (int64_t u = 0; u < ns; ++u) den += sk[u];
-        row[dv] = den;
-      }
-      if (t.count > 0) {
-        gemm(false, false, rows, dv, t.count, 1.0f, ws.s.data(), t.count, ws.v.data() + t.lo * dv,
-             dv, 0.0f, out, ld);
-      } else {
-        for (int64_t r = 0; r < rows; ++r) std::fill(out + r * ld, out + r * ld + dv, 0.0f);
-      }
-      if (ns > 0) {
-        for (int64_t u = 0; u < ns; ++u)
-          std::copy_n(ws.v.data() + t.sinks[u] * dv, dv, ws.vs.data() + u * dv);
-        gemm(false, false, rows, dv, ns, 1.0f, ws.ss.data(), ns, ws.vs.data(), dv, 1.0f, out, ld);
-      }
+  }
+  // each key's rows: -inf outside them, the row max, then exp(s - M) (-inf: 0) and the row
+  // sums, over whole columns (full SIMD vectors)
+  for (int64_t c = 0; c < t.count; ++c) {
+    int64_t e[2] = {0, 0};
+    if (visible(p, b, t.lo + c)) rows_with_column(cols, rows, c, e);
+    float* x = st + c * rows;
+    std::fill(x, x + e[0], -INFINITY);
+    std::fill(x + std::max(e[0], e[1]), x + rows, -INFINITY);
+    for (int64_t r = 0; r < rows; ++r) tops[r] = std::max(tops[r], x[r]);
+  }
+  float neg[kBandTile], den[kBandTile];
+  for (int64_t r = 0; r < rows; ++r) {
+    neg[r] = std::isinf(tops[r]) ? 0.0f : -tops[r];  // a row with no key reads nothing
+    den[r] = 0.0f;
+  }
+  for (int64_t c = 0; c < t.count + ns; ++c) {
+    float* x = c < t.count ? st + c * rows : sst + (c - t.count) * rows;
+    exp_affine_plus(x, 1.0f, 0.0f, neg, x, rows);
+    for (int64_t r = 0; r < rows; ++r) den[r] += x[r];
+  }
+  float* out = ws.o.data();
+  if (t.count > 0)
+    gemm(true, false, rows, dv, t.count, 1.0f, st, rows, tr.v.data, tr.v.ld, 0.0f, out, ld);
+  else
+    for (int64_t r = 0; r < rows; ++r) std::fill(out + r * ld, out + r * ld + dv, 0.0f);
+  if (ns > 0) gemm(true, false, rows, dv, ns, 1.0f, sst, rows, ws.vs.data(), dv, 1.0f, out, ld);
+  for (int64_t r = 0; r < rows; ++r) out[r * ld + dv] = den[r];
+}
+
+}  // namespace
+
+int64_t band_rows(const BandParams& bp, int64_t bh, int64_t begin, int64_t end, BandWorkspace& ws) {
+  const kernels::AttentionParams& p = bp.p;
+  const int64_t ld = p.dv + 1;
+  const int64_t b = bh / p.heads, h = bh % p.heads;
+  float* yh = p.out + b * p.out_strides[0] + h * p.out_strides[1];
+  int64_t zero_rows = 0;
+  for (int64_t t0 = begin; t0 < end; t0 += kBandTile) {
+    const int64_t rows = std::min(kBandTile, end - t0);
+    const TileKeys t = tile_keys(bp, b, t0, rows);
+    const TileRows tr = tile_rows(p, b, h, t0, rows, t, ws);
+    float tops[kBandTile];
+    exact_rows(bp, b, h, t0, rows, t, tr, tops, ws);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = t0 + r;
+      if (!merge_row(bp, bh, i, ws.o.data() + r * ld, tops[r], yh + i * p.out_strides[2],
+                     p.out_strides[3], bp.lse, ws.y.data()))
+        ++zero_rows;
     }
-    return int64_t{0};
+  }
+  return zero_rows;
+}
+
+LentWorkspaces<BandWorkspace> lend_band_workspaces(const BandParams& bp, int team) {
+  return lend_workspaces<BandWorkspace>(team, bp.p.d, bp.p.dv, span_of(bp), bp.sinks);
+}
+
+int64_t band_forward(const BandParams& bp, const Config& config) {
+  const kernels::AttentionParams& p = bp.p;
+  const double flops =
+      double(p.batch * p.heads * p.nq) * double(span_of(bp) + bp.sinks) * (2.0 * (p.d + p.dv));
+  const Schedule plan = heads_only(p.batch * p.heads, config.threads, flops);
+  auto lease = lend_band_workspaces(bp, plan.team);
+  return for_each_head(plan, lease.spaces(), [&](int64_t bh, BandWorkspace& ws) {
+    return band_rows(bp, bh, 0, p.nq, ws);
   });
 }
 
@@ -207,21 +323,21 @@ void band_backward(const BandBackwardParams& g, const Config& config) {
   const double flops =
       double(p.batch * p.heads * p.nq) * double(span + bp.sinks) * (4.0 * (d + dv));
   const Schedule plan = heads_only(p.batch * p.heads, config.threads, flops);
-  auto spaces = make_workspaces<Workspace>(plan.team, p.nk, d, dv, span, bp.sinks);
-  for_each_head(plan, spaces, [&](int64_t bh, Workspace& ws) {
+  auto lease = lend_band_workspaces(bp, plan.team);
+  for_each_head(plan, lease.spaces(), [&](int64_t bh, BandWorkspace& ws) {
     const int64_t b = bh / p.heads, h = bh % p.heads;
-    load_head(p, b, h, ws);
     const auto scale = static_cast<float>(bp.scale);
     float* dq = g.dq + bh * p.nq * d;
     float* dk = g.dk + bh * p.nk * d;
     float* dvh = g.dv + bh * p.nk * dv;
     const float* dyh = g.dy + b * g.dy_strides[0] + h * g.dy_strides[1];
-    for (int64_t t0 = 0; t0 < p.nq; t0 += kTile) {
-      const int64_t rows = std::min(kTile, p.nq - t0);
+    for (int64_t t0 = 0; t0 < p.nq; t0 += kBandTile) {
+      const int64_t rows = std::min(kBandTile, p.nq - t0);
       const TileKeys t = tile_keys(bp, b, t0, rows);
-      const int64_t ns = static_cast<int64_t>(t.sinks.size());
+      const int64_t ns = t.ns;
       if (t.count == 0 && ns == 0) continue;
-      tile_scores(bp, b, t0, rows, t, ws);
+      const TileRows tr = tile_rows(p, b, h, t0, rows, t, ws);
+      tile_scores(bp, b, h, t0, rows, t, tr, ws);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = t0 + r;
         for (int64_t x = 0; x < dv; ++x)
@@ -235,25 +351,18 @@ void band_backward(const BandBackwardParams& g, const Config& config) {
           std::fill(sk, sk + ns, 0.0f);
           continue;
         }
-        // P = exp(s - lse) in double for the shift (lse may exceed float's exponent range
-        // of the difference only by rounding)
-        for (int64_t c = 0; c < t.count; ++c)
-          sw[c] = std::isinf(sw[c]) ? 0.0f : static_cast<float>(std::exp(double(sw[c]) - lse));
-        for (int64_t u = 0; u < ns; ++u)
-          sk[u] = std::isinf(sk[u]) ? 0.0f : static_cast<float>(std::exp(double(sk[u]) - lse));
+        // P = exp(s - lse) (-inf: 0)
+        exp_affine(sw, 1.0f, static_cast<float>(-lse), sw, t.count);
+        exp_affine(sk, 1.0f, static_cast<float>(-lse), sk, ns);
       }
-      // dP = dY V^T, then dS = scale P (dP - dy . y) in dp / dps
+      // dP = dY V^T, then dS = scale P (dP - dy . y) in dp / dps (the sinks gathered by
+      // tile_scores)
       if (t.count > 0)
-        gemm(false, true, rows, t.count, dv, 1.0f, ws.dy.data(), dv, ws.v.data() + t.lo * dv, dv,
-             0.0f, ws.dp.data(), t.count);
-      if (ns > 0) {
-        for (int64_t u = 0; u < ns; ++u) {
-          std::copy_n(ws.v.data() + t.sinks[u] * dv, dv, ws.vs.data() + u * dv);
-          std::copy_n(ws.k.data() + t.sinks[u] * d, d, ws.ks.data() + u * d);
-        }
+        gemm(false, true, rows, t.count, dv, 1.0f, ws.dy.data(), dv, tr.v.data, tr.v.ld, 0.0f,
+             ws.dp.data(), t.count);
+      if (ns > 0)
         gemm(false, true, rows, ns, dv, 1.0f, ws.dy.data(), dv, ws.vs.data(), dv, 0.0f,
              ws.dps.data(), ns);
-      }
       for (int64_t r = 0; r < rows; ++r) {
         const float delta = dot(ws.dy.data() + r * dv, ws.y.data() + r * dv, dv);
         for (int64_t c = 0; c < t.count; ++c) {
@@ -265,20 +374,21 @@ void band_backward(const BandBackwardParams& g, const Config& config) {
           x = scale * ws.ss[r * ns + u] * (x - delta);
         }
       }
-      const float* qt = ws.q.data() + t0 * d;
+      const float* qt = tr.q.data;
+      const int64_t ldq = tr.q.ld;
       if (t.count > 0) {
         // dq_t += dS K_win; dk_win += dS^T q_t; dv_win += P^T dy_t
-        gemm(false, false, rows, d, t.count, 1.0f, ws.dp.data(), t.count, ws.k.data() + t.lo * d, d,
-             1.0f, dq + t0 * d, d);
-        gemm(true, false, t.count, d, rows, 1.0f, ws.dp.data(), t.count, qt, d, 1.0f, dk + t.lo * d,
-             d);
+        gemm(false, false, rows, d, t.count, 1.0f, ws.dp.data(), t.count, tr.k.data, tr.k.ld, 1.0f,
+             dq + t0 * d, d);
+        gemm(true, false, t.count, d, rows, 1.0f, ws.dp.data(), t.count, qt, ldq, 1.0f,
+             dk + t.lo * d, d);
         gemm(true, false, t.count, dv, rows, 1.0f, ws.s.data(), t.count, ws.dy.data(), dv, 1.0f,
              dvh + t.lo * dv, dv);
       }
       if (ns > 0) {
         gemm(false, false, rows, d, ns, 1.0f, ws.dps.data(), ns, ws.ks.data(), d, 1.0f, dq + t0 * d,
              d);
-        gemm(true, false, ns, d, rows, 1.0f, ws.dps.data(), ns, qt, d, 0.0f, ws.dks.data(), d);
+        gemm(true, false, ns, d, rows, 1.0f, ws.dps.data(), ns, qt, ldq, 0.0f, ws.dks.data(), d);
         gemm(true, false, ns, dv, rows, 1.0f, ws.ss.data(), ns, ws.dy.data(), dv, 0.0f,
              ws.dvs.data(), dv);
         for (int64_t u = 0; u < ns; ++u) {

@@ -65,6 +65,17 @@ void save_part_rows(const AttentionParams& p, int64_t bh, int64_t c0, int64_t ro
   }
 }
 
+// The same rows to a hybrid call's hook (p.part_hook).
+void hand_part_rows(const AttentionParams& p, int64_t bh, int64_t c0, int64_t rows,
+                    const ChunkWorkspace& ws) {
+  double shift[kChunk];
+  for (int64_t r = 0; r < rows; ++r) {
+    const double c = ws.qshift[r], M = ws.run_max[r];
+    shift[r] = std::isinf(c) || std::isinf(M) ? -INFINITY : c + M;
+  }
+  p.part_hook->rows(bh, c0, rows, ws.yx.data(), shift);
+}
+
 // Causal sweep over rows [begin, end) of head (b, h), starting from the state in ws.sv
 // (the keys before `begin`, relative to `max`), which it advances. Returns the rows written
 // as zeros. With a context (p.ctx_chunk_states; chunk == kChunk) it saves each chunk's
@@ -102,6 +113,7 @@ int64_t sweep(const AttentionParams& p, int64_t chunk, int64_t b, int64_t h, int
     chunk_output(rows, state.max, moved, ws, empty);
     if (save) std::copy_n(ws.yx.data(), rows * (dv + 1), p.ctx_rows + (bh * p.nq + c0) * (dv + 1));
     if (p.part_rows) save_part_rows(p, bh, c0, rows, ws);
+    if (p.part_hook) hand_part_rows(p, bh, c0, rows, ws);
     if (oh)
       zero_rows += write_rows(ws.yx.data(), rows, dv, oh + c0 * p.out_strides[2], p.out_strides[2],
                               p.out_strides[3]);

@@ -18,6 +18,19 @@ inline int64_t causal_chunks(int64_t n) {
   return (n + kSavedChunk - 1) / kSavedChunk;
 }
 
+/// Hybrid attention's estimated part fused with its exact part (cpu/hybrid_causal.cpp):
+/// receives each chunk's rows as they are computed.
+struct PartHook {
+  /// Rows [r0, r0 + rows) of head bh: their [num | den] (rows x (dv + 1)) and log scales,
+  /// as part_rows and part_shift would hold them; called from the kernel's threads, each
+  /// known by omp_get_thread_num().
+  virtual void rows(int64_t bh, int64_t r0, int64_t rows, const float* yx,
+                    const double* shift) const = 0;
+
+ protected:
+  ~PartHook() = default;
+};
+
 struct AttentionParams {
   const float* q;
   Shape4 q_strides;
@@ -64,6 +77,8 @@ struct AttentionParams {
   // written as usual, or not at all when null.
   float* part_rows = nullptr;
   double* part_shift = nullptr;
+  // The same rows handed to a hook chunk by chunk instead (no buffer of the sequence's size).
+  const PartHook* part_hook = nullptr;
 };
 
 /// The backward pass: the forward's params plus dy and the gradient outputs, which are

@@ -93,10 +93,13 @@ class Backend {
   /// Exact softmax attention in float or double accumulation; returns the zero rows.
   virtual int64_t exact_attention(const AttentionParams& p, bool causal, bool in_double) = 0;
   virtual void exact_attention_backward(const BackwardParams& p, bool causal) = 0;
-  /// The exact part of hybrid attention (kernels/band_params.hpp): its rows and their max;
-  /// its gradients added to dq, dk, dv.
-  virtual void band_attention(const BandParams& p) = 0;
+  /// The exact part of hybrid attention (kernels/band_params.hpp), merged with the estimated
+  /// parts' rows into the output (returns the zero rows); its gradients added to dq, dk, dv.
+  virtual int64_t band_attention(const BandParams& p) = 0;
   virtual void band_attention_backward(const BandBackwardParams& p) = 0;
+  /// Causal hybrid attention, its estimated part fused with the exact part; returns the
+  /// zero rows.
+  virtual int64_t hybrid_causal(const HybridCausalParams& p) = 0;
   /// Transformer-VQ attention; return the number of rows written as zeros.
   virtual int64_t vq_bidirectional(const VQParams& p) = 0;
   virtual int64_t vq_causal(const VQParams& p) = 0;

@@ -8,9 +8,22 @@
 
 namespace favor::kernels {
 
+// An estimated part of hybrid attention (src/hybrid.cpp) to merge with the exact terms:
+// [num | den] rows (dv + 1 floats each) at full log scales `shift` (-inf: no key). Row i of
+// the call reads the part's row r = i - offset (reversed: n - 1 - offset - i) when first <= r
+// < first + rows, at index bh * head_stride + r - first (head_stride 0: one head's rows).
+struct BandPart {
+  const float* data = nullptr;
+  const double* shift = nullptr;
+  int64_t offset = 0, first = 0, rows = 0, head_stride = 0;
+  bool reversed = false;
+};
+
 struct BandParams {
-  // q, k, v, sizes (nq == nk) and the key mask; part_rows and part_shift receive each row's
-  // [sum exp(s_ij - M_i) v_j | sum exp(s_ij - M_i)] and M_i (-inf: no exact key).
+  // q, k, v, sizes (nq == nk), the key mask and out: row i's exact terms [sum exp(s_ij -
+  // M_i) v_j | sum exp(s_ij - M_i)] at log scale M_i merged with the parts' rows, y_i =
+  // sum_p e^(L_pi - S_i) num_pi / sum_p e^(L_pi - S_i) den_pi, S_i = max_p L_pi, into out
+  // (zero for a row with no key).
   AttentionParams p;
   double scale = 1.0;  // s_ij = scale q_i . k_j
   bool causal = false;
@@ -18,6 +31,47 @@ struct BandParams {
   int64_t sinks = 0;
   // [B][sinks]: batch row b's sink keys (its first visible keys), -1 past the last.
   const int64_t* sink_index = nullptr;
+  BandPart parts[2];
+  int part_count = 0;
+  // B*H x nq, where set: lse_i = S_i + log den_i (-inf: a zero row).
+  double* lse = nullptr;
+};
+
+/// |q|^2 of d values at `stride`, in double (four sums: no chain of dependent adds).
+inline double squared_norm(const float* q, int64_t d, int64_t stride) {
+  double part[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t x = 0;
+  for (; x + 4 <= d; x += 4)
+    for (int64_t u = 0; u < 4; ++u) {
+      const double e = q[(x + u) * stride];
+      part[u] += e * e;
+    }
+  for (; x < d; ++x) part[0] += double(q[x * stride]) * q[x * stride];
+  return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
+/// What an estimated part's rows leave out of query i's log scale (they cancel in a plain
+/// call, not against exact terms): norm |q_i|^2 (the query's norm term: -+ scale / 2 by the
+/// map's key norm, or 0), the features' constant on both sides (per head, as a log) and,
+/// with decay, minus the head's rate times the query's row in the part's view.
+struct QueryWeight {
+  double norm = 0.0;
+  const double* constant = nullptr;  // [B*H]
+  double at(const FeatureParams& fp, int64_t bh, double q2, int64_t row) const {
+    double g = norm * q2 + constant[bh];
+    if (fp.decay_rate) g -= fp.head_decay(bh) * double(row);
+    return g;
+  }
+};
+
+// Causal hybrid attention in one sweep: the estimated part (causal FAVOR over `part`, the
+// view whose row r is query r + offset; offset < nq) hands each chunk of rows to the exact
+// part, merged as they come (no buffer of the sequence's size).
+struct HybridCausalParams {
+  BandParams band;  // parts unused: the sweep's rows are the one part
+  AttentionParams part;
+  int64_t offset = 0;
+  QueryWeight weight;  // of query i at view row i - offset
 };
 
 struct BandBackwardParams {

@@ -1,0 +1,87 @@
+// Causal hybrid attention in one sweep: causal FAVOR over the estimated part's view runs as
+// usual and hands each chunk's [num | den] rows to a hook, which computes the exact terms of
+// the same queries (band_rows) and merges both into the output while the rows are in cache.
+// The queries before the part's first row (i < offset) take their exact terms alone. Memory:
+// the sweep's and the band's per-thread workspaces, nothing of the sequence's size.
+#include "cpu/hybrid_causal.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "cpu/attention_params.hpp"
+#include "cpu/band_attention.hpp"
+#include "cpu/schedule.hpp"
+#include "cpu/tiles.hpp"
+
+namespace favor::cpu {
+namespace {
+
+class MergeHook final : public kernels::PartHook {
+ public:
+  MergeHook(const kernels::HybridCausalParams& hp, std::vector<BandWorkspace>& spaces)
+      : hp_(hp), spaces_(spaces) {}
+
+  void rows(int64_t bh, int64_t r0, int64_t rows, const float* yx,
+            const double* shift) const override {
+    const kernels::AttentionParams& p = hp_.band.p;
+    const int64_t i0 = r0 + hp_.offset;
+    const float* q = p.q + (bh / p.heads) * p.q_strides[0] + (bh % p.heads) * p.q_strides[1];
+    double scale[kChunk];
+    for (int64_t r = 0; r < rows; ++r) {
+      if (std::isinf(shift[r])) {
+        scale[r] = shift[r];
+        continue;
+      }
+      const double q2 = kernels::squared_norm(q + (i0 + r) * p.q_strides[2], p.d, p.q_strides[3]);
+      scale[r] = shift[r] + hp_.weight.at(hp_.part.map, bh, q2, r0 + r);
+    }
+    kernels::BandParams bp = hp_.band;
+    kernels::BandPart& part = bp.parts[0];
+    part.data = yx;
+    part.shift = scale;
+    part.offset = hp_.offset;
+    part.first = r0;
+    part.rows = rows;
+    part.head_stride = 0;
+    part.reversed = false;
+    bp.part_count = 1;
+    BandWorkspace& ws = spaces_[static_cast<size_t>(omp_get_thread_num())];
+    zero_rows_ += band_rows(bp, bh, i0, i0 + rows, ws);
+  }
+
+  int64_t zero_rows() const { return zero_rows_.load(); }
+
+ private:
+  const kernels::HybridCausalParams& hp_;
+  std::vector<BandWorkspace>& spaces_;
+  mutable std::atomic<int64_t> zero_rows_{0};
+};
+
+}  // namespace
+
+int64_t hybrid_causal(const kernels::HybridCausalParams& hp, const Config& config) {
+  const kernels::BandParams& band = hp.band;
+  const int64_t heads = band.p.batch * band.p.heads, n = band.p.nq;
+  const int64_t head_rows = std::min(hp.offset, n);
+  auto lease = lend_band_workspaces(band, std::max(1, config.threads));
+  std::vector<BandWorkspace>& spaces = lease.spaces();
+  // The queries before the part's first row: exact terms alone (band.part_count is 0).
+  const Schedule plan = heads_only(heads, config.threads,
+                                   double(heads * head_rows) * double(band.window + band.sinks) *
+                                       (4.0 * double(band.p.d + band.p.dv)));
+  int64_t zero_rows = for_each_head(plan, spaces, [&](int64_t bh, BandWorkspace& ws) {
+    return band_rows(band, bh, 0, head_rows, ws);
+  });
+  if (hp.offset >= n) return zero_rows;
+  MergeHook hook(hp, spaces);
+  kernels::AttentionParams part = hp.part;
+  part.part_hook = &hook;
+  favor_causal(part, config);
+  return zero_rows + hook.zero_rows();
+}
+
+}  // namespace favor::cpu
