@@ -86,10 +86,19 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
   const detail::ResolvedMap resolved = detail::resolve_map(map, s, q, k, options, /*borrow=*/true);
   kernels::AttentionParams p = make_params(q, k, v, out, s, resolved.scale, options.key_mask);
   p.map = resolved.params();
-  if (detail::is_hybrid(options)) {  // saves no context: its backward recomputes
-    if (context) *context = AttentionContext{};
+  if (detail::is_hybrid(options)) {
+    // Causal with save_causal_states: the estimated part's chunk states and rows and the
+    // merge's rows (hybrid_context_layout), its buffers kept; else nothing.
+    const bool save = context && options.causal && options.save_causal_states;
+    if (save) {
+      context->fingerprint = 0;
+    } else if (context) {
+      *context = AttentionContext{};
+    }
     AttentionStats stats;
-    stats.zero_rows = detail::hybrid_forward(p, resolved, options);
+    stats.zero_rows = detail::hybrid_forward(p, resolved, options, save ? context : nullptr);
+    if (save && context->valid())
+      context->fingerprint = detail::context_fingerprint(q, k, v, options) ^ resolved.fingerprint();
     return stats;
   }
   if (context) {

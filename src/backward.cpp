@@ -48,6 +48,27 @@ kernels::BackwardParams make_params(const TensorView& q, const TensorView& k, co
   return bp;
 }
 
+// A hybrid call's context (detail::hybrid_context_layout) must be the forward's of these inputs.
+void check_hybrid_context(const AttentionContext& c, const TensorView& q, const TensorView& k,
+                          const TensorView& v, const AttentionOptions& options,
+                          const detail::ResolvedMap& resolved, const detail::AttentionShape& s,
+                          int64_t features) {
+  if (!c.valid()) {
+    throw Error(
+        "context: only a causal hybrid forward call with save_causal_states and a window "
+        "shorter than the sequence saves a context (this one is empty)");
+  }
+  const detail::HybridContextLayout l =
+      detail::hybrid_context_layout(s.batch * s.heads, s.nq, features, s.dv, options.window);
+  if (!options.causal || c.states.size() != static_cast<size_t>(l.states) ||
+      c.maxima.size() != static_cast<size_t>(l.maxima) ||
+      c.rows.size() != static_cast<size_t>(l.rows) ||
+      c.fingerprint != (detail::context_fingerprint(q, k, v, options) ^ resolved.fingerprint())) {
+    throw Error(
+        "context: it was saved for other q, k, v, W, mask or options than this backward call's");
+  }
+}
+
 }  // namespace
 
 AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
@@ -64,9 +85,10 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
       make_params(q, k, v, dy, Checked{s, resolved.scale}, options.key_mask, g);
   bp.fwd.map = resolved.params();
   detail::check_hybrid(options.window, options.sinks, s);
-  if (detail::is_hybrid(options)) {  // recomputes: a hybrid forward saves no context
+  if (detail::is_hybrid(options)) {  // from a saved context, or recomputing the forward
+    if (context) check_hybrid_context(*context, q, k, v, options, resolved, s, map.features());
     detail::ParameterGrads pg(resolved, map, s, with_parameter_grads, bp);
-    detail::hybrid_backward(bp, resolved, options);
+    detail::hybrid_backward(bp, resolved, options, context);
     pg.finish(map, g);
     return g;
   }

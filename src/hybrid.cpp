@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "favor/causal_context.hpp"
 #include "favor/runtime.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/band_params.hpp"
@@ -172,8 +173,28 @@ kernels::BandParams band_params(const AttentionParams& base, const ResolvedMap& 
 }
 
 // The causal forward with its estimated part: one sweep (kernels::HybridCausalParams).
+// Where a saved context's parts lie (hybrid_context_layout).
+struct SavedParts {
+  float* states;
+  double* maxima;
+  float* rows;
+  double* lse;
+  double* scale;
+  float* y;
+};
+SavedParts saved_parts(AttentionContext& c, const HybridContextLayout& l, int64_t heads, int64_t n,
+                       int64_t dv) {
+  return {c.states.data(),
+          c.maxima.data(),
+          c.rows.data(),
+          c.maxima.data() + heads * l.slots,
+          c.maxima.data() + heads * (l.slots + n),
+          c.rows.data() + heads * l.part_rows * (dv + 1)};
+}
+
 int64_t fused_causal(const AttentionParams& base, const ResolvedMap& resolved,
-                     const AttentionOptions& options, const Plan& plan, double* lse) {
+                     const AttentionOptions& options, const Plan& plan, double* lse,
+                     AttentionContext* context) {
   const Part& part = plan.parts.front();
   const int64_t heads = base.batch * base.heads;
   const kernels::FeatureParams fp = resolved.params();
@@ -186,6 +207,24 @@ int64_t fused_causal(const AttentionParams& base, const ResolvedMap& resolved,
   hp.offset = part.offset;
   hp.weight.norm = norm_weight(resolved, fp);
   hp.weight.constant = constant.data();
+  if (context) {
+    const HybridContextLayout l =
+        hybrid_context_layout(heads, base.nq, base.map.features(), base.dv, options.window);
+    context->states.resize(static_cast<size_t>(l.states));
+    context->maxima.resize(static_cast<size_t>(l.maxima));
+    context->rows.resize(static_cast<size_t>(l.rows));
+    const SavedParts at = saved_parts(*context, l, heads, base.nq, base.dv);
+    hp.part.ctx_chunk_states = at.states;
+    hp.part.ctx_chunk_maxima = at.maxima;
+    hp.part.ctx_rows = at.rows;
+    hp.band.lse = at.lse;
+    hp.saved_y = at.y;
+    hp.saved_scale = at.scale;
+    if (base.out == nullptr) {  // a backward's forward: the output is the context's y
+      hp.band.p.out = at.y;
+      hp.band.p.out_strides = {base.heads * base.nq * base.dv, base.nq * base.dv, base.dv, 1};
+    }
+  }
   return kernels::backend().hybrid_causal(hp);
 }
 
@@ -193,9 +232,10 @@ int64_t fused_causal(const AttentionParams& base, const ResolvedMap& resolved,
 // bidirectional or keep_rows, the estimated parts' rows kept in the plan (run_parts), then
 // the exact terms merged with them by the band kernel.
 int64_t merge_forward(const AttentionParams& base, const ResolvedMap& resolved,
-                      const AttentionOptions& options, Plan& plan, double* lse, bool keep_rows) {
+                      const AttentionOptions& options, Plan& plan, double* lse, bool keep_rows,
+                      AttentionContext* context = nullptr) {
   if (options.causal && !plan.parts.empty() && !keep_rows)
-    return fused_causal(base, resolved, options, plan, lse);
+    return fused_causal(base, resolved, options, plan, lse, context);
   run_parts(base, resolved, plan);
   kernels::BandParams bp = band_params(base, resolved, options, plan);
   for (const Part& part : plan.parts) {
@@ -211,10 +251,16 @@ int64_t merge_forward(const AttentionParams& base, const ResolvedMap& resolved,
   return kernels::backend().band_attention(bp);
 }
 
-// The merged rows of a backward: y (C order) and lse.
+// The merged rows of a backward: y (C order) and lse, recomputed or saved.
 struct Merged {
-  std::vector<float> y;
-  std::vector<double> lse;
+  const float* y;
+  const double* lse;
+};
+
+// An estimated part's rows [B*H][rows][Dv + 1] and their full log scales [B*H][rows].
+struct PartRows {
+  const float* rows;
+  const double* shift;
 };
 
 // The estimated part's log scale holds the query's norm term (+-scale |q_i|^2 / 2), which
@@ -222,7 +268,7 @@ struct Merged {
 // dL/dq_i += (dL/dL_i) d(norm term)/dq_i with dL/dL_i = e^(L_i - lse_i) (dy_i . num_i -
 // (dy_i . y_i) den_i), the row's share in the merge times how it moves the output.
 void add_norm_term_grad(const BackwardParams& bp, const ResolvedMap& resolved, const Part& part,
-                        const Merged& merged) {
+                        const PartRows& rows_of, const Merged& merged) {
   const AttentionParams& base = bp.fwd;
   const kernels::FeatureParams fp = resolved.params();
   if (fp.key_norm == kernels::KeyNorm::none) return;
@@ -233,10 +279,10 @@ void add_norm_term_grad(const BackwardParams& bp, const ResolvedMap& resolved, c
     const int64_t b = bh / base.heads, h = bh % base.heads;
     for (int64_t r = 0; r < part.rows; ++r) {
       const int64_t i = part.query(n, r);
-      const double L = part.shift[bh * part.rows + r], lse = merged.lse[bh * n + i];
+      const double L = rows_of.shift[bh * part.rows + r], lse = merged.lse[bh * n + i];
       if (std::isinf(L) || std::isinf(lse)) continue;
-      const float* row = part.rows_x.get() + (bh * part.rows + r) * (dv + 1);
-      const float* y = merged.y.data() + (bh * n + i) * dv;
+      const float* row = rows_of.rows + (bh * part.rows + r) * (dv + 1);
+      const float* y = merged.y + (bh * n + i) * dv;
       const float* dy = bp.dy + b * bp.dy_strides[0] + h * bp.dy_strides[1] + i * bp.dy_strides[2];
       double g_num = 0.0, g_y = 0.0;
       for (int64_t x = 0; x < dv; ++x) {
@@ -274,70 +320,113 @@ double row_log_weight(const ResolvedMap& r, const kernels::FeatureParams& fp, in
   return norm_weight(r, fp) * kernels::squared_norm(q, fp.d, stride) + head_log_constant(r, bh);
 }
 
+HybridContextLayout hybrid_context_layout(int64_t heads, int64_t n, int64_t features, int64_t dv,
+                                          int64_t window) {
+  HybridContextLayout l;
+  if (window >= n) return l;
+  l.part_rows = n - window;
+  l.slots = causal_context_states(l.part_rows);
+  l.states = heads * l.slots * features * (dv + 1);
+  l.maxima = heads * (l.slots + n + l.part_rows);
+  l.rows = heads * (l.part_rows * (dv + 1) + n * dv);
+  return l;
+}
+
 int64_t hybrid_forward(const AttentionParams& base, const ResolvedMap& resolved,
-                       const AttentionOptions& options) {
+                       const AttentionOptions& options, AttentionContext* context) {
   Plan plan = make_plan(base, options);
-  return merge_forward(base, resolved, options, plan, nullptr, false);
+  if (context && !(options.causal && !plan.parts.empty())) context = nullptr;  // saves nothing
+  return merge_forward(base, resolved, options, plan, nullptr, false, context);
 }
 
 void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
-                     const AttentionOptions& options) {
+                     const AttentionOptions& options, const AttentionContext* context) {
   const AttentionParams& base = bp.fwd;
   const int64_t n = base.nq, heads = base.batch * base.heads, d = base.d, dv = base.dv;
   Plan plan = make_plan(base, options);
-  Merged merged;
-  merged.y.resize(static_cast<size_t>(heads * n * dv));
-  merged.lse.resize(static_cast<size_t>(heads * n));
-  AttentionParams fwd = base;
-  fwd.out = merged.y.data();
-  fwd.out_strides = {base.heads * n * dv, n * dv, dv, 1};
-  merge_forward(fwd, resolved, options, plan, merged.lse.data(), true);
+  // The merged rows and each part's rows: from the context, or recomputed (causal with a
+  // part: the forward saving a context here, the same sweep and the same backward).
+  std::vector<float> y_store;
+  std::vector<double> lse_store;
+  Merged merged{};
+  std::vector<PartRows> part_rows;
+  HybridContextLayout layout;
+  SavedParts saved{};
+  AttentionContext local;
+  if (!context && options.causal && !plan.parts.empty()) {
+    AttentionParams fwd = base;
+    fwd.out = nullptr;  // into the context's y
+    merge_forward(fwd, resolved, options, plan, nullptr, false, &local);
+    context = &local;
+  }
+  if (context) {
+    layout = hybrid_context_layout(heads, n, base.map.features(), dv, options.window);
+    saved = saved_parts(const_cast<AttentionContext&>(*context), layout, heads, n, dv);
+    merged = {saved.y, saved.lse};
+    part_rows.push_back({saved.rows, saved.scale});
+  } else {
+    y_store.resize(static_cast<size_t>(heads * n * dv));
+    lse_store.resize(static_cast<size_t>(heads * n));
+    AttentionParams fwd = base;
+    fwd.out = y_store.data();
+    fwd.out_strides = {base.heads * n * dv, n * dv, dv, 1};
+    merge_forward(fwd, resolved, options, plan, lse_store.data(), true);
+    merged = {y_store.data(), lse_store.data()};
+    for (const Part& part : plan.parts) part_rows.push_back({part.rows_x.get(), part.shift.get()});
+  }
 
-  kernels::BandBackwardParams band;
-  band.band = band_params(base, resolved, options, plan);
-  band.dy = bp.dy;
-  band.dy_strides = bp.dy_strides;
-  band.merged_y = merged.y.data();
-  band.merged_lse = merged.lse.data();
-  band.dq = bp.dq;
-  band.dk = bp.dk;
-  band.dv = bp.dv;
-  kernels::backend().band_attention_backward(band);
-
+  // The prefix part first: its kernel writes (not adds) its rows of dq, dk and dv, in place
+  // (query i = r + offset, key j = r, with the call's rows per head); then the band and the
+  // suffix part add theirs.
   const kernels::FeatureParams fp = resolved.params();
-  for (const Part& part : plan.parts) {
-    add_norm_term_grad(bp, resolved, part, merged);
+  auto part_backward = [&](const Part& part, const PartRows& rows_of) {
     const int64_t rows = part.rows;
+    const bool in_place = !part.reversed;
     // The merged rows in the view's order, lse in the kernel's frame (its row scales c + M).
-    std::vector<float> y(static_cast<size_t>(heads * rows * dv));
-    std::vector<double> lse(static_cast<size_t>(heads * rows));
+    std::vector<float> y(in_place ? 0 : static_cast<size_t>(heads * rows * dv));
+    std::vector<double> lse(static_cast<size_t>(heads * (in_place ? n : rows)));
 #pragma omp parallel for num_threads(favor::num_threads()) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = part.query(n, r);
-        std::copy_n(merged.y.data() + (bh * n + i) * dv, dv, y.data() + (bh * rows + r) * dv);
+        if (!in_place)
+          std::copy_n(merged.y + (bh * n + i) * dv, dv, y.data() + (bh * rows + r) * dv);
         const double l = merged.lse[bh * n + i];
-        lse[bh * rows + r] = std::isinf(l) ? l : l - query_log_weight(base, resolved, fp, bh, i, r);
+        lse[in_place ? bh * n + i : bh * rows + r] =
+            std::isinf(l) ? l : l - query_log_weight(base, resolved, fp, bh, i, r);
       }
     BackwardParams lb = bp;
     lb.fwd = part_params(base, part, plan.keep.data());
     lb.dy = view_at(bp.dy, bp.dy_strides, part.query(n, 0));
     if (part.reversed) lb.dy_strides[2] = -lb.dy_strides[2];
-    std::vector<float> dq(static_cast<size_t>(heads * rows * d)),
-        dk(static_cast<size_t>(heads * rows * d)), dvv(static_cast<size_t>(heads * rows * dv));
-    lb.dq = dq.data();
-    lb.dk = dk.data();
-    lb.dv = dvv.data();
-    lb.merged_y = y.data();
-    lb.merged_lse = lse.data();
+    std::vector<float> dq, dk, dvv;
+    if (in_place) {
+      lb.dq = bp.dq + part.offset * d;
+      lb.dk = bp.dk;
+      lb.dv = bp.dv;
+      lb.merged_y = merged.y + part.offset * dv;
+      lb.merged_lse = lse.data() + part.offset;
+      lb.head_rows = n;
+    } else {
+      dq.resize(static_cast<size_t>(heads * rows * d));
+      dk.resize(static_cast<size_t>(heads * rows * d));
+      dvv.resize(static_cast<size_t>(heads * rows * dv));
+      lb.dq = dq.data();
+      lb.dk = dk.data();
+      lb.dv = dvv.data();
+      lb.merged_y = y.data();
+      lb.merged_lse = lse.data();
+    }
     lb.ctx_states = nullptr;
     lb.ctx_maxima = nullptr;
-    lb.ctx_chunk_states = nullptr;
-    lb.ctx_chunk_maxima = nullptr;
-    lb.ctx_rows = nullptr;
+    lb.ctx_chunk_states = context ? saved.states : nullptr;
+    lb.ctx_chunk_maxima = context ? saved.maxima : nullptr;
+    lb.ctx_rows = context ? saved.rows : nullptr;
     lb.r_out = nullptr;
     lb.r_in = nullptr;
     kernels::backend().favor_backward_causal(lb);
+    add_norm_term_grad(bp, resolved, part, rows_of, merged);
+    if (in_place) return;
 #pragma omp parallel for num_threads(favor::num_threads()) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < rows; ++r) {
@@ -349,7 +438,23 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
         for (int64_t x = 0; x < dv; ++x)
           bp.dv[(bh * n + j) * dv + x] += dvv[(bh * rows + r) * dv + x];
       }
-  }
+  };
+  for (size_t q = 0; q < plan.parts.size(); ++q)
+    if (!plan.parts[q].reversed) part_backward(plan.parts[q], part_rows[q]);
+
+  kernels::BandBackwardParams band;
+  band.band = band_params(base, resolved, options, plan);
+  band.dy = bp.dy;
+  band.dy_strides = bp.dy_strides;
+  band.merged_y = merged.y;
+  band.merged_lse = merged.lse;
+  band.dq = bp.dq;
+  band.dk = bp.dk;
+  band.dv = bp.dv;
+  kernels::backend().band_attention_backward(band);
+
+  for (size_t q = 0; q < plan.parts.size(); ++q)
+    if (plan.parts[q].reversed) part_backward(plan.parts[q], part_rows[q]);
 }
 
 }  // namespace favor::detail

@@ -116,11 +116,13 @@ INSTANTIATE_TEST_SUITE_P(Kernels, HybridVsReference, ::testing::ValuesIn(cases()
 // differences of the double reference's loss <dy, y> (steps 1e-5, fd_error_float).
 class HybridGradients : public ::testing::TestWithParam<Case> {};
 
+// Causal: also from the context the forward saves (AttentionOptions::save_causal_states: the
+// estimated part's chunk states and rows, the merged rows), which the backward reads instead
+// of recomputing the forward.
 TEST_P(HybridGradients, MatchFiniteDifferencesOfTheReference) {
   const Case c = GetParam();
   Inputs s(c);
   const Tensor dy = random_tensor({Inputs::B, Inputs::H, Inputs::N, Inputs::Dv}, 4);
-  const AttentionGrads g = favor_attention_backward(s.q, s.k, s.v, dy, s.map, s.o, true);
   auto loss = [&] {
     return testing::output_loss(dy, reference::favor_attention(s.q, s.k, s.v, s.map, s.o).values);
   };
@@ -130,22 +132,40 @@ TEST_P(HybridGradients, MatchFiniteDifferencesOfTheReference) {
   // float32 gradients of O(1) sums carry ~1e-6 relative rounding; 1e-4 leaves room for the
   // stabiliser's rounding and catches any wrong term (O(1e-2) and more).
   constexpr double kBound = 1e-4;
-  EXPECT_LE(testing::fd_error_float(s.q.values(), as_double(g.dq.values()), loss), kBound) << "dq";
-  EXPECT_LE(testing::fd_error_float(s.k.values(), as_double(g.dk.values()), loss), kBound) << "dk";
-  EXPECT_LE(testing::fd_error_float(s.v.values(), as_double(g.dv.values()), loss), kBound) << "dv";
-  if (c.learned) {
-    EXPECT_LE(testing::fd_error_float(s.map.weights, as_double(g.dw), loss), kBound) << "dW";
-    EXPECT_LE(testing::fd_error_float(s.map.bias, as_double(g.dbias), loss), kBound) << "db";
-    EXPECT_LE(testing::fd_error_float(s.map.lambda, as_double(g.dlambda), loss), kBound) << "dl";
-  }
-  if (c.decay) {
-    std::vector<float> gamma(s.o.decay.begin(), s.o.decay.end());
-    auto decay_loss = [&] {
-      s.o.decay.assign(gamma.begin(), gamma.end());
-      return loss();
-    };
-    EXPECT_LE(testing::fd_error_float(gamma, g.ddecay, decay_loss), kBound) << "dgamma";
-  }
+  auto check = [&](const AttentionGrads& g, const std::string& how) {
+    EXPECT_LE(testing::fd_error_float(s.q.values(), as_double(g.dq.values()), loss), kBound)
+        << how << " dq";
+    EXPECT_LE(testing::fd_error_float(s.k.values(), as_double(g.dk.values()), loss), kBound)
+        << how << " dk";
+    EXPECT_LE(testing::fd_error_float(s.v.values(), as_double(g.dv.values()), loss), kBound)
+        << how << " dv";
+    if (c.learned) {
+      EXPECT_LE(testing::fd_error_float(s.map.weights, as_double(g.dw), loss), kBound)
+          << how << " dW";
+      EXPECT_LE(testing::fd_error_float(s.map.bias, as_double(g.dbias), loss), kBound)
+          << how << " db";
+      EXPECT_LE(testing::fd_error_float(s.map.lambda, as_double(g.dlambda), loss), kBound)
+          << how << " dl";
+    }
+    if (c.decay) {
+      std::vector<float> gamma(s.o.decay.begin(), s.o.decay.end());
+      auto decay_loss = [&] {
+        s.o.decay.assign(gamma.begin(), gamma.end());
+        return loss();
+      };
+      EXPECT_LE(testing::fd_error_float(gamma, g.ddecay, decay_loss), kBound) << how << " dgamma";
+    }
+  };
+  check(favor_attention_backward(s.q, s.k, s.v, dy, s.map, s.o, true), "recomputed");
+  if (!c.causal) return;
+  AttentionOptions saving = s.o;
+  saving.save_causal_states = true;
+  AttentionContext context;
+  favor_attention(s.q, s.k, s.v, s.map,
+                  Tensor({Inputs::B, Inputs::H, Inputs::N, Inputs::Dv}).mutable_view(), saving,
+                  &context);
+  ASSERT_TRUE(context.valid());
+  check(favor_attention_backward(s.q, s.k, s.v, dy, s.map, saving, true, &context), "saved");
 }
 
 std::vector<Case> gradient_cases() {
@@ -155,7 +175,9 @@ std::vector<Case> gradient_cases() {
           {Kernel::hyperbolic, true, 6, 0, Mask::none},
           {Kernel::trig, false, 3, 1, Mask::left_padded},
           {Kernel::positive, true, 5, 1, Mask::periodic, true, true},
-          {Kernel::hedgehog, false, 4, 2, Mask::none, true}};
+          {Kernel::hedgehog, false, 4, 2, Mask::none, true},
+          {Kernel::hedgehog, true, 3, 2, Mask::periodic, true},
+          {Kernel::trig, true, 0, 2, Mask::left_padded}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, HybridGradients, ::testing::ValuesIn(gradient_cases()),
@@ -194,6 +216,35 @@ TEST(Hybrid, LongOneHeadStridedMatchesTheReference) {
                                            double(fast.at(0, 0, i, x))));
       EXPECT_EQ(worst, 0.0) << label << ": strided against contiguous";
     }
+}
+
+// What a hybrid forward saves: causal with an estimated part only; the backward refuses an
+// empty context or one of other inputs, naming the argument.
+TEST(Hybrid, ContextIsSavedWhereThereIsAPartAndChecked) {
+  Inputs s(Case{Kernel::positive, true, 4, 2, Mask::none});
+  s.o.save_causal_states = true;
+  const Tensor dy = random_tensor({Inputs::B, Inputs::H, Inputs::N, Inputs::Dv}, 4);
+  Tensor out({Inputs::B, Inputs::H, Inputs::N, Inputs::Dv});
+  AttentionContext context;
+  favor_attention(s.q, s.k, s.v, s.map, out.mutable_view(), s.o, &context);
+  EXPECT_TRUE(context.valid());
+  const Tensor other_q = random_tensor({Inputs::B, Inputs::H, Inputs::N, Inputs::D}, 9, 1.0);
+  expect_error(
+      [&] { favor_attention_backward(other_q, s.k, s.v, dy, s.map, s.o, false, &context); },
+      "context: it was saved for other q");
+  AttentionOptions wider = s.o;
+  wider.window = 5;
+  expect_error([&] { favor_attention_backward(s.q, s.k, s.v, dy, s.map, wider, false, &context); },
+               "context: it was saved for other q");
+  for (bool causal : {false, true}) {
+    AttentionOptions o = s.o;
+    o.causal = causal;
+    o.window = causal ? Inputs::N : 4;  // causal: the window holds every key, no part
+    favor_attention(s.q, s.k, s.v, s.map, out.mutable_view(), o, &context);
+    EXPECT_FALSE(context.valid()) << (causal ? "window >= N" : "bidirectional");
+    expect_error([&] { favor_attention_backward(s.q, s.k, s.v, dy, s.map, o, false, &context); },
+                 "context: only a causal hybrid forward call");
+  }
 }
 
 TEST(Hybrid, WindowCoveringTheSequenceIsExactSoftmax) {

@@ -3,7 +3,8 @@
 // every other key, one normaliser) against plain FAVOR (window = sinks = 0) and exact
 // attention, forward, at each N of --lengths up to 8192; the time per token of the hybrid
 // (linear in N), its ratios to both, where it overtakes exact; then the backward of the
-// hybrid and of plain FAVOR at one N (2048, or the nearest length below it).
+// hybrid and of plain FAVOR at one N (2048, or the nearest length below it), recomputing the
+// forward and from a saved context (save_causal_states).
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -37,20 +38,23 @@ double hybrid_exact_pairs(int64_t n, int64_t w, int64_t s) {
 // pair of the window and sinks s_ij = q_i . k_j (2 D) and the row sums exp(s) [v_j | 1]
 // (2 (Dv + 1)): about N (w + s) (2 D + 2 Dv + 2); plus the estimated part, causal FAVOR
 // (favor_flops, bench/cost_model.hpp) over the N - w rows whose keys reach beyond the
-// window. Backward (it recomputes the forward: a hybrid call saves no context): the forward,
-// per exact pair the score, dy_i . v_j, dq_i, dk_j and dv_j (2 D + 2 Dv + 2 D + 2 D + 2 Dv),
-// and the causal FAVOR backward (favor_backward_flops) over N - w rows. Left out, as
-// exponentials are: the terms linear in N without w or m (the merge of the parts' rows, the
-// query norms, the scatter of the parts' gradients).
-double hybrid_flops(const Problem& p, int64_t w, int64_t s, int64_t chunk, bool backward) {
+// window. Backward from a saved context, per exact pair the score, dy_i . v_j, dq_i, dk_j
+// and dv_j (2 D + 2 Dv + 2 D + 2 D + 2 Dv) and the causal FAVOR backward from its chunk
+// states over the N - w rows (favor_causal_backward_flops_with_context); recomputing, the
+// forward (which saves the context) before it. Left out, as exponentials are: the terms
+// linear in N without w or m (the merge of the parts' rows, the query norms).
+double hybrid_flops(const Problem& p, int64_t w, int64_t s, int64_t chunk, bool backward,
+                    bool context = false) {
   const double pairs = double(p.bh) * hybrid_exact_pairs(p.n, w, s);
   Problem rest = p;
   rest.n = std::max<int64_t>(0, p.n - w);
   const double forward =
       pairs * (2.0 * p.d + 2.0 * (p.dv + 1)) + (rest.n > 0 ? favor_flops(rest, true, chunk) : 0.0);
   if (!backward) return forward;
-  return forward + pairs * (6.0 * p.d + 4.0 * p.dv) +
-         (rest.n > 0 ? favor_backward_flops(rest, true, chunk) : 0.0);
+  const double from_context =
+      pairs * (8.0 * p.d + 4.0 * p.dv) +
+      (rest.n > 0 ? favor_causal_backward_flops_with_context(rest, chunk) : 0.0);
+  return context ? from_context : forward + from_context;
 }
 
 struct HybridPoint {
@@ -60,9 +64,11 @@ struct HybridPoint {
 };
 
 // The causal hybrid's forward (or backward) row at N; its ratio to plain FAVOR (and exact,
-// where measured) timed just before on the same inputs.
+// where measured) timed just before on the same inputs. The backward with `context` from
+// the context a forward saved (its ratio to that forward, timed here).
 double hybrid_row(BenchRunner& bench, int64_t n, bool backward, double favor_seconds,
-                  std::optional<double> exact_seconds, double forward_seconds = 0.0) {
+                  std::optional<double> exact_seconds, double forward_seconds = 0.0,
+                  bool context = false) {
   const BenchArgs& a = bench.args();
   const int64_t bh = a.bh;
   const auto qkv = bench.inputs(bh, n);
@@ -75,7 +81,18 @@ double hybrid_row(BenchRunner& bench, int64_t n, bool backward, double favor_sec
   o.sinks = kHybridSinks;
   if (data_adapted(o.kernel)) o.fit = fit_kernel(o.kernel, q, k);  // as favor_row
   Measured t;
-  if (backward) {
+  double forward = forward_seconds;
+  if (backward && context) {  // the forward that saves the context, then the backward from it
+    o.save_causal_states = true;
+    const Tensor dy = gaussian_rows({1, bh, n, a.d}, 44);
+    Tensor out({1, bh, n, a.d}, 0.0f);
+    AttentionContext ctx;
+    forward = measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o, &ctx); }, a.repeats,
+                      a.min_time)
+                  .seconds;
+    t = measure([&] { favor_attention_backward(q, k, v, dy, w, o, false, &ctx); }, a.repeats,
+                a.min_time);
+  } else if (backward) {
     const Tensor dy = gaussian_rows({1, bh, n, a.d}, 44);  // as favor_backward_row
     t = measure([&] { favor_attention_backward(q, k, v, dy, w, o); }, a.repeats, a.min_time);
   } else {
@@ -83,7 +100,7 @@ double hybrid_row(BenchRunner& bench, int64_t n, bool backward, double favor_sec
     t = measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o); }, a.repeats, a.min_time);
   }
   const double flops = hybrid_flops(bench.problem(bh, n), kHybridWindow, kHybridSinks,
-                                    kernel_info().causal_chunk, backward);
+                                    kernel_info().causal_chunk, backward, context);
   nlohmann::json r = timed_record("hybrid", true, n, bh, num_threads(), t, flops);
   r.update({{"pass", backward ? "backward" : "forward"},
             {"window", kHybridWindow},
@@ -95,15 +112,18 @@ double hybrid_row(BenchRunner& bench, int64_t n, bool backward, double favor_sec
   if (backward) {
     const double outputs_mb = double(bh * n * (2 * a.d + a.d)) * 4.0 / (1024.0 * 1024.0);
     r.update({{"extra_heap_mb", t.heap_mb - outputs_mb},
-              {"context", false},
-              {"ratio_to_forward", t.seconds / forward_seconds}});
+              {"context", context},
+              {"forward_seconds", forward},
+              {"ratio_to_forward", t.seconds / forward}});
   }
   bench.emit(std::move(r));
   if (!a.json) {
     fmt::print(
         "{:>7} hybrid / favor = {:.2f}{}{}\n", "", t.seconds / favor_seconds,
         exact_seconds ? fmt::format(", hybrid / exact = {:.3g}", t.seconds / *exact_seconds) : "",
-        backward ? fmt::format(", backward / forward = {:.2f}", t.seconds / forward_seconds)
+        backward ? fmt::format(", backward{} / forward{} = {:.2f}",
+                               context ? " from the context" : " (recomputing)",
+                               context ? " saving it" : "", t.seconds / forward)
                  : fmt::format(", {:.1f} ns per token and head", t.seconds / double(n * bh) * 1e9));
   }
   return t.seconds;
@@ -198,6 +218,7 @@ void section_hybrid(BenchRunner& bench) {
     if (x.n <= kHybridBackwardN) at = &x;
   const double favor_b = bench.favor_backward_row(a.bh, at->n, true, at->favor, false);
   hybrid_row(bench, at->n, true, favor_b, std::nullopt, at->hybrid);
+  hybrid_row(bench, at->n, true, favor_b, std::nullopt, at->hybrid, true);
 }
 
 }  // namespace favor::cli

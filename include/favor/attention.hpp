@@ -45,7 +45,9 @@ struct AttentionOptions {
   /// {j : |i - j| < window} (bidirectional); decay weighs an estimated key by
   /// gamma^(i - j - window) (it decays from the window's edge) and exact terms not at all.
   /// Needs Nq == Nk. window >= N is exact softmax; window = sinks = 0 (the default) is the
-  /// plain method, bit for bit. A hybrid call saves no context and runs in f32.
+  /// plain method, bit for bit. A hybrid call runs in f32; causal with save_causal_states
+  /// and window < N it saves a context (below; also the merged rows, N (2 Dv + 1) floats and
+  /// 2N doubles per head more), bidirectional none (its backward recomputes).
   int64_t window = 0;
   int64_t sinks = 0;
   /// Causal, with a context (favor_attention's last argument): also save each 32-token
@@ -73,6 +75,9 @@ struct AttentionStats {
 /// nothing unless AttentionOptions::save_causal_states: then per head the state before every
 /// chunk and after the last, [chunks + 1][F][Dv + 1] with its maxima, and every row's
 /// [num | den] (the fingerprint then covers q too); else the backward pass recomputes.
+/// Causal hybrid attention saves the same for its estimated part's N - window rows,
+/// followed by the merge's rows: maxima then also holds lse [B*H][N] and the part's log
+/// scales [B*H][N - window], rows the merged y [B*H][N][Dv] (src/hybrid.hpp).
 struct AttentionContext {
   std::vector<float> states;   ///< [B*H][F][Dv + 1]; causal: [B*H][chunks + 1][F][Dv + 1]
   std::vector<double> maxima;  ///< [B*H]; causal: [B*H][chunks + 1]

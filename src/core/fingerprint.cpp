@@ -61,6 +61,8 @@ uint64_t context_fingerprint(const TensorView& q, const TensorView& k, const Ten
   f.tensor(k);
   f.tensor(v);
   f.value(options.causal);
+  f.value(options.window);
+  f.value(options.sinks);
   if (options.key_mask) {
     for (int64_t b = 0; b < options.key_mask->batch; ++b)
       for (int64_t j = 0; j < options.key_mask->n; ++j) f.value(options.key_mask->at(b, j));

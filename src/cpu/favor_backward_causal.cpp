@@ -179,7 +179,7 @@ void chunk_upstream(const BackwardParams& bp, int64_t bh, int64_t c0, int64_t ro
     return;
   }
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = bh * p.nq + c0 + r;
+    const int64_t i = bh * bp.grad_rows() + c0 + r;
     const double shift = ws.qshift[r] + ws.run_max[r], lse = bp.merged_lse[i];
     float* g = gx + r * ldv;
     if (std::isinf(shift) || std::isinf(lse)) {
@@ -260,7 +260,7 @@ void sweep_a(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
     gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
          w.dphi.data(), F);
     feature_backward(p.map, bh, nullptr, rows, ws.xq, w.phiq.data(), w.dphi.data(), w.pa.data(),
-                     bp.dq + (bh * n + c0) * d, dw, db);
+                     bp.dq + (bh * bp.grad_rows() + c0) * d, dw, db);
     update_states(rows, moved, drate && ci + 1 < chunks, state, vx, w);
   }
   state.copy_normaliser(st.chunk_s + chunks * F);
@@ -332,8 +332,12 @@ void saved_query_chunk(const BackwardParams& bp, int64_t bh, int64_t c0, int64_t
   ChunkWorkspace& ws = w.chunk;
   const int64_t F = ws.F, ldv = p.dv + 1, d = p.d;
   const float* dyh = bp.dy + (bh / p.heads) * bp.dy_strides[0] + (bh % p.heads) * bp.dy_strides[1];
-  upstream_rows(saved_rows, dyh + c0 * bp.dy_strides[2], bp.dy_strides[2], bp.dy_strides[3], rows,
-                p.dv, gx);
+  if (bp.merged_lse) {  // a part of hybrid attention: the merged rows (saved_rows unread)
+    chunk_upstream(bp, bh, c0, rows, dyh, ws, gx);
+  } else {
+    upstream_rows(saved_rows, dyh + c0 * bp.dy_strides[2], bp.dy_strides[2], bp.dy_strides[3], rows,
+                  p.dv, gx);
+  }
   for (int64_t i = 0; i < rows; ++i)
     std::copy_n(ws.qg.data() + i * ws.ldq(), F, w.phiq.data() + i * F);
   scale_rows_transposed(gx, rows, ldv, state_max, ws.run_max, w.gscaled.data());
@@ -342,7 +346,7 @@ void saved_query_chunk(const BackwardParams& bp, int64_t bh, int64_t c0, int64_t
   gemm(false, false, rows, F, rows, 1.0f, w.dmat.data(), kChunk, ws.phik.data(), F, 1.0f,
        w.dphi.data(), F);
   feature_backward(p.map, bh, nullptr, rows, ws.xq, w.phiq.data(), w.dphi.data(), w.pa.data(),
-                   bp.dq + (bh * p.nq + c0) * d, bp.head_dw(bh), bp.head_dbias(bh));
+                   bp.dq + (bh * bp.grad_rows() + c0) * d, bp.head_dw(bh), bp.head_dbias(bh));
 }
 
 // B. Reverse sweep: dk, dv, with R = later queries' phi(q) gx^T, starting from suffix_r (the
@@ -414,8 +418,8 @@ void sweep_b(const BackwardParams& bp, int64_t b, int64_t h, Workspace& w, const
          dv);
     const KeyRows keys{bp.dlogw ? bp.dlogw + bh * m : nullptr};
     feature_backward(p.map, bh, &keys, rows, ws.xk, ws.phik.data(), w.dphi.data(), w.pa.data(),
-                     bp.dk + (bh * n + c0) * p.d, dw, db);
-    std::copy_n(w.dvv.data(), rows * dv, bp.dv + (bh * n + c0) * dv);
+                     bp.dk + (bh * bp.grad_rows() + c0) * p.d, dw, db);
+    std::copy_n(w.dvv.data(), rows * dv, bp.dv + (bh * bp.grad_rows() + c0) * dv);
     if (ci > 0) {
       // R' relative to the previous chunk's end (max prev_max, sigma' of chunk_s[ci]): times
       // (sigma'_f exp(prev - end)) / sigma_f <= 1, plus the chunk's queries with the weights

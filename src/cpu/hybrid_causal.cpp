@@ -20,6 +20,22 @@
 namespace favor::cpu {
 namespace {
 
+// A saved context's copy of rows [i0, i0 + rows) of head bh: y from the output and, where
+// set, the part's log scales of those rows (view rows i0 - offset ...).
+void save_rows(const kernels::HybridCausalParams& hp, int64_t bh, int64_t i0, int64_t rows,
+               const double* scale) {
+  if (hp.saved_y == nullptr) return;
+  const kernels::AttentionParams& p = hp.band.p;
+  const int64_t n = p.nq, dv = p.dv;
+  const float* y = p.out + (bh / p.heads) * p.out_strides[0] + (bh % p.heads) * p.out_strides[1];
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    float* to = hp.saved_y + (bh * n + i) * dv;
+    for (int64_t x = 0; x < dv; ++x) to[x] = y[i * p.out_strides[2] + x * p.out_strides[3]];
+  }
+  if (scale) std::copy_n(scale, rows, hp.saved_scale + bh * hp.part.nq + i0 - hp.offset);
+}
+
 class MergeHook final : public kernels::PartHook {
  public:
   MergeHook(const kernels::HybridCausalParams& hp, std::vector<BandWorkspace>& spaces)
@@ -51,6 +67,7 @@ class MergeHook final : public kernels::PartHook {
     bp.part_count = 1;
     BandWorkspace& ws = spaces_[static_cast<size_t>(omp_get_thread_num())];
     zero_rows_ += band_rows(bp, bh, i0, i0 + rows, ws);
+    save_rows(hp_, bh, i0, rows, scale);
   }
 
   int64_t zero_rows() const { return zero_rows_.load(); }
@@ -74,7 +91,9 @@ int64_t hybrid_causal(const kernels::HybridCausalParams& hp, const Config& confi
                                    double(heads * head_rows) * double(band.window + band.sinks) *
                                        (4.0 * double(band.p.d + band.p.dv)));
   int64_t zero_rows = for_each_head(plan, spaces, [&](int64_t bh, BandWorkspace& ws) {
-    return band_rows(band, bh, 0, head_rows, ws);
+    const int64_t zeros = band_rows(band, bh, 0, head_rows, ws);
+    save_rows(hp, bh, 0, head_rows, nullptr);
+    return zeros;
   });
   if (hp.offset >= n) return zero_rows;
   MergeHook hook(hp, spaces);

@@ -120,6 +120,10 @@ struct BackwardParams {
   // -dy_i . y_i] (zeros where lse_i is -inf) instead of [dy_i / den_i, -dy_i . y_i / den_i].
   const float* merged_y = nullptr;
   const double* merged_lse = nullptr;
+  // Rows per head of dq, dk, dv, merged_y and merged_lse when they are views into longer
+  // sequences (a hybrid part's shifted view, src/hybrid.cpp); 0: fwd.nq.
+  int64_t head_rows = 0;
+  int64_t grad_rows() const { return head_rows > 0 ? head_rows : fwd.nq; }
 
   /// Head bh's slices of dW and dbias (null when not requested).
   float* head_dw(int64_t bh) const { return dw ? dw + bh * fwd.map.m * fwd.map.d : nullptr; }

@@ -72,6 +72,11 @@ struct HybridCausalParams {
   AttentionParams part;
   int64_t offset = 0;
   QueryWeight weight;  // of query i at view row i - offset
+  // Where set (a saved context): every row's merged y (B*H x nq x dv, C order) and the
+  // estimated part's full log scale of each of its rows (B*H x part.nq); band.lse then set
+  // too. The part's chunk states and rows: part.ctx_chunk_states, _maxima, ctx_rows.
+  float* saved_y = nullptr;
+  double* saved_scale = nullptr;
 };
 
 struct BandBackwardParams {
