@@ -48,7 +48,7 @@ kernels::BackwardParams make_params(const TensorView& q, const TensorView& k, co
   return bp;
 }
 
-// A hybrid call's context (detail::hybrid_context_layout) must be the forward's of these inputs.
+// A hybrid call's context (hybrid_context_layout) must be the forward's of these inputs.
 void check_hybrid_context(const AttentionContext& c, const TensorView& q, const TensorView& k,
                           const TensorView& v, const AttentionOptions& options,
                           const detail::ResolvedMap& resolved, const detail::AttentionShape& s,
@@ -58,8 +58,8 @@ void check_hybrid_context(const AttentionContext& c, const TensorView& q, const 
         "context: only a causal hybrid forward call with save_causal_states and a window "
         "shorter than the sequence saves a context (this one is empty)");
   }
-  const detail::HybridContextLayout l =
-      detail::hybrid_context_layout(s.batch * s.heads, s.nq, features, s.dv, options.window);
+  const HybridContextLayout l =
+      hybrid_context_layout(s.batch * s.heads, s.nq, features, s.dv, options.window);
   if (!options.causal || c.states.size() != static_cast<size_t>(l.states) ||
       c.maxima.size() != static_cast<size_t>(l.maxima) ||
       c.rows.size() != static_cast<size_t>(l.rows) ||

@@ -320,18 +320,6 @@ double row_log_weight(const ResolvedMap& r, const kernels::FeatureParams& fp, in
   return norm_weight(r, fp) * kernels::squared_norm(q, fp.d, stride) + head_log_constant(r, bh);
 }
 
-HybridContextLayout hybrid_context_layout(int64_t heads, int64_t n, int64_t features, int64_t dv,
-                                          int64_t window) {
-  HybridContextLayout l;
-  if (window >= n) return l;
-  l.part_rows = n - window;
-  l.slots = causal_context_states(l.part_rows);
-  l.states = heads * l.slots * features * (dv + 1);
-  l.maxima = heads * (l.slots + n + l.part_rows);
-  l.rows = heads * (l.part_rows * (dv + 1) + n * dv);
-  return l;
-}
-
 int64_t hybrid_forward(const AttentionParams& base, const ResolvedMap& resolved,
                        const AttentionOptions& options, AttentionContext* context) {
   Plan plan = make_plan(base, options);

@@ -11,6 +11,7 @@
 
 #include "core/feature_map_params.hpp"
 #include "favor/attention.hpp"
+#include "favor/causal_context.hpp"
 #include "kernels/attention_params.hpp"
 
 namespace favor::detail {
@@ -20,22 +21,9 @@ inline bool is_hybrid(const AttentionOptions& options) {
   return options.window > 0 || options.sinks > 0;
 }
 
-/// What a causal hybrid call saves for its backward (AttentionContext, save_causal_states),
-/// when its estimated part has rows (window < N); else nothing. The part's view (R = N -
-/// window rows) saves as a causal call does, followed by the merge's rows:
-///   states: [B*H][S][F][Dv + 1], S = causal_context_states(R);
-///   maxima: [B*H][S], then lse [B*H][N] and the part's rows' log scales L [B*H][R];
-///   rows: the part's [B*H][R][Dv + 1], then the merged y [B*H][N][Dv].
-struct HybridContextLayout {
-  int64_t part_rows = 0, slots = 0;
-  int64_t states = 0, maxima = 0, rows = 0;  // the arrays' sizes
-};
-HybridContextLayout hybrid_context_layout(int64_t heads, int64_t n, int64_t features, int64_t dv,
-                                          int64_t window);
-
 /// A hybrid call's merged output into base.out (its strides); returns the zero rows. `base`
 /// holds q, k, v, sizes, mask, out and the resolved map. With `context`: causal, saves it
-/// (hybrid_context_layout; empty when nothing is saved).
+/// (favor/causal_context.hpp, hybrid_context_layout; empty when nothing is saved).
 int64_t hybrid_forward(const kernels::AttentionParams& base, const ResolvedMap& resolved,
                        const AttentionOptions& options, AttentionContext* context = nullptr);
 

@@ -46,6 +46,15 @@ void bind_attention(py::module_& m) {
   m.def("causal_context_states", &causal_context_states, py::arg("n"),
         "Chunk states a causal context saves over n tokens (AttentionOptions::save_causal_states)");
   m.attr("causal_context_chunk") = kCausalContextChunk;
+  m.def(
+      "hybrid_context_sizes",
+      [](int64_t heads, int64_t n, int64_t features, int64_t dv, int64_t window) {
+        const HybridContextLayout l = hybrid_context_layout(heads, n, features, dv, window);
+        return py::make_tuple(l.states, l.maxima, l.rows);
+      },
+      py::arg("heads"), py::arg("n"), py::arg("features"), py::arg("dv"), py::arg("window"),
+      "Sizes (states, maxima, rows) of the context a causal hybrid call saves "
+      "(favor/causal_context.hpp, hybrid_context_layout)");
   py::class_<AttentionContext>(m, "AttentionContext")
       .def_property_readonly("valid", &AttentionContext::valid)
       .def_property_readonly("nbytes",
@@ -90,10 +99,9 @@ void bind_attention(py::module_& m) {
             if (!s || s.ndim() != 1 || s.size() == 0) {
               throw Error("states: must be a non-empty 1-D float array");
             }
-            if (!x || x.ndim() != 1 || x.size() == 0 || s.size() % x.size() != 0) {
-              throw Error(
-                  "maxima: must be a non-empty 1-D float array, one entry per (batch, "
-                  "head) of states");
+            // the sizes against the call's layout: by the backward that reads them
+            if (!x || x.ndim() != 1 || x.size() == 0) {
+              throw Error("maxima: must be a non-empty 1-D float array");
             }
             AttentionContext c;
             c.states.assign(s.data(), s.data() + s.size());

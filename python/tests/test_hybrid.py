@@ -138,6 +138,40 @@ def test_gradients_flow_through_both_parts_and_compile():
                                                     projection=w.detach()))
 
 
+@pytest.mark.parametrize("window,sinks", [(5, 2), (0, 3), (40, 1)])
+@pytest.mark.parametrize("mapped", [False, True])
+def test_saved_causal_states_give_the_gradients_of_a_recomputation(window, sinks, mapped):
+    """save_causal_states on a causal hybrid call: the CPU op carries the estimated part's
+    chunk states and rows and the merged rows (N = 70: the part's view spans three chunks),
+    and its backward gives the recomputing backward's gradients to rounding; window >= N
+    (40 + 1 sink covers every key of N = 30) saves nothing. A learned map (weights, bias)
+    takes the same context."""
+    n = 70 if window < 40 else 30
+    q, k, v = qkv(n=n)
+    w = projection()
+    mask = left_padding(n)
+    grads = []
+    for save in (False, True):
+        ts = [t.clone().requires_grad_() for t in (q, k, v)]
+        extra = {"weights": w.clone().requires_grad_(),
+                 "bias": torch.zeros(1, 32, requires_grad=True)} if mapped else {"projection": w}
+        y = ft.attention(*ts, causal=True, window=window, sinks=sinks, key_padding_mask=mask,
+                         save_causal_states=save, **extra)
+        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+        grads.append([t.grad for t in ts] + ([extra["weights"].grad] if mapped else []))
+    for plain_grad, saved_grad in zip(*grads):
+        assert (saved_grad - plain_grad).norm() <= 1e-5 * plain_grad.norm()
+    from favor.ops.attention.op import _state_size, attention_op
+    args = (q, k, v, w, None, None, None, None, mask, None, None, "positive", True, None, True,
+            "f32", window, sinks)
+    _, states, maxima, fingerprint = attention_op(*args)
+    sizes = favor._core.hybrid_context_sizes(B * H, n, 32, D, window)
+    assert _state_size(q, v, w, "positive", True, window, sinks) == (
+        sizes[0] + sizes[2], sizes[1], sizes[2])
+    assert states.numel() == sizes[0] + sizes[2] and maxima.numel() == sizes[1]
+    assert int(fingerprint[0]) == (1 if window < n else 0)
+
+
 def test_modules_take_window_and_sinks():
     layer = ft.FavorAttention(16, 2, causal=True, features=32, window=4, sinks=1)
     x = torch.randn(2, 20, 16)

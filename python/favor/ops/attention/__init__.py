@@ -215,6 +215,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     chunk's state and every row's [num | den] (N (F / 32 + 1) (Dv + 1) floats per head) so
     that the backward runs one sweep instead of recomputing the forward (C++
     AttentionOptions::save_causal_states; docs/gradients.md). Same gradients, more memory.
+    With window or sinks (causal) it keeps the estimated part's states and rows and the
+    merged rows; the backward then skips the forward (docs/hybrid.md).
 
     method='window': the window and the sinks alone (exact softmax, the estimator removed:
     the baseline a hybrid must beat; plain torch on any device).

@@ -30,20 +30,33 @@ def _unsigned(s):
     return s + _U64 if s < 0 else s
 
 
-def _state_size(q, v, w, kernel, causal=False):
-    """(entries of the saved states, of the maxima) for q [.., Nq, D], v [.., Nk, Dv] and a
-    projection w [m, D]: [B*H][F][Dv + 1] and [B*H], F = _core.feature_count(kernel, m)
-    (2m or m: linear in m, so the rule is asked for m = 1 and works on symbolic sizes).
-    Causal (save_causal_states): [B*H][S][F][Dv + 1] chunk states followed by the rows
-    [B*H][Nq][Dv + 1], and [B*H][S], S = _core.causal_context_states(Nq) (ceil(Nq / C) + 1,
-    C = _core.causal_context_chunk, written out for symbolic sizes)."""
+def _state_size(q, v, w, kernel, causal=False, window=0, sinks=0):
+    """(entries of the saved states, of the maxima, of the rows among the states) for q [..,
+    Nq, D], v [.., Nk, Dv] and a projection w [m, D]: [B*H][F][Dv + 1] and [B*H], F =
+    _core.feature_count(kernel, m) (2m or m: linear in m, so the rule is asked for m = 1 and
+    works on symbolic sizes). Causal (save_causal_states): [B*H][S][F][Dv + 1] chunk states
+    followed by the rows [B*H][Nq][Dv + 1], and [B*H][S], S = _core.causal_context_states(Nq)
+    (ceil(Nq / C) + 1, C = _core.causal_context_chunk, written out for symbolic sizes).
+    Hybrid (window or sinks): causal, the estimated part's R = N - window rows save as a
+    causal call, then the merge's rows, C++'s hybrid_context_layout (_core.
+    hybrid_context_sizes; the tests hold the two equal): states [B*H][S_R][F][Dv + 1], rows
+    [B*H][R][Dv + 1] and y [B*H][N][Dv]; maxima [B*H][S_R], lse [B*H][N] and L [B*H][R];
+    nothing when window >= N or bidirectional."""
     bh = q.shape[0] * q.shape[1] if q.dim() == 4 else 1
     f = _core.feature_count(kernel, 1) * w.shape[0]
+    n, dv, chunk = q.shape[-2], v.shape[-1], _core.causal_context_chunk
+    if window or sinks:
+        if not causal or window >= n:
+            return 0, 0, 0
+        r = n - window
+        slots = (r + chunk - 1) // chunk + 1
+        rows = bh * (r * (dv + 1) + n * dv)
+        return bh * slots * f * (dv + 1) + rows, bh * (slots + n + r), rows
     if not causal:
-        return bh * f * (v.shape[-1] + 1), bh
-    n, chunk = q.shape[-2], _core.causal_context_chunk
+        return bh * f * (dv + 1), bh, 0
     slots = (n + chunk - 1) // chunk + 1
-    return bh * slots * f * (v.shape[-1] + 1) + bh * n * (v.shape[-1] + 1), bh * slots
+    rows = bh * n * (dv + 1)
+    return bh * slots * f * (dv + 1) + rows, bh * slots, rows
 
 
 def eager(tensors):
@@ -134,7 +147,7 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, w: Tensor, weights: Optional[T
                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """y [.., Nq, Dv] float32, and the saved key state (empty unless save_context; causal:
     the chunk states and rows, save_causal_states; only the CPU kernel saves one; a hybrid
-    call none). precision: 'f32' or 'bf16' (AttentionOptions::precision; the backward is
+    call causal only, _state_size). precision: 'f32' or 'bf16' (AttentionOptions::precision; the backward is
     float32). window, sinks: hybrid attention (AttentionOptions::window, ::sinks).
     Kernels: CPU the C++ library (cpu_forward), CUDA the fused Triton kernels, every other
     device plain torch operations (this default; kernels.py)."""
@@ -151,7 +164,8 @@ def cpu_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, 
     y, _, ctx = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                       kernel, causal, scale, save_context, precision=precision, window=window,
                       sinks=sinks)
-    n_states, n_maxima = _state_size(q, v, w, kernel, causal) if save_context else (0, 0)
+    n_states, n_maxima, _ = (_state_size(q, v, w, kernel, causal, window, sinks)
+                             if save_context else (0, 0, 0))
     if ctx is None:  # nothing saved (or no state to save): the backward recomputes
         return (T.tensor(y), torch.zeros(n_states), torch.zeros(n_maxima, dtype=torch.float64),
                 torch.zeros(2, dtype=torch.int64))
@@ -168,7 +182,8 @@ def cpu_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, 
 @attention_op.register_fake
 def _(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel, causal,
       scale, save_context, precision, window=0, sinks=0):
-    n_states, n_maxima = _state_size(q, v, w, kernel, causal) if save_context else (0, 0)
+    n_states, n_maxima, _ = (_state_size(q, v, w, kernel, causal, window, sinks)
+                             if save_context else (0, 0, 0))
     y = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
     return (y, q.new_empty(n_states, dtype=torch.float32),
             q.new_empty(n_maxima, dtype=torch.float64), q.new_empty(2, dtype=torch.int64))
@@ -203,7 +218,7 @@ def cpu_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fi
     if states.numel() and int(fingerprint[0]) == 1:
         saved, rows = T.array(states), None
         if causal:  # [chunk states | rows]
-            n_rows = q.numel() // q.shape[-1] * (v.shape[-1] + 1)
+            n_rows = _state_size(q, v, w, kernel, causal, window, sinks)[2]
             saved, rows = saved[:saved.size - n_rows], saved[saved.size - n_rows:]
         context = _core.AttentionContext.from_arrays(saved, T.array(maxima),
                                                      _unsigned(int(fingerprint[1])), rows)
