@@ -162,6 +162,11 @@ void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView
   detail::check_output(out, output_shape(s), "out", {q, k, v});
   const double scale = detail::resolve_scale(options.scale, s.d);
   const kernels::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
+  if (options.window != 0 || options.sinks != 0) {
+    detail::check_window_options(options, s);
+    detail::window_forward(p, scale, options.causal, options.window, options.sinks);
+    return;
+  }
   // Inputs whose float32 logits or sums could overflow take the double path whatever the
   // option (the f32 path would return inf or NaN for finite inputs; docs/numerics.md).
   const bool in_double =

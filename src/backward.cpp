@@ -141,6 +141,11 @@ AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v
   const Checked c = check_backward(q, k, v, dy, options.causal, options.key_mask, options.scale);
   AttentionGrads g;
   const kernels::BackwardParams bp = make_params(q, k, v, dy, c, options.key_mask, g);
+  if (options.window != 0 || options.sinks != 0) {
+    detail::check_window_options(options, c.s);
+    detail::window_backward(bp, c.scale, options.causal, options.window, options.sinks);
+    return g;
+  }
   kernels::backend().exact_attention_backward(bp, options.causal);
   return g;
 }

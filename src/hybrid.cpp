@@ -160,16 +160,20 @@ void run_parts(const AttentionParams& base, const ResolvedMap& resolved, Plan& p
 }
 
 // The exact part's params.
-kernels::BandParams band_params(const AttentionParams& base, const ResolvedMap& resolved,
-                                const AttentionOptions& o, const Plan& plan) {
+kernels::BandParams band_params(const AttentionParams& base, double scale, bool causal,
+                                int64_t window, int64_t sinks, const int64_t* sink_index) {
   kernels::BandParams bp;
   bp.p = base;
-  bp.scale = resolved.scale;
-  bp.causal = o.causal;
-  bp.window = o.window;
-  bp.sinks = o.sinks;
-  bp.sink_index = plan.sinks.data();
+  bp.scale = scale;
+  bp.causal = causal;
+  bp.window = window;
+  bp.sinks = sinks;
+  bp.sink_index = sink_index;
   return bp;
+}
+kernels::BandParams band_params(const AttentionParams& base, const ResolvedMap& resolved,
+                                const AttentionOptions& o, const Plan& plan) {
+  return band_params(base, resolved.scale, o.causal, o.window, o.sinks, plan.sinks.data());
 }
 
 // The causal forward with its estimated part: one sweep (kernels::HybridCausalParams).
@@ -443,6 +447,37 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
 
   for (size_t q = 0; q < plan.parts.size(); ++q)
     if (plan.parts[q].reversed) part_backward(plan.parts[q], part_rows[q]);
+}
+
+void window_forward(const AttentionParams& base, double scale, bool causal, int64_t window,
+                    int64_t sinks, double* lse) {
+  const std::vector<int64_t> sink = sink_index(base, sinks);
+  kernels::BandParams bp = band_params(base, scale, causal, window, sinks, sink.data());
+  bp.lse = lse;
+  kernels::backend().band_attention(bp);
+}
+
+void window_backward(const BackwardParams& bp, double scale, bool causal, int64_t window,
+                     int64_t sinks) {
+  const AttentionParams& base = bp.fwd;
+  const int64_t n = base.nq, heads = base.batch * base.heads, dv = base.dv;
+  std::vector<float> y(static_cast<size_t>(heads * n * dv));
+  std::vector<double> lse(static_cast<size_t>(heads * n));
+  AttentionParams fwd = base;
+  fwd.out = y.data();
+  fwd.out_strides = {base.heads * n * dv, n * dv, dv, 1};
+  window_forward(fwd, scale, causal, window, sinks, lse.data());
+  const std::vector<int64_t> sink = sink_index(base, sinks);
+  kernels::BandBackwardParams band;
+  band.band = band_params(base, scale, causal, window, sinks, sink.data());
+  band.dy = bp.dy;
+  band.dy_strides = bp.dy_strides;
+  band.merged_y = y.data();
+  band.merged_lse = lse.data();
+  band.dq = bp.dq;
+  band.dk = bp.dk;
+  band.dv = bp.dv;
+  kernels::backend().band_attention_backward(band);
 }
 
 }  // namespace favor::detail

@@ -45,4 +45,12 @@ double row_log_weight(const ResolvedMap& r, const kernels::FeatureParams& fp, in
 void hybrid_backward(const kernels::BackwardParams& bp, const ResolvedMap& resolved,
                      const AttentionOptions& options, const AttentionContext* context = nullptr);
 
+/// Exact softmax over each query's window and sinks alone (ExactOptions::window, ::sinks:
+/// the exact part with no estimated part) into base.out, and lse (B*H x N) where set.
+void window_forward(const kernels::AttentionParams& base, double scale, bool causal, int64_t window,
+                    int64_t sinks, double* lse = nullptr);
+/// Its gradients into bp.dq, dk, dv (zeroed); recomputes the forward.
+void window_backward(const kernels::BackwardParams& bp, double scale, bool causal, int64_t window,
+                     int64_t sinks);
+
 }  // namespace favor::detail

@@ -7,6 +7,7 @@
 //   ./favor_tests --gtest_filter='Hybrid*'
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -245,6 +246,84 @@ TEST(Hybrid, ContextIsSavedWhereThereIsAPartAndChecked) {
     expect_error([&] { favor_attention_backward(s.q, s.k, s.v, dy, s.map, o, false, &context); },
                  "context: only a causal hybrid forward call");
   }
+}
+
+// exact_attention with ExactOptions::window, ::sinks: softmax over each query's window and
+// sinks alone (the hybrid's exact part, no estimator), against a float64 softmax over that
+// set written out here; its gradients against central differences of it.
+TEST(Hybrid, ExactOverTheWindowAloneIsSoftmaxOverItsKeys) {
+  const std::pair<int64_t, int64_t> shapes[] = {{4, 2}, {0, 3}, {6, 0}, {40, 1}};
+  for (bool causal : {true, false})
+    for (auto [w, sinks] : shapes)
+      for (Mask mask : {Mask::none, Mask::periodic, Mask::left_padded}) {
+        const Case c{Kernel::positive, causal, w, sinks, mask};
+        Inputs s(c);
+        ExactOptions o;
+        o.causal = causal;
+        o.window = w;
+        o.sinks = sinks;
+        o.key_mask = s.o.key_mask;
+        const int64_t B = Inputs::B, H = Inputs::H, N = Inputs::N, D = Inputs::D, Dv = Inputs::Dv;
+        const double scale = 1.0 / std::sqrt(double(D));
+        // the oracle: keys of row i are its window and the batch row's first `sinks` kept keys
+        auto oracle = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+          std::vector<double> y(static_cast<size_t>(B * H * N * Dv), 0.0);
+          for (int64_t b = 0; b < B; ++b) {
+            std::vector<int64_t> first;
+            for (int64_t j = 0; j < N && int64_t(first.size()) < sinks; ++j)
+              if (s.flags[b * N + j]) first.push_back(j);
+            for (int64_t h = 0; h < H; ++h)
+              for (int64_t i = 0; i < N; ++i) {
+                std::vector<std::pair<int64_t, double>> keys;
+                for (int64_t j = 0; j < N; ++j) {
+                  const bool in_window = i - j < w && (causal ? j <= i : j - i < w);
+                  const bool sink = std::find(first.begin(), first.end(), j) != first.end() &&
+                                    (!causal || j <= i);
+                  if (!s.flags[b * N + j] || !(in_window || sink)) continue;
+                  double dot = 0.0;
+                  for (int64_t x = 0; x < D; ++x)
+                    dot += double(q.at(b, h, i, x)) * k.at(b, h, j, x);
+                  keys.emplace_back(j, scale * dot);
+                }
+                if (keys.empty()) continue;
+                double top = -INFINITY, den = 0.0;
+                for (auto& kv : keys) top = std::max(top, kv.second);
+                for (auto& kv : keys) den += std::exp(kv.second - top);
+                for (auto& kv : keys)
+                  for (int64_t x = 0; x < Dv; ++x)
+                    y[((b * H + h) * N + i) * Dv + x] +=
+                        std::exp(kv.second - top) / den * v.at(b, h, kv.first, x);
+              }
+          }
+          return y;
+        };
+        const std::string label = name_of(c);
+        const Tensor fast = exact_attention(s.q, s.k, s.v, o);
+        EXPECT_LE(testing::rel_error(fast, oracle(s.q, s.k, s.v)), 1e-6) << label;
+        const Tensor dy = random_tensor({B, H, N, Dv}, 4);
+        const AttentionGrads g = exact_attention_backward(s.q, s.k, s.v, dy, o);
+        auto loss = [&] { return testing::output_loss(dy, oracle(s.q, s.k, s.v)); };
+        auto as_double = [](const auto& values) {
+          return std::vector<double>(values.begin(), values.end());
+        };
+        EXPECT_LE(testing::fd_error_float(s.q.values(), as_double(g.dq.values()), loss), 1e-4)
+            << label << " dq";
+        EXPECT_LE(testing::fd_error_float(s.k.values(), as_double(g.dk.values()), loss), 1e-4)
+            << label << " dk";
+        EXPECT_LE(testing::fd_error_float(s.v.values(), as_double(g.dv.values()), loss), 1e-4)
+            << label << " dv";
+      }
+  ExactOptions bad;
+  bad.window = 4;
+  bad.accumulation = Accumulation::f64;
+  const Tensor x = random_tensor({1, 1, 5, 4}, 1);
+  expect_error([&] { exact_attention(x, x, x, bad); }, "accumulation: f64 is not available");
+  bad.accumulation = Accumulation::f32;
+  bad.window = -1;
+  expect_error([&] { exact_attention(x, x, x, bad); }, "window: -1 must be >= 0");
+  bad.window = 2;
+  const Tensor longer = random_tensor({1, 1, 6, 4}, 2);
+  expect_error([&] { exact_attention(x, longer, longer, bad); }, "Nq == Nk");
 }
 
 TEST(Hybrid, WindowCoveringTheSequenceIsExactSoftmax) {

@@ -117,6 +117,12 @@ struct ExactOptions {
   std::optional<double> scale;
   std::optional<KeyMaskView> key_mask;
   Accumulation accumulation = Accumulation::f32;
+  /// Above 0: exact softmax over each query's window and the first `sinks` visible keys
+  /// alone, as in hybrid attention (AttentionOptions::window, ::sinks) with the estimator
+  /// removed (StreamingLLM's attention; the baseline a hybrid must beat). Needs Nq == Nk and
+  /// f32 accumulation; O(N (window + sinks) D) per head.
+  int64_t window = 0;
+  int64_t sinks = 0;
 };
 
 /// Exact softmax attention, blockwise with an online softmax: never materialises N x N.

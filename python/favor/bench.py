@@ -12,7 +12,9 @@ call against favor._core.time_attention (the C++ call timed in C++), and favor.t
 favor threads = torch threads against favor forced to more threads (oversubscription).
 Sections sdpa and call (favor/bench_sdpa.py): torch 2.x's fused scaled_dot_product_attention
 as the exact baseline (crossover, ratios at 4k and 16k) and the per-call overhead of
-favor.torch at N = 1..64. --sections picks some; all run by default.
+favor.torch at N = 1..64. Section window (favor/bench_window.py): method='window' (the
+window and sinks alone) through C++'s band kernel against the torch band. --sections picks
+some; all run by default.
 """
 import argparse
 import json
@@ -30,11 +32,12 @@ from favor.torch import plain
 
 from . import bench_helpers as bh
 from . import bench_sdpa
+from . import bench_window
 
 BATCH, HEADS, DIM, FEATURES = 2, 4, 64, 256
 PLAIN_CHUNK = 64  # plain.favor_plus's default chunk (a Python loop: longer chunks suit it)
 IMPLS = ("favor", "torch_favor_plus", "softmax")
-SECTIONS = ("attention", "overhead", "oversubscription", "sdpa", "call")
+SECTIONS = ("attention", "overhead", "oversubscription", "sdpa", "call", "window")
 
 
 def parse(argv):
@@ -253,6 +256,7 @@ def tables(doc):
           bh.fmt_ms(r["oversubscribed_seconds"]),
           f"{r['slowdown']:.2f}"] for r in os_]))
     out.append(bench_sdpa.tables(doc["records"]))
+    out.append(bench_window.tables(doc["records"]))
     return "\n\n".join(t for t in out if t)
 
 
@@ -294,6 +298,10 @@ def main(argv=None):
     for causal in args.masks if "sdpa" in on else []:
         for n in args.sdpa_lengths:
             records += bench_sdpa.sdpa_rows(args, n, causal, log)
+            save(False)
+    for causal in args.masks if "window" in on else []:
+        for n in args.lengths:
+            records += bench_window.window_rows(args, n, causal, log, BATCH, HEADS, DIM)
             save(False)
     records += bench_sdpa.sdpa_summary(records)
     records += overhead_rows(args, proj) if "overhead" in on else []

@@ -167,9 +167,12 @@ void bind_attention(py::module_& m) {
   m.def(
       "exact_attention",
       [](const py::handle& q, const py::handle& k, const py::handle& v, bool causal,
-         std::optional<double> scale, const py::handle& key_mask, const std::string& accumulate) {
+         std::optional<double> scale, const py::handle& key_mask, const std::string& accumulate,
+         int64_t window, int64_t sinks) {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
-        const ExactOptions o = exact_options(causal, scale, c, accumulate);
+        ExactOptions o = exact_options(causal, scale, c, accumulate);
+        o.window = window;
+        o.sinks = sinks;
         const Shape4 shape = c.output_shape();
         py::array_t<float> y = new_output(shape, c.q.rank);
         const MutableTensorView out = output_view(y, shape);
@@ -181,15 +184,18 @@ void bind_attention(py::module_& m) {
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false,
       py::arg("scale") = py::none(), py::arg("key_mask") = py::none(),
-      py::arg("accumulate") = "f32");
+      py::arg("accumulate") = "f32", py::arg("window") = 0, py::arg("sinks") = 0);
 
   m.def(
       "exact_attention_backward",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
-         bool causal, std::optional<double> scale, const py::handle& key_mask) {
+         bool causal, std::optional<double> scale, const py::handle& key_mask, int64_t window,
+         int64_t sinks) {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         const Input g = c.gradient(dy);
-        const ExactOptions o = exact_options(causal, scale, c, "f32");
+        ExactOptions o = exact_options(causal, scale, c, "f32");
+        o.window = window;
+        o.sinks = sinks;
         AttentionGrads grads;
         {
           py::gil_scoped_release release;
@@ -198,7 +204,8 @@ void bind_attention(py::module_& m) {
         return grads_tuple(std::move(grads), c.q.rank);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("causal") = false,
-      py::arg("scale") = py::none(), py::arg("key_mask") = py::none());
+      py::arg("scale") = py::none(), py::arg("key_mask") = py::none(), py::arg("window") = 0,
+      py::arg("sinks") = 0);
 
   m.def(
       "features",

@@ -93,6 +93,31 @@ def test_method_window_is_the_window_and_sinks_alone(causal):
         ft.attention(q, k, v, method="window", window=3, decay=0.9, causal=True)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_method_window_runs_cpp_on_the_cpu_and_equals_the_torch_band(causal):
+    """method='window' is favor::exact_attention with window and sinks: on the CPU C++'s band
+    kernel (ExactOptions::window), elsewhere the torch band; both give the same rows and
+    gradients, and the op compiles as one node (fullgraph)."""
+    q, k, v = qkv(n=70)
+    mask = left_padding(70)
+    outs = []
+    for backend in (None, "torch"):
+        ts = [t.clone().requires_grad_() for t in (q, k, v)]
+        y = ft.attention(*ts, causal=causal, method="window", window=9, sinks=2,
+                         key_padding_mask=mask, backend=backend)
+        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+        outs.append([y.detach()] + [t.grad for t in ts])
+    for cpp, band in zip(*outs):
+        assert (cpp - band).norm() <= 1e-6 * band.norm()
+    y = favor._core.exact_attention(*(t.numpy() for t in (q, k, v)), causal=causal, window=9,
+                                    sinks=2, key_mask=(~mask).numpy())
+    assert np.array_equal(y, outs[0][0].numpy())
+    f = torch.compile(lambda a, b, c: ft.attention(a, b, c, causal=causal, method="window",
+                                                   window=9, sinks=2), fullgraph=True)
+    assert torch.equal(f(q, k, v), ft.attention(q, k, v, causal=causal, method="window",
+                                                window=9, sinks=2))
+
+
 def test_bad_window_and_sinks_are_refused_naming_them():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="window: -1 must be >= 0"):

@@ -242,4 +242,13 @@ void check_hybrid(int64_t window, int64_t sinks, const AttentionShape& s) {
   }
 }
 
+void check_window_options(const ExactOptions& options, const AttentionShape& s) {
+  check_hybrid(options.window, options.sinks, s);
+  if (options.accumulation == Accumulation::f64) {
+    throw Error(
+        "accumulation: f64 is not available with window or sinks (the window's kernel "
+        "accumulates in f32)");
+  }
+}
+
 }  // namespace favor::detail

@@ -68,5 +68,7 @@ void check_dy(const TensorView& dy, const AttentionShape& s);
 /// Hybrid attention's rules: window >= 0, sinks >= 0 and, when either is above 0, q and k of
 /// one sequence (Nq == Nk).
 void check_hybrid(int64_t window, int64_t sinks, const AttentionShape& s);
+/// ExactOptions::window, ::sinks: check_hybrid's rules, and f32 accumulation.
+void check_window_options(const ExactOptions& options, const AttentionShape& s);
 
 }  // namespace favor::detail

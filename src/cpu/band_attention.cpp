@@ -118,38 +118,6 @@ void gather_sinks(const kernels::AttentionParams& p, int64_t b, int64_t h, const
   }
 }
 
-// The tile's scores, masked: window block ws.s [rows][t.count] and sink block ws.ss
-// [rows][sinks]; -inf where the key is not the row's. The sinks are gathered (ws.ks, vs).
-void tile_scores(const BandParams& bp, int64_t b, int64_t h, int64_t t0, int64_t rows,
-                 const TileKeys& t, const TileRows& tr, BandWorkspace& ws) {
-  const kernels::AttentionParams& p = bp.p;
-  const int64_t d = p.d, ns = t.ns;
-  const auto scale = static_cast<float>(bp.scale);
-  if (t.count > 0) {
-    gemm(false, true, rows, t.count, d, scale, tr.q.data, tr.q.ld, tr.k.data, tr.k.ld, 0.0f,
-         ws.s.data(), t.count);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = ws.s.data() + r * t.count;
-      const Columns c = window_columns(bp, t, t0 + r);
-      std::fill(row, row + c.lo, -INFINITY);
-      std::fill(row + c.hi, row + t.count, -INFINITY);
-      if (p.mask == nullptr) continue;
-      for (int64_t x = c.lo; x < c.hi; ++x)
-        if (!visible(p, b, t.lo + x)) row[x] = -INFINITY;
-    }
-  }
-  if (ns > 0) {
-    gather_sinks(p, b, h, t, ws);
-    gemm(false, true, rows, ns, d, scale, tr.q.data, tr.q.ld, ws.ks.data(), d, 0.0f, ws.ss.data(),
-         ns);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t u = 0; u < ns; ++u) {
-        const int64_t i = t0 + r, j = t.sinks[u];
-        if (in_window(bp, i, j) || (bp.causal && j > i)) ws.ss[r * ns + u] = -INFINITY;
-      }
-  }
-}
-
 // Merges row i's exact [num | den] (log scale top) with the estimated parts' rows into y_i
 // (at stride; through tmp, dv floats, when not 1) and lse_i; false for a zero row (y_i = 0,
 // lse_i = -inf).
@@ -205,36 +173,32 @@ bool merge_row(const BandParams& bp, int64_t bh, int64_t i, const float* exact, 
 
 namespace {
 
-// The rows of a tile whose window holds column c: [first, last) (window_columns is monotone
-// in the row).
-void rows_with_column(const Columns* cols, int64_t rows, int64_t c, int64_t* range) {
-  int64_t first = 0;
-  while (first < rows && cols[first].hi <= c) ++first;
-  int64_t last = first;
-  while (last < rows && cols[last].lo <= c) ++last;
-  range[0] = first;
-  range[1] = last;
+// dst [cols][rows] = src [rows][cols] (src rows at stride ld), in 8 x 8 blocks.
+void transpose(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+  constexpr int64_t kB = 8;
+  for (int64_t r0 = 0; r0 < rows; r0 += kB)
+    for (int64_t c0 = 0; c0 < cols; c0 += kB) {
+      const int64_t r1 = std::min(rows, r0 + kB), c1 = std::min(cols, c0 + kB);
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = src[r * ld + c];
+    }
 }
 
-// A tile's exact rows, keys along the rows of the scores (S^T = K Q^T and P^T, so that both
-// products run as plain GEMMs: OpenBLAS's small kernels take K Q^T at twice the rate of
-// Q K^T at these sizes): ws.o [rows][dv + 1] = [sum exp(s_ij - M_i) v_j | sum exp(s_ij -
-// M_i)], tops[r] = M_i.
-void exact_rows(const BandParams& bp, int64_t b, int64_t h, int64_t t0, int64_t rows,
-                const TileKeys& t, const TileRows& tr, float* tops, BandWorkspace& ws) {
+// A tile's scores with the keys along the rows (S^T = K Q^T: a plain GEMM, which OpenBLAS's
+// small kernels run at twice the rate of Q K^T at these sizes): ws.s [count][rows] for the
+// window, ws.ss [ns][rows] for the sinks (gathered into ws.ks, vs), -inf where the key is
+// not the row's; ws.qt holds Q^T.
+void transposed_scores(const BandParams& bp, int64_t b, int64_t h, int64_t t0, int64_t rows,
+                       const TileKeys& t, const TileRows& tr, BandWorkspace& ws) {
   const kernels::AttentionParams& p = bp.p;
-  const int64_t d = p.d, dv = p.dv, ld = dv + 1, ns = t.ns;
+  const int64_t d = p.d, ns = t.ns;
   const auto scale = static_cast<float>(bp.scale);
   float* qt = ws.qt.data();  // Q^T [d][rows]
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t x = 0; x < d; ++x) qt[x * rows + r] = tr.q.row(r)[x];
-  float* st = ws.s.data();    // S^T [count][rows]
-  float* sst = ws.ss.data();  // the sinks' [ns][rows]
+  transpose(tr.q.data, tr.q.ld, rows, d, qt);
+  float* st = ws.s.data();
+  float* sst = ws.ss.data();
   Columns cols[kBandTile];
-  for (int64_t r = 0; r < rows; ++r) {
-    cols[r] = window_columns(bp, t, t0 + r);
-    tops[r] = -INFINITY;
-  }
+  for (int64_t r = 0; r < rows; ++r) cols[r] = window_columns(bp, t, t0 + r);
   if (t.count > 0)
     gemm(false, false, t.count, rows, d, scale, tr.k.data, tr.k.ld, qt, rows, 0.0f, st, rows);
   if (ns > 0) {
@@ -243,19 +207,38 @@ void exact_rows(const BandParams& bp, int64_t b, int64_t h, int64_t t0, int64_t 
     for (int64_t u = 0; u < ns; ++u)
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = t0 + r, j = t.sinks[u];
-        float& x = sst[u * rows + r];
-        if (in_window(bp, i, j) || (bp.causal && j > i)) x = -INFINITY;
-        tops[r] = std::max(tops[r], x);
+        if (in_window(bp, i, j) || (bp.causal && j > i)) sst[u * rows + r] = -INFINITY;
       }
   }
-  // each key's rows: -inf outside them, the row max, then exp(s - M) (-inf: 0) and the row
-  // sums, over whole columns (full SIMD vectors)
+  // each key's rows, [first, last): window_columns is monotone in the row, so both bounds
+  // only grow with the column; -inf outside them
+  int64_t first = 0, last = 0;
   for (int64_t c = 0; c < t.count; ++c) {
-    int64_t e[2] = {0, 0};
-    if (visible(p, b, t.lo + c)) rows_with_column(cols, rows, c, e);
+    while (first < rows && cols[first].hi <= c) ++first;
+    last = std::max(last, first);
+    while (last < rows && cols[last].lo <= c) ++last;
     float* x = st + c * rows;
-    std::fill(x, x + e[0], -INFINITY);
-    std::fill(x + std::max(e[0], e[1]), x + rows, -INFINITY);
+    if (!visible(p, b, t.lo + c)) {
+      std::fill(x, x + rows, -INFINITY);
+      continue;
+    }
+    std::fill(x, x + first, -INFINITY);
+    std::fill(x + last, x + rows, -INFINITY);
+  }
+}
+
+// A tile's exact rows from transposed_scores: ws.o [rows][dv + 1] = [sum exp(s_ij - M_i) v_j |
+// sum exp(s_ij - M_i)], tops[r] = M_i; the row max, exp(s - M) (-inf: 0) and the row sums
+// over whole columns (full SIMD vectors), then P V as P^T's transpose.
+void exact_rows(const BandParams& bp, int64_t b, int64_t h, int64_t t0, int64_t rows,
+                const TileKeys& t, const TileRows& tr, float* tops, BandWorkspace& ws) {
+  const int64_t dv = bp.p.dv, ld = dv + 1, ns = t.ns;
+  transposed_scores(bp, b, h, t0, rows, t, tr, ws);
+  float* st = ws.s.data();
+  float* sst = ws.ss.data();
+  for (int64_t r = 0; r < rows; ++r) tops[r] = -INFINITY;
+  for (int64_t c = 0; c < t.count + ns; ++c) {
+    const float* x = c < t.count ? st + c * rows : sst + (c - t.count) * rows;
     for (int64_t r = 0; r < rows; ++r) tops[r] = std::max(tops[r], x[r]);
   }
   float neg[kBandTile], den[kBandTile];
@@ -337,60 +320,52 @@ void band_backward(const BandBackwardParams& g, const Config& config) {
       const int64_t ns = t.ns;
       if (t.count == 0 && ns == 0) continue;
       const TileRows tr = tile_rows(p, b, h, t0, rows, t, ws);
-      tile_scores(bp, b, h, t0, rows, t, tr, ws);
+      transposed_scores(bp, b, h, t0, rows, t, tr, ws);
+      // the tile's dy (rows x dv), dy^T, y . dy and -lse per row (-inf: a zero row, whose
+      // weights are then 0)
+      float* dyt = ws.dyt.data();
+      float delta[kBandTile], neg[kBandTile];
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = t0 + r;
-        for (int64_t x = 0; x < dv; ++x)
-          ws.dy[r * dv + x] = dyh[i * g.dy_strides[2] + x * g.dy_strides[3]];
-        std::copy_n(g.merged_y + (bh * p.nq + i) * dv, dv, ws.y.data() + r * dv);
+        float* dy = ws.dy.data() + r * dv;
+        for (int64_t x = 0; x < dv; ++x) dy[x] = dyh[i * g.dy_strides[2] + x * g.dy_strides[3]];
+        delta[r] = dot(dy, g.merged_y + (bh * p.nq + i) * dv, dv);
         const double lse = g.merged_lse[bh * p.nq + i];
-        float* sw = ws.s.data() + r * t.count;
-        float* sk = ws.ss.data() + r * ns;
-        if (std::isinf(lse)) {  // a zero row passes no gradient
-          std::fill(sw, sw + t.count, 0.0f);
-          std::fill(sk, sk + ns, 0.0f);
-          continue;
-        }
-        // P = exp(s - lse) (-inf: 0)
-        exp_affine(sw, 1.0f, static_cast<float>(-lse), sw, t.count);
-        exp_affine(sk, 1.0f, static_cast<float>(-lse), sk, ns);
+        neg[r] = std::isinf(lse) ? -INFINITY : static_cast<float>(-lse);
       }
-      // dP = dY V^T, then dS = scale P (dP - dy . y) in dp / dps (the sinks gathered by
-      // tile_scores)
+      transpose(ws.dy.data(), dv, rows, dv, dyt);
+      // P^T = exp(S^T - lse) (-inf: 0); dP^T = V dY^T; dS^T = scale P^T (dP^T - y . dy)
+      float* st = ws.s.data();
+      float* sst = ws.ss.data();
+      float* dpt = ws.dp.data();
+      float* dpst = ws.dps.data();
+      for (int64_t c = 0; c < t.count + ns; ++c) {
+        float* x = c < t.count ? st + c * rows : sst + (c - t.count) * rows;
+        exp_affine_plus(x, 1.0f, 0.0f, neg, x, rows);
+      }
       if (t.count > 0)
-        gemm(false, true, rows, t.count, dv, 1.0f, ws.dy.data(), dv, tr.v.data, tr.v.ld, 0.0f,
-             ws.dp.data(), t.count);
+        gemm(false, false, t.count, rows, dv, 1.0f, tr.v.data, tr.v.ld, dyt, rows, 0.0f, dpt, rows);
       if (ns > 0)
-        gemm(false, true, rows, ns, dv, 1.0f, ws.dy.data(), dv, ws.vs.data(), dv, 0.0f,
-             ws.dps.data(), ns);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float delta = dot(ws.dy.data() + r * dv, ws.y.data() + r * dv, dv);
-        for (int64_t c = 0; c < t.count; ++c) {
-          float& x = ws.dp[r * t.count + c];
-          x = scale * ws.s[r * t.count + c] * (x - delta);
-        }
-        for (int64_t u = 0; u < ns; ++u) {
-          float& x = ws.dps[r * ns + u];
-          x = scale * ws.ss[r * ns + u] * (x - delta);
-        }
+        gemm(false, false, ns, rows, dv, 1.0f, ws.vs.data(), dv, dyt, rows, 0.0f, dpst, rows);
+      for (int64_t c = 0; c < t.count + ns; ++c) {
+        const float* pr = c < t.count ? st + c * rows : sst + (c - t.count) * rows;
+        float* x = c < t.count ? dpt + c * rows : dpst + (c - t.count) * rows;
+        for (int64_t r = 0; r < rows; ++r) x[r] = scale * pr[r] * (x[r] - delta[r]);
       }
-      const float* qt = tr.q.data;
-      const int64_t ldq = tr.q.ld;
+      const float* dyr = ws.dy.data();
       if (t.count > 0) {
         // dq_t += dS K_win; dk_win += dS^T q_t; dv_win += P^T dy_t
-        gemm(false, false, rows, d, t.count, 1.0f, ws.dp.data(), t.count, tr.k.data, tr.k.ld, 1.0f,
-             dq + t0 * d, d);
-        gemm(true, false, t.count, d, rows, 1.0f, ws.dp.data(), t.count, qt, ldq, 1.0f,
+        gemm(true, false, rows, d, t.count, 1.0f, dpt, rows, tr.k.data, tr.k.ld, 1.0f, dq + t0 * d,
+             d);
+        gemm(false, false, t.count, d, rows, 1.0f, dpt, rows, tr.q.data, tr.q.ld, 1.0f,
              dk + t.lo * d, d);
-        gemm(true, false, t.count, dv, rows, 1.0f, ws.s.data(), t.count, ws.dy.data(), dv, 1.0f,
-             dvh + t.lo * dv, dv);
+        gemm(false, false, t.count, dv, rows, 1.0f, st, rows, dyr, dv, 1.0f, dvh + t.lo * dv, dv);
       }
       if (ns > 0) {
-        gemm(false, false, rows, d, ns, 1.0f, ws.dps.data(), ns, ws.ks.data(), d, 1.0f, dq + t0 * d,
+        gemm(true, false, rows, d, ns, 1.0f, dpst, rows, ws.ks.data(), d, 1.0f, dq + t0 * d, d);
+        gemm(false, false, ns, d, rows, 1.0f, dpst, rows, tr.q.data, tr.q.ld, 0.0f, ws.dks.data(),
              d);
-        gemm(true, false, ns, d, rows, 1.0f, ws.dps.data(), ns, qt, ldq, 0.0f, ws.dks.data(), d);
-        gemm(true, false, ns, dv, rows, 1.0f, ws.ss.data(), ns, ws.dy.data(), dv, 0.0f,
-             ws.dvs.data(), dv);
+        gemm(false, false, ns, dv, rows, 1.0f, sst, rows, dyr, dv, 0.0f, ws.dvs.data(), dv);
         for (int64_t u = 0; u < ns; ++u) {
           const int64_t j = t.sinks[u];
           for (int64_t x = 0; x < d; ++x) dk[j * d + x] += ws.dks[u * d + x];

@@ -16,7 +16,7 @@ constexpr int64_t kBandTile = 64;
 /// A thread's scratch for band_rows and band_backward.
 struct BandWorkspace {
   std::vector<float> q, k, v, dy, y;  // the tile's rows when gathered; its dy and merged y
-  std::vector<float> qt;              // forward: the tile's Q^T
+  std::vector<float> qt, dyt;         // the tile's Q^T and (backward) dY^T
   std::vector<float> s, ss;           // scores: window [kBandTile][span], sinks [kBandTile][sinks]
   std::vector<float> ks, vs;          // the sinks' keys and values, gathered
   std::vector<float> o;               // forward: the tile's exact [num | den] rows
@@ -30,6 +30,7 @@ struct BandWorkspace {
         dy(kBandTile * dv),
         y(kBandTile * dv),
         qt(kBandTile * d),
+        dyt(kBandTile * dv),
         s(kBandTile * span_),
         ss(kBandTile * std::max<int64_t>(sinks, 1)),
         ks(std::max<int64_t>(sinks, 1) * d),

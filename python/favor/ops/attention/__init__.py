@@ -219,7 +219,8 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     merged rows; the backward then skips the forward (docs/hybrid.md).
 
     method='window': the window and the sinks alone (exact softmax, the estimator removed:
-    the baseline a hybrid must beat; plain torch on any device).
+    the baseline a hybrid must beat; the op favor::exact_attention with window and sinks:
+    C++'s band kernel on the CPU, plain torch elsewhere).
     window, sinks (method='favor' or 'window', Nq = Nk): hybrid attention (docs/math.md, "Hybrid
     attention"): exact softmax on each query's last `window` keys (causal; bidirectional
     |i - j| < window) and on the first `sinks` keys the mask keeps, the estimator on the
@@ -289,21 +290,18 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
         if any(x is not None for x in map_args):
             raise _core.Error("method: 'window' takes no feature map, weights, bias, "
                               "feature_weights or decay (it has no estimator)")
-        y = _window(q32, k32, v32, mask, bool(causal), scale, window, sinks)
+        y = _window(q32, k32, v32, mask, bool(causal), scale, window, sinks, backend)
     else:
         raise _core.Error(f"method: '{method}' is not a method; use favor, exact or window")
     return y if out_dtype == torch.float32 else y.to(out_dtype)
 
 
-def _window(q, k, v, mask, causal, scale, window, sinks):
-    """method='window': hybrid attention's exact part alone (plain torch, differentiable)."""
-    from .hybrid import window_attention
-    paths.check_inputs(q, k, v, causal, mask, window, sinks)
+def _window(q, k, v, mask, causal, scale, window, sinks, backend=None):
+    """method='window': hybrid attention's exact part alone, favor::exact_attention with
+    window and sinks (CPU: C++'s band kernel; elsewhere the torch band), whose kernels check
+    the inputs (not here: a compiled call traces this)."""
     if not (window or sinks):
         raise _core.Error("window, sinks: method='window' attends to the window and the sinks "
                           "only; give window > 0 or sinks > 0")
-    d = q.shape[-1]
-    s = d ** -0.5 if scale is None else float(_args.optional_number(scale, "scale"))
-    qf, kf, vf = paths.flat(q), paths.flat(k), paths.flat(v)
-    y = window_attention(qf, kf, vf, paths.keep_rows(mask, q), causal, window, sinks, s)
-    return y.reshape(*q.shape[:-1], v.shape[-1])
+    return exact_attention(q, k, v, mask, causal, scale, backend=backend, window=window,
+                           sinks=sinks)
