@@ -19,6 +19,13 @@ std::string build_info();
 /// favor was built with oneDNN, and FAVOR_NO_BF16 is unset (or "" or "0"). Checked per call.
 bool bf16_available();
 
+/// Gives the memory the process has freed but its allocator still holds back to the system
+/// (glibc's malloc_trim; elsewhere nothing) and returns whether it could. Large buffers
+/// freed between calls of different sizes stay in glibc's arenas once its mmap threshold
+/// has grown past them: favor.hf calls this after each layer's prompt (docs/hf.md,
+/// "Memory"), so that a long prompt's per-layer buffers do not add up.
+bool release_freed_memory();
+
 /// Tile sizes of the CPU kernels, for cost models and benchmarks.
 struct KernelInfo {
   int64_t row_tile;      ///< rows per feature tile (bidirectional)

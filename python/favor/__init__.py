@@ -14,7 +14,7 @@ processes (torch.distributed or mpi4py): ``favor.distributed``. Docs: docs/pytho
 """
 from . import _core
 from ._core import AttentionContext, Error, KernelFit, Projection, bf16_available, kernel_info
-from ._core import num_threads, optimal_a, relative_frobenius_error
+from ._core import num_threads, optimal_a, relative_frobenius_error, release_freed_memory
 from ._threads import build_info, set_num_threads
 from .api import (AttentionOutput, Decoder, FeatureMapGrads, Grads, attention,
                   attention_backward, exact_attention, exact_attention_backward, features,
@@ -32,7 +32,7 @@ __all__ = [
     "attention", "attention_backward", "bf16_available", "build_info", "exact_attention",
     "exact_attention_backward", "features", "fit_kernel", "kernel_info", "kernel_mse",
     "make_projection", "num_threads", "optimal_a", "reference", "relative_frobenius_error",
-    "set_num_threads",
+    "release_freed_memory", "set_num_threads",
     # learned feature maps (favor/feature_map.py, favor/fit.py; fit_features needs torch)
     "FeatureMap", "FeatureMapGrads", "fit_features",
     # Transformer-VQ (favor/vq.py)

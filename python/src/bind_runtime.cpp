@@ -17,6 +17,9 @@ void bind_runtime(py::module_& m) {
         "FAVOR_NO_BF16 unset)");
   m.def("set_num_threads", &set_num_threads, py::arg("n"));
   m.def("num_threads", &num_threads);
+  m.def("release_freed_memory", &release_freed_memory,
+        "Gives memory freed but held by the allocator back to the system (glibc's "
+        "malloc_trim); whether it could");
   m.def("kernel_info", [] {
     const KernelInfo k = kernel_info();
     py::dict d;

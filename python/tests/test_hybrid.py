@@ -430,6 +430,33 @@ def test_a_hybrid_mistral_serves_calls_beyond_its_sliding_window_and_beams():
         plain(input_ids=ids, attention_mask=mask)
 
 
+def test_generate_gives_back_what_each_prompt_layer_freed(monkeypatch):
+    """The cache layers hand the allocator's freed memory back to the system after each
+    layer's prompt and when the cache is dropped (favor.release_freed_memory; glibc keeps a
+    long prompt's freed buffers otherwise, docs/hf.md "Memory"), and a hybrid decoder on the
+    C++ engine drops its torch state (the engine holds the state)."""
+    fh = pytest.importorskip("favor.hf")
+    import gc
+    calls = []
+    monkeypatch.setattr(favor._core, "release_freed_memory", lambda: calls.append(1) or True)
+    m = hf_models.make("llama")
+    ids, mask = hf_models.inputs(n=12)
+    fh.convert(m, "favor", window=4, sinks=1, features=32)
+    cache = fh.FavorCache()
+    with torch.no_grad():
+        m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False,
+                   cache=cache)
+    layers = len(cache.layers)
+    assert layers > 0 and len(calls) == layers  # one per layer's prompt
+    decoders = [layer.decoder for layer in cache.layers]
+    assert all(d._engine is not None and d.ring_k.numel() == 0 and
+               d.linear._state.sums.numel() == 0 for d in decoders)
+    del cache, decoders
+    gc.collect()
+    assert len(calls) == 2 * layers  # and one per layer as the cache goes
+    assert favor.release_freed_memory() in (True, False)
+
+
 def test_transfer_fits_with_window_dropout_deterministically():
     fh = pytest.importorskip("favor.hf")
     ids, mask = hf_models.inputs(n=40, pad=3)

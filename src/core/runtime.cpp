@@ -5,6 +5,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#if defined(__GLIBC__)  // (set by <cstdlib>)
+#include <malloc.h>
+#endif
 
 #include "favor/error.hpp"
 #include "favor/version.hpp"
@@ -31,6 +34,15 @@ int threads_from_environment() {
 void set_num_threads(int n) {
   if (n < 1) throw Error("threads: " + std::to_string(n) + " must be >= 1");
   g_threads.store(n);
+}
+
+bool release_freed_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+  return true;
+#else
+  return false;
+#endif
 }
 
 int num_threads() {

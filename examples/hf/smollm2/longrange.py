@@ -167,6 +167,9 @@ def main():
     p.add_argument("--rss-new", type=int, default=16, help="tokens generate() makes after "
                    "the --memory-at prompt in the process-memory measure (0: skip it)")
     p.add_argument("--rss-worker", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--process-only", action="store_true",
+                   help="re-measure only the process memory (--rss-new) of the rows already "
+                        "in --out (the original and each --model), keeping their other figures")
     p.add_argument("--table", action="store_true", help="print --out's table and stop")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -208,6 +211,20 @@ def main():
                        "minutes": (time.perf_counter() - t) / 60}
         del student
     rank = out.get("rank")
+    if args.process_only:
+        for entry in ["original=original"] + args.model:
+            name, spec = entry.split("=", 1)
+            spec, layers = (spec.split("+", 1)[0], ints(spec.split("+", 1)[1])) \
+                if "+" in spec and not spec.split("+", 1)[1].startswith("greedy:") else (spec, ())
+            if name not in out["rows"]:
+                raise SystemExit(f"--process-only: no row {name!r} in {args.out}")
+            out["rows"][name]["process"] = rss(spec, layers, args.memory_at, args.rss_new,
+                                               args.threads)
+            print(name, json.dumps(out["rows"][name]["process"]), flush=True)
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
+        print(study_table(json.loads(json.dumps(out))))
+        return
     kv_full = memory(original, ids, args.memory_at)
     for entry in ["original=original"] + args.model:
         name, spec = entry.split("=", 1)

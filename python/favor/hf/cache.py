@@ -17,7 +17,9 @@ The prompt runs through the decoder's prefill (favor::decode_step, 'prefill': ca
 attention that leaves the state; on the CPU one C++ sweep that featurises the keys once);
 every later token is one step ('step': fused on the CPU, the fused Triton step on CUDA).
 Under autograd the prompt goes through the layer's core instead (differentiable) and its
-keys are then appended. Beam search reorders the state by batch index (reorder_cache).
+keys are then appended. After a layer's prompt on the CPU the allocator's freed memory goes
+back to the system (favor.release_freed_memory: glibc keeps a long prompt's freed buffers
+of each layer, which add up over the layers; docs/hf.md, "Memory"). Beam search reorders the state by batch index (reorder_cache).
 
 A softmax layer of the plan (convert's softmax_layers) keeps keys and values: in a cache
 generate() made, its transformers key-value layer stays; in a FavorCache, a FavorCacheLayer
@@ -96,6 +98,8 @@ class FavorCacheLayer(CacheLayerMixin):
                 self.decoder = make(core, q.shape[0])
                 y = self.decoder.prefill(q, k, v, key_mask=new)
                 core.learn(k, pad)
+                if q.device.type == "cpu":  # the prompt's buffers back to the system, not
+                    _core.release_freed_memory()  # kept by malloc (docs/hf.md, "Memory")
             else:  # VQ (no prefill) or autograd: the core, then the keys appended
                 y = core(q, k, v, key_padding_mask=pad, causal=True)
                 self.decoder = make(core, q.shape[0])
@@ -106,6 +110,12 @@ class FavorCacheLayer(CacheLayerMixin):
         if t == 1:
             return self.decoder.step(q, k, v, key_mask=new)
         return self.decoder.prefill(q, k, v, key_mask=new)  # several tokens: causal
+
+    def __del__(self):
+        # A dropped cache (generate() returned) gives back what its steps freed, as the
+        # prompt's layers did: a CPU state's process then holds what it did before.
+        if self.__dict__.get("decoder") is not None and _core:
+            _core.release_freed_memory()
 
     def offload(self):
         """The state is small and fixed: it stays where it is (no offloading)."""

@@ -25,6 +25,7 @@ from ..ops.attention import generic
 from ..ops.attention.canonical import TRIG, canonical_map
 from ..ops.attention.hybrid import pair_log_const
 from . import _tensors as T
+from ..ops.decoder import empty_state
 from .decoder import HYBRID, Decoder
 from .function import attention
 
@@ -137,11 +138,16 @@ class HybridDecoder:
         a = dict(self._engine_args)
         self._engine = api.Decoder(a.pop("batch"), a.pop("heads"), a.pop("dv"),
                                    a.pop("projection"), **a)
+        # the engine holds the state from now on: the torch state's tensors go
+        self._empty(0, torch.device("cpu"))
+        self.linear._state = empty_state(0, self.heads, self.dv, self.linear._d.features)
+        self.linear._d = None  # (its C++ decoder too)
         return True
 
     @staticmethod
     def _np(x):
-        return x.detach().float().contiguous().numpy()
+        # a strided view, not a copy: favor's C++ calls read any strides
+        return x.detach().float().numpy()
 
     @staticmethod
     def _np_mask(key_mask):
