@@ -161,3 +161,7 @@ def test_the_docs_quote_the_long_range_study_as_measured():
     with open(os.path.join(results, "hybrid_start.json")) as f:
         out = json.load(f)
     _quoted(_script("hybrid_start").table(out), out["rows"], "examples/hf/smollm2/README.md")
+    # issue 49: generate()'s process memory at 1k-8k (longrange.py --process-lengths)
+    with open(os.path.join(results, "memory.json")) as f:
+        out = json.load(f)
+    _quoted(_script("longrange").memory_table(out), out["process_lengths"], "docs/hf.md")

@@ -18,6 +18,12 @@ original is always the first row. Perplexity and passkey at 1k, 4k and 8k by def
 Memory, two figures a row: the decoding state + caches after an 8k prompt (fh.cache_bytes),
 and the process's (--rss-new: each model alone in a fresh process, generate() on the 8k
 prompt; the peak resident set above the loaded model's, and what stays held after).
+--process-only re-measures that figure alone for the rows already in --out;
+--process-lengths 1024,2048,4096,8192 measures it alone at each prompt length (issue 49):
+
+    python examples/hf/smollm2/longrange.py --out examples/hf/smollm2/results/memory.json \
+        --process-lengths 1024,2048,4096,8192 --model "positive-fit hybrid=positive-fit" \
+        --model "shipped plan=examples/hf/smollm2/gated-hybrid-4-softmax"
 
 Prints a markdown table; --out keeps every figure.
 """
@@ -121,6 +127,30 @@ def rss(spec, layers, n, new, threads):
     return json.loads(line[len("RESULT "):])
 
 
+def memory_table(out):
+    """--process-lengths' table: generate()'s peak resident set above the loaded model (and
+    what it holds after) per prompt length, a row a model, and each as a share of the
+    original's peak at that length."""
+    sweep = out["process_lengths"]
+    lengths = sorted({int(n) for r in sweep.values() for n in r})
+    base = sweep.get("original", {})
+    head = ["model"] + [f"{n // 1024}k: peak (held)" for n in lengths]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for name, r in sweep.items():
+        cells = [name]
+        for n in lengths:
+            p = r.get(str(n))
+            if p is None:
+                cells.append("-")
+                continue
+            share = (f", {p['peak_growth_bytes'] / base[str(n)]['peak_growth_bytes']:.2f}x"
+                     if name != "original" and str(n) in base else "")
+            cells.append(f"+{p['peak_growth_bytes'] / 2**20:.0f} MiB{share} "
+                         f"(+{p['held_bytes'] / 2**20:.0f} MiB)")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def study_table(out):
     """The study's markdown table: every suite figure with both memories, a row a model."""
     rows = out["rows"]
@@ -167,6 +197,9 @@ def main():
     p.add_argument("--rss-new", type=int, default=16, help="tokens generate() makes after "
                    "the --memory-at prompt in the process-memory measure (0: skip it)")
     p.add_argument("--rss-worker", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--process-lengths", help="LENGTHS: only generate()'s process memory of the "
+                   "original and each --model at each prompt length (comma-separated), into "
+                   "--out's process_lengths; --table then prints them")
     p.add_argument("--process-only", action="store_true",
                    help="re-measure only the process memory (--rss-new) of the rows already "
                         "in --out (the original and each --model), keeping their other figures")
@@ -181,7 +214,24 @@ def main():
         return
     if args.table:
         with open(args.out) as f:
-            print(study_table(json.load(f)))
+            out = json.load(f)
+        print(study_table(out) if "rows" in out and out["rows"] else memory_table(out))
+        return
+    if args.process_lengths:
+        out = {}
+        if os.path.exists(args.out):
+            with open(args.out) as f:
+                out = json.load(f)
+        sweep = out.setdefault("process_lengths", {})
+        out.update(new=args.rss_new, threads=args.threads, text="python-packages (held out)")
+        for entry in ["original=original"] + args.model:
+            name, spec = entry.split("=", 1)
+            for n in (int(x) for x in args.process_lengths.split(",")):
+                sweep.setdefault(name, {})[str(n)] = rss(spec, (), n, args.rss_new, args.threads)
+                print(name, n, json.dumps(sweep[name][str(n)]), flush=True)
+                with open(args.out, "w") as f:
+                    json.dump(out, f, indent=1)
+        print(memory_table(out))
         return
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
