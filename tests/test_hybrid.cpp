@@ -326,6 +326,22 @@ TEST(Hybrid, ExactOverTheWindowAloneIsSoftmaxOverItsKeys) {
   expect_error([&] { exact_attention(x, longer, longer, bad); }, "Nq == Nk");
 }
 
+// Calls from the threads of the caller's own OpenMP team (a small call runs on the calling
+// thread, whose omp_get_thread_num() is then the caller's): each gives the serial result.
+TEST(Hybrid, CallsFromTheCallersOpenMPThreadsAgree) {
+  Inputs s(Case{Kernel::positive, true, 4, 2, Mask::left_padded});
+  const Tensor serial = favor_attention(s.q, s.k, s.v, s.map, s.o);
+  constexpr int kCallers = 6;
+  std::vector<Tensor> outs;
+  for (int t = 0; t < kCallers; ++t)
+    outs.emplace_back(Shape4{Inputs::B, Inputs::H, Inputs::N, Inputs::Dv});
+#pragma omp parallel for num_threads(kCallers) schedule(static, 1)
+  for (int t = 0; t < kCallers; ++t)
+    favor_attention(s.q, s.k, s.v, s.map, outs[t].mutable_view(), s.o);
+  for (int t = 0; t < kCallers; ++t)
+    EXPECT_EQ(outs[t].values(), serial.values()) << "caller thread " << t;
+}
+
 TEST(Hybrid, WindowCoveringTheSequenceIsExactSoftmax) {
   for (bool causal : {false, true}) {
     Inputs s({Kernel::positive, causal, Inputs::N, 0, Mask::left_padded});

@@ -5,8 +5,6 @@
 // the sweep's and the band's per-thread workspaces, nothing of the sequence's size.
 #include "cpu/hybrid_causal.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -38,8 +36,7 @@ void save_rows(const kernels::HybridCausalParams& hp, int64_t bh, int64_t i0, in
 
 class MergeHook final : public kernels::PartHook {
  public:
-  MergeHook(const kernels::HybridCausalParams& hp, std::vector<BandWorkspace>& spaces)
-      : hp_(hp), spaces_(spaces) {}
+  explicit MergeHook(const kernels::HybridCausalParams& hp) : hp_(hp) {}
 
   void rows(int64_t bh, int64_t r0, int64_t rows, const float* yx,
             const double* shift) const override {
@@ -65,8 +62,10 @@ class MergeHook final : public kernels::PartHook {
     part.head_stride = 0;
     part.reversed = false;
     bp.part_count = 1;
-    BandWorkspace& ws = spaces_[static_cast<size_t>(omp_get_thread_num())];
-    zero_rows_ += band_rows(bp, bh, i0, i0 + rows, ws);
+    // the calling thread's own workspace (a kernel thread, or the caller's outside a parallel
+    // region: omp_get_thread_num() would then be the caller's team's), kept between chunks
+    auto lease = lend_band_workspaces(bp, 1);
+    zero_rows_ += band_rows(bp, bh, i0, i0 + rows, lease.spaces().front());
     save_rows(hp_, bh, i0, rows, scale);
   }
 
@@ -74,7 +73,6 @@ class MergeHook final : public kernels::PartHook {
 
  private:
   const kernels::HybridCausalParams& hp_;
-  std::vector<BandWorkspace>& spaces_;
   mutable std::atomic<int64_t> zero_rows_{0};
 };
 
@@ -84,19 +82,21 @@ int64_t hybrid_causal(const kernels::HybridCausalParams& hp, const Config& confi
   const kernels::BandParams& band = hp.band;
   const int64_t heads = band.p.batch * band.p.heads, n = band.p.nq;
   const int64_t head_rows = std::min(hp.offset, n);
-  auto lease = lend_band_workspaces(band, std::max(1, config.threads));
-  std::vector<BandWorkspace>& spaces = lease.spaces();
   // The queries before the part's first row: exact terms alone (band.part_count is 0).
   const Schedule plan = heads_only(heads, config.threads,
                                    double(heads * head_rows) * double(band.window + band.sinks) *
                                        (4.0 * double(band.p.d + band.p.dv)));
-  int64_t zero_rows = for_each_head(plan, spaces, [&](int64_t bh, BandWorkspace& ws) {
-    const int64_t zeros = band_rows(band, bh, 0, head_rows, ws);
-    save_rows(hp, bh, 0, head_rows, nullptr);
-    return zeros;
-  });
+  int64_t zero_rows = 0;
+  {
+    auto lease = lend_band_workspaces(band, plan.team);  // given back before the sweep lends
+    zero_rows = for_each_head(plan, lease.spaces(), [&](int64_t bh, BandWorkspace& ws) {
+      const int64_t zeros = band_rows(band, bh, 0, head_rows, ws);
+      save_rows(hp, bh, 0, head_rows, nullptr);
+      return zeros;
+    });
+  }
   if (hp.offset >= n) return zero_rows;
-  MergeHook hook(hp, spaces);
+  MergeHook hook(hp);
   kernels::AttentionParams part = hp.part;
   part.part_hook = &hook;
   favor_causal(part, config);
