@@ -176,7 +176,6 @@ kernels::BandParams band_params(const AttentionParams& base, const ResolvedMap& 
   return band_params(base, resolved.scale, o.causal, o.window, o.sinks, plan.sinks.data());
 }
 
-// The causal forward with its estimated part: one sweep (kernels::HybridCausalParams).
 // Where a saved context's parts lie (hybrid_context_layout).
 struct SavedParts {
   float* states;
@@ -196,6 +195,8 @@ SavedParts saved_parts(AttentionContext& c, const HybridContextLayout& l, int64_
           c.rows.data() + heads * l.part_rows * (dv + 1)};
 }
 
+// The causal forward with its estimated part: one sweep (kernels::HybridCausalParams); with a
+// context, saving it.
 int64_t fused_causal(const AttentionParams& base, const ResolvedMap& resolved,
                      const AttentionOptions& options, const Plan& plan, double* lse,
                      AttentionContext* context) {
