@@ -237,57 +237,32 @@ void HybridDecoder::query(TensorView q, MutableTensorView out) const {
   std::vector<float> rows(static_cast<size_t>(heads * T * ld));
   std::vector<double> shift(static_cast<size_t>(heads * T));
   linear_.query_parts(q, rows.data(), shift.data());
-  std::vector<double> s(static_cast<size_t>(window_ + sinks_)), num(static_cast<size_t>(dv_));
-  for (int64_t bh = 0; bh < heads; ++bh) {
-    const int64_t b = bh / heads_, h = bh % heads_;
-    for (int64_t t = 0; t < T; ++t) {
-      const float* qi = row_of(q, b, h, t);
-      // the exact part: the ring's kept tokens and the sinks outside it
-      double top = -INFINITY;
-      auto score = [&](const float* key) {
-        double acc = 0.0;
-        for (int64_t x = 0; x < d_; ++x) acc += double(qi[x * q.strides[3]]) * key[x];
-        return scale_ * acc;
-      };
-      for (int64_t u = 0; u < window_; ++u) {
-        s[u] = ring_keep_[b * window_ + u] ? score(&ring_k_[((bh * window_) + u) * d_]) : -INFINITY;
-        top = std::max(top, s[u]);
-      }
-      for (int64_t u = 0; u < sinks_; ++u) {
-        const int64_t j = sink_pos_[b * sinks_ + u];
-        const bool outside = j >= 0 && j <= last - window_;
-        s[window_ + u] = outside ? score(&sink_k_[((bh * sinks_) + u) * d_]) : -INFINITY;
-        top = std::max(top, s[window_ + u]);
-      }
-      const double lin = shift[bh * T + t];
-      const double ref = std::max(top, lin);
-      float* y = out.data + b * out.strides[0] + h * out.strides[1] + t * out.strides[2];
-      if (std::isinf(ref)) {
-        for (int64_t x = 0; x < dv_; ++x) y[x * out.strides[3]] = 0.0f;
-        continue;
-      }
-      std::fill(num.begin(), num.end(), 0.0);
-      double den = 0.0;
-      for (int64_t u = 0; u < window_ + sinks_; ++u) {
-        if (std::isinf(s[u])) continue;
-        const double p = std::exp(s[u] - ref);
-        const float* val = u < window_ ? &ring_v_[((bh * window_) + u) * dv_]
-                                       : &sink_v_[((bh * sinks_) + u - window_) * dv_];
-        for (int64_t x = 0; x < dv_; ++x) num[x] += p * val[x];
-        den += p;
-      }
-      if (!std::isinf(lin)) {
-        const double f = std::exp(lin - ref);
-        const float* r = &rows[(bh * T + t) * ld];
-        for (int64_t x = 0; x < dv_; ++x) num[x] += f * r[x];
-        den += f * r[dv_];
-      }
-      bool ok = den > 0.0 && std::isfinite(den);
-      for (int64_t x = 0; x < dv_; ++x) ok = ok && std::isfinite(num[x] / den);
-      for (int64_t x = 0; x < dv_; ++x)
-        y[x * out.strides[3]] = ok ? static_cast<float>(num[x] / den) : 0.0f;
-    }
-  }
+  // the sinks outside the ring (their position at most the last token's - window)
+  std::vector<uint8_t> sink_live(static_cast<size_t>(batch_ * sinks_));
+  for (int64_t i = 0; i < batch_ * sinks_; ++i)
+    sink_live[i] = sink_pos_[i] >= 0 && sink_pos_[i] <= last - window_ ? 1 : 0;
+  kernels::BandDecodeParams p;
+  p.q = q.data;
+  p.q_strides = q.strides;
+  p.out = out.data;
+  p.out_strides = out.strides;
+  p.batch = batch_;
+  p.heads = heads_;
+  p.T = T;
+  p.d = d_;
+  p.dv = dv_;
+  p.scale = scale_;
+  p.window = window_;
+  p.sinks = sinks_;
+  p.ring_k = ring_k_.data();
+  p.ring_v = ring_v_.data();
+  p.ring_live = ring_keep_.data();
+  p.sink_k = sink_k_.data();
+  p.sink_v = sink_v_.data();
+  p.sink_live = sink_live.data();
+  p.part_rows = rows.data();
+  p.part_shift = shift.data();
+  kernels::backend().band_decode(p);
 }
 
 Tensor HybridDecoder::query(TensorView q) const {

@@ -88,6 +88,7 @@ class CpuBackend final : public kernels::Backend {
   int64_t band_attention(const kernels::BandParams& p) override {
     return cpu::band_forward(p, runtime_config());
   }
+  void band_decode(const kernels::BandDecodeParams& p) override { cpu::band_decode(p); }
   int64_t hybrid_causal(const kernels::HybridCausalParams& p) override {
     return cpu::hybrid_causal(p, runtime_config());
   }

@@ -118,27 +118,14 @@ void gather_sinks(const kernels::AttentionParams& p, int64_t b, int64_t h, const
   }
 }
 
-// Merges row i's exact [num | den] (log scale top) with the estimated parts' rows into y_i
-// (at stride; through tmp, dv floats, when not 1) and lse_i; false for a zero row (y_i = 0,
-// lse_i = -inf).
-bool merge_row(const BandParams& bp, int64_t bh, int64_t i, const float* exact, double top,
-               float* y, int64_t stride, double* lse, float* tmp) {
-  const int64_t n = bp.p.nq, dv = bp.p.dv, ld = dv + 1;
-  const float* rows[3] = {exact, nullptr, nullptr};
-  double scales[3] = {top, -INFINITY, -INFINITY};
-  int used = 1;
-  double S = top;
-  for (int q = 0; q < bp.part_count; ++q) {
-    const kernels::BandPart& part = bp.parts[q];
-    const int64_t r = part.reversed ? n - 1 - part.offset - i : i - part.offset;
-    if (r < part.first || r >= part.first + part.rows) continue;
-    const int64_t at = bh * part.head_stride + r - part.first;
-    const double L = part.shift[at];
-    if (std::isinf(L)) continue;
-    rows[used] = part.data + at * ld;
-    scales[used++] = L;
-    S = std::max(S, L);
-  }
+// y = sum_u e^(L_u - S) num_u / sum_u e^(L_u - S) den_u over `used` rows [num | den] (dv + 1
+// floats) at log scales L_u (-inf: none), S = max_u L_u, into y (at stride; through tmp, dv
+// floats, when not 1), the factors and the denominator in double; *lse = S + log den. false
+// for a zero row (no part, a denominator not > 0, a non-finite y): y = 0, *lse = -inf.
+bool merge_parts(const float* const* rows, const double* scales, int used, int64_t dv, float* y,
+                 int64_t stride, float* tmp, double* lse) {
+  double S = -INFINITY;
+  for (int u = 0; u < used; ++u) S = std::max(S, scales[u]);
   bool ok = !std::isinf(S);
   float f[3] = {0.0f, 0.0f, 0.0f};
   double den = 0.0;
@@ -162,11 +149,35 @@ bool merge_row(const BandParams& bp, int64_t bh, int64_t i, const float* exact, 
   }
   if (!ok) {
     for (int64_t x = 0; x < dv; ++x) y[x * stride] = 0.0f;
-    if (lse) lse[bh * n + i] = -INFINITY;
+    *lse = -INFINITY;
     return false;
   }
-  if (lse) lse[bh * n + i] = S + std::log(den);
+  *lse = S + std::log(den);
   return true;
+}
+
+// Merges row i's exact [num | den] (log scale top) with the estimated parts' rows into y_i
+// (merge_parts) and lse_i where set.
+bool merge_row(const BandParams& bp, int64_t bh, int64_t i, const float* exact, double top,
+               float* y, int64_t stride, double* lse, float* tmp) {
+  const int64_t n = bp.p.nq, dv = bp.p.dv, ld = dv + 1;
+  const float* rows[3] = {exact, nullptr, nullptr};
+  double scales[3] = {top, -INFINITY, -INFINITY};
+  int used = 1;
+  for (int q = 0; q < bp.part_count; ++q) {
+    const kernels::BandPart& part = bp.parts[q];
+    const int64_t r = part.reversed ? n - 1 - part.offset - i : i - part.offset;
+    if (r < part.first || r >= part.first + part.rows) continue;
+    const int64_t at = bh * part.head_stride + r - part.first;
+    const double L = part.shift[at];
+    if (std::isinf(L)) continue;
+    rows[used] = part.data + at * ld;
+    scales[used++] = L;
+  }
+  double l = 0.0;
+  const bool ok = merge_parts(rows, scales, used, dv, y, stride, tmp, &l);
+  if (lse) lse[bh * n + i] = l;
+  return ok;
 }
 
 }  // namespace
@@ -297,6 +308,49 @@ int64_t band_forward(const BandParams& bp, const Config& config) {
   return for_each_head(plan, lease.spaces(), [&](int64_t bh, BandWorkspace& ws) {
     return band_rows(bp, bh, 0, p.nq, ws);
   });
+}
+
+void band_decode(const kernels::BandDecodeParams& p) {
+  const int64_t keys = p.window + p.sinks, d = p.d, dv = p.dv, ld = dv + 1;
+  std::vector<float> q(static_cast<size_t>(d)), s(static_cast<size_t>(std::max<int64_t>(keys, 1))),
+      exact(static_cast<size_t>(ld)), tmp(static_cast<size_t>(dv));
+  for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
+    const int64_t b = bh / p.heads, h = bh % p.heads;
+    for (int64_t t = 0; t < p.T; ++t) {
+      const float* qi = p.q + b * p.q_strides[0] + h * p.q_strides[1] + t * p.q_strides[2];
+      for (int64_t x = 0; x < d; ++x) q[x] = qi[x * p.q_strides[3]];
+      // the exact part: scores of the live keys (-inf elsewhere), their max, exp, sums
+      auto key = [&](int64_t u) {
+        return u < p.window ? p.ring_k + (bh * p.window + u) * d
+                            : p.sink_k + (bh * p.sinks + u - p.window) * d;
+      };
+      auto value = [&](int64_t u) {
+        return u < p.window ? p.ring_v + (bh * p.window + u) * dv
+                            : p.sink_v + (bh * p.sinks + u - p.window) * dv;
+      };
+      auto live = [&](int64_t u) {
+        return u < p.window ? p.ring_live[b * p.window + u] != 0
+                            : p.sink_live[b * p.sinks + u - p.window] != 0;
+      };
+      float top = -INFINITY;
+      for (int64_t u = 0; u < keys; ++u) {
+        s[u] = live(u) ? static_cast<float>(p.scale) * dot(q.data(), key(u), d) : -INFINITY;
+        top = std::max(top, s[u]);
+      }
+      std::fill(exact.begin(), exact.end(), 0.0f);
+      if (!std::isinf(top)) {
+        exp_affine(s.data(), 1.0f, -top, s.data(), keys);  // -inf: 0
+        for (int64_t u = 0; u < keys; ++u)
+          if (s[u] != 0.0f) scale_add(value(u), s[u], exact.data(), exact.data(), dv);
+        exact[dv] = sum_values(s.data(), keys);
+      }
+      const float* rows[2] = {exact.data(), p.part_rows + (bh * p.T + t) * ld};
+      const double scales[2] = {top, p.part_shift[bh * p.T + t]};
+      double lse = 0.0;
+      float* y = p.out + b * p.out_strides[0] + h * p.out_strides[1] + t * p.out_strides[2];
+      merge_parts(rows, scales, 2, dv, y, p.out_strides[3], tmp.data(), &lse);
+    }
+  }
 }
 
 void band_backward(const BandBackwardParams& g, const Config& config) {

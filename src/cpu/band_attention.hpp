@@ -52,6 +52,9 @@ int64_t band_rows(const kernels::BandParams& p, int64_t bh, int64_t begin, int64
                   BandWorkspace& ws);
 /// One workspace per thread of a team, lent between calls (cpu/schedule.hpp).
 LentWorkspaces<BandWorkspace> lend_band_workspaces(const kernels::BandParams& p, int team);
+/// A hybrid decoder's query rows, on the calling thread (a step's work is a few dot
+/// products per head).
+void band_decode(const kernels::BandDecodeParams& p);
 /// Adds the exact terms' gradients (given the merged output) to dq, dk, dv.
 void band_backward(const kernels::BandBackwardParams& p, const Config& config);
 

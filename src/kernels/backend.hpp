@@ -100,6 +100,8 @@ class Backend {
   /// Causal hybrid attention, its estimated part fused with the exact part; returns the
   /// zero rows.
   virtual int64_t hybrid_causal(const HybridCausalParams& p) = 0;
+  /// A hybrid decoder's query rows (kernels/band_params.hpp, BandDecodeParams).
+  virtual void band_decode(const BandDecodeParams& p) = 0;
   /// Transformer-VQ attention; return the number of rows written as zeros.
   virtual int64_t vq_bidirectional(const VQParams& p) = 0;
   virtual int64_t vq_causal(const VQParams& p) = 0;

@@ -79,6 +79,29 @@ struct HybridCausalParams {
   double* saved_scale = nullptr;
 };
 
+// A hybrid decoder's queries (src/hybrid_decoder.cpp): per (batch, head) and query t, the
+// exact part over the stored keys (the ring's `window` slots, then the `sinks`), each key
+// taking part where its flag is set, merged with the linear state's row as band_attention
+// merges a part (the same merge).
+struct BandDecodeParams {
+  const float* q;  // [B, H, T, D] at q_strides
+  Shape4 q_strides;
+  float* out;  // [B, H, T, Dv] at out_strides
+  Shape4 out_strides;
+  int64_t batch = 0, heads = 0, T = 0, d = 0, dv = 0;
+  double scale = 1.0;
+  int64_t window = 0, sinks = 0;
+  const float* ring_k = nullptr;  // [B*H][window][D], [B*H][window][Dv]
+  const float* ring_v = nullptr;
+  const uint8_t* ring_live = nullptr;  // [B][window]
+  const float* sink_k = nullptr;       // [B*H][sinks][D], [B*H][sinks][Dv]
+  const float* sink_v = nullptr;
+  const uint8_t* sink_live = nullptr;  // [B][sinks]
+  // The linear state's rows [B*H][T][Dv + 1] at full log scales [B*H][T] (-inf: none).
+  const float* part_rows = nullptr;
+  const double* part_shift = nullptr;
+};
+
 struct BandBackwardParams {
   BandParams band;
   const float* dy;
