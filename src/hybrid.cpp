@@ -107,9 +107,9 @@ double query_log_weight(const AttentionParams& p, const ResolvedMap& r,
                         const kernels::FeatureParams& fp, int64_t bh, int64_t i, int64_t view_row) {
   const int64_t b = bh / p.heads, h = bh % p.heads;
   const float* qi = p.q + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
-  double g = row_log_weight(r, fp, bh, qi, p.q_strides[3]);
-  if (fp.decay_rate) g -= fp.head_decay(bh) * double(view_row);
-  return g;
+  return kernels::query_log_weight(fp, bh, norm_weight(r, fp),
+                                   kernels::squared_norm(qi, fp.d, p.q_strides[3]),
+                                   head_log_constant(r, bh), view_row);
 }
 
 struct Plan {
@@ -234,12 +234,12 @@ int64_t fused_causal(const AttentionParams& base, const ResolvedMap& resolved,
 }
 
 // The forward on a plan into base.out, and lse (B*H x N) where set: causal, one sweep;
-// bidirectional or keep_rows, the estimated parts' rows kept in the plan (run_parts), then
+// bidirectional (or no estimated part), the parts' rows kept in the plan (run_parts), then
 // the exact terms merged with them by the band kernel.
 int64_t merge_forward(const AttentionParams& base, const ResolvedMap& resolved,
-                      const AttentionOptions& options, Plan& plan, double* lse, bool keep_rows,
+                      const AttentionOptions& options, Plan& plan, double* lse,
                       AttentionContext* context = nullptr) {
-  if (options.causal && !plan.parts.empty() && !keep_rows)
+  if (options.causal && !plan.parts.empty())
     return fused_causal(base, resolved, options, plan, lse, context);
   run_parts(base, resolved, plan);
   kernels::BandParams bp = band_params(base, resolved, options, plan);
@@ -329,7 +329,7 @@ int64_t hybrid_forward(const AttentionParams& base, const ResolvedMap& resolved,
                        const AttentionOptions& options, AttentionContext* context) {
   Plan plan = make_plan(base, options);
   if (context && !(options.causal && !plan.parts.empty())) context = nullptr;  // saves nothing
-  return merge_forward(base, resolved, options, plan, nullptr, false, context);
+  return merge_forward(base, resolved, options, plan, nullptr, context);
 }
 
 void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
@@ -349,7 +349,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
   if (!context && options.causal && !plan.parts.empty()) {
     AttentionParams fwd = base;
     fwd.out = nullptr;  // into the context's y
-    merge_forward(fwd, resolved, options, plan, nullptr, false, &local);
+    merge_forward(fwd, resolved, options, plan, nullptr, &local);
     context = &local;
   }
   if (context) {
@@ -363,7 +363,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
     AttentionParams fwd = base;
     fwd.out = y_store.data();
     fwd.out_strides = {base.heads * n * dv, n * dv, dv, 1};
-    merge_forward(fwd, resolved, options, plan, lse_store.data(), true);
+    merge_forward(fwd, resolved, options, plan, lse_store.data());
     merged = {y_store.data(), lse_store.data()};
     for (const Part& part : plan.parts) part_rows.push_back({part.rows_x.get(), part.shift.get()});
   }

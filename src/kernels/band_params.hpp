@@ -54,13 +54,18 @@ inline double squared_norm(const float* q, int64_t d, int64_t stride) {
 /// call, not against exact terms): norm |q_i|^2 (the query's norm term: -+ scale / 2 by the
 /// map's key norm, or 0), the features' constant on both sides (per head, as a log) and,
 /// with decay, minus the head's rate times the query's row in the part's view.
+// (the rule; QueryWeight holds the constants of a call)
+inline double query_log_weight(const FeatureParams& fp, int64_t bh, double norm, double q2,
+                               double constant, int64_t row) {
+  double g = norm * q2 + constant;
+  if (fp.decay_rate) g -= fp.head_decay(bh) * double(row);
+  return g;
+}
 struct QueryWeight {
   double norm = 0.0;
   const double* constant = nullptr;  // [B*H]
   double at(const FeatureParams& fp, int64_t bh, double q2, int64_t row) const {
-    double g = norm * q2 + constant[bh];
-    if (fp.decay_rate) g -= fp.head_decay(bh) * double(row);
-    return g;
+    return query_log_weight(fp, bh, norm, q2, constant[bh], row);
   }
 };
 
