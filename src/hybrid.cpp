@@ -101,8 +101,8 @@ AttentionParams part_params(const AttentionParams& base, const Part& part, const
   return p;
 }
 
-// What every key of query row i shares and the kernel leaves out (row_log_weight), plus the
-// query's decay clock (view row r: the kernel weighs key j by exp(rate j)).
+// What every key of query row i shares and the kernel leaves out (kernels::query_log_weight), plus
+// the query's decay clock (view row r: the kernel weighs key j by exp(rate j)).
 double query_log_weight(const AttentionParams& p, const ResolvedMap& r,
                         const kernels::FeatureParams& fp, int64_t bh, int64_t i, int64_t view_row) {
   const int64_t b = bh / p.heads, h = bh % p.heads;
@@ -318,11 +318,6 @@ double head_log_constant(const ResolvedMap& r, int64_t bh) {
   // 1 (hedgehog), FAVOR++ / FAVOR#'s per head from their fit
   if (r.adapted.heads > 0) return 2.0 * r.adapted.log_const[r.adapted.heads == 1 ? 0 : bh];
   return 2.0 * feature_log_constant(r.kernel, r.m);
-}
-
-double row_log_weight(const ResolvedMap& r, const kernels::FeatureParams& fp, int64_t bh,
-                      const float* q, int64_t stride) {
-  return norm_weight(r, fp) * kernels::squared_norm(q, fp.d, stride) + head_log_constant(r, bh);
 }
 
 int64_t hybrid_forward(const AttentionParams& base, const ResolvedMap& resolved,

@@ -27,16 +27,12 @@ inline bool is_hybrid(const AttentionOptions& options) {
 int64_t hybrid_forward(const kernels::AttentionParams& base, const ResolvedMap& resolved,
                        const AttentionOptions& options, AttentionContext* context = nullptr);
 
-/// row_log_weight's parts: the factor of |q|^2 (-+ scale / 2 by the map's key norm, or 0)
-/// and head bh's constant (the features' constant on both sides, as a log).
+/// What the kernels leave out of a query row's estimated sums (they cancel in a plain call,
+/// not against exact terms; kernels::query_log_weight): the factor of |q|^2 (-+ scale / 2 by
+/// the map's key norm, or 0) and head bh's constant (the features' constant on both sides,
+/// as a log).
 double norm_weight(const ResolvedMap& r, const kernels::FeatureParams& fp);
 double head_log_constant(const ResolvedMap& r, int64_t bh);
-
-/// What the kernels leave out of query row q's estimated sums (they cancel in a plain call,
-/// not against exact terms): the query's norm term (-+scale |q|^2 / 2 by the map's key norm)
-/// and the features' constant on both sides, as a log; q: the row's D values at `stride`.
-double row_log_weight(const ResolvedMap& r, const kernels::FeatureParams& fp, int64_t bh,
-                      const float* q, int64_t stride);
 
 /// Adds the gradients of a hybrid call to bp.dq, bp.dk, bp.dv (C-contiguous, zeroed) and to
 /// its parameter slices (bp.dw, dbias, dlogw, drate where set); bp.fwd as `base` above.

@@ -38,33 +38,45 @@ const float* row_of(const TensorView& t, int64_t b, int64_t h, int64_t i) {
 }  // namespace
 
 void Decoder::query_parts(TensorView q, float* rows, double* shift) const {
-  detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
-  const int64_t T = q.shape[2], heads = batch_ * heads_;
   if (S_.empty()) {  // nothing appended: every head is empty
-    std::fill(rows, rows + heads * T * (dv_ + 1), 0.0f);
-    std::fill(shift, shift + heads * T, -INFINITY);
+    detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
+    const int64_t n = batch_ * heads_ * q.shape[2];
+    std::fill(rows, rows + n * (dv_ + 1), 0.0f);
+    std::fill(shift, shift + n, -INFINITY);
     return;
   }
+  DecoderStateView own{const_cast<float*>(S_.data()), const_cast<double*>(max_.data()),
+                       const_cast<int64_t*>(row_pos_.data()), nullptr};
+  query_parts(own, q, rows, shift);
+}
+
+void Decoder::query_parts(const DecoderStateView& s, TensorView q, float* rows,
+                          double* shift) const {
+  detail::check_step(q, batch_, heads_, w_.d(), "q", "D");
+  const int64_t T = q.shape[2], heads = batch_ * heads_;
   kernels::DecoderQuery dq{};
   kernels::AttentionParams& p = dq.step;
   p = detail::attention_params(q, {}, {}, {batch_, heads_, T, 0, w_.d(), dv_}, 1.0, std::nullopt);
   p.out = nullptr;
   p.map = map_->params();
   dq.wt = wt_.data();
-  dq.sums = S_.data();
+  dq.sums = s.sums;
   dq.part_rows = rows;
   dq.part_shift = shift;
-  dq.log_max = max_.data();
+  dq.log_max = s.log_max;
   kernels::backend().decoder_query(dq);
   const kernels::FeatureParams fp = map_->params();
+  const double norm = detail::norm_weight(*map_, fp);
   for (int64_t bh = 0; bh < heads; ++bh) {
     const int64_t b = bh / heads_, h = bh % heads_;
-    // the query's decay clock: the last kept token's (the kernel weighs key j by its clock)
-    const double clock = fp.decay_rate ? double(row_pos_[b] - 1) * fp.head_decay(bh) : 0.0;
+    const double constant = detail::head_log_constant(*map_, bh);
     for (int64_t t = 0; t < T; ++t) {
-      double& s = shift[bh * T + t];
-      if (!std::isinf(s))
-        s += detail::row_log_weight(*map_, fp, bh, row_of(q, b, h, t), q.strides[3]) - clock;
+      double& x = shift[bh * T + t];
+      // the query's decay clock: the last kept token's (the kernel weighs key j by its clock)
+      if (!std::isinf(x))
+        x += kernels::query_log_weight(
+            fp, bh, norm, kernels::squared_norm(row_of(q, b, h, t), fp.d, q.strides[3]), constant,
+            s.row_positions[b] - 1);
     }
   }
 }
@@ -92,15 +104,39 @@ HybridDecoder::HybridDecoder(int64_t batch, int64_t heads, int64_t dv, FeatureMa
 }
 
 void HybridDecoder::reset() {
-  linear_.reset();
+  const int64_t BH = batch_ * heads_;
   position_ = 0;
-  ring_k_.assign(static_cast<size_t>(batch_ * heads_ * window_ * d_), 0.0f);
-  ring_v_.assign(static_cast<size_t>(batch_ * heads_ * window_ * dv_), 0.0f);
+  sums_.assign(static_cast<size_t>(BH * linear_.features() * (dv_ + 1)), 0.0f);
+  log_max_.assign(static_cast<size_t>(BH), -INFINITY);
+  row_pos_.assign(static_cast<size_t>(batch_), 0);
+  ring_k_.assign(static_cast<size_t>(BH * window_ * d_), 0.0f);
+  ring_v_.assign(static_cast<size_t>(BH * window_ * dv_), 0.0f);
   ring_keep_.assign(static_cast<size_t>(batch_ * window_), 0);
   ring_sink_.assign(static_cast<size_t>(batch_ * window_), 0);
-  sink_k_.assign(static_cast<size_t>(batch_ * heads_ * sinks_ * d_), 0.0f);
-  sink_v_.assign(static_cast<size_t>(batch_ * heads_ * sinks_ * dv_), 0.0f);
+  sink_k_.assign(static_cast<size_t>(BH * sinks_ * d_), 0.0f);
+  sink_v_.assign(static_cast<size_t>(BH * sinks_ * dv_), 0.0f);
   sink_pos_.assign(static_cast<size_t>(batch_ * sinks_), -1);
+  log_const_.resize(static_cast<size_t>(BH));
+  for (int64_t bh = 0; bh < BH; ++bh)
+    log_const_[size_t(bh)] = detail::head_log_constant(*linear_.map_, bh);
+}
+
+HybridDecoderStateView HybridDecoder::own() {
+  return {{sums_.data(), log_max_.data(), row_pos_.data(), nullptr},
+          &position_,
+          ring_k_.data(),
+          ring_v_.data(),
+          ring_keep_.data(),
+          ring_sink_.data(),
+          sink_k_.data(),
+          sink_v_.data(),
+          sink_pos_.data()};
+}
+
+DecoderStateView HybridDecoder::linear_view(const HybridDecoderStateView& s,
+                                            int64_t* folded) const {
+  *folded = std::max<int64_t>(*s.position - window_, 0);
+  return {s.linear.sums, s.linear.log_max, s.linear.row_positions, folded};
 }
 
 int64_t HybridDecoder::state_bytes() const {
@@ -111,62 +147,75 @@ int64_t HybridDecoder::state_bytes() const {
          int64_t(sizeof(int64_t)) * int64_t(sink_pos_.size());
 }
 
-// Token t of every row (k, v: rows of kv, vv at token index t of the caller's views)
-// enters: the token one window back leaves the ring for the linear state (sinks never do),
-// the row's first kept tokens become sinks.
-void HybridDecoder::push(const std::vector<uint8_t>& keep, const TensorView& kv,
-                         const TensorView& vv, int64_t t) {
-  const int64_t tok = position_;
-  std::vector<uint8_t> sink(static_cast<size_t>(batch_), 0);
+void HybridDecoder::take_sinks(HybridDecoderStateView& s, const uint8_t* keep, const TensorView& kv,
+                               const TensorView& vv, int64_t t, uint8_t* sink) const {
   for (int64_t b = 0; b < batch_; ++b) {
+    sink[b] = 0;
     if (!keep[b]) continue;
     int64_t count = 0;
-    while (count < sinks_ && sink_pos_[b * sinks_ + count] >= 0) ++count;
+    while (count < sinks_ && s.sink_pos[b * sinks_ + count] >= 0) ++count;
     if (count == sinks_) continue;
     sink[b] = 1;
-    sink_pos_[b * sinks_ + count] = tok;
+    s.sink_pos[b * sinks_ + count] = *s.position;
     for (int64_t h = 0; h < heads_; ++h) {
       const int64_t o = (b * heads_ + h) * sinks_ + count;
       const float* kr = row_of(kv, b, h, t);
       const float* vr = row_of(vv, b, h, t);
-      for (int64_t x = 0; x < d_; ++x) sink_k_[o * d_ + x] = kr[x * kv.strides[3]];
-      for (int64_t x = 0; x < dv_; ++x) sink_v_[o * dv_ + x] = vr[x * vv.strides[3]];
+      for (int64_t x = 0; x < d_; ++x) s.sink_k[o * d_ + x] = kr[x * kv.strides[3]];
+      for (int64_t x = 0; x < dv_; ++x) s.sink_v[o * dv_ + x] = vr[x * vv.strides[3]];
     }
   }
+}
+
+// Token t of every row (k, v: rows of kv, vv at token index t of the caller's views)
+// enters: the token one window back leaves the ring for the linear state (sinks never do),
+// the row's first kept tokens become sinks.
+void HybridDecoder::push(HybridDecoderStateView& s, const uint8_t* keep, const TensorView& kv,
+                         const TensorView& vv, int64_t t) {
+  const int64_t tok = *s.position;
+  sink_.resize(static_cast<size_t>(batch_));
+  fold_.resize(static_cast<size_t>(batch_));
+  take_sinks(s, keep, kv, vv, t, sink_.data());
+  int64_t folded = 0;
+  DecoderStateView lin = linear_view(s, &folded);
   // the token (or, with a window, the one leaving it) for the linear state
-  std::vector<uint8_t> fold(static_cast<size_t>(batch_), 0);
   if (window_ == 0) {
-    for (int64_t b = 0; b < batch_; ++b) fold[b] = keep[b] && !sink[b];
+    for (int64_t b = 0; b < batch_; ++b) fold_[b] = keep[b] && !sink_[b];
     const TensorView k1{row_of(kv, 0, 0, t), {batch_, heads_, 1, d_}, kv.strides};
     const TensorView v1{row_of(vv, 0, 0, t), {batch_, heads_, 1, dv_}, vv.strides};
-    linear_.append(k1, v1, KeyMaskView::contiguous(fold.data(), batch_, 1));
+    linear_.append(lin, k1, v1, KeyMaskView::contiguous(fold_.data(), batch_, 1));
   } else {
     const int64_t slot = tok % window_;
     if (tok >= window_) {
       for (int64_t b = 0; b < batch_; ++b)
-        fold[b] = ring_keep_[b * window_ + slot] && !ring_sink_[b * window_ + slot];
+        fold_[b] = s.ring_keep[b * window_ + slot] && !s.ring_sink[b * window_ + slot];
       const Shape4 ks{heads_ * window_ * d_, window_ * d_, d_, 1};
       const Shape4 vs{heads_ * window_ * dv_, window_ * dv_, dv_, 1};
-      const TensorView k1{ring_k_.data() + slot * d_, {batch_, heads_, 1, d_}, ks};
-      const TensorView v1{ring_v_.data() + slot * dv_, {batch_, heads_, 1, dv_}, vs};
-      linear_.append(k1, v1, KeyMaskView::contiguous(fold.data(), batch_, 1));
+      const TensorView k1{s.ring_k + slot * d_, {batch_, heads_, 1, d_}, ks};
+      const TensorView v1{s.ring_v + slot * dv_, {batch_, heads_, 1, dv_}, vs};
+      linear_.append(lin, k1, v1, KeyMaskView::contiguous(fold_.data(), batch_, 1));
     }
     for (int64_t b = 0; b < batch_; ++b) {
-      ring_keep_[b * window_ + slot] = keep[b];
-      ring_sink_[b * window_ + slot] = sink[b];
+      s.ring_keep[b * window_ + slot] = keep[b];
+      s.ring_sink[b * window_ + slot] = sink_[b];
       for (int64_t h = 0; h < heads_; ++h) {
         const int64_t o = (b * heads_ + h) * window_ + slot;
         const float* kr = row_of(kv, b, h, t);
         const float* vr = row_of(vv, b, h, t);
-        for (int64_t x = 0; x < d_; ++x) ring_k_[o * d_ + x] = kr[x * kv.strides[3]];
-        for (int64_t x = 0; x < dv_; ++x) ring_v_[o * dv_ + x] = vr[x * vv.strides[3]];
+        for (int64_t x = 0; x < d_; ++x) s.ring_k[o * d_ + x] = kr[x * kv.strides[3]];
+        for (int64_t x = 0; x < dv_; ++x) s.ring_v[o * dv_ + x] = vr[x * vv.strides[3]];
       }
     }
   }
-  position_ = tok + 1;
+  *s.position = tok + 1;
 }
 
 void HybridDecoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask) {
+  append(own(), k, v, key_mask);
+}
+
+void HybridDecoder::append(HybridDecoderStateView s, TensorView k, TensorView v,
+                           const std::optional<KeyMaskView>& key_mask) {
   detail::check_step(k, batch_, heads_, d_, "k", "D");
   detail::check_step(v, batch_, heads_, dv_, "v", "Dv");
   if (k.shape[2] != v.shape[2])
@@ -175,20 +224,21 @@ void HybridDecoder::append(TensorView k, TensorView v, const std::optional<KeyMa
   if (key_mask) detail::check_key_mask(*key_mask, batch_, k.shape[2], "T");
   detail::check_finite(k, "k");
   detail::check_finite(v, "v");
-  if (position_ == 0) {
-    build(k, v, key_mask);
+  if (*s.position == 0) {
+    build(s, k, v, key_mask);
     return;
   }
-  std::vector<uint8_t> keep(static_cast<size_t>(batch_));
+  keep_.resize(static_cast<size_t>(batch_));
   for (int64_t t = 0; t < k.shape[2]; ++t) {
-    for (int64_t b = 0; b < batch_; ++b) keep[b] = kept(key_mask, b, t);
-    push(keep, k, v, t);
+    for (int64_t b = 0; b < batch_; ++b) keep_[b] = kept(key_mask, b, t);
+    push(s, keep_.data(), k, v, t);
   }
 }
 
 // The state after the prompt k, v from an empty one, in bulk: the sinks, the tokens before
 // the last `window` into the linear state at once, the last `window` into the ring.
-void HybridDecoder::build(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask) {
+void HybridDecoder::build(HybridDecoderStateView& s, TensorView k, TensorView v,
+                          const std::optional<KeyMaskView>& key_mask) {
   const int64_t T = k.shape[2], folded = std::max<int64_t>(T - window_, 0);
   std::vector<uint8_t> sink(static_cast<size_t>(batch_ * T), 0);
   for (int64_t b = 0; b < batch_; ++b) {
@@ -196,11 +246,11 @@ void HybridDecoder::build(TensorView k, TensorView v, const std::optional<KeyMas
     for (int64_t t = 0; t < T && count < sinks_; ++t) {
       if (!kept(key_mask, b, t)) continue;
       sink[b * T + t] = 1;
-      sink_pos_[b * sinks_ + count] = t;
+      s.sink_pos[b * sinks_ + count] = t;
       for (int64_t h = 0; h < heads_; ++h) {
         const int64_t o = (b * heads_ + h) * sinks_ + count;
-        for (int64_t x = 0; x < d_; ++x) sink_k_[o * d_ + x] = k.at(b, h, t, x);
-        for (int64_t x = 0; x < dv_; ++x) sink_v_[o * dv_ + x] = v.at(b, h, t, x);
+        for (int64_t x = 0; x < d_; ++x) s.sink_k[o * d_ + x] = k.at(b, h, t, x);
+        for (int64_t x = 0; x < dv_; ++x) s.sink_v[o * dv_ + x] = v.at(b, h, t, x);
       }
       ++count;
     }
@@ -212,54 +262,75 @@ void HybridDecoder::build(TensorView k, TensorView v, const std::optional<KeyMas
         fold[b * folded + t] = kept(key_mask, b, t) && !sink[b * T + t];
     const TensorView kf{k.data, {batch_, heads_, folded, d_}, k.strides};
     const TensorView vf{v.data, {batch_, heads_, folded, dv_}, v.strides};
-    linear_.append(kf, vf, KeyMaskView::contiguous(fold.data(), batch_, folded));
+    int64_t none = 0;
+    linear_.append(linear_view(s, &none), kf, vf,
+                   KeyMaskView::contiguous(fold.data(), batch_, folded));
   }
   for (int64_t t = folded; t < T; ++t) {
     const int64_t slot = t % window_;
     for (int64_t b = 0; b < batch_; ++b) {
-      ring_keep_[b * window_ + slot] = kept(key_mask, b, t) ? 1 : 0;
-      ring_sink_[b * window_ + slot] = sink[b * T + t];
+      s.ring_keep[b * window_ + slot] = kept(key_mask, b, t) ? 1 : 0;
+      s.ring_sink[b * window_ + slot] = sink[b * T + t];
       for (int64_t h = 0; h < heads_; ++h) {
         const int64_t o = (b * heads_ + h) * window_ + slot;
-        for (int64_t x = 0; x < d_; ++x) ring_k_[o * d_ + x] = k.at(b, h, t, x);
-        for (int64_t x = 0; x < dv_; ++x) ring_v_[o * dv_ + x] = v.at(b, h, t, x);
+        for (int64_t x = 0; x < d_; ++x) s.ring_k[o * d_ + x] = k.at(b, h, t, x);
+        for (int64_t x = 0; x < dv_; ++x) s.ring_v[o * dv_ + x] = v.at(b, h, t, x);
       }
     }
   }
-  position_ = T;
+  *s.position = T;
 }
 
+namespace {
+
+// The exact part's reading of the state: ring, sinks, and which sinks lie outside the ring
+// (their position at most the last token's - window), into live.
+kernels::BandDecodeParams band_params(const HybridDecoderStateView& s, int64_t batch, int64_t heads,
+                                      int64_t d, int64_t dv, double scale, int64_t window,
+                                      int64_t sinks, uint8_t* live) {
+  const int64_t last = *s.position - 1;
+  for (int64_t i = 0; i < batch * sinks; ++i)
+    live[i] = s.sink_pos[i] >= 0 && s.sink_pos[i] <= last - window ? 1 : 0;
+  kernels::BandDecodeParams p;
+  p.batch = batch;
+  p.heads = heads;
+  p.d = d;
+  p.dv = dv;
+  p.scale = scale;
+  p.window = window;
+  p.sinks = sinks;
+  p.ring_k = s.ring_k;
+  p.ring_v = s.ring_v;
+  p.ring_live = s.ring_keep;
+  p.sink_k = s.sink_k;
+  p.sink_v = s.sink_v;
+  p.sink_live = live;
+  return p;
+}
+
+}  // namespace
+
 void HybridDecoder::query(TensorView q, MutableTensorView out) const {
+  query(const_cast<HybridDecoder*>(this)->own(), q, out);
+}
+
+void HybridDecoder::query(const HybridDecoderStateView& s, TensorView q,
+                          MutableTensorView out) const {
   detail::check_step(q, batch_, heads_, d_, "q", "D");
   detail::check_output(out, {batch_, heads_, q.shape[2], dv_}, "out", {q});
   detail::check_finite(q, "q");
-  const int64_t T = q.shape[2], heads = batch_ * heads_, ld = dv_ + 1, last = position_ - 1;
+  const int64_t T = q.shape[2], heads = batch_ * heads_, ld = dv_ + 1;
   std::vector<float> rows(static_cast<size_t>(heads * T * ld));
   std::vector<double> shift(static_cast<size_t>(heads * T));
-  linear_.query_parts(q, rows.data(), shift.data());
-  // the sinks outside the ring (their position at most the last token's - window)
-  std::vector<uint8_t> sink_live(static_cast<size_t>(batch_ * sinks_));
-  for (int64_t i = 0; i < batch_ * sinks_; ++i)
-    sink_live[i] = sink_pos_[i] >= 0 && sink_pos_[i] <= last - window_ ? 1 : 0;
-  kernels::BandDecodeParams p;
+  linear_.query_parts(s.linear, q, rows.data(), shift.data());
+  std::vector<uint8_t> live(static_cast<size_t>(batch_ * sinks_));
+  kernels::BandDecodeParams p =
+      band_params(s, batch_, heads_, d_, dv_, scale_, window_, sinks_, live.data());
   p.q = q.data;
   p.q_strides = q.strides;
   p.out = out.data;
   p.out_strides = out.strides;
-  p.batch = batch_;
-  p.heads = heads_;
   p.T = T;
-  p.d = d_;
-  p.dv = dv_;
-  p.scale = scale_;
-  p.window = window_;
-  p.sinks = sinks_;
-  p.ring_k = ring_k_.data();
-  p.ring_v = ring_v_.data();
-  p.ring_live = ring_keep_.data();
-  p.sink_k = sink_k_.data();
-  p.sink_v = sink_v_.data();
-  p.sink_live = sink_live.data();
   p.part_rows = rows.data();
   p.part_shift = shift.data();
   kernels::backend().band_decode(p);
@@ -274,14 +345,91 @@ Tensor HybridDecoder::query(TensorView q) const {
 
 void HybridDecoder::step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
                          const std::optional<KeyMaskView>& key_mask) {
-  detail::check_step(q, batch_, heads_, d_, "q", "D");
-  detail::check_step(k, batch_, heads_, d_, "k", "D");
-  if (q.shape[2] != 1 || k.shape[2] != 1)
-    throw Error("q " + shape_string(q.shape) + ", k " + shape_string(k.shape) +
-                ": a step takes one token per row (T = 1; prefill takes more)");
-  detail::check_output(out, {batch_, heads_, 1, dv_}, "out", {q, k, v});
-  append(k, v, key_mask);
-  query(q, out);
+  step(own(), q, k, v, out, key_mask);
+}
+
+// The step as the batch formula with one query: the sinks and the token leaving the window
+// here (bookkeeping: copies of a row per head), then one kernel call that folds the leaving
+// token into the linear state and merges the query's two parts (kernels::DecoderStep).
+void HybridDecoder::step(HybridDecoderStateView s, TensorView q, TensorView k, TensorView v,
+                         MutableTensorView out, const std::optional<KeyMaskView>& key_mask) {
+  detail::check_decode_step(q, k, v, out, key_mask, batch_, heads_, d_, dv_);  // finite too
+  const int64_t tok = *s.position, BH = batch_ * heads_;
+  keep_.resize(static_cast<size_t>(batch_));
+  sink_.resize(static_cast<size_t>(batch_));
+  fold_.resize(static_cast<size_t>(batch_));
+  sink_live_.resize(static_cast<size_t>(batch_ * sinks_));
+  for (int64_t b = 0; b < batch_; ++b) keep_[b] = kept(key_mask, b, 0);
+  take_sinks(s, keep_.data(), k, v, 0, sink_.data());
+  // The token folded into the linear state: this one (no window), or the one leaving the
+  // ring's slot, copied out before the new token takes the slot.
+  TensorView kf{}, vf{};
+  bool folds = true;
+  if (window_ == 0) {
+    for (int64_t b = 0; b < batch_; ++b) fold_[b] = keep_[b] && !sink_[b];
+    kf = k;
+    vf = v;
+  } else {
+    const int64_t slot = tok % window_;
+    folds = tok >= window_;
+    if (folds) {
+      leave_k_.resize(static_cast<size_t>(BH * d_));
+      leave_v_.resize(static_cast<size_t>(BH * dv_));
+      for (int64_t b = 0; b < batch_; ++b)
+        fold_[b] = s.ring_keep[b * window_ + slot] && !s.ring_sink[b * window_ + slot];
+      for (int64_t bh = 0; bh < BH; ++bh) {
+        std::copy_n(s.ring_k + (bh * window_ + slot) * d_, d_, leave_k_.data() + bh * d_);
+        std::copy_n(s.ring_v + (bh * window_ + slot) * dv_, dv_, leave_v_.data() + bh * dv_);
+      }
+      kf = TensorView{leave_k_.data(), {batch_, heads_, 1, d_}, {heads_ * d_, d_, d_, 1}};
+      vf = TensorView{leave_v_.data(), {batch_, heads_, 1, dv_}, {heads_ * dv_, dv_, dv_, 1}};
+    }
+    for (int64_t b = 0; b < batch_; ++b) {
+      s.ring_keep[b * window_ + slot] = keep_[b];
+      s.ring_sink[b * window_ + slot] = sink_[b];
+      for (int64_t h = 0; h < heads_; ++h) {
+        const int64_t o = (b * heads_ + h) * window_ + slot;
+        const float* kr = row_of(k, b, h, 0);
+        const float* vr = row_of(v, b, h, 0);
+        for (int64_t x = 0; x < d_; ++x) s.ring_k[o * d_ + x] = kr[x * k.strides[3]];
+        for (int64_t x = 0; x < dv_; ++x) s.ring_v[o * dv_ + x] = vr[x * v.strides[3]];
+      }
+    }
+  }
+  *s.position = tok + 1;  // the exact part reads the ring with the new token
+  kernels::BandDecodeParams band =
+      band_params(s, batch_, heads_, d_, dv_, scale_, window_, sinks_, sink_live_.data());
+  band.q = q.data;
+  band.q_strides = q.strides;
+  band.out = out.data;
+  band.out_strides = out.strides;
+  band.T = 1;
+  const std::optional<KeyMaskView> fold_mask =
+      folds ? std::optional<KeyMaskView>(KeyMaskView::contiguous(fold_.data(), batch_, 1))
+            : std::nullopt;
+  kernels::DecoderStep ds{};
+  kernels::AttentionParams& p = ds.step;
+  p = detail::attention_params(q, folds ? kf : q,
+                               folds ? vf : TensorView{q.data, {batch_, heads_, 1, dv_}, q.strides},
+                               {batch_, heads_, 1, 1, d_, dv_}, 1.0, fold_mask);
+  if (!folds) {
+    p.k = nullptr;
+    p.v = nullptr;
+  }
+  p.out = out.data;
+  p.out_strides = out.strides;
+  p.map = linear_.map_->params();
+  ds.wt = linear_.wt_.data();
+  ds.sums = s.linear.sums;
+  ds.log_max = s.linear.log_max;
+  ds.row_positions = s.linear.row_positions;
+  ds.workspace = &linear_.step_ws_;
+  ds.workspace_d = &linear_.step_ws_d_;
+  ds.band = &band;
+  ds.weight = kernels::QueryWeight{detail::norm_weight(*linear_.map_, p.map), log_const_.data()};
+  kernels::backend().decoder_step(ds);
+  if (folds)
+    for (int64_t b = 0; b < batch_; ++b) s.linear.row_positions[b] += fold_[b];
 }
 
 Tensor HybridDecoder::step(TensorView q, TensorView k, TensorView v,
@@ -293,7 +441,12 @@ Tensor HybridDecoder::step(TensorView q, TensorView k, TensorView v,
 
 void HybridDecoder::prefill(TensorView q, TensorView k, TensorView v, MutableTensorView out,
                             const std::optional<KeyMaskView>& key_mask) {
-  if (position_ > 0) {  // after earlier tokens: token by token
+  prefill(own(), q, k, v, out, key_mask);
+}
+
+void HybridDecoder::prefill(HybridDecoderStateView s, TensorView q, TensorView k, TensorView v,
+                            MutableTensorView out, const std::optional<KeyMaskView>& key_mask) {
+  if (*s.position > 0) {  // after earlier tokens: token by token
     detail::check_step(q, batch_, heads_, d_, "q", "D");
     const int64_t T = q.shape[2];
     if (key_mask) detail::check_key_mask(*key_mask, batch_, T, "T");
@@ -307,7 +460,7 @@ void HybridDecoder::prefill(TensorView q, TensorView k, TensorView v, MutableTen
       };
       const MutableTensorView row{
           out.data + t * out.strides[2], {batch_, heads_, 1, dv_}, out.strides};
-      step(one(q), one(k), one(v), row, KeyMaskView::contiguous(m.data(), batch_, 1));
+      step(s, one(q), one(k), one(v), row, KeyMaskView::contiguous(m.data(), batch_, 1));
     }
     return;
   }
@@ -318,7 +471,7 @@ void HybridDecoder::prefill(TensorView q, TensorView k, TensorView v, MutableTen
   o.window = window_;
   o.sinks = sinks_;
   favor_attention(q, k, v, map_, out, o);  // checks q, k, v, out and the mask
-  build(k, v, key_mask);
+  build(s, k, v, key_mask);
 }
 
 Tensor HybridDecoder::prefill(TensorView q, TensorView k, TensorView v,
@@ -330,8 +483,12 @@ Tensor HybridDecoder::prefill(TensorView q, TensorView k, TensorView v,
 }
 
 void HybridDecoder::select(const std::vector<int64_t>& indices) {
-  linear_.select(indices);  // the rules, and the linear state
+  linear_.select(indices);  // the rules (row range, per-row parameter sets)
   const int64_t rows = static_cast<int64_t>(indices.size());
+  const int64_t F = linear_.features();
+  sums_ = detail::select_rows(sums_, heads_ * F * (dv_ + 1), indices);
+  log_max_ = detail::select_rows(log_max_, heads_, indices);
+  row_pos_ = detail::select_rows(row_pos_, 1, indices);
   ring_k_ = detail::select_rows(ring_k_, heads_ * window_ * d_, indices);
   ring_v_ = detail::select_rows(ring_v_, heads_ * window_ * dv_, indices);
   ring_keep_ = detail::select_rows(ring_keep_, window_, indices);
@@ -340,6 +497,7 @@ void HybridDecoder::select(const std::vector<int64_t>& indices) {
   sink_v_ = detail::select_rows(sink_v_, heads_ * sinks_ * dv_, indices);
   sink_pos_ = detail::select_rows(sink_pos_, sinks_, indices);
   batch_ = rows;
+  log_const_ = detail::select_rows(log_const_, heads_, indices);
 }
 
 HybridDecoderState HybridDecoder::state() const {
@@ -351,7 +509,9 @@ HybridDecoderState HybridDecoder::state() const {
   s.window = window_;
   s.sinks = sinks_;
   s.position = position_;
-  s.linear = linear_.state();
+  s.linear = DecoderState{
+      batch_, heads_,  linear_.features(), dv_, std::max<int64_t>(position_ - window_, 0), row_pos_,
+      sums_,  log_max_};
   s.ring_k = ring_k_;
   s.ring_v = ring_v_;
   s.ring_keep = ring_keep_;
@@ -390,7 +550,19 @@ void HybridDecoder::load_state(const HybridDecoderState& s) {
   for (int64_t p : s.sink_pos)
     if (p < -1 || p >= s.position)
       throw Error("state.sink_pos: " + std::to_string(p) + " must be -1 or in [0, position)");
-  linear_.load_state(s.linear);  // checked by the Decoder's rules
+  for (uint8_t f : s.ring_keep)
+    if (f > 1) throw Error("state.ring_keep: " + std::to_string(f) + " must be 0 or 1");
+  for (uint8_t f : s.ring_sink)
+    if (f > 1) throw Error("state.ring_sink: " + std::to_string(f) + " must be 0 or 1");
+  const int64_t folded = std::max<int64_t>(s.position - window_, 0);
+  if (s.linear.position != folded)
+    throw Error("state.linear.position: " + std::to_string(s.linear.position) +
+                " must be max(position - window, 0) = " + std::to_string(folded) +
+                " (the tokens that left the window)");
+  detail::check_decoder_state(s.linear, batch_, heads_, linear_.features(), dv_);
+  sums_ = s.linear.sums;
+  log_max_ = s.linear.log_max;
+  row_pos_ = s.linear.row_positions;
   ring_k_ = s.ring_k;
   ring_v_ = s.ring_v;
   ring_keep_ = s.ring_keep;

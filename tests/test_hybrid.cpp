@@ -493,5 +493,92 @@ TEST(HybridDecoder, SelectStateAndErrors) {
   expect_error([&] { HybridDecoder(1, 1, 4, s.map, 0, 0); }, "both 0 is the plain method");
 }
 
+// A step is append then query in one kernel call: equal up to the projections' rounding
+// (one GEMM for the step's rows instead of a matvec per row), the ring and sinks bit for
+// bit; the functional form on a state held elsewhere is the owner's call bit for bit.
+TEST(HybridDecoder, StepIsAppendThenQueryAndTheViewIsTheOwner) {
+  for (const Case& c : {Case{Kernel::positive, true, 4, 2, Mask::left_padded},
+                        Case{Kernel::positive, true, 0, 2, Mask::periodic},
+                        Case{Kernel::hyperbolic, true, 5, 0, Mask::periodic},
+                        Case{Kernel::positive, true, 3, 1, Mask::left_padded, true, true}}) {
+    Inputs s(c);
+    DecoderOptions dopt;
+    dopt.decay = s.o.decay;
+    const int64_t B = Inputs::B, H = Inputs::H, N = Inputs::N, split = 7;
+    HybridDecoder fused(B, H, Inputs::Dv, s.map, c.window, c.sinks, dopt);
+    HybridDecoder split_calls(B, H, Inputs::Dv, s.map, c.window, c.sinks, dopt);
+    HybridDecoder lender(B, H, Inputs::Dv, s.map, c.window, c.sinks, dopt);
+    auto slice = [&](const Tensor& t, int64_t from, int64_t n) {
+      const Shape4& sh = t.shape();
+      return TensorView{t.data() + from * sh[3],
+                        {sh[0], sh[1], n, sh[3]},
+                        {sh[1] * sh[2] * sh[3], sh[2] * sh[3], sh[3], 1}};
+    };
+    std::vector<uint8_t> m;
+    auto mask_of = [&](int64_t from, int64_t n) {
+      m.resize(static_cast<size_t>(B * n));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < n; ++t) m[b * n + t] = s.flags[b * N + from + t];
+      return KeyMaskView::contiguous(m.data(), B, n);
+    };
+    // the state held outside any decoder, as a tensor library holds it
+    HybridDecoderState held = lender.state();
+    int64_t position = 0;
+    const HybridDecoderStateView view{{held.linear.sums.data(), held.linear.log_max.data(),
+                                       held.linear.row_positions.data(), nullptr},
+                                      &position,
+                                      held.ring_k.data(),
+                                      held.ring_v.data(),
+                                      held.ring_keep.data(),
+                                      held.ring_sink.data(),
+                                      held.sink_k.data(),
+                                      held.sink_v.data(),
+                                      held.sink_pos.data()};
+    Tensor y0({B, H, split, Inputs::Dv}), y1({B, H, split, Inputs::Dv});
+    fused.prefill(slice(s.q, 0, split), slice(s.k, 0, split), slice(s.v, 0, split),
+                  y0.mutable_view(), mask_of(0, split));
+    split_calls.prefill(slice(s.q, 0, split), slice(s.k, 0, split), slice(s.v, 0, split),
+                        mask_of(0, split));
+    lender.prefill(view, slice(s.q, 0, split), slice(s.k, 0, split), slice(s.v, 0, split),
+                   y1.mutable_view(), mask_of(0, split));
+    EXPECT_EQ(std::memcmp(y0.data(), y1.data(), sizeof(float) * size_t(y0.numel())), 0);
+    double worst = 0.0;
+    for (int64_t t = split; t < N; ++t) {
+      const Tensor a =
+          fused.step(slice(s.q, t, 1), slice(s.k, t, 1), slice(s.v, t, 1), mask_of(t, 1));
+      split_calls.append(slice(s.k, t, 1), slice(s.v, t, 1), mask_of(t, 1));
+      const Tensor b = split_calls.query(slice(s.q, t, 1));
+      Tensor c2({B, H, 1, Inputs::Dv});
+      lender.step(view, slice(s.q, t, 1), slice(s.k, t, 1), slice(s.v, t, 1), c2.mutable_view(),
+                  mask_of(t, 1));
+      ASSERT_EQ(std::memcmp(a.data(), c2.data(), sizeof(float) * size_t(a.numel())), 0)
+          << name_of(c) << " token " << t;
+      for (int64_t i = 0; i < a.numel(); ++i)
+        worst = std::max(worst, double(std::abs(a.data()[i] - b.data()[i])));
+    }
+    EXPECT_LE(worst, 1e-5) << name_of(c);
+    const HybridDecoderState x = fused.state(), y = split_calls.state();
+    EXPECT_EQ(x.ring_k, y.ring_k);
+    EXPECT_EQ(x.ring_keep, y.ring_keep);
+    EXPECT_EQ(x.ring_sink, y.ring_sink);
+    EXPECT_EQ(x.sink_v, y.sink_v);
+    EXPECT_EQ(x.sink_pos, y.sink_pos);
+    EXPECT_EQ(x.linear.row_positions, y.linear.row_positions);
+    EXPECT_EQ(x.linear.position, y.linear.position);
+    EXPECT_EQ(position, x.position);
+    EXPECT_EQ(held.linear.sums, x.linear.sums);  // the view's state is the owner's, bit for bit
+    EXPECT_EQ(held.ring_v, x.ring_v);
+    EXPECT_EQ(held.sink_pos, x.sink_pos);
+    HybridDecoderState bad = x;
+    bad.linear.position += 1;
+    expect_error([&] { split_calls.load_state(bad); }, "state.linear.position");
+    if (c.window > 0) {
+      bad = x;
+      bad.ring_sink[0] = 2;
+      expect_error([&] { split_calls.load_state(bad); }, "state.ring_sink: 2 must be 0 or 1");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace favor::test_hybrid

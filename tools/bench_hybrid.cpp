@@ -4,7 +4,9 @@
 // attention, forward, at each N of --lengths up to 8192; the time per token of the hybrid
 // (linear in N), its ratios to both, where it overtakes exact; then the backward of the
 // hybrid and of plain FAVOR at one N (2048, or the nearest length below it), recomputing the
-// forward and from a saved context (save_causal_states).
+// forward and from a saved context (save_causal_states); then decoding after a prompt of
+// kHybridDecodePrompt tokens: HybridDecoder::step (the fused step) and its append + query
+// against the plain Decoder::step, one sequence of --bh heads.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@ using namespace favor::bench;
 constexpr int64_t kHybridWindow = 64, kHybridSinks = 4;
 constexpr int64_t kHybridLongestN = 8192;  // --lengths above it are left out (exact rows)
 constexpr int64_t kHybridBackwardN = 2048;
+constexpr int64_t kHybridDecodePrompt = 1024, kHybridDecodeSteps = 64;
 
 // Exact keys of all queries of one head, causal: query i takes its window
 // {i - w < j <= i}, min(i + 1, w) keys, and the sinks outside it, min(s, max(0, i + 1 - w))
@@ -183,6 +186,92 @@ void hybrid_summary(const BenchRunner& bench, const std::vector<HybridPoint>& po
   }
 }
 
+// [1, H, 1, X] view of token t of a bench input [1, H, T, X].
+TensorView token_of(const Tensor& x, int64_t t) {
+  const Shape4 s = x.shape();
+  return TensorView{
+      x.data() + t * s[3], {1, s[1], 1, s[3]}, {s[1] * s[2] * s[3], s[2] * s[3], s[3], 1}};
+}
+
+// Decoding after a prompt: the plain Decoder's fused step, the HybridDecoder's fused step
+// and its append + query (the two calls a step made before), each the best of three medians
+// of kHybridDecodeSteps steps taken in turn (the machine's noise hits them alike). Cost
+// model: decode_step_flops, plus the exact part's (w + s) (2 D + 2 (Dv + 1)) per head.
+void hybrid_decode_rows(BenchRunner& bench) {
+  const BenchArgs& a = bench.args();
+  const int64_t heads = a.bh, prompt = kHybridDecodePrompt, steps = kHybridDecodeSteps;
+  const Projection w = Projection::draw(a.m, a.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
+  DecoderOptions o;
+  o.kernel = bench.kernel();
+  if (data_adapted(o.kernel)) {
+    const auto calibration = bench.inputs(heads, 256, 5000);
+    o.fit = fit_kernel(o.kernel, std::get<0>(calibration), std::get<1>(calibration));
+  }
+  const auto pre = bench.inputs(heads, prompt, 7000);
+  const auto tok = bench.inputs(heads, steps, 99);
+  auto as_one = [&](const Tensor& x) {  // [1, H, T, X]
+    return TensorView{x.data(), {1, heads, x.shape()[2], x.shape()[3]}, x.view().strides};
+  };
+  Decoder plain(1, heads, a.d, w, o);
+  HybridDecoder fused(1, heads, a.d, w, kHybridWindow, kHybridSinks, o);
+  HybridDecoder split(1, heads, a.d, w, kHybridWindow, kHybridSinks, o);
+  plain.prefill(as_one(std::get<0>(pre)), as_one(std::get<1>(pre)), as_one(std::get<2>(pre)));
+  fused.prefill(as_one(std::get<0>(pre)), as_one(std::get<1>(pre)), as_one(std::get<2>(pre)));
+  split.prefill(as_one(std::get<0>(pre)), as_one(std::get<1>(pre)), as_one(std::get<2>(pre)));
+  const Tensor &q = std::get<0>(tok), &k = std::get<1>(tok), &v = std::get<2>(tok);
+  Tensor y({1, heads, 1, a.d});
+  int64_t i = 0;
+  auto run = [&](auto one) {
+    return measure(
+        [&] {
+          for (int64_t s = 0; s < steps; ++s, ++i) {
+            const int64_t t = i % steps;
+            one(token_of(q, t), token_of(k, t), token_of(v, t));
+          }
+        },
+        a.repeats, a.min_time);
+  };
+  Measured best[3] = {{INFINITY, 0, 0}, {INFINITY, 0, 0}, {INFINITY, 0, 0}};
+  for (int round = 0; round < 3; ++round) {
+    const Measured t[3] = {run([&](TensorView qt, TensorView kt, TensorView vt) {
+                             plain.step(qt, kt, vt, y.mutable_view());
+                           }),
+                           run([&](TensorView qt, TensorView kt, TensorView vt) {
+                             fused.step(qt, kt, vt, y.mutable_view());
+                           }),
+                           run([&](TensorView qt, TensorView kt, TensorView vt) {
+                             split.append(kt, vt);
+                             split.query(qt, y.mutable_view());
+                           })};
+    for (int r = 0; r < 3; ++r)
+      if (t[r].seconds < best[r].seconds) best[r] = t[r];
+  }
+  const double plain_flops = favor::bench::decode_step_flops(bench.problem(heads, 1));
+  const double exact_flops =
+      double(heads) * double(kHybridWindow + kHybridSinks) * (2.0 * a.d + 2.0 * (a.d + 1));
+  const char* names[3] = {"dec_step", "hyb_step", "hyb_split"};
+  for (int r = 0; r < 3; ++r) {
+    const double per_step = best[r].seconds / double(steps);
+    const double flops = plain_flops + (r > 0 ? exact_flops : 0.0);
+    nlohmann::json rec =
+        timed_record(names[r], true, prompt, heads, num_threads(), best[r], flops * double(steps));
+    rec.update({{"pass", "decode"},
+                {"window", r > 0 ? kHybridWindow : 0},
+                {"sinks", r > 0 ? kHybridSinks : 0},
+                {"seconds", per_step},
+                {"tokens_per_s", 1.0 / per_step},
+                {"ratio_to_plain_tokens_per_s", best[0].seconds / best[r].seconds}});
+    bench.emit(std::move(rec));
+  }
+  if (!a.json)
+    fmt::print(
+        "hybrid decode after {} tokens (1 x {} heads): plain step {:.0f} tokens/s, hybrid step "
+        "{:.0f} ({:.2f}x plain), hybrid append + query {:.0f} ({:.2f}x)\n",
+        prompt, heads, steps / best[0].seconds, steps / best[1].seconds,
+        best[0].seconds / best[1].seconds, steps / best[2].seconds,
+        best[0].seconds / best[2].seconds);
+}
+
 }  // namespace
 
 void section_hybrid(BenchRunner& bench) {
@@ -219,6 +308,7 @@ void section_hybrid(BenchRunner& bench) {
   const double favor_b = bench.favor_backward_row(a.bh, at->n, true, at->favor, false);
   hybrid_row(bench, at->n, true, favor_b, std::nullopt, at->hybrid);
   hybrid_row(bench, at->n, true, favor_b, std::nullopt, at->hybrid, true);
+  hybrid_decode_rows(bench);
 }
 
 }  // namespace favor::cli

@@ -123,6 +123,9 @@ class Decoder {
   const Projection& projection() const { return w_; }
 
  private:
+  friend class HybridDecoder;  // its estimated part: this decoder's map over its own view
+  /// query_parts over the sums, stabilisers and clocks of `state`.
+  void query_parts(const DecoderStateView& state, TensorView q, float* rows, double* shift) const;
   /// The decoder's own state (allocated at its first use: a decoder used only through the
   /// functional calls holds none).
   DecoderStateView own();

@@ -33,6 +33,24 @@ struct HybridDecoderState {
   std::vector<int64_t> sink_pos;
 };
 
+/// A HybridDecoder's state in caller memory, borrowed (not owned), with HybridDecoderState's
+/// layout: linear.sums, .log_max and .row_positions as DecoderStateView's (linear.position
+/// unused: the linear state has folded max(position - window, 0) tokens), *position the
+/// tokens seen, the ring and the sinks as HybridDecoderState's arrays (ring_keep and
+/// ring_sink 0 or 1). The decoder's functional calls read and write it in place (favor's torch
+/// op favor::hybrid_decode_step passes its tensors' memory); the extents are the decoder's.
+struct HybridDecoderStateView {
+  DecoderStateView linear;
+  int64_t* position = nullptr;
+  float* ring_k = nullptr;
+  float* ring_v = nullptr;
+  uint8_t* ring_keep = nullptr;
+  uint8_t* ring_sink = nullptr;
+  float* sink_k = nullptr;
+  float* sink_v = nullptr;
+  int64_t* sink_pos = nullptr;
+};
+
 /// Decoding with hybrid attention. query after the tokens 0..i equals row i of causal
 /// favor_attention with the same map, window, sinks, decay and key mask (decay counts from
 /// the window's edge: the linear state decays as the Decoder it is, fed the tokens that leave
@@ -51,7 +69,11 @@ class HybridDecoder {
   /// Each of T queries q [B, H, T, D] reads the current state; out [B, H, T, Dv].
   void query(TensorView q, MutableTensorView out) const;
   Tensor query(TensorView q) const;
-  /// One token per row: append then query.
+  /// One token per row: append then query, in one fused pass (the token leaving the window
+  /// folded into the linear state and the query's exact and estimated parts merged in the
+  /// plain Decoder::step's kernel call). Equal to append then query up to the rounding of
+  /// the projections (one GEMM for the step's keys and queries instead of a matvec per row);
+  /// allocates nothing once the decoder's workspace has grown to the batch.
   void step(TensorView q, TensorView k, TensorView v, MutableTensorView out,
             const std::optional<KeyMaskView>& key_mask = {});
   Tensor step(TensorView q, TensorView k, TensorView v,
@@ -62,6 +84,17 @@ class HybridDecoder {
                const std::optional<KeyMaskView>& key_mask = {});
   Tensor prefill(TensorView q, TensorView k, TensorView v,
                  const std::optional<KeyMaskView>& key_mask = {});
+
+  /// The functional forms: the calls above on a state held elsewhere (of this decoder's
+  /// extents; from an empty one, all zero but log_max -inf and sink_pos -1), read and written
+  /// in place. Bit for bit the calls above when the view holds the same values.
+  void append(HybridDecoderStateView state, TensorView k, TensorView v,
+              const std::optional<KeyMaskView>& key_mask = {});
+  void query(const HybridDecoderStateView& state, TensorView q, MutableTensorView out) const;
+  void step(HybridDecoderStateView state, TensorView q, TensorView k, TensorView v,
+            MutableTensorView out, const std::optional<KeyMaskView>& key_mask = {});
+  void prefill(HybridDecoderStateView state, TensorView q, TensorView k, TensorView v,
+               MutableTensorView out, const std::optional<KeyMaskView>& key_mask = {});
 
   /// Keeps batch rows indices[0], indices[1], ... (Decoder::select's rules).
   void select(const std::vector<int64_t>& indices);
@@ -81,9 +114,16 @@ class HybridDecoder {
   int64_t state_bytes() const;
 
  private:
-  void push(const std::vector<uint8_t>& keep, const TensorView& kv, const TensorView& vv,
-            int64_t t);
-  void build(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask);
+  HybridDecoderStateView own();
+  void push(HybridDecoderStateView& s, const uint8_t* keep, const TensorView& kv,
+            const TensorView& vv, int64_t t);
+  void build(HybridDecoderStateView& s, TensorView k, TensorView v,
+             const std::optional<KeyMaskView>& key_mask);
+  // The sinks token t of each row (keep[b]: it takes part) becomes, copied; sink[b] set.
+  void take_sinks(HybridDecoderStateView& s, const uint8_t* keep, const TensorView& kv,
+                  const TensorView& vv, int64_t t, uint8_t* sink) const;
+  // The linear state's view (its position: the tokens folded, in *folded).
+  DecoderStateView linear_view(const HybridDecoderStateView& s, int64_t* folded) const;
   bool kept(const std::optional<KeyMaskView>& mask, int64_t b, int64_t t) const {
     return !mask || mask->at(b, t);
   }
@@ -92,11 +132,19 @@ class HybridDecoder {
   FeatureMap map_;
   DecoderOptions options_;  // the decay (the map carries the rest)
   double scale_;
-  Decoder linear_;
+  Decoder linear_;  // lends its map, projections and step workspace; holds no state
   int64_t position_ = 0;
+  std::vector<float> sums_;       // the linear state: [B*H][F][Dv + 1]
+  std::vector<double> log_max_;   // [B*H]
+  std::vector<int64_t> row_pos_;  // [B]
   std::vector<float> ring_k_, ring_v_, sink_k_, sink_v_;
   std::vector<uint8_t> ring_keep_, ring_sink_;
   std::vector<int64_t> sink_pos_;
+  // a step's workspace: the tokens leaving the window, flags per row, each head's log
+  // constant (the query weight's; fixed by the map)
+  std::vector<float> leave_k_, leave_v_;
+  std::vector<uint8_t> keep_, sink_, fold_, sink_live_;
+  std::vector<double> log_const_;
 };
 
 }  // namespace favor

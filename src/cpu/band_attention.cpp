@@ -310,47 +310,54 @@ int64_t band_forward(const BandParams& bp, const Config& config) {
   });
 }
 
-void band_decode(const kernels::BandDecodeParams& p) {
+void band_decode_row(const kernels::BandDecodeParams& p, int64_t bh, int64_t t,
+                     const float* part_row, double part_shift, float* scratch) {
   const int64_t keys = p.window + p.sinks, d = p.d, dv = p.dv, ld = dv + 1;
-  std::vector<float> q(static_cast<size_t>(d)), s(static_cast<size_t>(std::max<int64_t>(keys, 1))),
-      exact(static_cast<size_t>(ld)), tmp(static_cast<size_t>(dv));
-  for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
-    const int64_t b = bh / p.heads, h = bh % p.heads;
-    for (int64_t t = 0; t < p.T; ++t) {
-      const float* qi = p.q + b * p.q_strides[0] + h * p.q_strides[1] + t * p.q_strides[2];
-      for (int64_t x = 0; x < d; ++x) q[x] = qi[x * p.q_strides[3]];
-      // the exact part: scores of the live keys (-inf elsewhere), their max, exp, sums
-      auto key = [&](int64_t u) {
-        return u < p.window ? p.ring_k + (bh * p.window + u) * d
-                            : p.sink_k + (bh * p.sinks + u - p.window) * d;
-      };
-      auto value = [&](int64_t u) {
-        return u < p.window ? p.ring_v + (bh * p.window + u) * dv
-                            : p.sink_v + (bh * p.sinks + u - p.window) * dv;
-      };
-      auto live = [&](int64_t u) {
-        return u < p.window ? p.ring_live[b * p.window + u] != 0
-                            : p.sink_live[b * p.sinks + u - p.window] != 0;
-      };
-      float top = -INFINITY;
-      for (int64_t u = 0; u < keys; ++u) {
-        s[u] = live(u) ? static_cast<float>(p.scale) * dot(q.data(), key(u), d) : -INFINITY;
-        top = std::max(top, s[u]);
-      }
-      std::fill(exact.begin(), exact.end(), 0.0f);
-      if (!std::isinf(top)) {
-        exp_affine(s.data(), 1.0f, -top, s.data(), keys);  // -inf: 0
-        for (int64_t u = 0; u < keys; ++u)
-          if (s[u] != 0.0f) scale_add(value(u), s[u], exact.data(), exact.data(), dv);
-        exact[dv] = sum_values(s.data(), keys);
-      }
-      const float* rows[2] = {exact.data(), p.part_rows + (bh * p.T + t) * ld};
-      const double scales[2] = {top, p.part_shift[bh * p.T + t]};
-      double lse = 0.0;
-      float* y = p.out + b * p.out_strides[0] + h * p.out_strides[1] + t * p.out_strides[2];
-      merge_parts(rows, scales, 2, dv, y, p.out_strides[3], tmp.data(), &lse);
-    }
+  const int64_t b = bh / p.heads, h = bh % p.heads;
+  float* q = scratch;
+  float* s = q + d;
+  float* exact = s + std::max<int64_t>(keys, 1);
+  float* tmp = exact + ld;
+  const float* qi = p.q + b * p.q_strides[0] + h * p.q_strides[1] + t * p.q_strides[2];
+  for (int64_t x = 0; x < d; ++x) q[x] = qi[x * p.q_strides[3]];
+  // the exact part: scores of the live keys (-inf elsewhere), their max, exp, and the
+  // sums V^T p over the ring, then the sinks (a dead key's weight is 0)
+  const float* ring_k = p.ring_k + bh * p.window * d;
+  const float* sink_k = p.sink_k + bh * p.sinks * d;
+  const auto scale = static_cast<float>(p.scale);
+  row_dots(ring_k, p.window, d, q, scale, s);
+  row_dots(sink_k, p.sinks, d, q, scale, s + p.window);
+  float top = -INFINITY;
+  for (int64_t u = 0; u < keys; ++u) {
+    const bool live = u < p.window ? p.ring_live[b * p.window + u] != 0
+                                   : p.sink_live[b * p.sinks + u - p.window] != 0;
+    if (!live) s[u] = -INFINITY;
+    top = std::max(top, s[u]);
   }
+  std::fill(exact, exact + ld, 0.0f);
+  if (!std::isinf(top)) {
+    exp_affine(s, 1.0f, -top, s, keys);  // -inf: 0
+    transposed_matvec(p.ring_v + bh * p.window * dv, s, p.window, dv, exact);
+    if (p.sinks > 0) {
+      transposed_matvec(p.sink_v + bh * p.sinks * dv, s + p.window, p.sinks, dv, tmp);
+      for (int64_t x = 0; x < dv; ++x) exact[x] += tmp[x];
+    }
+    exact[dv] = sum_values(s, keys);
+  }
+  const float* rows[2] = {exact, part_row};
+  const double scales[2] = {top, part_shift};
+  double lse = 0.0;
+  float* y = p.out + b * p.out_strides[0] + h * p.out_strides[1] + t * p.out_strides[2];
+  merge_parts(rows, scales, 2, dv, y, p.out_strides[3], tmp, &lse);
+}
+
+void band_decode(const kernels::BandDecodeParams& p) {
+  const int64_t ld = p.dv + 1;
+  std::vector<float> scratch(static_cast<size_t>(band_decode_floats(p)));
+  for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+    for (int64_t t = 0; t < p.T; ++t)
+      band_decode_row(p, bh, t, p.part_rows + (bh * p.T + t) * ld, p.part_shift[bh * p.T + t],
+                      scratch.data());
 }
 
 void band_backward(const BandBackwardParams& g, const Config& config) {

@@ -55,6 +55,13 @@ LentWorkspaces<BandWorkspace> lend_band_workspaces(const kernels::BandParams& p,
 /// A hybrid decoder's query rows, on the calling thread (a step's work is a few dot
 /// products per head).
 void band_decode(const kernels::BandDecodeParams& p);
+/// Query t of head bh of band_decode: its exact part merged with the linear state's row
+/// part_row ([num | den]) at log scale part_shift, into p.out. scratch: band_decode_floats.
+void band_decode_row(const kernels::BandDecodeParams& p, int64_t bh, int64_t t,
+                     const float* part_row, double part_shift, float* scratch);
+inline int64_t band_decode_floats(const kernels::BandDecodeParams& p) {
+  return p.d + std::max<int64_t>(p.window + p.sinks, 1) + 2 * (p.dv + 1);
+}
 /// Adds the exact terms' gradients (given the merged output) to dq, dk, dv.
 void band_backward(const kernels::BandBackwardParams& p, const Config& config);
 

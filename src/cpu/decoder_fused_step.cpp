@@ -13,12 +13,17 @@
 // Everything after the projection is the same float operations, in the same order, as
 // decoder_append then decoder_query (cpu/decoder_step.cpp); only the projection's sums
 // (GEMM instead of a matvec per row) round differently.
+// 3. A hybrid decoder's step (ds.band set): the key is the token leaving the window (if
+//    any), and the query's [y | den] with its log scale is merged with the exact part over
+//    the ring and the sinks (band_decode_row, the merge of the batch kernel) in the same
+//    pass: one parallel region per step, as the plain decoder's.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "cpu/attention_params.hpp"
+#include "cpu/band_attention.hpp"
 #include "cpu/blas.hpp"
 #include "cpu/decoder_step.hpp"
 #include "cpu/feature_tile.hpp"
@@ -58,23 +63,24 @@ void decoder_step(const DecoderStep& ds, const Config& config) {
   const FeatureParams& fp = p.map;
   const int64_t m = fp.m, d = p.d, dv = p.dv, ld = dv + 1, F = fp.features(),
                 heads = p.batch * p.heads, sets = fp.w_sets;
-  const int threads = threads_for(heads, 4.0 * double(d * m) + 4.0 * double(F * ld), config.threads,
-                                  kStepThreadsFrom);
-  const int64_t per_thread = 4 * F + 2 * ld;
+  const double exact_flops =
+      ds.band ? 2.0 * double(ds.band->window + ds.band->sinks) * double(d + ld) : 0.0;
+  const double head_flops = 4.0 * double(d * m) + 4.0 * double(F * ld) + exact_flops;
+  const int threads = threads_for(heads, head_flops, config.threads, kStepThreadsFrom);
+  const int64_t per_thread = 4 * F + 2 * ld + (ds.band ? band_decode_floats(*ds.band) : 0);
   const auto floats = static_cast<size_t>(2 * heads * (d + m) + threads * per_thread);
   if (ds.workspace->size() < floats) ds.workspace->resize(floats);
   if (ds.workspace_d->size() < static_cast<size_t>(heads))
     ds.workspace_d->resize(static_cast<size_t>(heads));
   StepBuffers buf{ds.workspace->data(), ds.workspace->data() + 2 * heads * d,
                   ds.workspace->data() + 2 * heads * (d + m), ds.workspace_d->data(), per_thread};
-  auto takes_part = [&](int64_t b) {
-    return p.mask == nullptr || p.mask[b * p.mask_stride_b] != 0;
+  auto takes_part = [&](int64_t b) {  // no key: a hybrid step with none leaving the window
+    return p.k != nullptr && (p.mask == nullptr || p.mask[b * p.mask_stride_b] != 0);
   };
   // The heads are split into `threads` runs (each projected by its own GEMMs) whatever team
   // runs them (cpu/team.hpp: one thread while the machine is contended), so a head's bits do
   // not depend on the team.
-  const int team_size =
-      team_now(threads, double(heads) * (4.0 * double(d * m) + 4.0 * double(F * ld)));
+  const int team_size = team_now(threads, double(heads) * head_flops);
   RegionClock clock(team_size);
 #pragma omp parallel num_threads(team_size)
   {
@@ -86,8 +92,13 @@ void decoder_step(const DecoderStep& ds, const Config& config) {
       // Gather the scaled key and query rows of this thread's heads.
       for (int64_t i = first; i < last; ++i) {
         const int64_t bh = head_at(i, heads, sets), b = bh / p.heads, h = bh % p.heads;
-        gather_rows(p.k + b * p.k_strides[0] + h * p.k_strides[1], 0, p.k_strides[3], 1, d,
-                    fp.sqrt_scale, buf.x + 2 * i * d, &buf.half_norm2[bh]);
+        if (p.k) {
+          gather_rows(p.k + b * p.k_strides[0] + h * p.k_strides[1], 0, p.k_strides[3], 1, d,
+                      fp.sqrt_scale, buf.x + 2 * i * d, &buf.half_norm2[bh]);
+        } else {  // projected, never read
+          std::fill(buf.x + 2 * i * d, buf.x + (2 * i + 1) * d, 0.0f);
+          buf.half_norm2[bh] = 0.0;
+        }
         gather_rows(p.q + b * p.q_strides[0] + h * p.q_strides[1], 0, p.q_strides[3], 1, d,
                     fp.sqrt_scale, buf.x + (2 * i + 1) * d, nullptr);
       }
@@ -111,7 +122,8 @@ void decoder_step(const DecoderStep& ds, const Config& config) {
         }
       }
       float* phik = buf.per_thread + tid * buf.per_thread_floats;
-      float *phiq = phik + F, *s = phiq + F, *log_s = s + F, *vx = log_s + F, *yx = vx + ld;
+      float *phiq = phik + F, *s = phiq + F, *log_s = s + F, *vx = log_s + F, *yx = vx + ld,
+            *exact = yx + ld;
       std::fill(log_s, log_s + F, 0.0f);  // trig reads no log_s
       for (int64_t i = first; i < last; ++i) {
         const int64_t bh = head_at(i, heads, sets), b = bh / p.heads, h = bh % p.heads;
@@ -145,8 +157,19 @@ void decoder_step(const DecoderStep& ds, const Config& config) {
             transposed_matvec(state.Sx, phiq, F, ld, yx);
           }
         }
-        write_rows(yx, 1, dv, p.out + b * p.out_strides[0] + h * p.out_strides[1], 0,
-                   p.out_strides[3]);
+        if (ds.band) {  // the merge with the exact part: c + log_max + the query's weight
+          double shift = -INFINITY;
+          if (!std::isinf(c) && !std::isinf(state.max)) {
+            const float* qr = p.q + b * p.q_strides[0] + h * p.q_strides[1];
+            const int64_t clock = ds.row_positions[b] + (keep ? 1 : 0) - 1;
+            shift = (double(c) + state.max) +
+                    ds.weight.at(fp, bh, kernels::squared_norm(qr, d, p.q_strides[3]), clock);
+          }
+          band_decode_row(*ds.band, bh, 0, yx, shift, exact);
+        } else {
+          write_rows(yx, 1, dv, p.out + b * p.out_strides[0] + h * p.out_strides[1], 0,
+                     p.out_strides[3]);
+        }
         ds.log_max[bh] = state.max;
       }
     }

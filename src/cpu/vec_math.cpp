@@ -371,6 +371,10 @@ float Dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+void RowDots(const float* A, int64_t rows, int64_t n, const float* x, float mult, float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = mult * Dot(A + r * n, x, n);
+}
+
 // out[:] += c * x[:] over n floats.
 HWY_INLINE void Axpy(float c, const float* HWY_RESTRICT x, float* HWY_RESTRICT out, int64_t n) {
   const DF d;
@@ -530,6 +534,7 @@ HWY_EXPORT(MulScaled);
 HWY_EXPORT(AddFlooredProduct);
 HWY_EXPORT(UpstreamRow);
 HWY_EXPORT(Dot);
+HWY_EXPORT(RowDots);
 HWY_EXPORT(SumValues);
 HWY_EXPORT(Rank1Update);
 HWY_EXPORT(TransposedMatvec);
@@ -598,6 +603,9 @@ float sum_values(const float* a, int64_t n) {
 }
 float dot(const float* a, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(Dot)(a, b, n);
+}
+void row_dots(const float* A, int64_t rows, int64_t n, const float* x, float mult, float* out) {
+  HWY_DYNAMIC_DISPATCH(RowDots)(A, rows, n, x, mult, out);
 }
 void rank1_update(float* S, const float* phi, const float* v, int64_t F, int64_t dv) {
   HWY_DYNAMIC_DISPATCH(Rank1Update)(S, phi, v, F, dv);

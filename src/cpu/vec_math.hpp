@@ -55,6 +55,8 @@ bool upstream_row(const float* num, float den, const float* dy, float* g, int64_
 float sum_values(const float* a, int64_t n);
 /// sum_i a[i] b[i] (float accumulation in SIMD lanes).
 float dot(const float* a, const float* b, int64_t n);
+/// out[r] = mult * dot(A[r, :], x) for r < rows (A is rows x n, row-major).
+void row_dots(const float* A, int64_t rows, int64_t n, const float* x, float mult, float* out);
 /// S[f, :] += phi[f] * v[:] for f < F (S is F x dv, row-major): a rank-1 update.
 void rank1_update(float* S, const float* phi, const float* v, int64_t F, int64_t dv);
 /// y[:] = sum_f phi[f] * S[f, :] (S is F x dv): y = S^T phi.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/attention_params.hpp"
+#include "kernels/band_params.hpp"
 
 namespace favor::kernels {
 
@@ -47,6 +48,13 @@ struct DecoderStep {
   const int64_t* row_positions;  // [B]: each row's kept tokens before the step
   std::vector<float>* workspace;
   std::vector<double>* workspace_d;
+  // Hybrid attention's decoder (HybridDecoder::step): where set, the token appended is the
+  // one leaving the window (step.k, step.v; null: none leaves it) and each query's row of
+  // the state, at its log scale c + log_max + weight(|q|^2, row_positions[b] - 1), is merged
+  // with the exact part of `band` (its ring and sinks; part_rows unused) into step.out, the
+  // batch formula with one query (band_decode's rows, one merge).
+  const BandDecodeParams* band = nullptr;
+  QueryWeight weight{};
 };
 
 }  // namespace favor::kernels
