@@ -104,24 +104,35 @@ HybridDecoder::HybridDecoder(int64_t batch, int64_t heads, int64_t dv, FeatureMa
 }
 
 void HybridDecoder::reset() {
-  const int64_t BH = batch_ * heads_;
   position_ = 0;
-  sums_.assign(static_cast<size_t>(BH * linear_.features() * (dv_ + 1)), 0.0f);
-  log_max_.assign(static_cast<size_t>(BH), -INFINITY);
-  row_pos_.assign(static_cast<size_t>(batch_), 0);
-  ring_k_.assign(static_cast<size_t>(BH * window_ * d_), 0.0f);
-  ring_v_.assign(static_cast<size_t>(BH * window_ * dv_), 0.0f);
-  ring_keep_.assign(static_cast<size_t>(batch_ * window_), 0);
-  ring_sink_.assign(static_cast<size_t>(batch_ * window_), 0);
-  sink_k_.assign(static_cast<size_t>(BH * sinks_ * d_), 0.0f);
-  sink_v_.assign(static_cast<size_t>(BH * sinks_ * dv_), 0.0f);
-  sink_pos_.assign(static_cast<size_t>(batch_ * sinks_), -1);
+  for (auto* v : {&sums_, &ring_k_, &ring_v_, &sink_k_, &sink_v_}) v->clear();
+  log_max_.clear();
+  row_pos_.clear();
+  ring_keep_.clear();
+  ring_sink_.clear();
+  sink_pos_.clear();
+  const int64_t BH = batch_ * heads_;
   log_const_.resize(static_cast<size_t>(BH));
   for (int64_t bh = 0; bh < BH; ++bh)
     log_const_[size_t(bh)] = detail::head_log_constant(*linear_.map_, bh);
 }
 
+// The decoder's own state, allocated at its first use (a decoder that only lends its map to
+// the functional calls holds none).
 HybridDecoderStateView HybridDecoder::own() {
+  if (sums_.empty()) {
+    const int64_t BH = batch_ * heads_;
+    sums_.assign(static_cast<size_t>(BH * linear_.features() * (dv_ + 1)), 0.0f);
+    log_max_.assign(static_cast<size_t>(BH), -INFINITY);
+    row_pos_.assign(static_cast<size_t>(batch_), 0);
+    ring_k_.assign(static_cast<size_t>(BH * window_ * d_), 0.0f);
+    ring_v_.assign(static_cast<size_t>(BH * window_ * dv_), 0.0f);
+    ring_keep_.assign(static_cast<size_t>(batch_ * window_), 0);
+    ring_sink_.assign(static_cast<size_t>(batch_ * window_), 0);
+    sink_k_.assign(static_cast<size_t>(BH * sinks_ * d_), 0.0f);
+    sink_v_.assign(static_cast<size_t>(BH * sinks_ * dv_), 0.0f);
+    sink_pos_.assign(static_cast<size_t>(batch_ * sinks_), -1);
+  }
   return {{sums_.data(), log_max_.data(), row_pos_.data(), nullptr},
           &position_,
           ring_k_.data(),
@@ -139,12 +150,11 @@ DecoderStateView HybridDecoder::linear_view(const HybridDecoderStateView& s,
   return {s.linear.sums, s.linear.log_max, s.linear.row_positions, folded};
 }
 
-int64_t HybridDecoder::state_bytes() const {
+int64_t HybridDecoder::state_bytes() const {  // by the extents: allocated or not
+  const int64_t BH = batch_ * heads_;
   return linear_.state_bytes() +
-         int64_t(sizeof(float)) *
-             int64_t(ring_k_.size() + ring_v_.size() + sink_k_.size() + sink_v_.size()) +
-         int64_t(ring_keep_.size() + ring_sink_.size()) +
-         int64_t(sizeof(int64_t)) * int64_t(sink_pos_.size());
+         int64_t(sizeof(float)) * BH * (window_ + sinks_) * (d_ + dv_) + 2 * batch_ * window_ +
+         int64_t(sizeof(int64_t)) * batch_ * sinks_;
 }
 
 void HybridDecoder::take_sinks(HybridDecoderStateView& s, const uint8_t* keep, const TensorView& kv,
@@ -485,6 +495,11 @@ Tensor HybridDecoder::prefill(TensorView q, TensorView k, TensorView v,
 void HybridDecoder::select(const std::vector<int64_t>& indices) {
   linear_.select(indices);  // the rules (row range, per-row parameter sets)
   const int64_t rows = static_cast<int64_t>(indices.size());
+  log_const_ = detail::select_rows(log_const_, heads_, indices);
+  if (sums_.empty()) {  // no state of its own (or none yet): the extents only
+    batch_ = rows;
+    return;
+  }
   const int64_t F = linear_.features();
   sums_ = detail::select_rows(sums_, heads_ * F * (dv_ + 1), indices);
   log_max_ = detail::select_rows(log_max_, heads_, indices);
@@ -497,10 +512,14 @@ void HybridDecoder::select(const std::vector<int64_t>& indices) {
   sink_v_ = detail::select_rows(sink_v_, heads_ * sinks_ * dv_, indices);
   sink_pos_ = detail::select_rows(sink_pos_, sinks_, indices);
   batch_ = rows;
-  log_const_ = detail::select_rows(log_const_, heads_, indices);
 }
 
 HybridDecoderState HybridDecoder::state() const {
+  if (sums_.empty()) {  // nothing allocated: an empty state of these extents
+    HybridDecoder fresh = *this;
+    fresh.own();
+    return fresh.state();
+  }
   HybridDecoderState s;
   s.batch = batch_;
   s.heads = heads_;

@@ -108,6 +108,9 @@ class HybridDecoder {
   int64_t batch() const { return batch_; }
   int64_t heads() const { return heads_; }
   int64_t dv() const { return dv_; }
+  int64_t d() const { return d_; }
+  /// F: the linear state's features per token.
+  int64_t features() const { return linear_.features(); }
   int64_t window() const { return window_; }
   int64_t sinks() const { return sinks_; }
   /// Bytes of the state: the linear state, the ring and the sinks; fixed.

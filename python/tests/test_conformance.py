@@ -28,8 +28,9 @@ import favor.torch as ft  # noqa: E402
 from favor import _core  # noqa: E402
 from favor.ops import _dispatch  # noqa: E402
 from favor.ops.attention import naive  # noqa: E402
-from favor.ops.decoder import (DecodeState, VQDecodeState, advance, empty_state,  # noqa: E402
-                               empty_vq_state, vq_advance)
+from favor.ops.decoder import (DecodeState, HybridDecodeState, VQDecodeState,  # noqa: E402
+                               advance, empty_hybrid_state, empty_state, empty_vq_state,
+                               hybrid_advance, vq_advance)
 from favor.ops.exact.naive import softmax_attention  # noqa: E402
 from favor.ops.vq.naive import vq_attention_materialised, vq_quantise  # noqa: E402
 from torch_helpers import frob, seeded_qkv  # noqa: E402
@@ -287,6 +288,93 @@ def test_decode_step_with_decay_and_a_hole(kernel):
     assert frob(y, y_ref) < tol(features)
     for a, b in zip(state, ref_state):
         assert frob(a.double(), b.double()) < tol(features) or torch.equal(a.cpu(), b)
+
+
+HYBRID_DECODE_CASES = {
+    "positive-w6-s2": dict(kernel="positive", learned=False, window=6, sinks=2, estimate=True),
+    "positive-w0-s3": dict(kernel="positive", learned=False, window=0, sinks=3, estimate=True),
+    "hedgehog-learned-decay-w4-s1": dict(kernel="hedgehog", learned=True, window=4, sinks=1,
+                                         estimate=True),
+    "window-alone-w5-s2": dict(kernel="positive", learned=False, window=5, sinks=2,
+                               estimate=False),
+}
+
+
+@pytest.mark.parametrize("case", list(HYBRID_DECODE_CASES))
+@pytest.mark.parametrize("kernel", kernels_of("hybrid_decode_step"))
+def test_hybrid_decode_step(kernel, case):
+    """favor::hybrid_decode_step token by token ('step'), a prompt then tokens ('prefill'
+    then 'step') and 'append' + 'query': every row equals row i of causal hybrid attention
+    (the float64 oracle, naive.hybrid_attention; the window alone: softmax over the window
+    and the sinks), left padding masked out, the state advanced in place on the kernel's
+    device."""
+    c = HYBRID_DECODE_CASES[case]
+    q, k, v, w, maps = attention_inputs(dict(learned=c["learned"]))
+    mask = mask_of(N)
+    keep = ~mask
+    ref = [t.double() for t in (q, k, v)]
+    sizes = dict(window=c["window"], sinks=c["sinks"])
+    if not c["estimate"]:  # the estimated terms weighed 0: softmax over the window and sinks
+        y_ref = naive.hybrid_attention(*ref, w.double(), "positive", True, keep=keep,
+                                       lam=torch.zeros(1, M, dtype=torch.float64), **sizes)
+    elif maps:
+        y_ref = naive.hybrid_attention(
+            *ref, maps["weights"].double(), c["kernel"], True, keep=keep,
+            bias=maps["bias"].double(), lam=maps["feature_weights"].double(),
+            decay=maps["decay"], **sizes)
+    else:
+        y_ref = naive.hybrid_attention(*ref, w.double(), c["kernel"], True, keep=keep, **sizes)
+    (qd, kd, vd, wd, keep_d), backend = place(kernel, [q, k, v, w, keep.long()])
+    kw = dict(kernel=c["kernel"], backend=backend, weights=maps.get("weights"),
+              bias=maps.get("bias"), feature_weights=maps.get("feature_weights"),
+              decay=maps.get("decay"), estimate=c["estimate"], **sizes)
+    features = _core.feature_count(c["kernel"], M) if c["estimate"] else 0
+
+    def fresh():
+        return HybridDecodeState(*(t.to(qd.device) for t in empty_hybrid_state(
+            B, H, DV, features, D, c["window"], c["sinks"])))
+
+    state = fresh()
+    ys = [hybrid_advance(state, qd[:, :, i:i + 1], kd[:, :, i:i + 1], vd[:, :, i:i + 1], wd,
+                         mode="step", key_mask=keep_d[:, i:i + 1], **kw) for i in range(N)]
+    assert state.sums.device == qd.device and int(state.position[0]) == N
+    y = torch.cat(ys, 2)
+    visible = keep[:, None, :, None].expand(B, H, N, DV)  # padded rows attend to nothing
+    bound = tol(features + c["window"] + c["sinks"])
+    assert frob(y * visible.to(y.device), y_ref * visible) < bound
+
+    split = 11
+    state2 = fresh()
+    y_pre = hybrid_advance(state2, qd[:, :, :split], kd[:, :, :split], vd[:, :, :split], wd,
+                           mode="prefill", key_mask=keep_d[:, :split], **kw)
+    y_rest = [hybrid_advance(state2, qd[:, :, i:i + 1], kd[:, :, i:i + 1], vd[:, :, i:i + 1],
+                             wd, mode="step", key_mask=keep_d[:, i:i + 1], **kw)
+              for i in range(split, N)]
+    y2 = torch.cat([y_pre, *y_rest], 2)
+    assert frob(y2 * visible.to(y2.device), y_ref * visible) < bound
+    for a, b in zip(state, state2):  # the same state, up to the order of its sums
+        assert torch.equal(a, b) or frob(a.double(), b.double()) < bound
+
+    state3 = fresh()
+    empty = hybrid_advance(state3, qd[:, :, :0], kd, vd, wd, mode="append", key_mask=keep_d,
+                           **kw)
+    assert empty.shape == (B, H, 0, DV)
+    last = hybrid_advance(state3, qd[:, :, N - 1:], kd[:, :, :0], vd[:, :, :0], wd,
+                          mode="query", **kw)
+    assert frob(last, y[:, :, N - 1:]) < bound
+
+
+def test_hybrid_decode_state_errors_name_the_field():
+    q, k, v, w, _ = attention_inputs({})
+    state = empty_hybrid_state(B, H, DV, M, D, 4, 1)
+    bad = HybridDecodeState(*state[:4], state.ring_k[:, :, :2], *state[5:])
+    for backend in ("cpu", "torch"):
+        with pytest.raises(favor.Error, match=r"state.ring_k: torch.float32 \[2, 2, 2, 16\] "
+                                              r"must be float32 \[2, 2, 4, 16\]"):
+            hybrid_advance(bad, q[:, :, :1], k[:, :, :1], v[:, :, :1], w, window=4, sinks=1,
+                           backend=backend)
+    with pytest.raises(favor.Error, match="state: must be a HybridDecodeState"):
+        hybrid_advance(state[:4], q[:, :, :1], k[:, :, :1], v[:, :, :1], w, window=4, sinks=1)
 
 
 def test_decoder_errors_name_the_argument():

@@ -432,10 +432,12 @@ def test_a_bfloat16_model_attends_in_float32_and_generates(method, options):
 
 
 @pytest.mark.parametrize("method,options", [("favor", dict(features=32)),
-                                            ("vq", dict(codes=8))])
+                                            ("vq", dict(codes=8)),
+                                            ("favor", dict(features=32, window=4, sinks=1))])
 def test_a_token_step_compiles_fullgraph_through_the_cache(method, options):
     """torch.compile(fullgraph=True) of a converted decoder's single-token step on the CPU:
-    the cache layer's state (favor::decode_step / favor::vq_decode_step, advanced in place)
+    the cache layer's state (favor::decode_step / favor::hybrid_decode_step (a window and a
+    sink) / favor::vq_decode_step, advanced in place)
     and the padding mask trace with no graph break, in one graph after the mask's length
     turns dynamic, and the logits equal the eager step's bit for bit."""
     from torch._dynamo.utils import counters
@@ -469,7 +471,8 @@ def test_a_token_step_compiles_fullgraph_through_the_cache(method, options):
     counters.clear()
     compiled = generate(torch.compile(step, fullgraph=True, backend=record))
     assert counters["stats"]["unique_graphs"] <= 2  # static first, then a dynamic mask
-    op = "favor.decode_step" if method == "favor" else "favor.vq_decode_step"
+    op = "favor.vq_decode_step" if method == "vq" else "favor.hybrid_decode_step" \
+        if "window" in options else "favor.decode_step"
     assert all(op in str(g.graph) for g in graphs)
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)

@@ -13,6 +13,7 @@ import torch
 
 import favor
 import favor.torch as ft
+from favor.ops.decoder import HybridDecodeState
 from test_cli_parity import cli_attention
 
 B, H, N, D = 2, 3, 30, 8
@@ -223,17 +224,18 @@ def test_cli_window_and_sinks_equal_the_numpy_api(favor_cli, tmp_path):
                                                 (5, 0, [0.9, 0.95, 0.99]), (4, 2, [0.93]),
                                                 (N + 5, 1, None)])
 @pytest.mark.parametrize("split", [0, 7, 13])
-@pytest.mark.parametrize("engine", [False, True])
-def test_decoding_a_prompt_equals_the_causal_rows(window, sinks, decay, split, engine):
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_decoding_a_prompt_equals_the_causal_rows(window, sinks, decay, split, backend):
     """prefill of the first `split` tokens then one step per token, a left-padded batch:
     the rows of causal hybrid attention (same window, sinks, decay; decay counts from the
-    window's edge in both), on torch operations and on the C++ engine."""
+    window's edge in both), on both kernels of favor::hybrid_decode_step (the C++ decoder,
+    torch operations)."""
     q, k, v = qkv()
     pad, w = left_padding(), projection()
     extra = {} if decay is None else dict(decay=decay)
     ref = ft.attention(q, k, v, causal=True, window=window, sinks=sinks, projection=w,
                        key_padding_mask=pad, **extra)
-    dec = ft.HybridDecoder(B, H, D, w, window=window, sinks=sinks, engine=engine, **extra)
+    dec = ft.HybridDecoder(B, H, D, w, window=window, sinks=sinks, backend=backend, **extra)
     keep = ~pad
     outs = [dec.prefill(q[:, :, :split], k[:, :, :split], v[:, :, :split],
                         key_mask=keep[:, :split])] if split else []
@@ -244,14 +246,14 @@ def test_decoding_a_prompt_equals_the_causal_rows(window, sinks, decay, split, e
         sizes.add(dec.state_bytes)
     assert (torch.cat(outs, 2) - ref).abs().max() < 1e-5
     assert len(sizes) == 1  # the state does not grow
-    assert (dec._engine is not None) == engine
 
 
-def test_the_cpp_engine_runs_learned_maps_beams_and_refuses_state():
-    """FavorCore.decoder(engine=True) (what favor.hf's cache layers make) with a learned map
-    and lambda equals the torch operations' decoder step by step, after a beam reorder; its
-    state is the C++ decoder's, so state() / load_state() are refused; under autograd or
-    for the window alone (estimate=False) it is not used."""
+def test_the_op_kernels_agree_on_learned_maps_beams_and_state():
+    """FavorCore.decoder (what favor.hf's cache layers make) with a learned map, lambda and
+    decay: the op's CPU kernel (the C++ decoder on the state's memory) equals its torch
+    kernel step by step, after a beam reorder, with states of one layout (a state saved on
+    one kernel loads and steps on the other, the same rows); the owner's state() and
+    load_state() round-trip bit for bit."""
     torch.manual_seed(3)
     core = ft.FavorCore(H, D, features=16, causal=True, window=5, sinks=2,
                         learn_features=True, feature_weights=True, decay=0.97)
@@ -261,34 +263,35 @@ def test_the_cpp_engine_runs_learned_maps_beams_and_refuses_state():
     q, k, v = qkv()
     keep = ~left_padding()
     rows = [1, 0, 1]
+    outs = []
     with torch.no_grad():
-        outs = []
-        for engine in (False, True):
-            dec = core.decoder(B, engine=engine)
+        for backend in ("cpu", "torch"):
+            dec = core.decoder(B)
+            dec.backend = backend
             y = [dec.prefill(q[:, :, :9], k[:, :, :9], v[:, :, :9], key_mask=keep[:, :9])]
             dec.select(rows)
             y += [dec.step(q[rows][:, :, i:i + 1], k[rows][:, :, i:i + 1],
                            v[rows][:, :, i:i + 1], key_mask=keep[rows][:, i:i + 1])
-                  for i in range(9, N)]
+                  for i in range(9, N - 2)]
             outs.append((y[0], torch.cat(y[1:], 2), dec))
     assert (outs[0][0] - outs[1][0]).abs().max() < 1e-5
     assert (outs[0][1] - outs[1][1]).abs().max() < 1e-5
-    dec = outs[1][2]
-    assert dec._engine is not None and dec.batch == 3
-    assert dec.state_bytes == outs[0][2].state_bytes
-    with pytest.raises(ValueError, match="state: this decoder runs on the C\\+\\+ engine"):
-        dec.state()
-    with pytest.raises(ValueError, match="load_state: this decoder runs on the C"):
-        dec.load_state()
-    grad = core.decoder(B, engine=True)
-    qg = q.clone().requires_grad_(True)
-    grad.prefill(qg[:, :, :9], k[:, :, :9], v[:, :, :9])
-    assert grad._engine is None  # autograd: the torch operations
-    alone = ft.HybridDecoder(B, H, D, projection(), window=5, sinks=2, estimate=False,
-                             engine=True)
+    cpu, tor = outs[0][2], outs[1][2]
+    assert cpu.batch == 3 and cpu.state_bytes == tor.state_bytes
+    saved = cpu.state()
+    tail = [q[rows][:, :, N - 2:], k[rows][:, :, N - 2:], v[rows][:, :, N - 2:]]
     with torch.no_grad():
-        alone.prefill(q[:, :, :9], k[:, :, :9], v[:, :, :9])
-    assert alone._engine is None
+        a = cpu.prefill(*tail)
+        tor.load_state(**saved)  # the CPU kernel's state on the torch kernel
+        b = tor.prefill(*tail)
+        cpu.load_state(**saved)
+        c = cpu.prefill(*tail)
+    assert torch.equal(a, c)
+    assert (a - b).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="position: -1 must be an integer >= 0"):
+        cpu.load_state(**dict(saved, position=-1))
+    with pytest.raises(ValueError, match="sink_pos"):
+        cpu.load_state(**dict(saved, sink_pos=torch.full_like(saved["sink_pos"], 99)))
 
 
 def test_a_window_only_decoder_equals_method_window():
@@ -364,7 +367,8 @@ def test_decoder_state_round_trips_and_decoder_takes_window():
     fresh.load_state(**saved)
     assert torch.equal(fresh.step(q[:, :, 12:13], k[:, :, 12:13], v[:, :, 12:13]), a)
     bad = dict(saved, ring_k=saved["ring_k"][:, :, :2])
-    with pytest.raises(ValueError, match="ring_k: must be a torch.float32 tensor"):
+    with pytest.raises(ValueError, match=r"ring_k: shape \[2,3,2,8\] must be \[batch, heads, "
+                                         r"window, d\]"):
         fresh.load_state(**bad)
 
 
@@ -383,7 +387,8 @@ def test_decoder_state_size_is_fixed_by_window_sinks_and_m():
     # masks and positions only
     alone = ft.HybridDecoder(1, H, D, w, window=64, sinks=4, estimate=False)
     alone.prefill(q[:1], k[:1], v[:1])
-    assert alone.state_bytes == ring(64, 4) + 64 * 2 + 4 * 8
+    # (and an empty linear state: F = 0 features, its stabilisers and clock)
+    assert alone.state_bytes == ring(64, 4) + 64 * 2 + 4 * 8 + H * 8 + 8
 
 
 def test_decoder_errors():
@@ -433,8 +438,8 @@ def test_a_hybrid_mistral_serves_calls_beyond_its_sliding_window_and_beams():
 def test_generate_gives_back_what_each_prompt_layer_freed(monkeypatch):
     """The cache layers hand the allocator's freed memory back to the system after each
     layer's prompt and when the cache is dropped (favor.release_freed_memory; glibc keeps a
-    long prompt's freed buffers otherwise, docs/hf.md "Memory"), and a hybrid decoder on the
-    C++ engine drops its torch state (the engine holds the state)."""
+    long prompt's freed buffers otherwise, docs/hf.md "Memory"), and a hybrid layer holds one
+    HybridDecodeState (the C++ decoder lends its map only)."""
     fh = pytest.importorskip("favor.hf")
     import gc
     calls = []
@@ -449,8 +454,8 @@ def test_generate_gives_back_what_each_prompt_layer_freed(monkeypatch):
     layers = len(cache.layers)
     assert layers > 0 and len(calls) == layers  # one per layer's prompt
     decoders = [layer.decoder for layer in cache.layers]
-    assert all(d._engine is not None and d.ring_k.numel() == 0 and
-               d.linear._state.sums.numel() == 0 for d in decoders)
+    assert all(isinstance(d._state, HybridDecodeState) and d._d is not None
+               for d in decoders)  # one state, stepped by the C++ decoder on its memory
     del cache, decoders
     gc.collect()
     assert len(calls) == 2 * layers  # and one per layer as the cache goes

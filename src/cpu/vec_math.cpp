@@ -371,8 +371,32 @@ float Dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// Four rows at a time share each load of x (a decode step's keys against one query).
 void RowDots(const float* A, int64_t rows, int64_t n, const float* x, float mult, float* out) {
-  for (int64_t r = 0; r < rows; ++r) out[r] = mult * Dot(A + r * n, x, n);
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d)), whole = n - n % lanes;
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const float *a0 = A + r * n, *a1 = a0 + n, *a2 = a1 + n, *a3 = a2 + n;
+    auto c0 = hn::Zero(d), c1 = hn::Zero(d), c2 = hn::Zero(d), c3 = hn::Zero(d);
+    for (int64_t i = 0; i < whole; i += lanes) {
+      const auto xv = hn::LoadU(d, x + i);
+      c0 = hn::MulAdd(hn::LoadU(d, a0 + i), xv, c0);
+      c1 = hn::MulAdd(hn::LoadU(d, a1 + i), xv, c1);
+      c2 = hn::MulAdd(hn::LoadU(d, a2 + i), xv, c2);
+      c3 = hn::MulAdd(hn::LoadU(d, a3 + i), xv, c3);
+    }
+    float s[4] = {hn::GetLane(hn::SumOfLanes(d, c0)), hn::GetLane(hn::SumOfLanes(d, c1)),
+                  hn::GetLane(hn::SumOfLanes(d, c2)), hn::GetLane(hn::SumOfLanes(d, c3))};
+    for (int64_t i = whole; i < n; ++i) {
+      s[0] += a0[i] * x[i];
+      s[1] += a1[i] * x[i];
+      s[2] += a2[i] * x[i];
+      s[3] += a3[i] * x[i];
+    }
+    for (int k = 0; k < 4; ++k) out[r + k] = mult * s[k];
+  }
+  for (; r < rows; ++r) out[r] = mult * Dot(A + r * n, x, n);
 }
 
 // out[:] += c * x[:] over n floats.

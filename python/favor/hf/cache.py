@@ -1,6 +1,7 @@
 """favor.hf.FavorCacheLayer and FavorCache: transformers cache layers that keep favor's decoding
-state (a fixed-size DecodeState owned through a favor.torch.Decoder; VQ: a VQDecodeState
-through a VQDecoder; both advanced in place by their op) instead of keys and values:
+state (a fixed-size DecodeState owned through a favor.torch.Decoder; hybrid attention: a
+HybridDecodeState through a HybridDecoder; VQ: a VQDecodeState through a VQDecoder; each
+advanced in place by its op) instead of keys and values:
 generate()'s memory does not grow with the generated length.
 
 How a layer reaches its state (no thread-local, no patched transformers method): favor.hf
@@ -47,14 +48,12 @@ class FavorCacheLayer(CacheLayerMixin):
         self.seen = 0  # tokens attended (a Python int: mask sizes are read without a sync)
 
     # The state has a fixed size and is advanced in place by its op (favor::decode_step,
-    # favor::vq_decode_step): a decoding step compiles. A hybrid layer's HybridDecoder keeps
-    # Python-side bookkeeping (its position, the sinks found): not compileable.
+    # favor::hybrid_decode_step, favor::vq_decode_step): a decoding step compiles.
     # A softmax layer's keys and values grow (not compileable; generate() then gives the
     # model its 2D mask, from which each layer gets its own, favor.hf.attention).
     @property
     def is_compileable(self):
-        from ..torch.hybrid_decoder import HybridDecoder
-        return self.favor and not isinstance(self.decoder, HybridDecoder)
+        return self.favor
 
     def lazy_initialization(self, key_states, value_states):
         self.dtype, self.device = key_states.dtype, key_states.device

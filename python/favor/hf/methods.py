@@ -34,9 +34,6 @@ FITS = {"nothing": "nothing to fit (exact)",
 
 
 def _decoder(core, batch):
-    # a hybrid's state on the CPU runs on favor's C++ decoder (HybridDecoder engine=True)
-    if isinstance(core, FavorCore):
-        return core.decoder(batch, engine=True)
     return core.decoder(batch)
 
 

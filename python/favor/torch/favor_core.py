@@ -357,16 +357,16 @@ class FavorCore(AttentionCore):
                           weights=arr(self.map_weight), bias=arr(self.map_bias),
                           lambda_=arr(lam), fit=self.fit)
 
-    def decoder(self, batch, engine=False):
+    def decoder(self, batch):
         """A streaming state for generation: favor.torch.Decoder over this core's heads,
-        projection (or learned map and decay), kernel, scale and fit. engine: a hybrid's
-        HybridDecoder may run on favor's C++ decoder (HybridDecoder's engine=True)."""
+        projection (or learned map and decay), kernel, scale and fit (with a window or sinks,
+        a favor.torch.HybridDecoder)."""
         if self.method == "exact":
             raise _core.Error("decoder: method='exact' has no fixed-size state; use favor")
         make, hybrid = Decoder, {}
         if self.window or self.sinks:  # the ring of the window, the sinks, the linear state
             make, hybrid = HybridDecoder, dict(window=self.window, sinks=self.sinks,
-                                               estimate=self.method == "favor", engine=engine)
+                                               estimate=self.method == "favor")
         if self._uses_map():
             gamma = self.gamma
             if isinstance(gamma, torch.Tensor):

@@ -118,13 +118,13 @@ def _before(q, k, vx, cm, keep, w, log_const, chunk):
     phi, m = key_features(k[:, :r], cm, None if keep is None else keep[:, :r], True)
     part, lse = linear_core(query_logits(q[:, w:], cm), cm.kind != TRIG, phi, m, vx[:, :r],
                             True, vx.shape[-1] - 1, chunk, with_scale=True)
-    t = _row_terms(q[:, w:], cm, log_const, True)
+    t = row_terms(q[:, w:], cm, log_const, True)
     # the row's own factors: exactly 1 in value (they live in L), differentiable
     part = part * torch.exp(t - t.detach()).float().unsqueeze(-1)
     return torch.cat([out[:, :w], part], 1), torch.cat([scale[:, :w], lse + t.detach()], 1)
 
 
-def _row_terms(q, cm, log_const, causal):
+def row_terms(q, cm, log_const, causal):
     """What the canonical map leaves out of row i's phi(q_i).phi(k_j), as a log [BH, Nq]
     float64: the constant, the query's norm term and (causal) the query's decay clock
     -rate r (r = 0, 1, ..: the row in its frame)."""
@@ -145,7 +145,7 @@ def _all(q, k, vx, cm, keep, log_const):
     phi, m = key_features(k, cm, keep, False)
     out, lse = linear_core(query_logits(q, cm), cm.kind != TRIG, phi, m, vx, False,
                            vx.shape[-1] - 1, with_scale=True)
-    t = _row_terms(q, cm, log_const, False)
+    t = row_terms(q, cm, log_const, False)
     return out * torch.exp(t - t.detach()).float().unsqueeze(-1), lse + t.detach()
 
 

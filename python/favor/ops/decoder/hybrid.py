@@ -1,0 +1,248 @@
+"""favor::hybrid_decode_step: hybrid attention's streaming decoder (exact softmax on the last
+`window` tokens and the first `sinks` kept ones, FAVOR's estimator on the rest, one
+normaliser; docs/math.md, "Hybrid attention") as one torch op on one state
+(HybridDecodeState), every mode of favor::decode_step.
+
+The state is the C++ HybridDecoderState's layout as tensors (favor._core.hybrid_state_layout:
+the plain DecodeState's four, then the ring and the sinks), advanced in place by the op (the
+CPU kernel borrows its memory: HybridDecoderStateView, one fused C++ call per step), so its
+owner keeps the same tensors from the first token to the last: favor.torch.HybridDecoder, the
+Hugging Face cache layer (favor.hf), a compiled loop of your own (no host sync outside the
+op). Kernels: CPU the C++ HybridDecoder on a view of the state, every other device plain torch
+operations (hybrid_generic.py; CUDA too: no Triton kernel of the exact part yet). The window
+and the sinks alone (estimate=False, method='window') run the torch operations everywhere.
+"""
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from ... import _args, _core
+from .. import _dispatch
+from .. import _tensors as T
+from ..attention import attention, paths
+from ..attention.hybrid import pair_log_const
+from ..attention.layout import decay_list, feature_map
+from ..attention.op import eager_mode
+from . import hybrid_generic as generic
+from .op import _map_parameter, _step_checks, check_key_mask
+
+
+class HybridDecodeState(NamedTuple):
+    """Hybrid attention's decoding state, one definition for every device and owner: the C++
+    HybridDecoderState's layout (include/favor/hybrid_decoder.hpp) as tensors, which the CPU
+    kernel reads and writes in place. The linear state of the tokens that left the window
+    (sums [B, H, F, Dv + 1] float32, log_max [B, H] float64, row_positions [B] int64, as
+    DecodeState's), position [1] int64 (the tokens seen), the ring of the last `window` tokens
+    (ring_k [B, H, W, D], ring_v [B, H, W, Dv] float32; ring_keep, ring_sink [B, W] uint8: the
+    token takes part, is a sink; slot t % W holds token t) and the sinks (sink_k [B, H, S, D],
+    sink_v [B, H, S, Dv] float32, sink_pos [B, S] int64, -1: none yet). Fixed size."""
+    sums: Tensor
+    log_max: Tensor
+    row_positions: Tensor
+    position: Tensor
+    ring_k: Tensor
+    ring_v: Tensor
+    ring_keep: Tensor
+    ring_sink: Tensor
+    sink_k: Tensor
+    sink_v: Tensor
+    sink_pos: Tensor
+
+
+_FILLS = {"log_max": float("-inf"), "sink_pos": -1}
+
+
+def empty_hybrid_state(batch, heads, dv, features, d, window, sinks, device=None):
+    """The HybridDecodeState of a decoder with nothing appended, on device (features: F,
+    favor._core.feature_count(kernel, m); 0 for the window and the sinks alone)."""
+    layout = _core.hybrid_state_layout(batch, heads, features, d, dv, window, sinks)
+    return HybridDecodeState(*(torch.full(shape, _FILLS.get(name, 0), device=device,
+                                          dtype=getattr(torch, dtype))
+                               for name, shape, dtype in layout))
+
+
+def hybrid_decoder(batch, heads, dv, w, kernel, scale, fit_a, fit_basis, weights, bias, lam,
+                   decay, window, sinks):
+    """The favor._core.HybridDecoder of the op's map (it checks the map and lends it to the
+    CPU kernel; it holds no state of its own)."""
+    fm = feature_map(w, weights, bias, lam, fit_a, fit_basis, kernel, scale)
+    return _core.HybridDecoder(batch, heads, dv, fm, window, sinks, decay=decay_list(decay))
+
+
+def _torch_kernel(state, q, k, v, key_mask, w, kernel, scale, fit_a, fit_basis, weights, bias,
+                  lam, decay, window, sinks, estimate, step_kind):
+    """The default kernel: plain torch operations on the state's tensors, in place."""
+    st = HybridDecodeState(*state)
+    if step_kind == "append":
+        paths.check_inputs(k, k, v, False)
+    elif step_kind == "query":
+        paths.check_inputs(q, q, q, False)
+    else:
+        paths.check_inputs(q, k, v, False)
+    cm = paths.device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale,
+                          decay is not None)
+    check_key_mask(key_mask, q.shape[0], k.shape[2])
+    q, k, v = q.float(), k.float(), v.float()
+    keep = torch.ones(k.shape[0], k.shape[2], dtype=torch.bool, device=k.device) \
+        if key_mask is None else key_mask.to(k.device).ne(0)
+    log_const = pair_log_const(kernel, w.shape[0], fit_a) if estimate else None
+    sc = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    sizes = (cm, window, sinks, estimate)
+
+    def append():
+        if int(st.position[0]) == 0:
+            generic.build(st, k, v, keep, *sizes)
+        else:
+            for i in range(k.shape[2]):
+                generic.push(st, k[:, :, i:i + 1], v[:, :, i:i + 1], keep[:, i], *sizes)
+
+    read = lambda x: generic.query(st, x, cm, sc, window, log_const)  # noqa: E731
+    if step_kind == "append":
+        append()
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+    if step_kind == "query":
+        return read(q)
+    if step_kind == "append_query":
+        append()
+        return read(q)
+    if step_kind == "prefill" and int(st.position[0]) == 0:  # a prompt: one attention call
+        m = dict(method="window", scale=scale) if not estimate else dict(
+            projection=w, kernel=kernel, scale=scale, weights=weights, bias=bias,
+            feature_weights=lam, decay=decay,
+            fit=None if fit_a is None else (fit_a, fit_basis))
+        y = attention(q, k, v, causal=True, window=window, sinks=sinks, key_padding_mask=~keep,
+                      backend="torch", **m)
+        generic.build(st, k, v, keep, *sizes)
+        return y
+    rows = []
+    for i in range(q.shape[2]):  # causal: token i reads the state after its own push
+        generic.push(st, k[:, :, i:i + 1], v[:, :, i:i + 1], keep[:, i], *sizes)
+        rows.append(read(q[:, :, i:i + 1]))
+    return torch.cat(rows, 2)
+
+
+@torch.library.custom_op("favor::hybrid_decode_step",
+                         mutates_args=("sums", "log_max", "row_positions", "position", "ring_k",
+                                       "ring_v", "ring_keep", "ring_sink", "sink_k", "sink_v",
+                                       "sink_pos"),
+                         device_types=None)
+def hybrid_decode_step_op(sums: Tensor, log_max: Tensor, row_positions: Tensor,
+                          position: Tensor, ring_k: Tensor, ring_v: Tensor, ring_keep: Tensor,
+                          ring_sink: Tensor, sink_k: Tensor, sink_v: Tensor, sink_pos: Tensor,
+                          q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor],
+                          w: Tensor, kernel: str, scale: Optional[float],
+                          fit_a: Optional[Tensor], fit_basis: Optional[Tensor],
+                          weights: Optional[Tensor], bias: Optional[Tensor],
+                          lam: Optional[Tensor], decay: Optional[Tensor], window: int,
+                          sinks: int, estimate: bool, step_kind: str) -> Tensor:
+    """y [B, H, T, Dv] float32, the state (a HybridDecodeState's 11 tensors) advanced in
+    place. step_kind as favor::decode_step's ('step': T = 1, one fused C++ call on the CPU;
+    'prefill': causal hybrid attention over T tokens from the state; 'append_query',
+    'append', 'query'); the map as favor::decode_step's; window, sinks the hybrid's sizes;
+    estimate False: the window and the sinks alone (method='window', no linear state read or
+    fed)."""
+    return torch_hybrid(sums, log_max, row_positions, position, ring_k, ring_v, ring_keep,
+                        ring_sink, sink_k, sink_v, sink_pos, q, k, v, key_mask, w, kernel,
+                        scale, fit_a, fit_basis, weights, bias, lam, decay, window, sinks,
+                        estimate, step_kind)
+
+
+def torch_hybrid(*args):
+    """The default kernel (plain torch operations)."""
+    return _torch_kernel(args[:11], *args[11:])
+
+
+@hybrid_decode_step_op.register_kernel("cpu")
+def cpu_hybrid(*args):
+    """The C++ HybridDecoder (map only) stepping the state's memory in place; the window and
+    the sinks alone on the torch operations."""
+    state, (q, k, v, key_mask, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay,
+            window, sinks, estimate, step_kind) = args[:11], args[11:]
+    if not estimate:
+        return torch_hybrid(*args)
+    b, h, _, dv = v.shape
+    dec = hybrid_decoder(b, h, dv, w, kernel, scale, fit_a, fit_basis, weights, bias, lam,
+                         decay, window, sinks)
+    return cpu_step(dec, state, q, k, v, key_mask, step_kind)
+
+
+def cpu_step(dec, state, q, k, v, key_mask, step_kind):
+    """dec.step_state (a favor._core.HybridDecoder) on the memory of the state's tensors,
+    advanced in place (a non-contiguous one through a contiguous copy, written back)."""
+    T.follow_torch_threads()
+    work = [t if t.is_contiguous() else t.contiguous() for t in state]
+    keep = None if key_mask is None else T.array(key_mask.to(torch.bool))
+    y = dec.step_state(tuple(t.numpy() for t in work), T.view(q.float()), T.view(k.float()),
+                       T.view(v.float()), key_mask=keep, mode=step_kind)
+    for t, x in zip(state, work):
+        if t is not x:
+            t.copy_(x)
+    return T.tensor(y)
+
+
+_dispatch.register("hybrid_decode_step", {"cpu": cpu_hybrid, "torch": torch_hybrid,
+                                          "triton": torch_hybrid})
+
+
+@hybrid_decode_step_op.register_fake
+def _(*args):
+    q, v = args[11], args[13]
+    return q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
+
+
+def check_state(state, batch, heads, features, d, dv, window, sinks):
+    """A HybridDecodeState's layout against the step's extents, by the C++ layout
+    (favor._core.hybrid_state_layout): 11 tensors of its shapes and dtypes on one device."""
+    if not isinstance(state, (tuple, list)) or len(state) != 11 or not all(
+            isinstance(t, torch.Tensor) for t in state):
+        raise _core.Error("state: must be a HybridDecodeState (11 tensors), as "
+                          "empty_hybrid_state() makes it")
+    layout = _core.hybrid_state_layout(batch, heads, features, d, dv, window, sinks)
+    for t, (name, shape, dtype) in zip(state, layout):
+        if list(t.shape) != list(shape) or t.dtype != getattr(torch, dtype):
+            raise _core.Error(f"state.{name}: {t.dtype} {list(t.shape)} must be {dtype} "
+                              f"{list(shape)}")
+        if t.device != state[0].device:
+            raise _core.Error(f"state.{name}: on device '{t.device}', state.sums on "
+                              f"'{state[0].device}'; a state lives on one device")
+
+
+def advance(state, q, k, v, projection, *, window, sinks, estimate=True, mode="step",
+            kernel="positive", scale=None, fit=None, key_mask=None, weights=None, bias=None,
+            feature_weights=None, decay=None, backend=None, decoder=None):
+    """favor::hybrid_decode_step on a HybridDecodeState advanced in place; returns
+    y [B, H, T, Dv] float32. mode and the map as favor.ops.decoder.advance's. decoder: the
+    favor._core.HybridDecoder of this map, kept by an owner: eager CPU calls then run its
+    kernel without the op's dispatch (the same kernel, the same bits)."""
+    for t, name in ((q, "q"), (k, "k"), (v, "v"), (projection, "projection")):
+        T.check_tensor(t, name)
+    key_mask = _step_checks(q, k, v, key_mask, mode)
+    forced = _dispatch.forced("hybrid_decode_step", backend, q)
+    if decoder is not None and estimate and eager_mode() \
+            and _dispatch.cpu_kernel_runs(backend, q, k, v, *state):
+        return cpu_step(decoder, state, q, k, v, key_mask, mode)
+    if projection.dim() != 2 or projection.shape[1] != q.shape[-1]:
+        raise _core.Error(f"projection: shape {list(projection.shape)} must be [m, "
+                          f"{q.shape[-1]}] (D = {q.shape[-1]})")
+    fit_a, fit_basis = (None, None) if fit is None else fit
+    lam = _map_parameter(feature_weights, "feature_weights")
+    if lam is not None and lam.dim() == 1:
+        lam = lam[None]
+    if not torch.compiler.is_compiling():
+        features = _core.feature_count(kernel, projection.shape[0]) if estimate else 0
+        check_state(state, q.shape[0], q.shape[1], features, q.shape[-1], v.shape[-1], window,
+                    sinks)
+        if state[0].device != q.device:
+            raise _core.Error(f"state: on device '{state[0].device}', q on '{q.device}'; move "
+                              "the state with .to(device)")
+    dev = q.device
+    to = lambda t: None if t is None else t.to(dev)  # noqa: E731
+    decay_t = None if decay is None else _map_parameter(decay, "decay").reshape(-1)
+    args = (*tuple(state), q.float(), k.float(), v.float(), to(key_mask),
+            to(projection.detach().float()), kernel, _args.optional_number(scale, "scale"),
+            to(fit_a), to(fit_basis), to(_map_parameter(weights, "weights")),
+            to(_map_parameter(bias, "bias")), to(lam), to(decay_t), int(window), int(sinks),
+            bool(estimate), mode)
+    with torch.no_grad():
+        return (hybrid_decode_step_op if forced is None else forced)(*args)
