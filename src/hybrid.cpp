@@ -316,7 +316,7 @@ double norm_weight(const ResolvedMap& r, const kernels::FeatureParams& fp) {
 double head_log_constant(const ResolvedMap& r, int64_t bh) {
   // the features' constant on both sides: m^-1/2 (positive, trig), (2m)^-1/2 (hyperbolic),
   // 1 (hedgehog), FAVOR++ / FAVOR#'s per head from their fit
-  if (r.adapted.heads > 0) return 2.0 * r.adapted.log_const[r.adapted.heads == 1 ? 0 : bh];
+  if (r.adapted.heads > 0) return 2.0 * r.adapted.log_const[bh % r.adapted.heads];  // by set
   return 2.0 * feature_log_constant(r.kernel, r.m);
 }
 

@@ -181,6 +181,45 @@ TEST(DecoderStateErrors, SelectRefusesPerRowMapParameters) {
   EXPECT_EQ(single.batch(), 2);
 }
 
+TEST(DecoderStateIO, AFitPerHeadFollowsABeamReorder) {
+  // A FAVOR++ fit of H heads (one per head, fitted on [1, H, N, D] calibration data) serves
+  // every batch row: select reorders the state, and the next step equals a decoder of the
+  // reordered batch bit for bit (a beam search of a FAVOR++ / FAVOR# model).
+  const int64_t B = 2, H = 2, D = 4, Dv = 3, T = 5;
+  KernelFit fit;
+  fit.heads = H;
+  fit.d = D;
+  fit.a = {-0.05, -0.1, 0.02, 0.0, -0.2, 0.01, -0.03, 0.05};
+  fit.basis.assign(static_cast<size_t>(H * D * D), 0.0);
+  for (int64_t g = 0; g < H; ++g)
+    for (int64_t l = 0; l < D; ++l) fit.basis[static_cast<size_t>((g * D + l) * D + l)] = 1.0;
+  const Projection w = Projection::draw(8, D);
+  const Tensor k = random_tensor({B, H, T, D}, 71), v = random_tensor({B, H, T, Dv}, 72);
+  const std::vector<int64_t> rows = {1, 0, 1};
+  auto reordered = [&](const Tensor& x) {  // batch rows `rows` of x
+    const Shape4 sh = x.shape();
+    Tensor out({int64_t(rows.size()), sh[1], sh[2], sh[3]});
+    const int64_t per_row = sh[1] * sh[2] * sh[3];
+    for (size_t r = 0; r < rows.size(); ++r)
+      std::copy_n(x.data() + rows[r] * per_row, per_row, out.data() + int64_t(r) * per_row);
+    return out;
+  };
+  Decoder dec(B, H, Dv, w, {Kernel::favorpp, std::nullopt, fit});
+  dec.append(k, v);
+  dec.select(rows);
+  Decoder ref(3, H, Dv, w, {Kernel::favorpp, std::nullopt, fit});
+  ref.append(reordered(k), reordered(v));
+  const Tensor q1 = random_tensor({3, H, 1, D}, 73), k1 = random_tensor({3, H, 1, D}, 74),
+               v1 = random_tensor({3, H, 1, Dv}, 75);
+  EXPECT_EQ(dec.step(q1, k1, v1).values(), ref.step(q1, k1, v1).values());
+  KernelFit three = fit;  // 3 sets: neither 1, H nor B * H
+  three.heads = 3;
+  three.a.resize(static_cast<size_t>(3 * D), -0.1);
+  three.basis.resize(static_cast<size_t>(3 * D * D), 0.0);
+  expect_error([&] { Decoder(B, H, Dv, w, {Kernel::favorpp, std::nullopt, three}); },
+               "fit: the fit has 3 heads");
+}
+
 class VQDecoderStateIO : public ::testing::TestWithParam<double> {
  protected:
   VQDecoder make(int64_t batch) const {

@@ -21,7 +21,8 @@ struct DecoderOptions {
   Kernel kernel = Kernel::positive;
   std::optional<double> scale;  ///< default 1/sqrt(D), D = projection.d()
   /// FAVOR++ / FAVOR# parameters, required for those kernels (a fixed or calibrated fit:
-  /// the decoder never sees future tokens). heads must be 1 or batch * heads.
+  /// the decoder never sees future tokens). heads must be 1, heads (one per head: select
+  /// follows any reorder, a beam search) or batch * heads.
   std::optional<KernelFit> fit;
   /// Decay gamma in (0, 1] per head (1 or H values), as AttentionOptions::decay: the state
   /// is multiplied by gamma at every appended token. Empty: none.

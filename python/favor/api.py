@@ -318,7 +318,7 @@ class Decoder(Streaming):
             self._d = _core.Decoder(batch, heads, dv, feature_map=fm, decay=decay_values(decay))
             return
         self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
-                                fit=fit_for(fit, kernel, projection.d, (batch, heads)))
+                                fit=fit_for(fit, kernel, projection.d))  # per head: beams reorder
 
     projection = property(lambda self: getattr(self._d, "projection", None))
     window = property(lambda self: getattr(self._d, "window", 0), doc="hybrid: the window")

@@ -18,6 +18,7 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
 
+import functools  # noqa: E402
 import importlib.util  # noqa: E402
 
 import pytest  # noqa: E402
@@ -90,6 +91,11 @@ ATTENTION_CASES = {
                                       sinks=2),
     "hedgehog-learned-decay-hybrid": dict(kernel="hedgehog", causal=True, mask=True,
                                           learned=True, window=4, sinks=1),
+    # FAVOR++ / FAVOR# with no fit given: every kernel fits the call's q, k by C++'s rule
+    "favorpp-unfitted-mask": dict(kernel="favorpp", causal=False, mask=True, fit="call"),
+    "favorsharp-unfitted": dict(kernel="favorsharp", causal=False, mask=False, fit="call"),
+    "favorpp-unfitted-hybrid": dict(kernel="favorpp", causal=False, mask=True, window=5,
+                                    sinks=2, fit="call"),
 }
 
 
@@ -121,6 +127,10 @@ def test_attention(kernel, case):
     hybrid = {k: c[k] for k in ("window", "sinks") if k in c}
     oracle = (lambda *a, **kw: naive.hybrid_attention(*a, **kw, **hybrid)) if hybrid \
         else naive.attention_materialised
+    if c.get("fit") == "call":  # the fit C++ makes of the call's q and k (the oracle's too)
+        fit = _core.fit_kernel(c["kernel"], q.numpy(), k.numpy(),
+                               key_mask=None if mask is None else (~mask).numpy())
+        oracle = functools.partial(oracle, fit=fit)
     if maps:
         wr, bias, lam, decay = ref[3:]
         y_ref = oracle(ref[0], ref[1], ref[2], wr, c["kernel"], c["causal"],
@@ -146,6 +156,26 @@ def test_attention(kernel, case):
     if c["kernel"] == "trig" and maps:
         names, grads, g_ref = names[:3], grads[:3], g_ref[:3]
     check_grads(names, grads, g_ref, 2 * tol(features))
+
+
+@pytest.mark.parametrize("kernel", kernels_of("attention"))
+def test_a_kernel_name_is_one_estimator_on_every_kernel(kernel):
+    """Each kernel name computes its own estimator on every registered kernel: FAVOR++ and
+    FAVOR# without a fit (fitted inside the call) differ from FAVOR+ and from each other by
+    far more than the float error, as their A != 0 says they must, and each name's result
+    is the C++ kernel's on this kernel (never a silent substitution)."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (0.8 * torch.randn(B, H, N, D, generator=g) for _ in range(3))
+    w = torch.randn(M, D, generator=g)
+    (qd, kd, vd, wd), backend = place(kernel, [q, k, v, w])
+    names = ("positive", "favorpp", "favorsharp", "trig", "hyperbolic")
+    got = {n: ft.attention(qd, kd, vd, kernel=n, projection=wd, backend=backend).cpu()
+           for n in names}
+    cpu = {n: ft.attention(q, k, v, kernel=n, projection=w) for n in names}
+    for n in names:
+        assert frob(got[n], cpu[n]) < tol(_core.feature_count(n, M)), n
+    for a, b in (("positive", "favorpp"), ("positive", "favorsharp"), ("favorpp", "favorsharp")):
+        assert frob(got[a], got[b]) > 100 * tol(M), (a, b)
 
 
 # ---- favor::exact_attention and its backward -----------------------------------------------

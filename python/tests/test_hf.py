@@ -139,9 +139,13 @@ def test_the_torch_path_of_gpus_generates_as_the_cpp_path(method):
     assert all(c[-1].backend == "torch" for c in fh.cores(models[1]))
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_beam_search_and_sampling_equal_recomputing_the_whole_sequence(family):
-    model = converted(family, "hedgehog", features=16)
+@pytest.mark.parametrize("family,method", [("llama", "hedgehog"), ("gpt2", "hedgehog"),
+                                           ("llama", "favor++"), ("gpt2", "favor#")])
+def test_beam_search_and_sampling_equal_recomputing_the_whole_sequence(family, method):
+    """Beam search reorders the decoding state (FAVOR++ / FAVOR#: a fit per head, which
+    follows any reorder) and sampling steps it: both equal recomputing the whole sequence
+    at every step (use_cache=False)."""
+    model = converted(family, method, features=16)
     ids, mask = inputs()
     beam = model.generate(ids, attention_mask=mask, max_new_tokens=6, num_beams=3,
                           do_sample=False)

@@ -162,7 +162,8 @@ ResolvedMap resolve_fixed_map(const FeatureMap& map, int64_t batch, int64_t head
       throw Error("fit: a " + to_string(map.kernel) +
                   " decoder needs a fit (fit_kernel on calibration data, or KernelFit::constant)");
     }
-    check_fit(*map.fit, map.d(), batch * heads, "fit");
+    // 1, H (one per head: it follows a reordered batch, as a beam search needs) or B*H sets
+    check_fit(*map.fit, map.d(), map.fit->heads == heads ? heads : batch * heads, "fit");
     r.adapted = adapt_projection(*map.fit, map.projection);
   }
   return r;

@@ -52,7 +52,7 @@ class Decoder:
                                   fit=fit, feature_map=feature_map, decay=decay)._d
         else:
             self._d = _core.Decoder(batch, heads, dv, projection, kernel=kernel, scale=scale,
-                                    fit=fit_for(fit, kernel, projection.d, (batch, heads)))
+                                    fit=fit_for(fit, kernel, projection.d))  # per head: beams reorder
         self._op_map = _op_map(projection, kernel, scale, fit, feature_map, decay,
                                (batch, heads))
         self._state = empty_state(batch, heads, dv, self._d.features, device="cpu")
@@ -155,7 +155,7 @@ def _op_map(projection, kernel, scale, fit, fm, decay, inputs):
         weights = bias = lam = None
     t = lambda a: None if a is None else torch.from_numpy(np.array(a, dtype=np.float32))  # noqa: E731
     w = torch.from_numpy(np.array(w, dtype=np.float32))
-    kf = fit_for(fit, kernel, w.shape[1], inputs) if fit is not None else None
+    kf = fit_for(fit, kernel, w.shape[1]) if fit is not None else None
     fit_t = None if kf is None else (torch.as_tensor(np.asarray(kf.a)),
                                      torch.as_tensor(np.asarray(kf.basis)))
     gammas = None if decay is None else torch.tensor(

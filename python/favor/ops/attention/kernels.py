@@ -81,6 +81,8 @@ def _fused(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel
     """(q, k, v as [BH, N, D], keep [B, Nk] or None, heads, the map tensors as the fused
     kernels take them) after C++'s checks. The map is built with autograd on (its inputs may
     require grad in the backward)."""
+    paths.check_inputs(q, k, v, causal, mask)
+    fit_a, fit_basis = paths.call_fit(q, k, mask, fit_a, fit_basis, kernel, causal, scale)
     qf, kf, vf, keep, cm = paths.prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a,
                                          fit_basis, kernel, causal, scale)
     heads = q.shape[1] if q.dim() == 4 else 1

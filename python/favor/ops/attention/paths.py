@@ -2,6 +2,8 @@
 (plain torch operations, generic.py) and 'triton' (the fused kernels, triton/; kernels.py). Both
 take the op's tensors, check them by C++'s rules (canonical.check_map) and run on the
 CanonicalMap, heads flattened to [B*H, N, D]."""
+import torch
+
 from ... import _core
 from .. import _tensors as T
 from . import generic
@@ -54,6 +56,22 @@ def device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale,
                          to(fit_basis), kernel, scale, q.shape[-1])
 
 
+def call_fit(q, k, mask, fit_a, fit_basis, kernel, causal, scale):
+    """The fit a FAVOR++ / FAVOR# call runs with, as (fit_a, fit_basis) tensors on q's
+    device: the one given, or (bidirectional, no fit given) C++'s fit of the call's own q and
+    k (favor::fit_kernel on the host, the rule the C++ kernel applies inside the call:
+    AdaptedProjection, one fit per (batch, head), masked keys left out), a constant of the
+    gradient as there. Other kernels and causal calls (refused without a fit by check_map):
+    as given."""
+    if fit_a is not None or causal or not _core.data_adapted(kernel):
+        return fit_a, fit_basis
+    keep = keep_batch(mask, "cpu")
+    fit = _core.fit_kernel(kernel, T.view(q.detach().float().cpu()),
+                           T.view(k.detach().float().cpu()), scale,
+                           key_mask=None if keep is None else T.array(keep))
+    return (torch.as_tensor(fit.a).to(q.device), torch.as_tensor(fit.basis).to(q.device))
+
+
 def prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel, causal,
             scale, window=0, sinks=0):
     """(q, k, v as [BH, N, D], keep, CanonicalMap) after every check the C++ op makes."""
@@ -66,6 +84,8 @@ def torch_attention(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basi
                     causal, scale, chunk=64, window=0, sinks=0, band=None):
     """favor::attention's result (float32 [.., Nq, Dv]) by plain torch operations (hybrid
     attention with a window or sinks: hybrid.py)."""
+    check_inputs(q, k, v, causal, mask, window, sinks)
+    fit_a, fit_basis = call_fit(q, k, mask, fit_a, fit_basis, kernel, causal, scale)
     qf, kf, vf, keep, cm = prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a,
                                    fit_basis, kernel, causal, scale, window, sinks)
     if window or sinks:
