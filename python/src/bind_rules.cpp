@@ -66,18 +66,26 @@ void bind_rules(py::module_& m) {
       "[N, D]) and a key mask ([B, Nk]): favor.Error with C++'s message; no values read.");
   m.def(
       "check_key_mask_shape",
-      [](const std::vector<int64_t>& shape, int64_t batch, int64_t n, const std::string& n_name) {
+      [](const std::vector<int64_t>& shape, int64_t batch, int64_t n, const std::string& n_name,
+         const std::string& argument) {
         if (shape.size() != 2) {
           std::string got;
           for (size_t i = 0; i < shape.size(); ++i)
             got += (i ? "," : "") + std::to_string(shape[i]);
-          throw Error("key_mask: shape [" + got + "] must be [B, " + n_name + "] = [" +
+          throw Error(argument + ": shape [" + got + "] must be [B, " + n_name + "] = [" +
                       std::to_string(batch) + ',' + std::to_string(n) + ']');
         }
-        check_key_mask_shape(shape[0], shape[1], batch, n, n_name.c_str());
+        try {
+          check_key_mask_shape(shape[0], shape[1], batch, n, n_name.c_str());
+        } catch (const Error& e) {  // C++ names it key_mask; the caller's name instead
+          const std::string what = e.what(), prefix = "key_mask";
+          throw Error(what.rfind(prefix, 0) == 0 ? argument + what.substr(prefix.size()) : what);
+        }
       },
       py::arg("shape"), py::arg("batch"), py::arg("n"), py::arg("n_name") = "Nk",
-      "A key mask's shape against [B, n] (favor::check_key_mask_shape; C++'s message).");
+      py::arg("argument") = "key_mask",
+      "A key mask's shape against [B, n] (favor::check_key_mask_shape; C++'s message, naming "
+      "`argument`).");
   m.def("check_decoder_state_layout", &check_decoder_state_layout, py::arg("sums"),
         py::arg("log_max"), py::arg("row_positions"), py::arg("position"), py::arg("batch"),
         py::arg("heads"), py::arg("features"), py::arg("dv"),

@@ -145,3 +145,19 @@ def test_torch_multihead_state_loads_and_initialises_on_the_first_batch():
     assert torch.equal(mod.in_proj_weight, mha.in_proj_weight) and not bool(mod.initialised)
     _call(mod, torch.randn(2, 9, 16))
     assert bool(mod.initialised) and int(mod.updates) == 1
+
+
+@pytest.mark.parametrize("shape", [(2, 7), (3, 10), (2, 1, 10)])
+def test_a_key_padding_mask_of_the_wrong_shape_is_refused_before_anything_changes(shape):
+    """A key_padding_mask that is not [B, Nk]: favor.Error (a ValueError) naming it and the
+    rule, from the first call (before k-means would index the keys with it), and the core
+    left as it was (its codebook not initialised)."""
+    core = ft.VQCore(2, 8, codes=4, causal=True)
+    q, k, v = (torch.randn(2, 2, 10, 8) for _ in range(3))
+    before = {name: t.clone() for name, t in core.state_dict().items()}
+    with pytest.raises(ValueError, match=r"key_padding_mask: shape \[.*\] must be \[B, Nk\] = "
+                                         r"\[2,10\]"):
+        core(q, k, v, key_padding_mask=torch.zeros(*shape, dtype=torch.bool))
+    assert all(torch.equal(t, before[name]) for name, t in core.state_dict().items())
+    core(q, k, v, key_padding_mask=torch.zeros(2, 10, dtype=torch.bool))  # the right one runs
+    assert bool(core.initialised)

@@ -111,10 +111,20 @@ class VQCore(AttentionCore):
         topped up with Gaussian draws of the same per-head mean and spread (seeded)."""
         self._initialise(k, key_padding_mask, force=True)
 
+    @staticmethod
+    def _mask(k, key_padding_mask):
+        """key_padding_mask after the rules that need no values: a bool or float tensor of
+        shape [B, Nk] for keys k [B, H, Nk, D] (C++'s rule, favor.Error naming it)."""
+        m = T.check_mask(key_padding_mask)
+        if m is not None:
+            _core.check_key_mask_shape(list(m.shape), k.shape[0], k.shape[-2], "Nk",
+                                       argument="key_padding_mask")
+        return m
+
     def _initialise(self, k, key_padding_mask, force):
         # The op (favor::codebook_initialise) decides from the `initialised` buffer: a
         # compiled graph carries the first-batch initialisation without a branch on data.
-        codebook_initialise_op(k.detach(), T.check_mask(key_padding_mask), self.codebook,
+        codebook_initialise_op(k.detach(), self._mask(k, key_padding_mask), self.codebook,
                                self.ema_sum, self.ema_count, self.unused, self.initialised,
                                self.kmeans_iterations, int64_seed(self.seed), force)
 
@@ -153,6 +163,7 @@ class VQCore(AttentionCore):
     def learn(self, k, key_padding_mask=None):
         """After attend(), with the same keys: `commitment_loss`, and in training the EMA
         update (learn_codebook='ema') or the dead-code reset ('grad') of the codebook."""
+        self._mask(k, key_padding_mask)
         z = vq_assign_op(k.detach(), self.codebook.detach())
         if not torch.compiler.is_exporting():
             # (An exported program has no place for it: torch.export drops the attribute.)
