@@ -99,7 +99,9 @@ void Decoder::append(DecoderStateView s, TensorView k, TensorView v,
   da.row_positions = s.row_positions;
   kernels::backend().decoder_append(da);
   for (int64_t b = 0; b < batch_; ++b)
-    for (int64_t j = 0; j < T; ++j) s.row_positions[b] += !key_mask || key_mask->at(b, j) ? 1 : 0;
+    for (int64_t j = 0; j < T; ++j)
+      s.row_positions[b] +=
+          kernels::clock_ticks(!key_mask || key_mask->at(b, j), s.row_positions[b]);
   *s.position += T;
 }
 
@@ -142,7 +144,7 @@ void Decoder::step(DecoderStateView s, TensorView q, TensorView k, TensorView v,
   ds.workspace_d = &step_ws_d_;
   kernels::backend().decoder_step(ds);
   for (int64_t b = 0; b < batch_; ++b)
-    s.row_positions[b] += !key_mask || key_mask->at(b, 0) ? 1 : 0;
+    s.row_positions[b] += kernels::clock_ticks(!key_mask || key_mask->at(b, 0), s.row_positions[b]);
   *s.position += 1;
 }
 
@@ -159,28 +161,24 @@ void Decoder::prefill(DecoderStateView s, TensorView q, TensorView k, TensorView
   const int64_t T =
       detail::check_decode_prefill(q, k, v, out, key_mask, batch_, heads_, w_.d(), dv_);
   const kernels::FeatureParams fp = map_->params();
-  // Each row's leading masked tokens (left padding) and whether a masked token follows a
-  // kept one (a hole).
-  std::vector<int64_t> pad(static_cast<size_t>(batch_), 0), kept(static_cast<size_t>(batch_), T);
-  bool holes = false;
+  // Each row's clock (kernels::clock_ticks) runs from its first kept token on: a row that
+  // has started ticks at every token, one that has not from its first kept token (pad: the
+  // leading masked tokens it skips); a row with no kept token does not tick.
+  std::vector<int64_t> pad(static_cast<size_t>(batch_), 0), ticks(static_cast<size_t>(batch_), T);
   if (key_mask) {
     for (int64_t b = 0; b < batch_; ++b) {
-      int64_t j = 0, n = 0;
+      if (s.row_positions[b] > 0) continue;
+      int64_t j = 0;
       while (j < T && !key_mask->at(b, j)) ++j;
       pad[size_t(b)] = j;
-      for (; j < T; ++j) {
-        const bool keep = key_mask->at(b, j);
-        n += keep ? 1 : 0;
-        holes = holes || !keep;
-      }
-      kept[size_t(b)] = n;
+      ticks[size_t(b)] = T - j;
     }
   }
-  const bool append_state = holes && fp.decay_rate != nullptr;
-  // The causal kernel gives key j of the prompt the decay position j; the decoder gives the
-  // row's kept key j the position row_pos + j - pad. Both differ by a constant per row, a
-  // factor exp(rate (row_pos - pad)) on every new key: the state goes in with its max
-  // lowered by that much and comes out raised back.
+  // The causal kernel gives key j of the prompt the decay position j, as the decoder's clock
+  // does up to a constant per row (row_pos - pad): a factor exp(rate (row_pos - pad)) on
+  // every new key, so the state goes in with its max lowered by that much and comes out
+  // raised back. Masked tokens after a kept one count in both (the distance the op's decay
+  // measures).
   auto shift = [&](int64_t bh) {
     const int64_t b = bh / heads_;
     return fp.decay_rate ? fp.head_decay(bh) * double(s.row_positions[b] - pad[size_t(b)]) : 0.0;
@@ -194,17 +192,11 @@ void Decoder::prefill(DecoderStateView s, TensorView q, TensorView k, TensorView
   p.map = fp;
   p.init_states = s.sums;
   p.init_maxima = s.log_max;
-  if (!append_state) {
-    p.final_states = s.sums;
-    p.final_maxima = s.log_max;
-  }
+  p.final_states = s.sums;
+  p.final_maxima = s.log_max;
   kernels::backend().favor_causal(p);
   for (int64_t bh = 0; bh < BH; ++bh) s.log_max[bh] += shift(bh);
-  if (append_state) {
-    append(s, k, v, key_mask);
-    return;
-  }
-  for (int64_t b = 0; b < batch_; ++b) s.row_positions[b] += kept[size_t(b)];
+  for (int64_t b = 0; b < batch_; ++b) s.row_positions[b] += ticks[size_t(b)];
   *s.position += T;
 }
 

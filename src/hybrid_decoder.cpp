@@ -152,9 +152,8 @@ DecoderStateView HybridDecoder::linear_view(const HybridDecoderStateView& s,
 
 int64_t HybridDecoder::state_bytes() const {  // by the extents: allocated or not
   const int64_t BH = batch_ * heads_;
-  return linear_.state_bytes() +
-         int64_t(sizeof(float)) * BH * (window_ + sinks_) * (d_ + dv_) + 2 * batch_ * window_ +
-         int64_t(sizeof(int64_t)) * batch_ * sinks_;
+  return linear_.state_bytes() + int64_t(sizeof(float)) * BH * (window_ + sinks_) * (d_ + dv_) +
+         2 * batch_ * window_ + int64_t(sizeof(int64_t)) * batch_ * sinks_;
 }
 
 void HybridDecoder::take_sinks(HybridDecoderStateView& s, const uint8_t* keep, const TensorView& kv,
@@ -439,7 +438,8 @@ void HybridDecoder::step(HybridDecoderStateView s, TensorView q, TensorView k, T
   ds.weight = kernels::QueryWeight{detail::norm_weight(*linear_.map_, p.map), log_const_.data()};
   kernels::backend().decoder_step(ds);
   if (folds)
-    for (int64_t b = 0; b < batch_; ++b) s.linear.row_positions[b] += fold_[b];
+    for (int64_t b = 0; b < batch_; ++b)
+      s.linear.row_positions[b] += kernels::clock_ticks(fold_[b], s.linear.row_positions[b]);
 }
 
 Tensor HybridDecoder::step(TensorView q, TensorView k, TensorView v,

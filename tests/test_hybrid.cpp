@@ -462,7 +462,10 @@ TEST(HybridDecoder, DecodingAPromptEqualsTheCausalRows) {
                         Case{Kernel::hyperbolic, true, 5, 0, Mask::none},
                         Case{Kernel::trig, true, 4, 2, Mask::left_padded},
                         Case{Kernel::positive, true, 5, 1, Mask::left_padded, true, true},
-                        Case{Kernel::hedgehog, true, 3, 2, Mask::none, true, true}})
+                        Case{Kernel::hedgehog, true, 3, 2, Mask::none, true, true},
+                        // decay with masked tokens after kept ones: they tick the clock
+                        Case{Kernel::positive, true, 5, 1, Mask::periodic, true, true},
+                        Case{Kernel::hyperbolic, true, 0, 2, Mask::periodic, false, true}})
     for (int64_t split : {0, 9, 20}) expect_decoding_equals_attention(c, split);
 }
 

@@ -43,10 +43,12 @@ class Decoder {
           const DecoderOptions& options = {});
 
   /// Appends T tokens: k [B, H, T, D], v [B, H, T, Dv]. With key_mask [B, T] (nonzero =
-  /// the token takes part) a masked token of row b leaves row b's state as it was: it adds
-  /// no key and, with decay, does not decay the state either (the row's decay clock,
-  /// row_positions, counts unmasked tokens only). Appending a left-padded batch with its
-  /// mask thus equals appending each row's tokens alone; position() still counts every
+  /// the token takes part) a masked token adds no key to row b. With decay, row b's clock
+  /// (row_positions) counts every token from the row's first kept one on, masked ones too,
+  /// so a key decays by the distance i - j as in causal favor_attention with that mask;
+  /// masked tokens before the first kept one (left padding) do not count. A masked batch
+  /// thus equals causal favor_attention with its key mask, and a left-padded one (or any,
+  /// without decay) equals appending each row's kept tokens alone. position() counts every
   /// token.
   void append(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask = {});
   /// Attends each of T queries q [B, H, T, D] to the current state; out [B, H, T, Dv].
@@ -69,9 +71,8 @@ class Decoder {
   /// (from an empty decoder: causal favor_attention with the key mask, bit for bit the
   /// same kernel), and the decoder is left as append(k, v, key_mask) leaves it (equal up to
   /// float rounding: the chunked sweep sums in another order), the key features computed
-  /// once. With decay and a mask with a masked token after a kept one in some row (a hole:
-  /// favor_attention counts it in the decay distance, the decoder does not), out is still
-  /// causal favor_attention's and the state is then computed by append.
+  /// once (masks and decay included: the clocks are the kernel's positions up to a constant
+  /// per row).
   void prefill(TensorView q, TensorView k, TensorView v, MutableTensorView out,
                const std::optional<KeyMaskView>& key_mask = {});
   Tensor prefill(TensorView q, TensorView k, TensorView v,

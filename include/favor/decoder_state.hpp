@@ -12,8 +12,9 @@ struct DecoderState {
   int64_t batch = 0, heads = 0, features = 0, dv = 0;
   /// Tokens appended so far, masked ones included (Decoder::position()).
   int64_t position = 0;
-  /// [batch]: unmasked tokens appended to each batch row, the row's decay clock (key j of
-  /// row b is weighted gamma^-row_positions[b] at its append). In [0, position].
+  /// [batch]: each row's decay clock (key j of row b is weighted gamma^-row_positions[b] at
+  /// its append): the tokens appended from the row's first kept one on, masked ones after it
+  /// included (kernels' clock_ticks). In [0, position].
   std::vector<int64_t> row_positions;
   /// [batch][heads][features][dv + 1]: [S | s] = sum phi(k) [v | 1]^T relative to
   /// exp(log_max); finite.

@@ -297,9 +297,10 @@ def test_decode_step(kernel, case):
 
 @pytest.mark.parametrize("kernel", kernels_of("decode_step"))
 def test_decode_step_with_decay_and_a_hole(kernel):
-    """A masked token after a kept one, with decay: every kernel follows the decoder's rule
-    (a row's decay clock counts its kept tokens), prefill and step alike: the prefill's rows
-    and state equal the token-by-token ones of the CPU kernel."""
+    """Masked tokens after a kept one, with decay: every kernel follows the op's rule (a
+    row's decay clock ticks at every token from its first kept one on, so a key decays by
+    the distance i - j): the prefill's rows and the token-by-token rows equal causal
+    attention with the mask (the float64 oracle), and the two leave the same state."""
     q, k, v, w, maps = attention_inputs(dict(learned=True))
     keep = torch.ones(B, N, dtype=torch.bool)
     keep[0, 5:8] = False       # a hole inside row 0
@@ -308,16 +309,28 @@ def test_decode_step_with_decay_and_a_hole(kernel):
     kw = dict(kernel="hedgehog", weights=maps["weights"], bias=maps["bias"],
               feature_weights=maps["feature_weights"], decay=maps["decay"])
     features = _core.feature_count("hedgehog", M)
-    ref_state = empty_state(B, H, DV, features)
-    y_ref = torch.cat([advance(ref_state, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
-                               w, mode="step", key_mask=keep[:, i:i + 1].long(), **kw)
-                       for i in range(N)], 2)
+    y_ref = naive.attention_materialised(
+        q.double(), k.double(), v.double(), maps["weights"].double(), "hedgehog", True,
+        keep=keep, bias=maps["bias"].double(), lam=maps["feature_weights"].double(),
+        decay=maps["decay"])
     (qd, kd, vd, wd, keep_d), backend = place(kernel, [q, k, v, w, keep.long()])
-    state = DecodeState(*(t.to(qd.device) for t in empty_state(B, H, DV, features)))
-    y = advance(state, qd, kd, vd, wd, mode="prefill", key_mask=keep_d, backend=backend, **kw)
-    assert frob(y, y_ref) < tol(features)
-    for a, b in zip(state, ref_state):
-        assert frob(a.double(), b.double()) < tol(features) or torch.equal(a.cpu(), b)
+    kw["backend"] = backend
+
+    def fresh():
+        return DecodeState(*(t.to(qd.device) for t in empty_state(B, H, DV, features)))
+
+    steps = fresh()
+    y_steps = torch.cat([advance(steps, qd[:, :, i:i + 1], kd[:, :, i:i + 1],
+                                 vd[:, :, i:i + 1], wd, mode="step",
+                                 key_mask=keep_d[:, i:i + 1], **kw) for i in range(N)], 2)
+    state = fresh()
+    y = advance(state, qd, kd, vd, wd, mode="prefill", key_mask=keep_d, **kw)
+    visible = keep[:, None, :, None].expand(B, H, N, DV)  # a masked row reads its last state
+    for got in (y, y_steps):
+        assert frob(got.cpu() * visible, y_ref * visible) < tol(features)
+    for a, b in zip(state, steps):
+        assert frob(a.double(), b.double()) < tol(features) or torch.equal(a, b)
+    assert state.row_positions.tolist() == [N, N - 3]  # from each row's first kept token
 
 
 HYBRID_DECODE_CASES = {
@@ -327,6 +340,9 @@ HYBRID_DECODE_CASES = {
                                          estimate=True),
     "window-alone-w5-s2": dict(kernel="positive", learned=False, window=5, sinks=2,
                                estimate=False),
+    # decay and masked tokens after kept ones: they tick the clock, as the op's distance
+    "hedgehog-learned-decay-holes-w3-s1": dict(kernel="hedgehog", learned=True, window=3,
+                                               sinks=1, estimate=True, holes=True),
 }
 
 
@@ -341,6 +357,9 @@ def test_hybrid_decode_step(kernel, case):
     c = HYBRID_DECODE_CASES[case]
     q, k, v, w, maps = attention_inputs(dict(learned=c["learned"]))
     mask = mask_of(N)
+    if c.get("holes"):
+        mask[0, 6:9] = True
+        mask[1, 12] = True
     keep = ~mask
     ref = [t.double() for t in (q, k, v)]
     sizes = dict(window=c["window"], sinks=c["sinks"])

@@ -161,7 +161,8 @@ void decoder_step(const DecoderStep& ds, const Config& config) {
           double shift = -INFINITY;
           if (!std::isinf(c) && !std::isinf(state.max)) {
             const float* qr = p.q + b * p.q_strides[0] + h * p.q_strides[1];
-            const int64_t clock = ds.row_positions[b] + (keep ? 1 : 0) - 1;
+            const int64_t before = ds.row_positions[b];  // the clock after the step, less 1
+            const int64_t clock = before + (kernels::clock_ticks(keep, before) ? 1 : 0) - 1;
             shift = (double(c) + state.max) +
                     ds.weight.at(fp, bh, kernels::squared_norm(qr, d, p.q_strides[3]), clock);
           }

@@ -122,33 +122,57 @@ void decoder_append(const DecoderAppend& da, const Config& config) {
       HeadState state{da.sums + bh * F * (dv + 1), F, dv, da.log_max[bh]};
       const int64_t row_pos = da.row_positions[b];
       // One token: a projection, one feature row and a rank-1 update of [S | s].
-      auto add_token = [&](const float* kj, int64_t k_stride, const float* vj, int64_t v_stride) {
+      auto add_token = [&](const float* kj, int64_t k_stride, const float* vj, int64_t v_stride,
+                           int64_t position) {
         TokenBuffers& buf = buffers[tid];
         double half_norm2 = 0.0;  // |y|^2 / 2 accumulated in double, as in the batch kernels
         gather_rows(kj, 0, k_stride, 1, d, fp.sqrt_scale, buf.x.data(), &half_norm2);
         gather_values(vj, 0, v_stride, 1, dv, buf.vx.data());
         project(head_wt(bh), fp.head_bias(bh), d, m, buf.x.data(), buf.a.data());
-        const double g = fp.key_log_weight(half_norm2, bh, row_pos);
+        const double g = fp.key_log_weight(half_norm2, bh, position);
         const double row_max = key_log_max(fp, bh, buf.a.data(), g);
         if (row_max > state.max) state.raise_max(row_max);
         key_features(fp, bh, buf.a.data(), g - state.max, buf.phi.data());
         rank1_update(state.Sx, buf.phi.data(), buf.vx.data(), F,
                      dv + 1);  // [S | s] += phi [v | 1]
       };
+      // With decay, whether the row's kept tokens take consecutive clocks from row_pos (no
+      // masked token ticks the clock between them: kernels::clock_ticks); if not, they go
+      // one by one, each at its clock.
+      bool consecutive = true;
+      if (masked && fp.decay_rate) {
+        int64_t clock = row_pos, kept_before = 0;
+        for (int64_t j = 0; j < T; ++j) {
+          const bool keep = takes_part(b, j);
+          if (keep && clock != row_pos + kept_before) consecutive = false;
+          kept_before += keep ? 1 : 0;
+          clock += kernels::clock_ticks(keep, clock) ? 1 : 0;
+        }
+      }
       if (T == 1) {
         if (takes_part(b, 0))
-          add_token(key_row(p, b, h, 0), p.k_strides[3], value_row(p, b, h, 0), p.v_strides[3]);
+          add_token(key_row(p, b, h, 0), p.k_strides[3], value_row(p, b, h, 0), p.v_strides[3],
+                    row_pos);
       } else if (!masked) {  // prefill: the tiled key pass
         kernels::AttentionParams ph = p;
         ph.first_position = row_pos;
         accumulate_keys(ph, b, h, 0, T, tiles[tid], state);
+      } else if (!consecutive) {  // decay and a masked token that ticks: token by token
+        int64_t clock = row_pos;
+        for (int64_t j = 0; j < T; ++j) {
+          const bool keep = takes_part(b, j);
+          if (keep)
+            add_token(key_row(p, b, h, j), p.k_strides[3], value_row(p, b, h, j), p.v_strides[3],
+                      clock);
+          clock += kernels::clock_ticks(keep, clock) ? 1 : 0;
+        }
       } else {  // masked prefill: the kept tokens, as an unmasked append of them would
         KeptTokens& kt = kept[tid];
         kernels::AttentionParams ph =
             kt.gather(p, b, h, [&](int64_t j) { return takes_part(b, j); });
         ph.first_position = row_pos;
         if (ph.nk == 1) {
-          add_token(kt.k.data(), 1, kt.v.data(), 1);
+          add_token(kt.k.data(), 1, kt.v.data(), 1, row_pos);
         } else if (ph.nk > 1) {  // batch and head strides 0: (b, h) picks the map parameters
           accumulate_keys(ph, b, h, 0, ph.nk, tiles[tid], state);
         }

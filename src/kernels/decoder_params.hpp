@@ -10,15 +10,23 @@
 
 namespace favor::kernels {
 
+/// A decoder row's decay clock (row_positions[b]) after one token: it counts every token
+/// from the row's first kept one on (a masked token after it too: the distance i - j the
+/// attention op's decay measures), none before it (left padding). A kept token's key takes
+/// the clock before its tick.
+inline bool clock_ticks(bool keep, int64_t clock) {
+  return keep || clock > 0;
+}
+
 /// Appends step.nk = T tokens step.k, step.v (step.mask: masked tokens are skipped) to the
-/// state. Key j of row b that takes part gets the decay position row_positions[b] + (its
-/// rank among the row's kept tokens of the step).
+/// state. Key j of row b that takes part gets the decay position of the row's clock before
+/// it (row_positions[b], advanced by clock_ticks over the step's earlier tokens).
 struct DecoderAppend {
   AttentionParams step;          // batch, heads, d, dv, map, k, v, nk, mask
   const float* wt;               // [map.w_sets][d][m]: W^T per parameter set
   float* sums;                   // [B*H][F][dv + 1]
   double* log_max;               // [B*H]
-  const int64_t* row_positions;  // [B]: each row's kept tokens before the step
+  const int64_t* row_positions;  // [B]: each row's clock before the step (clock_ticks)
 };
 
 /// Attends step.nq = T queries step.q to the state, into step.out [B, H, T, dv]; a head with

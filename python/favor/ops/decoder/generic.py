@@ -1,7 +1,8 @@
 """favor::decode_step's torch path (any device): append tokens to the decoder state and query
 it in plain torch operations, on the C++ Decoder's state layout (ops/decoder/op.py): sums
 [B, H, F, Dv + 1] float32 ([S | s] relative to exp(log_max)), log_max [B, H] float64 (-inf:
-empty), row_positions [B] int64 (a row's decay clock: kept tokens only), position [1] int64. A
+empty), row_positions [B] int64 (a row's decay clock: its tokens from its first kept one on,
+clock_ticks), position [1] int64. A
 state moves between devices and backends with .to(device). Functional: new tensors out."""
 import torch
 
@@ -9,15 +10,25 @@ from ..attention import generic
 from ..attention.canonical import TRIG
 
 
+def clock_ticks(keep, clock, b, t, device):
+    """[B, T] int64: whether each token ticks its row's decay clock (C++'s
+    kernels::clock_ticks): every token from the row's first kept one on (a row whose clock
+    is past 0 has started), none before it; keep [B, T] bool or None (all kept)."""
+    if keep is None:
+        return torch.ones(b, t, dtype=torch.int64, device=device)
+    started = (clock[:, None] > 0) | (torch.cumsum(keep.long(), 1) > 0)
+    return started.long()
+
+
 def append(state, k, v, cm, key_mask=None):
     """The state after appending k [B, H, T, D], v [B, H, T, Dv] (float32) under the
     CanonicalMap cm; key_mask [B, T] nonzero = the token takes part (a masked token adds no
-    key and does not advance its row's clock)."""
+    key; after the row's first kept token it ticks the row's clock, clock_ticks)."""
     sums, log_max, row_positions, position = state
     b, h, t, _ = k.shape
     keep = None if key_mask is None else key_mask.to(k.device).ne(0)
-    kept = torch.ones(b, t, dtype=torch.int64, device=k.device) if keep is None else keep.long()
-    clocks = row_positions.to(k.device)[:, None] + torch.cumsum(kept, 1) - kept    # [B, T]
+    ticks = clock_ticks(keep, row_positions.to(k.device), b, t, k.device)          # [B, T]
+    clocks = row_positions.to(k.device)[:, None] + torch.cumsum(ticks, 1) - ticks  # [B, T]
     positions = clocks.double().repeat_interleave(h, 0)
     keep_bh = None if keep is None else keep.repeat_interleave(h, 0)
     phi, scale = generic.key_features(k.reshape(b * h, t, -1), cm, keep_bh, False, positions)
@@ -29,7 +40,7 @@ def append(state, k, v, cm, key_mask=None):
     vx = torch.cat([v, torch.ones_like(v[..., :1])], -1).reshape(b * h, t, -1)
     added = (phi.transpose(-1, -2) @ vx).reshape(sums.shape)
     sums = sums * old_factor[..., None, None] + added * new_factor[..., None, None]
-    return sums, top, row_positions.to(k.device) + kept.sum(1), position + t
+    return sums, top, row_positions.to(k.device) + ticks.sum(1), position + t
 
 
 def query(state, q, cm):
@@ -72,8 +83,7 @@ def prefill(state, q, k, v, cm, key_mask=None):
                                                                          float("-inf")))
     added = (phi * carry.float().unsqueeze(-1)).transpose(-1, -2) @ vx    # [BH, F, Dv + 1]
     added = added.masked_fill(empty.unsqueeze(-1), 0.0)
-    kept = torch.full((b,), t, dtype=torch.int64, device=k.device) if keep is None \
-        else keep.long().sum(1)
+    ticks = clock_ticks(keep, row_positions.to(k.device), b, t, k.device).sum(1)
     new = (added.reshape(sums.shape), last.reshape(log_max.shape),
-           row_positions.to(k.device) + kept, position + t)
+           row_positions.to(k.device) + ticks, position + t)
     return y, new

@@ -129,22 +129,9 @@ def cpu_decode(sums, log_max, row_positions, position, q, k, v, key_mask, w, ker
                     decay is not None)
 
 
-def _has_hole(key_mask):
-    """True when a row has a masked token after a kept one."""
-    keep = key_mask.ne(0)
-    return bool((torch.cummax(keep.int(), 1).values.bool() & ~keep).any())
-
-
 def cpu_step(dec, state, q, k, v, key_mask, step_kind, decay=False):
     """The CPU kernel with the C++ decoder of the map given (an owner keeps one: built once,
-    not per call). A prefill with decay and a masked token after a kept one runs token by
-    token: the decoder's rule (a row's decay clock counts its kept tokens), which C++'s
-    Decoder::prefill leaves to favor_attention's outputs there."""
-    if step_kind == "prefill" and decay and key_mask is not None and q.shape[2] > 1 \
-            and _has_hole(key_mask):
-        rows = [cpu_step(dec, state, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
-                         key_mask[:, i:i + 1], "step") for i in range(q.shape[2])]
-        return torch.cat(rows, 2)
+    not per call)."""
     return borrowed_step(dec, state, q, k, v, key_mask, step_kind)
 
 

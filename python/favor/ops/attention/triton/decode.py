@@ -3,7 +3,8 @@ and query it (the state layout of favor._core.Decoder.state(); canonical map as 
 features.py).
 
 State: sums [BH, F, Dv + 1] fp32 = [S | s] relative to exp(log_max), log_max [BH] float64
-(-inf when empty), row_positions [B] int64 (each batch row's decay clock: +1 per KEPT token),
+(-inf when empty), row_positions [B] int64 (each batch row's decay clock: +1 per token from
+its first kept one on),
 position (int, +1 per token). Append (kept token t of row b, at position row_positions[b]):
 M' = max(log_max, max_f l_tf); sums = exp(log_max - M') sums + phi_t(M') [v_t | 1].
 Query: c = max over live f (s_f >= FLT_MIN) of (+-a_f(q) + log s_f), psi, y = psi S / psi s
@@ -166,5 +167,7 @@ def decode_step(sums, log_max, row_positions, position, q, k, v, W, bias, key_lo
                    HAS_LOGW=flags["HAS_LOGW"], HAS_RATE=flags["HAS_RATE"],
                    HAS_KEEP=keep is not None, BLOCK_F=bf, BLOCK_D=P.pow2(d),
                    BLOCK_DV=bdv, **P.launch_options(NUM_WARPS))
-    new_rows = row_positions + (1 if keep8 is None else (keep8 != 0).to(torch.int64))
+    # the clock ticks from the row's first kept token on (C++'s kernels::clock_ticks)
+    new_rows = row_positions + (1 if keep8 is None else
+                                ((keep8 != 0) | (row_positions > 0)).to(torch.int64))
     return y, out, nlm, new_rows, position + 1
