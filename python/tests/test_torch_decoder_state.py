@@ -185,3 +185,31 @@ def test_decode_step_compiles_fullgraph():
         y_e, s_e = step(s_e, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1])
         y_c, s_c = compiled(s_c, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1])
         torch.testing.assert_close(y_c, y_e, rtol=0, atol=0)
+
+
+def test_the_dispatched_cpu_kernel_builds_the_cpp_map_once_per_map(monkeypatch):
+    """favor::decode_step's CPU kernel called through torch's dispatcher (a compiled step,
+    favor.ops.decode_step) builds the C++ decoder of a map once and reuses it while the map's
+    values are the same; a map changed in place (same tensor, new values) is rebuilt, and the
+    rows follow it."""
+    from favor.ops.decoder import op
+    built = []
+    real = op._decoder
+    monkeypatch.setattr(op, "_decoder", lambda *a: built.append(1) or real(*a))
+    op._BUILT.clear()
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(16, 8, generator=g)
+    state = empty_state(1, 2, 4, 16)
+    q, k, v = (torch.randn(1, 2, 1, 8 if i < 2 else 4, generator=g) for i in range(3))
+    args = lambda: (*state, q, k, v, None, w, "positive", None, None, None, None, None,  # noqa
+                    None, None, "step")
+    ys = [decode_step_op(*args()) for _ in range(3)]
+    assert len(built) == 1
+    w.mul_(0.5)  # the same tensor, other values: another map
+    fresh = empty_state(1, 2, 4, 16)
+    y_new = decode_step_op(*fresh, q, k, v, None, w, "positive", None, None, None, None, None,
+                           None, None, "step")
+    assert len(built) == 2
+    ref = decode_step_op(*empty_state(1, 2, 4, 16), q, k, v, None, w.clone(), "positive",
+                         None, None, None, None, None, None, None, "step")
+    assert torch.equal(y_new, ref) and not torch.equal(y_new, ys[0])

@@ -25,7 +25,7 @@ from ..attention.hybrid import pair_log_const
 from ..attention.layout import decay_list, feature_map
 from ..attention.op import eager_mode
 from . import hybrid_generic as generic
-from .op import _map_parameter, _step_checks, check_key_mask
+from .op import _map_parameter, _step_checks, built_decoder, check_key_mask
 
 
 class HybridDecodeState(NamedTuple):
@@ -162,8 +162,11 @@ def cpu_hybrid(*args):
     if not estimate:
         return torch_hybrid(*args)
     b, h, _, dv = v.shape
-    dec = hybrid_decoder(b, h, dv, w, kernel, scale, fit_a, fit_basis, weights, bias, lam,
-                         decay, window, sinks)
+    dec = built_decoder(
+        lambda: hybrid_decoder(b, h, dv, w, kernel, scale, fit_a, fit_basis, weights, bias, lam,
+                               decay, window, sinks),
+        ("hybrid", b, h, dv, kernel, scale, window, sinks),
+        (w, fit_a, fit_basis, weights, bias, lam, decay))
     return cpu_step(dec, state, q, k, v, key_mask, step_kind)
 
 

@@ -119,12 +119,37 @@ def torch_decode(sums, log_max, row_positions, position, q, k, v, key_mask, w, k
     return y
 
 
+_BUILT = {}  # the C++ decoders the CPU kernels built last: key -> (map tensors, decoder)
+_BUILT_MAX = 16
+
+
+def built_decoder(make, scalars, tensors):
+    """make() (a favor._core decoder of the op's map), or the one made for the same map
+    before: a dispatched call (a compiled step, favor.ops.decode_step) then does not rebuild
+    the C++ map every token. The map is the key by value: its scalars, and tensors compared
+    with torch.equal against copies kept at the build (a freed tensor's memory reused holds
+    other values)."""
+    key = (scalars, tuple(None if t is None else (tuple(t.shape), t.dtype, t.device.type)
+                          for t in tensors))
+    hit = _BUILT.get(key)
+    if hit is not None and all(a is None or torch.equal(a, b) for a, b in zip(hit[0], tensors)):
+        return hit[1]
+    dec = make()
+    if len(_BUILT) >= _BUILT_MAX:
+        _BUILT.pop(next(iter(_BUILT)))
+    _BUILT[key] = ([None if t is None else t.detach().clone() for t in tensors], dec)
+    return dec
+
+
 @decode_step_op.register_kernel("cpu")
 def cpu_decode(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel, scale,
                fit_a, fit_basis, weights, bias, lam, decay, step_kind):
-    """The C++ decoder (map only) stepping the state's memory in place."""
+    """The C++ decoder (map only, built once per map: built_decoder) stepping the state's
+    memory in place."""
     b, h, _, dv = v.shape
-    dec = _decoder(b, h, dv, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay)
+    dec = built_decoder(
+        lambda: _decoder(b, h, dv, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay),
+        ("decode", b, h, dv, kernel, scale), (w, fit_a, fit_basis, weights, bias, lam, decay))
     return cpu_step(dec, (sums, log_max, row_positions, position), q, k, v, key_mask, step_kind,
                     decay is not None)
 

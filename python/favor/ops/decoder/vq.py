@@ -19,7 +19,7 @@ from .. import _dispatch
 from .. import _tensors as T
 from ..attention import paths
 from ..attention.op import eager_mode
-from .op import _step_checks, borrowed_step, check_key_mask
+from .op import _step_checks, borrowed_step, built_decoder, check_key_mask
 
 
 class VQDecodeState(NamedTuple):
@@ -134,7 +134,9 @@ def cpu_vq_step(dec, state, q, k, v, key_mask, step_kind):
 
 @vq_decode_step_op.register_kernel("cpu")
 def cpu_vq_decode(sums, counts, position, q, k, v, key_mask, codebook, scale, tau, step_kind):
-    dec = _vq_decoder(v.shape[0], v.shape[1], v.shape[-1], codebook, scale, tau)
+    b, h, dv = v.shape[0], v.shape[1], v.shape[-1]
+    dec = built_decoder(lambda: _vq_decoder(b, h, dv, codebook, scale, tau),
+                        ("vq", b, h, dv, scale, float(tau)), (codebook,))
     return cpu_vq_step(dec, (sums, counts, position), q, k, v, key_mask, step_kind)
 
 
