@@ -1,7 +1,8 @@
 # The two commands of the README:
-#   make run   installs missing Debian packages, makes the project venv (.venv, PyPI packages
-#              pinned in requirements.txt), builds what the demo needs (libfavor and the `favor`
-#              tool, Release) and runs `favor demo`
+#   make run   installs missing Debian packages, makes the project venv with only the BLAS
+#              libfavor links (.venv; scipy-openblas32 pinned in requirements.txt: no torch or
+#              transformers), builds what the demo needs (libfavor and the `favor` tool,
+#              Release) and runs `favor demo`
 #   make test  the same set-up, builds everything, then the whole test suite (C++ and Python)
 #              through CTest
 # FAVOR_CPU=avx512|avx2|sse4|scalar runs `make run` or `make test` as a CPU with fewer
@@ -24,7 +25,7 @@ FUZZ_TARGETS ?= npy npz cli attention
 # The commands that run favor, under the FAVOR_CPU cap when one is given.
 AS_CPU = $(if $(FAVOR_CPU),scripts/as-cpu.sh $(FAVOR_CPU))
 
-.PHONY: all deps configure build build-demo run test install clean format asan tsan sanitize fuzz wheel docs-test
+.PHONY: all deps deps-demo configure configure-demo build build-demo run test install clean format asan tsan sanitize fuzz wheel docs-test
 
 all: build
 
@@ -43,12 +44,22 @@ configure: deps
 	cmake -S . -B $(BUILD_DIR) $(NEW_TREE_GENERATOR) -DCMAKE_BUILD_TYPE=Release \
 	  -DPython_EXECUTABLE=$(PYTHON) -DFAVOR_PYTHON=$(PYTHON)
 
+# make run's set-up: the Debian packages and the venv's BLAS only (the Python package is
+# then off in CMake, said in its output; `make test` configures again with the full venv).
+deps-demo:
+	@scripts/install-deps.sh
+	@FAVOR_VENV=$(VENV) scripts/setup-venv.sh --blas-only
+
+configure-demo: deps-demo
+	cmake -S . -B $(BUILD_DIR) $(NEW_TREE_GENERATOR) -DCMAKE_BUILD_TYPE=Release \
+	  -DPython_EXECUTABLE=$(PYTHON) -DFAVOR_PYTHON=$(PYTHON)
+
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 # Only what the demo runs: libfavor and the command-line tool (not the tests, fuzzers,
 # benchmarks or the Python extension, which `make test` builds).
-build-demo: configure
+build-demo: configure-demo
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target favor_cli_main
 
 run: build-demo

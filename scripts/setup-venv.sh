@@ -5,11 +5,23 @@
 # site packages, holding exactly the versions of both files (PyPI; torch is the CPU build;
 # the second file's packages without their dependencies). Safe to run again: does
 # nothing when the venv matches. FAVOR_PYTHON_BASE picks another base interpreter.
+#
+# --blas-only (make run): the venv with only the BLAS libfavor links (requirements.txt's
+# scipy-openblas32), enough to build and run the C++ library and the CLI; the full
+# environment follows at `make test` (the stamp is written by a full run only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${FAVOR_VENV:-.venv}
 base=${FAVOR_PYTHON_BASE:-/usr/bin/python3}
 stamp="$venv/.requirements.sha256"
+if [ "${1:-}" = "--blas-only" ]; then
+  [ -x "$venv/bin/python" ] || { echo "setup-venv: making $venv (the BLAS only) from $base"; "$base" -m venv "$venv"; }
+  if ! "$venv/bin/python" -c "import scipy_openblas32" 2>/dev/null; then
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+      "$(grep -E '^scipy-openblas32==' requirements.txt)"
+  fi
+  exit 0
+fi
 want=$(cat requirements.txt requirements-nodeps.txt | sha256sum | cut -d' ' -f1)
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
