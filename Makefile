@@ -67,13 +67,17 @@ run: build-demo
 
 # After CTest, pytest's own summary line of every Python test file or group of small files
 # (python/CMakeLists.txt; from CTest's log), so the log shows the Python suite ran in the
-# project's venv.
+# project's venv, then the ten slowest tests (where CI's time goes).
 test: build
 	@$(AS_CPU) $(BUILD_DIR)/tools/favor --version | sed 's/^/make test runs on: /'
 	$(AS_CPU) ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) -LE isa_only; rc=$$?; \
 	echo "pytest summaries (.venv/bin/python, one CTest test per file or group of small files):"; \
 	awk '/^[0-9]+\/[0-9]+ Testing: /{name=$$3} name ~ /^python_(test|group)_/ && / in [0-9.]+s/ {print "  " name ": " $$0}' \
-	    $(BUILD_DIR)/Testing/Temporary/LastTest.log; exit $$rc
+	    $(BUILD_DIR)/Testing/Temporary/LastTest.log; \
+	echo "the ten slowest tests (CTest's times; they run two at a time):"; \
+	awk '/^[0-9]+\/[0-9]+ Test: /{name=$$3} /^Test time =/{print $$4, name}' \
+	    $(BUILD_DIR)/Testing/Temporary/LastTest.log | sort -rn | head -10 | \
+	    awk '{printf "  %7.1f s  %s\n", $$1, $$2}'; exit $$rc
 
 wheel: deps
 	FAVOR_WHEEL_PYTHON=$(PYTHON) scripts/build-wheel.sh . dist
