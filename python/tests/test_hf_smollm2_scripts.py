@@ -165,3 +165,45 @@ def test_the_docs_quote_the_long_range_study_as_measured():
     with open(os.path.join(results, "memory.json")) as f:
         out = json.load(f)
     _quoted(_script("longrange").memory_table(out), out["process_lengths"], "docs/hf.md")
+
+
+def test_the_docs_quote_the_untrained_study_as_measured():
+    """The held-out perplexity table of study.py (results/study.json, study.tables) is quoted
+    exactly in docs/hf.md and the SmolLM2 README, and so are the untrained figures hf.md's
+    prose cites (the window alone, FAVOR+ alone, against the original)."""
+    import re
+    results = os.path.join(ROOT, "examples", "hf", "smollm2", "results")
+    with open(os.path.join(results, "study.json")) as f:
+        res = json.load(f)
+    table = _script("study").tables({"ppl": res["ppl"]}).strip()
+    for doc in ("docs/hf.md", "examples/hf/smollm2/README.md"):
+        with open(os.path.join(ROOT, doc)) as f:
+            assert table in f.read(), doc
+    rows = {r["model"]: r["ppl_1024"] for r in res["ppl"]}
+    with open(os.path.join(ROOT, "docs", "hf.md")) as f:
+        prose = " ".join(f.read().split())
+    m = re.search(r"sinks alone is ([0-9.]+)x the original perplexity and FAVOR\+ alone "
+                  r"([0-9.]+)x", prose)
+    assert m, "hf.md no longer cites the untrained window and FAVOR+"
+    base = rows["original (sdpa)"]
+    assert m.group(1) == f"{rows['window + sinks'] / base:.3f}"
+    assert m.group(2) == f"{rows['favor'] / base:.3f}"
+
+
+def test_the_docs_state_the_shipped_adapters_sizes_as_they_are():
+    """Every size quoted for a shipped adapter folder (`name/` (X MiB)) is its size on disk,
+    in MiB to one decimal."""
+    import re
+    folder = os.path.join(ROOT, "examples", "hf", "smollm2")
+    seen = 0
+    for doc in ("README.md", "docs/hf.md", "examples/hf/smollm2/README.md"):
+        with open(os.path.join(ROOT, doc)) as f:
+            text = f.read()
+        for name, size in re.findall(r"`(?:examples/hf/smollm2/)?([a-z0-9-]+)/`\*{0,2} \(([0-9.]+) MiB",
+                                     text):
+            path = os.path.join(folder, name)
+            total = sum(os.path.getsize(os.path.join(d, x)) for d, _, xs in os.walk(path)
+                        for x in xs)
+            assert size == f"{total / 2**20:.1f}", (doc, name, size)
+            seen += 1
+    assert seen >= 4
