@@ -25,7 +25,7 @@ from ..attention.hybrid import pair_log_const
 from ..attention.layout import decay_list, feature_map
 from ..attention.op import eager_mode
 from . import hybrid_generic as generic
-from .op import _map_parameter, _step_checks, built_decoder, check_key_mask
+from .op import _map_parameter, _step_checks, built_decoder, check_step_inputs
 
 
 class HybridDecodeState(NamedTuple):
@@ -74,15 +74,9 @@ def _torch_kernel(state, q, k, v, key_mask, w, kernel, scale, fit_a, fit_basis, 
                   lam, decay, window, sinks, estimate, step_kind):
     """The default kernel: plain torch operations on the state's tensors, in place."""
     st = HybridDecodeState(*state)
-    if step_kind == "append":
-        paths.check_inputs(k, k, v, False)
-    elif step_kind == "query":
-        paths.check_inputs(q, q, q, False)
-    else:
-        paths.check_inputs(q, k, v, False)
+    check_step_inputs(q, k, v, key_mask, step_kind)
     cm = paths.device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale,
                           decay is not None)
-    check_key_mask(key_mask, q.shape[0], k.shape[2])
     q, k, v = q.float(), k.float(), v.float()
     keep = torch.ones(k.shape[0], k.shape[2], dtype=torch.bool, device=k.device) \
         if key_mask is None else key_mask.to(k.device).ne(0)

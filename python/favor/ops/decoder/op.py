@@ -53,15 +53,9 @@ MODES = ("step", "append", "query", "append_query", "prefill")
 def _generic(sums, log_max, row_positions, position, q, k, v, key_mask, w, kernel, scale, fit_a,
              fit_basis, weights, bias, lam, decay, step_kind):
     """The torch kernel on new tensors: (y, new state)."""
-    if step_kind == "append":  # q carries no token
-        paths.check_inputs(k, k, v, False)
-    elif step_kind == "query":  # k and v carry no token
-        paths.check_inputs(q, q, q, False)
-    else:
-        paths.check_inputs(q, k, v, False)
+    check_step_inputs(q, k, v, key_mask, step_kind)
     cm = paths.device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale,
                           decay is not None)
-    check_key_mask(key_mask, q.shape[0], k.shape[2])
     state = (sums, log_max, row_positions, position)
     q, k, v = q.float(), k.float(), v.float()
     if step_kind == "append":
@@ -324,6 +318,18 @@ def _check_state(state, batch, heads, features, dv):
         if t.device != state[0].device:
             raise _core.Error(f"state.{name}: on device '{t.device}', state.sums on "
                               f"'{state[0].device}'; a state lives on one device")
+
+
+def check_step_inputs(q, k, v, key_mask, step_kind):
+    """A decoder op's inputs by C++'s rules (shapes, finite values) as the mode uses them
+    ('append': k and v; 'query': q; otherwise all three), and its key mask [B, T]."""
+    if step_kind == "append":  # q carries no token
+        paths.check_inputs(k, k, v, False)
+    elif step_kind == "query":  # k and v carry no token
+        paths.check_inputs(q, q, q, False)
+    else:
+        paths.check_inputs(q, k, v, False)
+    check_key_mask(key_mask, q.shape[0], k.shape[2])
 
 
 def check_key_mask(key_mask, batch, tokens):

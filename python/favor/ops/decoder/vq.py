@@ -17,9 +17,8 @@ from torch import Tensor
 from ... import _core
 from .. import _dispatch
 from .. import _tensors as T
-from ..attention import paths
 from ..attention.op import eager_mode
-from .op import _step_checks, borrowed_step, built_decoder, check_key_mask
+from .op import _step_checks, borrowed_step, built_decoder, check_step_inputs
 
 
 class VQDecodeState(NamedTuple):
@@ -76,13 +75,7 @@ def generic_query(state, q, codebook, scale):
 
 
 def _generic(sums, counts, position, q, k, v, key_mask, codebook, scale, tau, step_kind):
-    if step_kind == "append":
-        paths.check_inputs(k, k, v, False)
-    elif step_kind == "query":
-        paths.check_inputs(q, q, q, False)
-    else:
-        paths.check_inputs(q, k, v, False)
-    check_key_mask(key_mask, q.shape[0], k.shape[2])
+    check_step_inputs(q, k, v, key_mask, step_kind)
     state = (sums, counts, position)
     if step_kind == "append":
         return q.new_empty((*q.shape[:-1], v.shape[-1])), generic_append(state, k, v, codebook,
