@@ -202,7 +202,7 @@ def test_chunk_invariance_and_stats():
 
 def test_decode_matches_causal():
     """Row i of causal attention = decode_step after i + 1 appends (a key mask, then decay
-    without a mask: the decoder's decay clock counts kept tokens)."""
+    without a mask); a row's decay clock counts its tokens from its first kept one on."""
     b, h, n, d, m, dv = 2, 2, 6, 16, 16, 20
     for kernel, decay, mask in (("positive", False, True), ("trig", True, False),
                                 ("hedgehog", True, False)):
@@ -223,7 +223,8 @@ def test_decode_matches_causal():
                                      canon["kind"], keep[:, i] if mask else None, h,
                                      block_f=16, block_dv=16)
             assert rel(yi.reshape(b, h, -1), y[:, :, i]) <= 1e-5, (kernel, i)
-        assert state[3] == n and torch.equal(state[2], keep.sum(1))
+        first = keep.long().argmax(1)  # each row's first kept token
+        assert state[3] == n and torch.equal(state[2], n - first)
 
 
 def test_decode_state_matches_cpp_decoder():

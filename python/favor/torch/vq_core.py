@@ -116,7 +116,7 @@ class VQCore(AttentionCore):
         """key_padding_mask after the rules that need no values: a bool or float tensor of
         shape [B, Nk] for keys k [B, H, Nk, D] (C++'s rule, favor.Error naming it)."""
         m = T.check_mask(key_padding_mask)
-        if m is not None:
+        if m is not None and not torch.compiler.is_compiling():  # (traced: shapes are fixed)
             _core.check_key_mask_shape(list(m.shape), k.shape[0], k.shape[-2], "Nk",
                                        argument="key_padding_mask")
         return m
