@@ -255,8 +255,9 @@ TEST(Hybrid, ContextIsSavedWhereThereIsAPartAndChecked) {
 TEST(Hybrid, ExactOverTheWindowAloneIsSoftmaxOverItsKeys) {
   const std::pair<int64_t, int64_t> shapes[] = {{4, 2}, {0, 3}, {6, 0}, {40, 1}};
   for (bool causal : {true, false})
-    for (auto [w, sinks] : shapes)
+    for (const auto& shape : shapes)  // (named: clang 14's lambdas take no structured binding)
       for (Mask mask : {Mask::none, Mask::periodic, Mask::left_padded}) {
+        const int64_t w = shape.first, sinks = shape.second;
         const Case c{Kernel::positive, causal, w, sinks, mask};
         Inputs s(c);
         ExactOptions o;
