@@ -204,19 +204,23 @@ void HybridDecoder::push(HybridDecoderStateView& s, const uint8_t* keep, const T
       const TensorView v1{s.ring_v + slot * dv_, {batch_, heads_, 1, dv_}, vs};
       linear_.append(lin, k1, v1, KeyMaskView::contiguous(fold_.data(), batch_, 1));
     }
-    for (int64_t b = 0; b < batch_; ++b) {
-      s.ring_keep[b * window_ + slot] = keep[b];
-      s.ring_sink[b * window_ + slot] = sink_[b];
-      for (int64_t h = 0; h < heads_; ++h) {
-        const int64_t o = (b * heads_ + h) * window_ + slot;
-        const float* kr = row_of(kv, b, h, t);
-        const float* vr = row_of(vv, b, h, t);
-        for (int64_t x = 0; x < d_; ++x) s.ring_k[o * d_ + x] = kr[x * kv.strides[3]];
-        for (int64_t x = 0; x < dv_; ++x) s.ring_v[o * dv_ + x] = vr[x * vv.strides[3]];
-      }
-    }
+    for (int64_t b = 0; b < batch_; ++b) write_ring(s, slot, b, keep[b], sink_[b], kv, vv, t);
   }
   *s.position = tok + 1;
+}
+
+void HybridDecoder::write_ring(HybridDecoderStateView& s, int64_t slot, int64_t b, uint8_t keep,
+                               uint8_t sink, const TensorView& kv, const TensorView& vv,
+                               int64_t t) const {
+  s.ring_keep[b * window_ + slot] = keep;
+  s.ring_sink[b * window_ + slot] = sink;
+  for (int64_t h = 0; h < heads_; ++h) {
+    const int64_t o = (b * heads_ + h) * window_ + slot;
+    const float* kr = row_of(kv, b, h, t);
+    const float* vr = row_of(vv, b, h, t);
+    for (int64_t x = 0; x < d_; ++x) s.ring_k[o * d_ + x] = kr[x * kv.strides[3]];
+    for (int64_t x = 0; x < dv_; ++x) s.ring_v[o * dv_ + x] = vr[x * vv.strides[3]];
+  }
 }
 
 void HybridDecoder::append(TensorView k, TensorView v, const std::optional<KeyMaskView>& key_mask) {
@@ -230,9 +234,7 @@ void HybridDecoder::append(HybridDecoderStateView s, TensorView k, TensorView v,
   if (k.shape[2] != v.shape[2])
     throw Error("k " + shape_string(k.shape) + ", v " + shape_string(v.shape) +
                 ": same token count T");
-  if (key_mask) detail::check_key_mask(*key_mask, batch_, k.shape[2], "T");
-  detail::check_finite(k, "k");
-  detail::check_finite(v, "v");
+  if (key_mask) detail::check_key_mask(*key_mask, batch_, k.shape[2], "T");  // (finite: check_step)
   if (*s.position == 0) {
     build(s, k, v, key_mask);
     return;
@@ -277,15 +279,8 @@ void HybridDecoder::build(HybridDecoderStateView& s, TensorView k, TensorView v,
   }
   for (int64_t t = folded; t < T; ++t) {
     const int64_t slot = t % window_;
-    for (int64_t b = 0; b < batch_; ++b) {
-      s.ring_keep[b * window_ + slot] = kept(key_mask, b, t) ? 1 : 0;
-      s.ring_sink[b * window_ + slot] = sink[b * T + t];
-      for (int64_t h = 0; h < heads_; ++h) {
-        const int64_t o = (b * heads_ + h) * window_ + slot;
-        for (int64_t x = 0; x < d_; ++x) s.ring_k[o * d_ + x] = k.at(b, h, t, x);
-        for (int64_t x = 0; x < dv_; ++x) s.ring_v[o * dv_ + x] = v.at(b, h, t, x);
-      }
-    }
+    for (int64_t b = 0; b < batch_; ++b)
+      write_ring(s, slot, b, kept(key_mask, b, t) ? 1 : 0, sink[b * T + t], k, v, t);
   }
   *s.position = T;
 }
@@ -294,13 +289,19 @@ namespace {
 
 // The exact part's reading of the state: ring, sinks, and which sinks lie outside the ring
 // (their position at most the last token's - window), into live.
-kernels::BandDecodeParams band_params(const HybridDecoderStateView& s, int64_t batch, int64_t heads,
+kernels::BandDecodeParams band_params(const HybridDecoderStateView& s, const TensorView& q,
+                                      const MutableTensorView& out, int64_t batch, int64_t heads,
                                       int64_t d, int64_t dv, double scale, int64_t window,
                                       int64_t sinks, uint8_t* live) {
   const int64_t last = *s.position - 1;
   for (int64_t i = 0; i < batch * sinks; ++i)
     live[i] = s.sink_pos[i] >= 0 && s.sink_pos[i] <= last - window ? 1 : 0;
   kernels::BandDecodeParams p;
+  p.q = q.data;
+  p.q_strides = q.strides;
+  p.out = out.data;
+  p.out_strides = out.strides;
+  p.T = q.shape[2];
   p.batch = batch;
   p.heads = heads;
   p.d = d;
@@ -327,19 +328,13 @@ void HybridDecoder::query(const HybridDecoderStateView& s, TensorView q,
                           MutableTensorView out) const {
   detail::check_step(q, batch_, heads_, d_, "q", "D");
   detail::check_output(out, {batch_, heads_, q.shape[2], dv_}, "out", {q});
-  detail::check_finite(q, "q");
   const int64_t T = q.shape[2], heads = batch_ * heads_, ld = dv_ + 1;
   std::vector<float> rows(static_cast<size_t>(heads * T * ld));
   std::vector<double> shift(static_cast<size_t>(heads * T));
   linear_.query_parts(s.linear, q, rows.data(), shift.data());
   std::vector<uint8_t> live(static_cast<size_t>(batch_ * sinks_));
   kernels::BandDecodeParams p =
-      band_params(s, batch_, heads_, d_, dv_, scale_, window_, sinks_, live.data());
-  p.q = q.data;
-  p.q_strides = q.strides;
-  p.out = out.data;
-  p.out_strides = out.strides;
-  p.T = T;
+      band_params(s, q, out, batch_, heads_, d_, dv_, scale_, window_, sinks_, live.data());
   p.part_rows = rows.data();
   p.part_shift = shift.data();
   kernels::backend().band_decode(p);
@@ -393,26 +388,11 @@ void HybridDecoder::step(HybridDecoderStateView s, TensorView q, TensorView k, T
       kf = TensorView{leave_k_.data(), {batch_, heads_, 1, d_}, {heads_ * d_, d_, d_, 1}};
       vf = TensorView{leave_v_.data(), {batch_, heads_, 1, dv_}, {heads_ * dv_, dv_, dv_, 1}};
     }
-    for (int64_t b = 0; b < batch_; ++b) {
-      s.ring_keep[b * window_ + slot] = keep_[b];
-      s.ring_sink[b * window_ + slot] = sink_[b];
-      for (int64_t h = 0; h < heads_; ++h) {
-        const int64_t o = (b * heads_ + h) * window_ + slot;
-        const float* kr = row_of(k, b, h, 0);
-        const float* vr = row_of(v, b, h, 0);
-        for (int64_t x = 0; x < d_; ++x) s.ring_k[o * d_ + x] = kr[x * k.strides[3]];
-        for (int64_t x = 0; x < dv_; ++x) s.ring_v[o * dv_ + x] = vr[x * v.strides[3]];
-      }
-    }
+    for (int64_t b = 0; b < batch_; ++b) write_ring(s, slot, b, keep_[b], sink_[b], k, v, 0);
   }
   *s.position = tok + 1;  // the exact part reads the ring with the new token
-  kernels::BandDecodeParams band =
-      band_params(s, batch_, heads_, d_, dv_, scale_, window_, sinks_, sink_live_.data());
-  band.q = q.data;
-  band.q_strides = q.strides;
-  band.out = out.data;
-  band.out_strides = out.strides;
-  band.T = 1;
+  const kernels::BandDecodeParams band =
+      band_params(s, q, out, batch_, heads_, d_, dv_, scale_, window_, sinks_, sink_live_.data());
   const std::optional<KeyMaskView> fold_mask =
       folds ? std::optional<KeyMaskView>(KeyMaskView::contiguous(fold_.data(), batch_, 1))
             : std::nullopt;

@@ -125,6 +125,9 @@ class HybridDecoder {
   // The sinks token t of each row (keep[b]: it takes part) becomes, copied; sink[b] set.
   void take_sinks(HybridDecoderStateView& s, const uint8_t* keep, const TensorView& kv,
                   const TensorView& vv, int64_t t, uint8_t* sink) const;
+  // Ring slot `slot` of row b: token t of kv, vv (the caller's views) with its flags.
+  void write_ring(HybridDecoderStateView& s, int64_t slot, int64_t b, uint8_t keep, uint8_t sink,
+                  const TensorView& kv, const TensorView& vv, int64_t t) const;
   // The linear state's view (its position: the tokens folded, in *folded).
   DecoderStateView linear_view(const HybridDecoderStateView& s, int64_t* folded) const;
   bool kept(const std::optional<KeyMaskView>& mask, int64_t b, int64_t t) const {

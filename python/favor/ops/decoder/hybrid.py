@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from ... import _args, _core
+from ... import _core
 from .. import _dispatch
 from .. import _tensors as T
 from ..attention import attention, paths
@@ -25,7 +25,8 @@ from ..attention.hybrid import pair_log_const
 from ..attention.layout import decay_list, feature_map
 from ..attention.op import eager_mode
 from . import hybrid_generic as generic
-from .op import _map_parameter, _step_checks, built_decoder, check_step_inputs
+from .op import (_step_checks, built_decoder, check_projection, check_step_inputs,
+                 op_map_args)
 
 
 class HybridDecodeState(NamedTuple):
@@ -219,13 +220,7 @@ def advance(state, q, k, v, projection, *, window, sinks, estimate=True, mode="s
     if decoder is not None and estimate and eager_mode() \
             and _dispatch.cpu_kernel_runs(backend, q, k, v, *state):
         return cpu_step(decoder, state, q, k, v, key_mask, mode)
-    if projection.dim() != 2 or projection.shape[1] != q.shape[-1]:
-        raise _core.Error(f"projection: shape {list(projection.shape)} must be [m, "
-                          f"{q.shape[-1]}] (D = {q.shape[-1]})")
-    fit_a, fit_basis = (None, None) if fit is None else fit
-    lam = _map_parameter(feature_weights, "feature_weights")
-    if lam is not None and lam.dim() == 1:
-        lam = lam[None]
+    check_projection(projection, q)
     if not torch.compiler.is_compiling():
         features = _core.feature_count(kernel, projection.shape[0]) if estimate else 0
         check_state(state, q.shape[0], q.shape[1], features, q.shape[-1], v.shape[-1], window,
@@ -233,13 +228,8 @@ def advance(state, q, k, v, projection, *, window, sinks, estimate=True, mode="s
         if state[0].device != q.device:
             raise _core.Error(f"state: on device '{state[0].device}', q on '{q.device}'; move "
                               "the state with .to(device)")
-    dev = q.device
-    to = lambda t: None if t is None else t.to(dev)  # noqa: E731
-    decay_t = None if decay is None else _map_parameter(decay, "decay").reshape(-1)
-    args = (*tuple(state), q.float(), k.float(), v.float(), to(key_mask),
-            to(projection.detach().float()), kernel, _args.optional_number(scale, "scale"),
-            to(fit_a), to(fit_basis), to(_map_parameter(weights, "weights")),
-            to(_map_parameter(bias, "bias")), to(lam), to(decay_t), int(window), int(sinks),
-            bool(estimate), mode)
+    args = (*tuple(state), q.float(), k.float(), v.float(),
+            *op_map_args(q, key_mask, projection, kernel, scale, fit, weights, bias,
+                         feature_weights, decay), int(window), int(sinks), bool(estimate), mode)
     with torch.no_grad():
         return (hybrid_decode_step_op if forced is None else forced)(*args)

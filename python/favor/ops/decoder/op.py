@@ -256,13 +256,7 @@ def advance(state, q, k, v, projection, *, mode="step", kernel="positive", scale
             and _dispatch.cpu_kernel_runs(backend, q, k, v, *state[:4]):
         # no op dispatch; the C++ call checks the state's layout against the decoder's
         return cpu_step(decoder, state[:4], q, k, v, key_mask, mode, decay is not None)
-    if projection.dim() != 2 or projection.shape[1] != q.shape[-1]:
-        raise _core.Error(f"projection: shape {list(projection.shape)} must be [m, "
-                          f"{q.shape[-1]}] (D = {q.shape[-1]})")
-    fit_a, fit_basis = (None, None) if fit is None else fit
-    lam = _map_parameter(feature_weights, "feature_weights")
-    if lam is not None and lam.dim() == 1:
-        lam = lam[None]  # [m]: one set, as in favor.attention
+    check_projection(projection, q)
     if not torch.compiler.is_compiling():
         _check_state(state, q.shape[0], q.shape[1],
                      _core.feature_count(kernel, projection.shape[0]), v.shape[-1])
@@ -270,15 +264,35 @@ def advance(state, q, k, v, projection, *, mode="step", kernel="positive", scale
             raise _core.Error(f"state: on device '{state[0].device}', q on '{q.device}'; move "
                               "the state with .to(device) (DecodeState(*(t.to(d) for t in "
                               "state)))")
-    dev = q.device
-    to = lambda t: None if t is None else t.to(dev)  # noqa: E731
-    decay_t = None if decay is None else _map_parameter(decay, "decay").reshape(-1)
-    args = (*tuple(state)[:4], q.float(), k.float(), v.float(), to(key_mask),
-            to(projection.detach().float()), kernel, _args.optional_number(scale, "scale"),
-            to(fit_a), to(fit_basis), to(_map_parameter(weights, "weights")),
-            to(_map_parameter(bias, "bias")), to(lam), to(decay_t), mode)
+    args = (*tuple(state)[:4], q.float(), k.float(), v.float(),
+            *op_map_args(q, key_mask, projection, kernel, scale, fit, weights, bias,
+                         feature_weights, decay), mode)
     with torch.no_grad():
         return (decode_step_op if forced is None else forced)(*args)
+
+
+def check_projection(projection, q):
+    """A decoder op's projection: [m, D] for q's head dim D."""
+    if projection.dim() != 2 or projection.shape[1] != q.shape[-1]:
+        raise _core.Error(f"projection: shape {list(projection.shape)} must be [m, "
+                          f"{q.shape[-1]}] (D = {q.shape[-1]})")
+
+
+def op_map_args(q, key_mask, projection, kernel, scale, fit, weights, bias, feature_weights,
+                decay):
+    """The key mask and the map as the decoder ops take them, on q's device: (key_mask, w,
+    kernel, scale, fit_a, fit_basis, weights, bias, lam, decay), detached, float32 (decay
+    float64 [1] or [H]; a [m] lambda as one set, as in favor.attention)."""
+    fit_a, fit_basis = (None, None) if fit is None else fit
+    lam = _map_parameter(feature_weights, "feature_weights")
+    if lam is not None and lam.dim() == 1:
+        lam = lam[None]
+    to = lambda t: None if t is None else t.to(q.device)  # noqa: E731
+    decay_t = None if decay is None else _map_parameter(decay, "decay").reshape(-1)
+    return (to(key_mask), to(projection.detach().float()), kernel,
+            _args.optional_number(scale, "scale"), to(fit_a), to(fit_basis),
+            to(_map_parameter(weights, "weights")), to(_map_parameter(bias, "bias")), to(lam),
+            to(decay_t))
 
 
 def _step_checks(q, k, v, key_mask, mode):
