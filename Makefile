@@ -25,7 +25,7 @@ FUZZ_TARGETS ?= npy npz cli attention
 # The commands that run favor, under the FAVOR_CPU cap when one is given.
 AS_CPU = $(if $(FAVOR_CPU),scripts/as-cpu.sh $(FAVOR_CPU))
 
-.PHONY: all deps deps-demo configure configure-demo build build-demo run test install clean format asan tsan sanitize fuzz wheel docs-test
+.PHONY: all deps deps-demo deps-build configure configure-demo configure-build build build-demo run test install clean format asan tsan sanitize fuzz wheel docs-test
 
 all: build
 
@@ -40,9 +40,11 @@ deps:
 NEW_TREE_GENERATOR = $(if $(wildcard $(BUILD_DIR)/CMakeCache.txt)$(CMAKE_GENERATOR),,\
                        $(if $(shell command -v ninja),-G Ninja))
 
+CONFIGURE = cmake -S . -B $(BUILD_DIR) $(NEW_TREE_GENERATOR) -DCMAKE_BUILD_TYPE=Release \
+  -DPython_EXECUTABLE=$(PYTHON) -DFAVOR_PYTHON=$(PYTHON)
+
 configure: deps
-	cmake -S . -B $(BUILD_DIR) $(NEW_TREE_GENERATOR) -DCMAKE_BUILD_TYPE=Release \
-	  -DPython_EXECUTABLE=$(PYTHON) -DFAVOR_PYTHON=$(PYTHON)
+	$(CONFIGURE)
 
 # make run's set-up: the Debian packages and the venv's BLAS only (the Python package is
 # then off in CMake, said in its output; `make test` configures again with the full venv).
@@ -51,11 +53,24 @@ deps-demo:
 	@FAVOR_VENV=$(VENV) scripts/setup-venv.sh --blas-only
 
 configure-demo: deps-demo
-	cmake -S . -B $(BUILD_DIR) $(NEW_TREE_GENERATOR) -DCMAKE_BUILD_TYPE=Release \
-	  -DPython_EXECUTABLE=$(PYTHON) -DFAVOR_PYTHON=$(PYTHON)
+	$(CONFIGURE)
 
-build: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS)
+# make build (and so make test): configured with the venv's BLAS and pybind11 only; the rest
+# of the venv (torch, transformers, ...: ~65 s, mostly one core) installs beside the C++
+# build, which needs nothing of it, and the target waits for both.
+deps-build:
+	@scripts/install-deps.sh
+	@FAVOR_VENV=$(VENV) scripts/setup-venv.sh --build-only
+
+configure-build: deps-build
+	$(CONFIGURE)
+
+build: configure-build
+	@FAVOR_VENV=$(VENV) scripts/setup-venv.sh > $(BUILD_DIR)/setup-venv.log 2>&1 & venv=$$!; \
+	cmake --build $(BUILD_DIR) -j $(JOBS); rc=$$?; \
+	if ! wait $$venv; then cat $(BUILD_DIR)/setup-venv.log; \
+	  echo "make build: scripts/setup-venv.sh failed (its log above)"; exit 1; fi; \
+	cat $(BUILD_DIR)/setup-venv.log; exit $$rc
 
 # Only what the demo runs: libfavor and the command-line tool (not the tests, fuzzers,
 # benchmarks or the Python extension, which `make test` builds).

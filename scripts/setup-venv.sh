@@ -9,19 +9,30 @@
 # --blas-only (make run): the venv with only the BLAS libfavor links (requirements.txt's
 # scipy-openblas32), enough to build and run the C++ library and the CLI; the full
 # environment follows at `make test` (the stamp is written by a full run only).
+# --build-only (make build): the BLAS and pybind11, all that configuring and building every
+# target needs (the Makefile then installs the rest beside the build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${FAVOR_VENV:-.venv}
 base=${FAVOR_PYTHON_BASE:-/usr/bin/python3}
 stamp="$venv/.requirements.sha256"
-if [ "${1:-}" = "--blas-only" ]; then
-  [ -x "$venv/bin/python" ] || { echo "setup-venv: making $venv (the BLAS only) from $base"; "$base" -m venv "$venv"; }
-  if ! "$venv/bin/python" -c "import scipy_openblas32" 2>/dev/null; then
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-      "$(grep -E '^scipy-openblas32==' requirements.txt)"
-  fi
-  exit 0
-fi
+partial() {  # what, then (module, requirements.txt name) pairs
+  local what=$1
+  shift
+  [ -x "$venv/bin/python" ] || { echo "setup-venv: making $venv ($what) from $base"; "$base" -m venv "$venv"; }
+  while [ $# -gt 0 ]; do
+    if ! "$venv/bin/python" -c "import $1" 2>/dev/null; then
+      "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+        "$(grep -E "^$2==" requirements.txt)"
+    fi
+    shift 2
+  done
+}
+case "${1:-}" in
+  --blas-only) partial "the BLAS only" scipy_openblas32 scipy-openblas32; exit 0 ;;
+  --build-only) partial "the BLAS and pybind11" scipy_openblas32 scipy-openblas32 pybind11 pybind11
+                exit 0 ;;
+esac
 want=$(cat requirements.txt requirements-nodeps.txt | sha256sum | cut -d' ' -f1)
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0

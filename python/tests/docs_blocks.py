@@ -30,6 +30,7 @@ import pathlib
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ RUN = {"python": "python", "sh": "sh", "bash": "sh"}
 FENCE = re.compile(r"^(\s*)```(.*)$")
 MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
 DEFAULT_TIMEOUT = 300
+FORKSERVER = pathlib.Path(__file__).resolve().with_name("docs_forkserver.py")
 
 
 @dataclasses.dataclass
@@ -167,9 +169,10 @@ def with_quick(script):
     return "\n".join(out)
 
 
-def environment(workdir):
+def environment(workdir, server=None):
     """PATH with `python` and `favor` first, PYTHONPATH for the developer tree's build, the hub
-    off. FAVOR_DOCS_PYTHON / FAVOR_CLI name the interpreter and the CLI (CTest sets them)."""
+    off. FAVOR_DOCS_PYTHON / FAVOR_CLI name the interpreter and the CLI (CTest sets them).
+    With a ForkServer, `python` is its client (docs_forkserver.py)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
     if os.geteuid() == 0:  # CI runs as root, which Open MPI's mpirun refuses unless told
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -177,9 +180,13 @@ def environment(workdir):
     cli = os.environ.get("FAVOR_CLI", str(ROOT / "build" / "tools" / "favor"))
     shims = pathlib.Path(workdir) / ".docs-test-bin"
     shims.mkdir()
-    for name, target in (("python", python), ("python3", python), ("favor", cli)):
+    run_python = shlex.quote(python)
+    if server is not None:  # -S -E: the client starts in ~20 ms, stdlib only
+        run_python += f" -S -E {shlex.quote(str(FORKSERVER))} {shlex.quote(server.socket)}"
+    for name, command in (("python", run_python), ("python3", run_python),
+                          ("favor", shlex.quote(cli))):
         shim = shims / name
-        shim.write_text(f"#!/bin/sh\nexec {shlex.quote(target)} \"$@\"\n")
+        shim.write_text(f"#!/bin/sh\nexec {command} \"$@\"\n")
         shim.chmod(0o755)
     # then the interpreter's own scripts (torchrun, accelerate), as in an activated venv
     scripts = os.path.dirname(os.path.abspath(python))
@@ -193,8 +200,39 @@ def environment(workdir):
     return env
 
 
-def run(block, timeout=None):
-    """Runs one block in a fresh directory; returns the CompletedProcess (output captured)."""
+class ForkServer:
+    """docs_forkserver.py's server for the blocks' `python` commands: started on entry (it
+    imports torch, transformers and favor once), stopped on exit."""
+
+    def __init__(self):
+        self._dir = tempfile.TemporaryDirectory(prefix="docs-forkserver-")
+        self.socket = os.path.join(self._dir.name, "socket")
+        env = environment(self._dir.name)
+        self._proc = subprocess.Popen(
+            [os.environ.get("FAVOR_DOCS_PYTHON", sys.executable), str(FORKSERVER), "serve",
+             self.socket], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        line = self._proc.stdout.readline()
+        if line.strip() != "ready":
+            self.close()
+            raise RuntimeError(f"the docs fork server did not start (it said {line!r})")
+
+    def close(self):
+        if self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        self._proc.wait()
+        self._proc.stdout.close()
+        self._dir.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def run(block, timeout=None, server=None):
+    """Runs one block in a fresh directory; returns the CompletedProcess (output captured).
+    With a ForkServer, its `python` commands are forked from it."""
     if timeout is None:
         m = re.fullmatch(r"timeout:\s*(\d+)", block.marker)
         timeout = int(m.group(1)) if m else DEFAULT_TIMEOUT
@@ -205,7 +243,7 @@ def run(block, timeout=None):
             shutil.copytree(ROOT / name, os.path.join(work, name), symlinks=True,
                             ignore=shutil.ignore_patterns("__pycache__", "runs"))
         os.symlink(ROOT / "scripts", os.path.join(work, "scripts"))
-        env = environment(work)
+        env = environment(work, server)
         if RUN[block.lang] == "python":
             script = os.path.join(work, ".docs-test-block.py")
             pathlib.Path(script).write_text(block.text)
@@ -213,12 +251,27 @@ def run(block, timeout=None):
         else:
             script = with_quick(block.text) if block.marker == "quick" else block.text
             cmd = ["bash", "-e", "-o", "pipefail", "-c", script]
-        return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        # Its own session: a timeout kills everything the block started (a fork server's
+        # child goes with its client), not only the shell.
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def main(argv):
     paths = [pathlib.Path(p) for p in argv] or pages()
+    with ForkServer() as server:
+        failed = _main(paths, server)
+    return 1 if failed else 0
+
+
+def _main(paths, server):
     failed = 0
     for path in paths:
         for block in parse(path):
@@ -230,12 +283,12 @@ def main(argv):
             elif block.lang in RUN and block.marker.startswith("same-as"):
                 print(f"same {block.name}: its commands run on {block.marker[8:].strip()}")
             elif block.runs:
-                r = run(block)
+                r = run(block, server=server)
                 print(f"{'ok  ' if r.returncode == 0 else 'FAIL'} {block.name}")
                 if r.returncode:
                     failed += 1
                     print(r.stdout[-3000:] + r.stderr[-3000:])
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 examples/*/README.md runs as written and exits 0 (docs_blocks.py has the rules), and the
 runner itself fails a broken block, a fence without a language and a skip without a reason."""
 import os
+import time
 
 import pytest
 
@@ -26,9 +27,15 @@ def test_commands_are_in_fenced_blocks():
     assert not found, f"commands in indented blocks, which the runner cannot see: {found}"
 
 
+@pytest.fixture(scope="module")
+def server():
+    with db.ForkServer() as s:
+        yield s
+
+
 @pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.name)
-def test_block_runs(block):
-    r = db.run(block)
+def test_block_runs(block, server):
+    r = db.run(block, server=server)
     assert r.returncode == 0, (f"{block.name} exited {r.returncode}\n--- block\n{block.text}"
                                f"--- stdout\n{r.stdout[-4000:]}--- stderr\n{r.stderr[-4000:]}")
 
@@ -104,3 +111,63 @@ def test_blocks_run_as_a_pip_user_runs_them(tmp_path):
     r = db.run(b)
     assert r.returncode == 0, r.stderr
     assert ".docs-test-bin/python" in r.stdout and ".docs-test-bin/favor" in r.stdout
+
+
+def test_fork_server_runs_python_as_python_does(tmp_path, server):
+    """A block's `python` through the fork server: argv, sys.path[0], __main__, exit codes,
+    an uncaught exception, -m, -c, atexit, a child process and multiprocessing's spawn (a
+    relative script path) as the interpreter gives them;
+    torch already imported (the fork); a changed environment gets a fresh interpreter."""
+    (b,) = _page(tmp_path, r"""```sh
+cat > s.py <<'PY'
+import os, sys
+print("script", __name__, sys.argv, sys.path[0] == os.path.dirname(os.path.realpath(__file__)))
+print("preloaded", "torch" in sys.modules)
+sys.exit(int(sys.argv[1]))
+PY
+python s.py 0 x
+python s.py 3 x || echo "status $?"
+echo 'raise KeyError("boom")' > e.py
+python e.py 2> err.txt || echo "exception status $?"
+grep -c "KeyError: 'boom'" err.txt
+python -c 'import sys; print("code", sys.argv, repr(sys.path[0]), __name__)' a b
+python -m json.tool <<< '{"a": 1}' | tr -d ' \n'; echo
+echo "import atexit; atexit.register(lambda: print('atexit ran'))" > a.py; python a.py
+python -c 'import subprocess, sys; print(subprocess.run([sys.executable, "-c", "print(7)"], capture_output=True, text=True).stdout.strip())'
+FAVOR_FORKSERVER_TEST=1 python -c 'import sys; print("changed env: preloaded", "torch" in sys.modules)'
+python -u -c 'import sys; print("option: preloaded", "torch" in sys.modules)'
+cat > mp.py <<'PY'
+import multiprocessing as mp
+def double(x):
+    return 2 * x
+if __name__ == "__main__":
+    with mp.get_context("spawn").Pool(1) as pool:
+        print("spawn", pool.map(double, [1, 2]))
+PY
+python mp.py
+```
+""")
+    r = db.run(b, server=server)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n") == [
+        "script __main__ ['s.py', '0', 'x'] True", "preloaded True",
+        "script __main__ ['s.py', '3', 'x'] True", "preloaded True", "status 3",
+        "exception status 1", "1",
+        "code ['-c', 'a', 'b'] '' __main__",
+        '{"a":1}', "atexit ran", "7",
+        "changed env: preloaded False", "option: preloaded False", "spawn [2, 4]", ""]
+
+
+def test_fork_server_child_dies_with_its_block(tmp_path, server):
+    """A block's timeout kills the server's child that runs its python, not only the shell."""
+    (b,) = _page(tmp_path, "```sh\npython -c 'import os, sys, time; "
+                           "print(os.getpid(), \"torch\" in sys.modules, flush=True); "
+                           "time.sleep(120)'\n```\n")
+    with pytest.raises(db.subprocess.TimeoutExpired) as e:
+        db.run(b, timeout=10, server=server)
+    pid, forked = e.value.stdout.split()
+    assert forked == "True"  # it ran in the server's child
+    deadline = time.time() + 10
+    while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}"), "the timed-out block's python still runs"

@@ -127,3 +127,31 @@ def test_the_shipped_conversions_load_onto_the_packaged_model(original, full, na
     assert float(b.loss) < float(a.loss) + 0.5, (float(a.loss), float(b.loss))
     agree = (a.logits.argmax(-1) == b.logits.argmax(-1)).float().mean()
     assert agree > 0.6, float(agree)
+
+
+def test_the_cached_load_is_the_gguf_load_bit_for_bit(tmp_path, monkeypatch):
+    """smollm2.load() keeps the dequantised model and tokenizer (cache_folder) and reads them
+    back: the same weights, config, generation config, tokenization and logits as reading
+    the GGUF file; an unfinished cache entry (no `done`) is made again."""
+    monkeypatch.setenv("FAVOR_SMOLLM2_CACHE", str(tmp_path))
+    entry = os.path.basename(smollm2.cache_folder(smollm2.folder()))
+    os.makedirs(tmp_path / entry)  # an entry load() did not finish (no `done`): replaced
+    (tmp_path / entry / "model.safetensors").write_text("half written")
+    first, tok1 = smollm2.load(layers=2)  # reads the GGUF file, writes the cache
+    assert os.listdir(tmp_path) == [entry] and os.path.isfile(tmp_path / entry / "done")
+    stamp = os.path.getmtime(tmp_path / entry / "model.safetensors")
+    again, tok2 = smollm2.load(layers=2)
+    assert os.path.getmtime(tmp_path / entry / "model.safetensors") == stamp  # read, not made
+    a, b = first.state_dict(), again.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert first.config.to_dict() == again.config.to_dict()
+    assert first.generation_config.to_dict() == again.generation_config.to_dict()
+    text = "def f(x):\n    return x ** 2  # Ünïcode <|im_start|>user"
+    ids = tok1(text, return_tensors="pt")["input_ids"]
+    assert torch.equal(ids, tok2(text, return_tensors="pt")["input_ids"])
+    assert (tok1.eos_token_id, tok1.pad_token_id, tok1.bos_token_id) == \
+        (tok2.eos_token_id, tok2.pad_token_id, tok2.bos_token_id)
+    with torch.no_grad():
+        assert torch.equal(first(ids).logits, again(ids).logits)
+    monkeypatch.setenv("FAVOR_SMOLLM2_CACHE", "off")
+    assert smollm2.cache_folder(smollm2.folder()) is None

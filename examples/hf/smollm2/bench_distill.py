@@ -163,7 +163,9 @@ def main():
     params = [p for _, p in trainable(student, "lora")]
     student.train()
     results, tokens = [], args.length
-    folder = tempfile.mkdtemp(prefix="favor-bench-cache-")
+    # The teacher caches live for this run only (removed on exit, also after an error).
+    scratch = tempfile.TemporaryDirectory(prefix="favor-bench-cache-")
+    folder = scratch.name
 
     def row(name, step, note=""):
         med, times = timed_steps(step, params, args.steps)
@@ -209,6 +211,7 @@ def main():
               "length": args.length, "layers": args.layers or 30, "rows": results}
     if args.quality:
         report["quality"] = quality(args, teacher, tok, options, folder, ran)
+    scratch.cleanup()
     os.makedirs(args.out, exist_ok=True)
     name = "bench_distill" + (f"-{args.tag}" if args.tag else "") + ".json"
     with open(os.path.join(args.out, name), "w") as f:
