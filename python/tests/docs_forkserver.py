@@ -137,10 +137,10 @@ def _child(conn):
 
     threading.Thread(target=watch, daemon=True).start()
     status = _run(*todo)
-    for t in threading.enumerate():  # as the interpreter's exit waits for them
-        if t is not threading.main_thread() and not t.daemon:
-            t.join()
     try:
+        # as the interpreter exits: threading's own exit hooks (a ThreadPoolExecutor's workers
+        # are told to stop), then it waits for the non-daemon threads, then atexit
+        threading._shutdown()
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):

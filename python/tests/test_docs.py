@@ -115,8 +115,9 @@ def test_blocks_run_as_a_pip_user_runs_them(tmp_path):
 
 def test_fork_server_runs_python_as_python_does(tmp_path, server):
     """A block's `python` through the fork server: argv, sys.path[0], __main__, exit codes,
-    an uncaught exception, -m, -c, atexit, a child process and multiprocessing's spawn (a
-    relative script path) as the interpreter gives them;
+    an uncaught exception, -m, -c, atexit, a child process, multiprocessing's spawn (a
+    relative script path) and the exit's wait for threads (a thread pool's idle worker, a
+    running thread) as the interpreter gives them;
     torch already imported (the fork); a changed environment gets a fresh interpreter."""
     (b,) = _page(tmp_path, r"""```sh
 cat > s.py <<'PY'
@@ -145,6 +146,8 @@ if __name__ == "__main__":
         print("spawn", pool.map(double, [1, 2]))
 PY
 python mp.py
+python -c 'import concurrent.futures as f; print("pool", f.ThreadPoolExecutor(1).submit(int, 3).result())'
+python -c 'import threading, time; threading.Thread(target=lambda: (time.sleep(0.5), print("waited"))).start()'
 ```
 """)
     r = db.run(b, server=server)
@@ -155,7 +158,8 @@ python mp.py
         "exception status 1", "1",
         "code ['-c', 'a', 'b'] '' __main__",
         '{"a":1}', "atexit ran", "7",
-        "changed env: preloaded False", "option: preloaded False", "spawn [2, 4]", ""]
+        "changed env: preloaded False", "option: preloaded False", "spawn [2, 4]",
+        "pool 3", "waited", ""]
 
 
 def test_fork_server_child_dies_with_its_block(tmp_path, server):
@@ -164,7 +168,7 @@ def test_fork_server_child_dies_with_its_block(tmp_path, server):
                            "print(os.getpid(), \"torch\" in sys.modules, flush=True); "
                            "time.sleep(120)'\n```\n")
     with pytest.raises(db.subprocess.TimeoutExpired) as e:
-        db.run(b, timeout=10, server=server)
+        db.run(b, timeout=4, server=server)
     pid, forked = e.value.stdout.split()
     assert forked == "True"  # it ran in the server's child
     deadline = time.time() + 10
