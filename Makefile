@@ -3,8 +3,9 @@
 #              libfavor links (.venv; scipy-openblas32 pinned in requirements.txt: no torch or
 #              transformers), builds what the demo needs (libfavor and the `favor` tool,
 #              Release) and runs `favor demo`
-#   make test  the same set-up, builds everything, then the whole test suite (C++ and Python)
-#              through CTest
+#   make test  the same set-up plus the whole venv (installed beside the C++ build, which needs
+#              only its BLAS and pybind11), builds everything, then the whole test suite (C++
+#              and Python) through CTest
 # FAVOR_CPU=avx512|avx2|sse4|scalar runs `make run` or `make test` as a CPU with fewer
 # instructions would (scripts/as-cpu.sh; docs/reliability.md, "Other CPUs on this one").
 # Sanitizers (clang++; scripts/sanitize.sh, docs/reliability.md):
