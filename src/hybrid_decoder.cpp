@@ -35,6 +35,16 @@ const float* row_of(const TensorView& t, int64_t b, int64_t h, int64_t i) {
   return t.data + b * t.strides[0] + h * t.strides[1] + i * t.strides[2];
 }
 
+// Token t of head (b, h) of the views kv, vv (strided) into the dense rows k_out, v_out: a
+// sink's or a ring slot's key and value.
+void copy_key_value(const TensorView& kv, const TensorView& vv, int64_t b, int64_t h, int64_t t,
+                    float* k_out, float* v_out) {
+  const float* kr = row_of(kv, b, h, t);
+  const float* vr = row_of(vv, b, h, t);
+  for (int64_t x = 0; x < kv.shape[3]; ++x) k_out[x] = kr[x * kv.strides[3]];
+  for (int64_t x = 0; x < vv.shape[3]; ++x) v_out[x] = vr[x * vv.strides[3]];
+}
+
 }  // namespace
 
 void Decoder::query_parts(TensorView q, float* rows, double* shift) const {
@@ -168,10 +178,7 @@ void HybridDecoder::take_sinks(HybridDecoderStateView& s, const uint8_t* keep, c
     s.sink_pos[b * sinks_ + count] = *s.position;
     for (int64_t h = 0; h < heads_; ++h) {
       const int64_t o = (b * heads_ + h) * sinks_ + count;
-      const float* kr = row_of(kv, b, h, t);
-      const float* vr = row_of(vv, b, h, t);
-      for (int64_t x = 0; x < d_; ++x) s.sink_k[o * d_ + x] = kr[x * kv.strides[3]];
-      for (int64_t x = 0; x < dv_; ++x) s.sink_v[o * dv_ + x] = vr[x * vv.strides[3]];
+      copy_key_value(kv, vv, b, h, t, s.sink_k + o * d_, s.sink_v + o * dv_);
     }
   }
 }
@@ -216,10 +223,7 @@ void HybridDecoder::write_ring(HybridDecoderStateView& s, int64_t slot, int64_t 
   s.ring_sink[b * window_ + slot] = sink;
   for (int64_t h = 0; h < heads_; ++h) {
     const int64_t o = (b * heads_ + h) * window_ + slot;
-    const float* kr = row_of(kv, b, h, t);
-    const float* vr = row_of(vv, b, h, t);
-    for (int64_t x = 0; x < d_; ++x) s.ring_k[o * d_ + x] = kr[x * kv.strides[3]];
-    for (int64_t x = 0; x < dv_; ++x) s.ring_v[o * dv_ + x] = vr[x * vv.strides[3]];
+    copy_key_value(kv, vv, b, h, t, s.ring_k + o * d_, s.ring_v + o * dv_);
   }
 }
 
