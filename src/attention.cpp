@@ -157,14 +157,22 @@ Tensor favor_attention(TensorView q, TensorView k, TensorView v, const Projectio
 }
 
 void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView out,
-                     const ExactOptions& options) {
+                     const ExactOptions& options, ExactContext* context) {
   const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
   detail::check_output(out, output_shape(s), "out", {q, k, v});
   const double scale = detail::resolve_scale(options.scale, s.d);
   const kernels::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
+  if (context) *context = ExactContext{};
   if (options.window != 0 || options.sinks != 0) {
     detail::check_window_options(options, s);
-    detail::window_forward(p, scale, options.causal, options.window, options.sinks);
+    double* lse = nullptr;
+    if (context) {
+      context->lse.assign(static_cast<size_t>(s.batch * s.heads * s.nq), 0.0);
+      lse = context->lse.data();
+    }
+    detail::window_forward(p, scale, options.causal, options.window, options.sinks, lse);
+    if (context)
+      context->fingerprint = detail::exact_context_fingerprint(q, k, v, out, options, scale);
     return;
   }
   // Inputs whose float32 logits or sums could overflow take the double path whatever the

@@ -150,4 +150,45 @@ AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v
   return g;
 }
 
+AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        TensorView y, const ExactContext& context,
+                                        const ExactOptions& options) {
+  const Checked c = check_backward(q, k, v, dy, options.causal, options.key_mask, options.scale);
+  if (options.window == 0 && options.sinks == 0) {
+    throw Error(
+        "context: only a windowed exact call (ExactOptions::window or ::sinks) saves "
+        "a context; call exact_attention_backward without one");
+  }
+  detail::check_window_options(options, c.s);
+  const Shape4 out_shape{c.s.batch, c.s.heads, c.s.nq, c.s.dv};
+  if (y.shape != out_shape) {
+    throw Error("y: shape " + shape_string(y.shape) + " must be the forward's output " +
+                shape_string(out_shape));
+  }
+  const int64_t rows = c.s.batch * c.s.heads * c.s.nq;
+  if (static_cast<int64_t>(context.lse.size()) != rows ||
+      context.fingerprint != detail::exact_context_fingerprint(q, k, v, y, options, c.scale)) {
+    throw Error(
+        "context: saved by a forward of other inputs or options (it must come from "
+        "exact_attention with these q, k, v, output, mask and options)");
+  }
+  AttentionGrads g;
+  const kernels::BackwardParams bp = make_params(q, k, v, dy, c, options.key_mask, g);
+  std::vector<float> packed;  // the band's backward reads y C-contiguous
+  const float* y_rows = y.data;
+  if (y.strides != contiguous_strides(y.shape)) {
+    packed.resize(static_cast<size_t>(y.numel()));
+    for (int64_t b = 0; b < y.shape[0]; ++b)
+      for (int64_t h = 0; h < y.shape[1]; ++h)
+        for (int64_t n = 0; n < y.shape[2]; ++n)
+          for (int64_t x = 0; x < y.shape[3]; ++x)
+            packed[static_cast<size_t>(((b * y.shape[1] + h) * y.shape[2] + n) * y.shape[3] + x)] =
+                y.at(b, h, n, x);
+    y_rows = packed.data();
+  }
+  detail::window_backward(bp, c.scale, options.causal, options.window, options.sinks, y_rows,
+                          context.lse.data());
+  return g;
+}
+
 }  // namespace favor

@@ -454,22 +454,28 @@ void window_forward(const AttentionParams& base, double scale, bool causal, int6
 }
 
 void window_backward(const BackwardParams& bp, double scale, bool causal, int64_t window,
-                     int64_t sinks) {
+                     int64_t sinks, const float* saved_y, const double* saved_lse) {
   const AttentionParams& base = bp.fwd;
   const int64_t n = base.nq, heads = base.batch * base.heads, dv = base.dv;
-  std::vector<float> y(static_cast<size_t>(heads * n * dv));
-  std::vector<double> lse(static_cast<size_t>(heads * n));
-  AttentionParams fwd = base;
-  fwd.out = y.data();
-  fwd.out_strides = {base.heads * n * dv, n * dv, dv, 1};
-  window_forward(fwd, scale, causal, window, sinks, lse.data());
+  std::vector<float> y;
+  std::vector<double> lse;
+  if (!saved_y || !saved_lse) {  // recompute them
+    y.resize(static_cast<size_t>(heads * n * dv));
+    lse.resize(static_cast<size_t>(heads * n));
+    AttentionParams fwd = base;
+    fwd.out = y.data();
+    fwd.out_strides = {base.heads * n * dv, n * dv, dv, 1};
+    window_forward(fwd, scale, causal, window, sinks, lse.data());
+    saved_y = y.data();
+    saved_lse = lse.data();
+  }
   const std::vector<int64_t> sink = sink_index(base, sinks);
   kernels::BandBackwardParams band;
   band.band = band_params(base, scale, causal, window, sinks, sink.data());
   band.dy = bp.dy;
   band.dy_strides = bp.dy_strides;
-  band.merged_y = y.data();
-  band.merged_lse = lse.data();
+  band.merged_y = saved_y;
+  band.merged_lse = saved_lse;
   band.dq = bp.dq;
   band.dk = bp.dk;
   band.dv = bp.dv;

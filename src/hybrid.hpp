@@ -45,8 +45,9 @@ void hybrid_backward(const kernels::BackwardParams& bp, const ResolvedMap& resol
 /// the exact part with no estimated part) into base.out, and lse (B*H x N) where set.
 void window_forward(const kernels::AttentionParams& base, double scale, bool causal, int64_t window,
                     int64_t sinks, double* lse = nullptr);
-/// Its gradients into bp.dq, dk, dv (zeroed); recomputes the forward.
+/// Its gradients into bp.dq, dk, dv (zeroed): from the forward's y (C-contiguous [B*H][N][Dv])
+/// and lse when given, else recomputing them.
 void window_backward(const kernels::BackwardParams& bp, double scale, bool causal, int64_t window,
-                     int64_t sinks);
+                     int64_t sinks, const float* y = nullptr, const double* lse = nullptr);
 
 }  // namespace favor::detail

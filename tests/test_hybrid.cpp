@@ -331,6 +331,55 @@ TEST(Hybrid, ExactOverTheWindowAloneIsSoftmaxOverItsKeys) {
   expect_error([&] { exact_attention(x, longer, longer, bad); }, "Nq == Nk");
 }
 
+// A windowed exact call's saved context (ExactContext: lse and a fingerprint): the backward
+// from it and the forward's output gives the recomputing backward's gradients bit for bit
+// (the same band backward on the same y and lse), on a strided output too; a context of other
+// inputs, an output of another shape, an unwindowed call and a context for them are refused.
+TEST(Hybrid, WindowBackwardFromTheSavedContextIsTheRecomputingOne) {
+  for (bool causal : {true, false}) {
+    Inputs s(Case{Kernel::positive, causal, 4, 2, Mask::left_padded});
+    ExactOptions o;
+    o.causal = causal;
+    o.window = 4;
+    o.sinks = 2;
+    o.key_mask = s.o.key_mask;
+    const int64_t B = Inputs::B, H = Inputs::H, N = Inputs::N, Dv = Inputs::Dv;
+    // the output written [B, N, H, Dv] (strided as [B, H, N, Dv], as torch's transposes are)
+    std::vector<float> storage(static_cast<size_t>(B * N * H * Dv));
+    const MutableTensorView out{storage.data(), {B, H, N, Dv}, {N * H * Dv, Dv, H * Dv, 1}};
+    ExactContext context;
+    exact_attention(s.q, s.k, s.v, out, o, &context);
+    ASSERT_TRUE(context.valid());
+    EXPECT_EQ(context.lse.size(), static_cast<size_t>(B * H * N));
+    const Tensor dy = random_tensor({B, H, N, Dv}, 4);
+    const AttentionGrads recomputed = exact_attention_backward(s.q, s.k, s.v, dy, o);
+    const AttentionGrads saved = exact_attention_backward(s.q, s.k, s.v, dy, out, context, o);
+    EXPECT_EQ(saved.dq.values(), recomputed.dq.values()) << causal;
+    EXPECT_EQ(saved.dk.values(), recomputed.dk.values()) << causal;
+    EXPECT_EQ(saved.dv.values(), recomputed.dv.values()) << causal;
+
+    Tensor other_q = s.q;
+    other_q.values()[7] += 0.25f;
+    expect_error([&] { exact_attention_backward(other_q, s.k, s.v, dy, out, context, o); },
+                 "context: saved by a forward of other inputs or options");
+    ExactOptions wider = o;
+    wider.window = 5;
+    expect_error([&] { exact_attention_backward(s.q, s.k, s.v, dy, out, context, wider); },
+                 "context: saved by a forward of other inputs or options");
+    const Tensor short_y = random_tensor({B, H, N - 1, Dv}, 5);
+    expect_error([&] { exact_attention_backward(s.q, s.k, s.v, dy, short_y, context, o); },
+                 "y: shape");
+    ExactOptions plain;
+    plain.causal = causal;
+    ExactContext none;
+    const Tensor y = random_tensor({B, H, N, Dv}, 6);
+    exact_attention(s.q, s.k, s.v, Tensor({B, H, N, Dv}).mutable_view(), plain, &none);
+    EXPECT_FALSE(none.valid()) << "an unwindowed call saves nothing";
+    expect_error([&] { exact_attention_backward(s.q, s.k, s.v, dy, y, context, plain); },
+                 "context: only a windowed exact call");
+  }
+}
+
 // Calls from the threads of the caller's own OpenMP team (a small call runs on the calling
 // thread, whose omp_get_thread_num() is then the caller's): each gives the serial result.
 TEST(Hybrid, CallsFromTheCallersOpenMPThreadsAgree) {

@@ -125,10 +125,22 @@ struct ExactOptions {
   int64_t sinks = 0;
 };
 
+/// What a windowed exact_attention call (ExactOptions::window or ::sinks) can save for its
+/// backward: each query row's softmax log normaliser, lse [B*H][Nq] (-inf for a row with no
+/// visible key), and a fingerprint of q, k, v, the output, the mask and the options, which
+/// exact_attention_backward checks before using it (a context of other inputs is refused).
+/// With it and the forward's output the backward skips rerunning the band's forward.
+struct ExactContext {
+  std::vector<double> lse;
+  uint64_t fingerprint = 0;
+  bool valid() const { return !lse.empty(); }
+};
+
 /// Exact softmax attention, blockwise with an online softmax: never materialises N x N.
-/// Same shapes and rules as favor_attention. Rows with no visible key are zeros.
+/// Same shapes and rules as favor_attention. Rows with no visible key are zeros. With a
+/// context, a windowed call saves its lse there (ExactContext; other calls leave it empty).
 void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView out,
-                     const ExactOptions& options = {});
+                     const ExactOptions& options = {}, ExactContext* context = nullptr);
 Tensor exact_attention(TensorView q, TensorView k, TensorView v, const ExactOptions& options = {});
 
 }  // namespace favor

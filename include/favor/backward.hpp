@@ -47,4 +47,12 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
 AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                                         const ExactOptions& options = {});
 
+/// The same for a windowed call (ExactOptions::window or ::sinks) from what its forward
+/// saved: its output y and its context (exact_attention with an ExactContext), checked
+/// against q, k, v, y, the mask and the options (else favor::Error); the band's forward is
+/// not rerun. Same gradients as the recomputing overload.
+AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        TensorView y, const ExactContext& context,
+                                        const ExactOptions& options);
+
 }  // namespace favor

@@ -25,9 +25,9 @@ struct AttentionInputs {
     return {q.view.shape[0], q.view.shape[1], q.view.shape[2], v.view.shape[3]};
   }
   /// The output gradient dy of a backward call, of q's rank.
-  Input gradient(const py::handle& dy) const {
-    Input g = as_input(dy, "dy");
-    check_same_rank({&q, &g}, "q, dy");
+  Input gradient(const py::handle& dy, const char* name = "dy") const {
+    Input g = as_input(dy, name);
+    check_same_rank({&q, &g}, std::string("q, ") + name);
     return g;
   }
 };

@@ -164,11 +164,40 @@ void bind_attention(py::module_& m) {
       py::arg("projection_grad") = false, py::arg("context") = nullptr, py::arg("window") = 0,
       py::arg("sinks") = 0);
 
+  // What a windowed exact call saves for its backward (ExactContext): lse [B*H*Nq] float64
+  // and the fingerprint of its inputs, output and options; taken out and put back as arrays
+  // (favor::exact_attention carries them between forward and backward as tensors).
+  py::class_<ExactContext>(m, "ExactContext")
+      .def_property_readonly("valid", &ExactContext::valid)
+      .def_property_readonly("lse",
+                             [](const ExactContext& c) {
+                               py::array_t<double> a(static_cast<py::ssize_t>(c.lse.size()));
+                               if (!c.lse.empty()) {
+                                 std::memcpy(a.mutable_data(), c.lse.data(),
+                                             sizeof(double) * c.lse.size());
+                               }
+                               return a;
+                             })
+      .def_readonly("fingerprint", &ExactContext::fingerprint)
+      .def_static(
+          "from_arrays",
+          [](const py::handle& lse, uint64_t fingerprint) {
+            auto x = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(lse);
+            if (!x || x.ndim() != 1 || x.size() == 0) {  // its size: by the backward
+              throw Error("lse: must be a non-empty 1-D float array");
+            }
+            ExactContext c;
+            c.lse.assign(x.data(), x.data() + x.size());
+            c.fingerprint = fingerprint;
+            return c;
+          },
+          py::arg("lse"), py::arg("fingerprint"));
+
   m.def(
       "exact_attention",
       [](const py::handle& q, const py::handle& k, const py::handle& v, bool causal,
          std::optional<double> scale, const py::handle& key_mask, const std::string& accumulate,
-         int64_t window, int64_t sinks) {
+         int64_t window, int64_t sinks, bool save_context) -> py::object {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         ExactOptions o = exact_options(causal, scale, c, accumulate);
         o.window = window;
@@ -176,36 +205,50 @@ void bind_attention(py::module_& m) {
         const Shape4 shape = c.output_shape();
         py::array_t<float> y = new_output(shape, c.q.rank);
         const MutableTensorView out = output_view(y, shape);
+        ExactContext context;
         {
           py::gil_scoped_release release;
-          exact_attention(c.q.view, c.k.view, c.v.view, out, o);
+          exact_attention(c.q.view, c.k.view, c.v.view, out, o, save_context ? &context : nullptr);
         }
-        return y;
+        if (!save_context) return y;
+        py::object saved = py::none();  // (only a windowed call saves one)
+        if (context.valid()) saved = py::cast(std::move(context));
+        return py::make_tuple(y, saved);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false,
       py::arg("scale") = py::none(), py::arg("key_mask") = py::none(),
-      py::arg("accumulate") = "f32", py::arg("window") = 0, py::arg("sinks") = 0);
+      py::arg("accumulate") = "f32", py::arg("window") = 0, py::arg("sinks") = 0,
+      py::arg("save_context") = false);
 
   m.def(
       "exact_attention_backward",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
          bool causal, std::optional<double> scale, const py::handle& key_mask, int64_t window,
-         int64_t sinks) {
+         int64_t sinks, const py::handle& y, const ExactContext* context) {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         const Input g = c.gradient(dy);
         ExactOptions o = exact_options(causal, scale, c, "f32");
         o.window = window;
         o.sinks = sinks;
+        if ((context != nullptr) != !y.is_none()) {
+          throw Error(
+              "y, context: give both (the output and context of a windowed forward) "
+              "or neither");
+        }
+        std::optional<Input> out;
+        if (context) out = c.gradient(y, "y");
         AttentionGrads grads;
         {
           py::gil_scoped_release release;
-          grads = exact_attention_backward(c.q.view, c.k.view, c.v.view, g.view, o);
+          grads = context ? exact_attention_backward(c.q.view, c.k.view, c.v.view, g.view,
+                                                     out->view, *context, o)
+                          : exact_attention_backward(c.q.view, c.k.view, c.v.view, g.view, o);
         }
         return grads_tuple(std::move(grads), c.q.rank);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("causal") = false,
       py::arg("scale") = py::none(), py::arg("key_mask") = py::none(), py::arg("window") = 0,
-      py::arg("sinks") = 0);
+      py::arg("sinks") = 0, py::arg("y") = py::none(), py::arg("context") = nullptr);
 
   m.def(
       "features",

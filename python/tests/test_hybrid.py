@@ -113,6 +113,31 @@ def test_method_window_runs_cpp_on_the_cpu_and_equals_the_torch_band(causal):
     y = favor._core.exact_attention(*(t.numpy() for t in (q, k, v)), causal=causal, window=9,
                                     sinks=2, key_mask=(~mask).numpy())
     assert np.array_equal(y, outs[0][0].numpy())
+    # under autograd the CPU op saves the band's lse: the backward reads it (no second band
+    # forward) and gives the recomputing backward's gradients bit for bit
+    from favor.ops.exact import op
+    contexts = []
+    real = favor._core.exact_attention_backward
+
+    def recording(*args, **kwargs):
+        contexts.append(kwargs.get("context"))
+        return real(*args, **kwargs)
+    try:
+        op._core.exact_attention_backward = recording
+        ts = [t.clone().requires_grad_() for t in (q, k, v)]
+        y = ft.attention(*ts, causal=causal, method="window", window=9, sinks=2,
+                         key_padding_mask=mask)
+        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+    finally:
+        op._core.exact_attention_backward = real
+    assert len(contexts) == 1 and contexts[0] is not None
+    grads = [t.grad for t in ts]
+    recomputed = favor._core.exact_attention_backward(
+        *(t.numpy() for t in (q, k, v)),
+        (torch.linspace(-1, 1, y.numel()).reshape(y.shape)).numpy(), causal=causal,
+        window=9, sinks=2, key_mask=(~mask).numpy())
+    for g, r in zip(grads, recomputed[:3]):
+        assert np.array_equal(g.numpy(), r)
     f = torch.compile(lambda a, b, c: ft.attention(a, b, c, causal=causal, method="window",
                                                    window=9, sinks=2), fullgraph=True)
     assert torch.equal(f(q, k, v), ft.attention(q, k, v, causal=causal, method="window",

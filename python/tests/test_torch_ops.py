@@ -119,6 +119,15 @@ def test_opcheck_exact(causal, mask):
     dy = randn(2, 2, 12, 8, seed=5)
     torch.library.opcheck(exact_attention_backward_op,
                           (dy, q.detach(), k.detach(), v.detach(), kpm, causal, 0.3))
+    # windowed, saving its context (lse, fingerprint), and the backward from it
+    windowed = (q, k, v, kpm, causal, 0.3, 3, 1, True)
+    torch.library.opcheck(exact_attention_op, windowed)
+    y, lse, fp = exact_attention_op(*(a.detach() if isinstance(a, torch.Tensor) else a
+                                      for a in windowed))
+    assert int(fp[0]) == 1 and lse.shape == q.shape[:-1] and lse.dtype == torch.float64
+    torch.library.opcheck(exact_attention_backward_op,
+                          (dy, q.detach(), k.detach(), v.detach(), kpm, causal, 0.3, 3, 1, y, lse,
+                           fp))
 
 
 @pytest.mark.parametrize("tau", [0.0, 0.5])

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <vector>
 
+#include "favor/runtime.hpp"
+
 namespace favor::detail {
 namespace {
 
@@ -25,20 +27,29 @@ class Hasher {
   void value(T x) {
     words(reinterpret_cast<const unsigned char*>(&x), sizeof x);
   }
+  // Each (batch, head) slice is hashed on its own, in parallel (favor's threads), and the
+  // slices' digests are taken in order: the same value on any number of threads.
   void tensor(const TensorView& t) {
     for (int64_t s : t.shape) value(s);
-    std::vector<float> row(static_cast<size_t>(t.shape[3]));
-    for (int64_t b = 0; b < t.shape[0]; ++b)
-      for (int64_t h = 0; h < t.shape[1]; ++h)
-        for (int64_t n = 0; n < t.shape[2]; ++n) {
-          const float* src = &t.at(b, h, n, 0);
-          if (t.strides[3] != 1) {  // strided rows: gather so that the hash is of the values
-            for (int64_t x = 0; x < t.shape[3]; ++x) row[x] = src[x * t.strides[3]];
-            src = row.data();
-          }
-          words(reinterpret_cast<const unsigned char*>(src),
-                static_cast<size_t>(t.shape[3]) * sizeof(float));
+    const int64_t slices = t.shape[0] * t.shape[1];
+    std::vector<uint64_t> digests(static_cast<size_t>(slices));
+#pragma omp parallel for num_threads(favor::num_threads()) schedule(static) if (slices > 1)
+    for (int64_t bh = 0; bh < slices; ++bh) {
+      const int64_t b = bh / t.shape[1], h = bh % t.shape[1];
+      Hasher f;
+      std::vector<float> row(static_cast<size_t>(t.shape[3]));
+      for (int64_t n = 0; n < t.shape[2]; ++n) {
+        const float* src = &t.at(b, h, n, 0);
+        if (t.strides[3] != 1) {  // strided rows: gather so that the hash is of the values
+          for (int64_t x = 0; x < t.shape[3]; ++x) row[x] = src[x * t.strides[3]];
+          src = row.data();
         }
+        f.words(reinterpret_cast<const unsigned char*>(src),
+                static_cast<size_t>(t.shape[3]) * sizeof(float));
+      }
+      digests[static_cast<size_t>(bh)] = f.digest();
+    }
+    for (uint64_t d : digests) value(d);
   }
   uint64_t digest() const {
     uint64_t h = 1469598103934665603ull;
@@ -52,6 +63,12 @@ class Hasher {
                        1469598103934665603ull};
 };
 
+void hash_mask(Hasher& f, const std::optional<KeyMaskView>& mask) {
+  if (!mask) return;
+  for (int64_t b = 0; b < mask->batch; ++b)
+    for (int64_t j = 0; j < mask->n; ++j) f.value(mask->at(b, j));
+}
+
 }  // namespace
 
 uint64_t context_fingerprint(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -63,10 +80,19 @@ uint64_t context_fingerprint(const TensorView& q, const TensorView& k, const Ten
   f.value(options.causal);
   f.value(options.window);
   f.value(options.sinks);
-  if (options.key_mask) {
-    for (int64_t b = 0; b < options.key_mask->batch; ++b)
-      for (int64_t j = 0; j < options.key_mask->n; ++j) f.value(options.key_mask->at(b, j));
-  }
+  hash_mask(f, options.key_mask);
+  return f.digest();
+}
+
+uint64_t exact_context_fingerprint(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& y, const ExactOptions& options, double scale) {
+  Hasher f;
+  for (const TensorView* t : {&q, &k, &v, &y}) f.tensor(*t);
+  f.value(options.causal);
+  f.value(scale);
+  f.value(options.window);
+  f.value(options.sinks);
+  hash_mask(f, options.key_mask);
   return f.digest();
 }
 

@@ -13,4 +13,9 @@ namespace favor::detail {
 uint64_t context_fingerprint(const TensorView& q, const TensorView& k, const TensorView& v,
                              const AttentionOptions& options);
 
+/// A windowed exact call's context (ExactContext): q, k, v, its output y, the mask, causal,
+/// the resolved scale, window and sinks.
+uint64_t exact_context_fingerprint(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& y, const ExactOptions& options, double scale);
+
 }  // namespace favor::detail
