@@ -49,7 +49,7 @@ kernels::BackwardParams make_params(const TensorView& q, const TensorView& k, co
 }
 
 // A hybrid call's context (hybrid_context_layout) must be the forward's of these inputs.
-void check_hybrid_context(const AttentionContext& c, const TensorView& q, const TensorView& k,
+void check_hybrid_context(const AttentionContextView& c, const TensorView& q, const TensorView& k,
                           const TensorView& v, const AttentionOptions& options,
                           const detail::ResolvedMap& resolved, const detail::AttentionShape& s,
                           int64_t features) {
@@ -60,21 +60,18 @@ void check_hybrid_context(const AttentionContext& c, const TensorView& q, const 
   }
   const HybridContextLayout l =
       hybrid_context_layout(s.batch * s.heads, s.nq, features, s.dv, options.window);
-  if (!options.causal || c.states.size() != static_cast<size_t>(l.states) ||
-      c.maxima.size() != static_cast<size_t>(l.maxima) ||
-      c.rows.size() != static_cast<size_t>(l.rows) ||
+  if (!options.causal || c.states_size != static_cast<size_t>(l.states) ||
+      c.maxima_size != static_cast<size_t>(l.maxima) ||
+      c.rows_size != static_cast<size_t>(l.rows) ||
       c.fingerprint != (detail::context_fingerprint(q, k, v, options) ^ resolved.fingerprint())) {
     throw Error(
         "context: it was saved for other q, k, v, W, mask or options than this backward call's");
   }
 }
 
-}  // namespace
-
-AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
-                                        const FeatureMap& map, const AttentionOptions& options,
-                                        bool with_parameter_grads,
-                                        const AttentionContext* context) {
+AttentionGrads map_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                            const FeatureMap& map, const AttentionOptions& options,
+                            bool with_parameter_grads, const AttentionContextView* context) {
   detail::check_map_options(options, "favor_attention_backward");
   const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
   detail::check_dy(dy, s);
@@ -100,9 +97,9 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
           "save_causal_states, saves a context (this one is empty)");
     }
     const int64_t states = options.causal ? causal_context_states(s.nq) : 1;
-    if (context->states.size() != static_cast<size_t>(heads * states * F * (s.dv + 1)) ||
-        context->maxima.size() != static_cast<size_t>(heads * states) ||
-        context->rows.size() !=
+    if (context->states_size != static_cast<size_t>(heads * states * F * (s.dv + 1)) ||
+        context->maxima_size != static_cast<size_t>(heads * states) ||
+        context->rows_size !=
             (options.causal ? static_cast<size_t>(heads * s.nq * (s.dv + 1)) : 0) ||
         context->fingerprint !=
             (detail::context_fingerprint(q, k, v, options) ^ resolved.fingerprint())) {
@@ -110,12 +107,12 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
           "context: it was saved for other q, k, v, W, mask or options than this backward call's");
     }
     if (options.causal) {
-      bp.ctx_chunk_states = context->states.data();
-      bp.ctx_chunk_maxima = context->maxima.data();
-      bp.ctx_rows = context->rows.data();
+      bp.ctx_chunk_states = context->states;
+      bp.ctx_chunk_maxima = context->maxima;
+      bp.ctx_rows = context->rows;
     } else {
-      bp.ctx_states = context->states.data();
-      bp.ctx_maxima = context->maxima.data();
+      bp.ctx_states = context->states;
+      bp.ctx_maxima = context->maxima;
     }
   }
   detail::ParameterGrads pg(resolved, map, s, with_parameter_grads, bp);
@@ -128,12 +125,38 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
   return g;
 }
 
+}  // namespace
+
+AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        const FeatureMap& map, const AttentionOptions& options,
+                                        bool with_parameter_grads,
+                                        const AttentionContext* context) {
+  if (!context) return map_backward(q, k, v, dy, map, options, with_parameter_grads, nullptr);
+  const AttentionContextView view = context->view();
+  return map_backward(q, k, v, dy, map, options, with_parameter_grads, &view);
+}
+
+AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        const FeatureMap& map, const AttentionOptions& options,
+                                        bool with_parameter_grads,
+                                        const AttentionContextView& context) {
+  return map_backward(q, k, v, dy, map, options, with_parameter_grads, &context);
+}
+
 AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                                         const Projection& w, const AttentionOptions& options,
                                         bool with_projection_grad,
                                         const AttentionContext* context) {
   return favor_attention_backward(q, k, v, dy, detail::map_of(w, options),
                                   detail::without_map(options), with_projection_grad, context);
+}
+
+AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        const Projection& w, const AttentionOptions& options,
+                                        bool with_projection_grad,
+                                        const AttentionContextView& context) {
+  return map_backward(q, k, v, dy, detail::map_of(w, options), detail::without_map(options),
+                      with_projection_grad, &context);
 }
 
 AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,

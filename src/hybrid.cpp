@@ -185,14 +185,24 @@ struct SavedParts {
   double* scale;
   float* y;
 };
+SavedParts saved_parts(float* states, double* maxima, float* rows, const HybridContextLayout& l,
+                       int64_t heads, int64_t n, int64_t dv) {
+  return {states,
+          maxima,
+          rows,
+          maxima + heads * l.slots,
+          maxima + heads * (l.slots + n),
+          rows + heads * l.part_rows * (dv + 1)};
+}
 SavedParts saved_parts(AttentionContext& c, const HybridContextLayout& l, int64_t heads, int64_t n,
                        int64_t dv) {
-  return {c.states.data(),
-          c.maxima.data(),
-          c.rows.data(),
-          c.maxima.data() + heads * l.slots,
-          c.maxima.data() + heads * (l.slots + n),
-          c.rows.data() + heads * l.part_rows * (dv + 1)};
+  return saved_parts(c.states.data(), c.maxima.data(), c.rows.data(), l, heads, n, dv);
+}
+// (the backward only reads a context's parts)
+SavedParts saved_parts(const AttentionContextView& c, const HybridContextLayout& l, int64_t heads,
+                       int64_t n, int64_t dv) {
+  return saved_parts(const_cast<float*>(c.states), const_cast<double*>(c.maxima),
+                     const_cast<float*>(c.rows), l, heads, n, dv);
 }
 
 // The causal forward with its estimated part: one sweep (kernels::HybridCausalParams); with a
@@ -328,7 +338,7 @@ int64_t hybrid_forward(const AttentionParams& base, const ResolvedMap& resolved,
 }
 
 void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
-                     const AttentionOptions& options, const AttentionContext* context) {
+                     const AttentionOptions& options, const AttentionContextView* context) {
   const AttentionParams& base = bp.fwd;
   const int64_t n = base.nq, heads = base.batch * base.heads, d = base.d, dv = base.dv;
   Plan plan = make_plan(base, options);
@@ -341,15 +351,17 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
   HybridContextLayout layout;
   SavedParts saved{};
   AttentionContext local;
+  AttentionContextView local_view;
   if (!context && options.causal && !plan.parts.empty()) {
     AttentionParams fwd = base;
     fwd.out = nullptr;  // into the context's y
     merge_forward(fwd, resolved, options, plan, nullptr, &local);
-    context = &local;
+    local_view = local.view();
+    context = &local_view;
   }
   if (context) {
     layout = hybrid_context_layout(heads, n, base.map.features(), dv, options.window);
-    saved = saved_parts(const_cast<AttentionContext&>(*context), layout, heads, n, dv);
+    saved = saved_parts(*context, layout, heads, n, dv);
     merged = {saved.y, saved.lse};
     part_rows.push_back({saved.rows, saved.scale});
   } else {

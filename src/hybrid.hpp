@@ -39,7 +39,8 @@ double head_log_constant(const ResolvedMap& r, int64_t bh);
 /// With a context saved by hybrid_forward (checked by the caller), from it; else the
 /// forward is recomputed.
 void hybrid_backward(const kernels::BackwardParams& bp, const ResolvedMap& resolved,
-                     const AttentionOptions& options, const AttentionContext* context = nullptr);
+                     const AttentionOptions& options,
+                     const AttentionContextView* context = nullptr);
 
 /// Exact softmax over each query's window and sinks alone (ExactOptions::window, ::sinks:
 /// the exact part with no estimated part) into base.out, and lse (B*H x N) where set.

@@ -51,7 +51,7 @@ double loss(const naive::Head<double>& h, const std::vector<double>& dy, Kernel 
 }
 
 // || fd - analytic || / || analytic || over one parameter array.
-double fd_error(naive::Head<double> h, std::vector<double> naive::Head<double>::*field,
+double fd_error(naive::Head<double> h, std::vector<double> naive::Head<double>::* field,
                 const std::vector<double>& analytic, const std::vector<double>& dy, Kernel kernel,
                 double scale, bool causal) {
   const double step = 1e-5;
@@ -477,6 +477,20 @@ TEST(Backward, StaleOrCausalContextIsRefused) {
   EXPECT_THROW(favor_attention_backward(q2, k, v, dy, w, causal, false, &causal_ctx), Error);
   EXPECT_THROW(favor_attention_backward(q, k, v, dy, w, {}, false, &causal_ctx), Error);
   EXPECT_NO_THROW(favor_attention_backward(q, k, v, dy, w, causal, false, &causal_ctx));
+  // The same context held elsewhere (AttentionContextView over copies of its arrays, as a
+  // framework's tensors hold it): the same gradients bit for bit, and the same checks.
+  const std::vector<float> states = causal_ctx.states, rows = causal_ctx.rows;
+  const std::vector<double> maxima = causal_ctx.maxima;
+  AttentionContextView borrowed{states.data(), states.size(), maxima.data(),         maxima.size(),
+                                rows.data(),   rows.size(),   causal_ctx.fingerprint};
+  const AttentionGrads owned = favor_attention_backward(q, k, v, dy, w, causal, false, &causal_ctx);
+  const AttentionGrads viewed = favor_attention_backward(q, k, v, dy, w, causal, false, borrowed);
+  EXPECT_EQ(viewed.dq.values(), owned.dq.values());
+  EXPECT_EQ(viewed.dk.values(), owned.dk.values());
+  EXPECT_EQ(viewed.dv.values(), owned.dv.values());
+  EXPECT_THROW(favor_attention_backward(q2, k, v, dy, w, causal, false, borrowed), Error);
+  borrowed.rows_size -= 1;  // a short array: refused, never read past its end
+  EXPECT_THROW(favor_attention_backward(q, k, v, dy, w, causal, false, borrowed), Error);
 }
 
 // The causal context: one reverse sweep from the forward's chunk states and rows gives the

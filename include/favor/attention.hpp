@@ -78,12 +78,31 @@ struct AttentionStats {
 /// Causal hybrid attention saves the same for its estimated part's N - window rows,
 /// followed by the merge's rows: maxima then also holds lse [B*H][N] and the part's log
 /// scales [B*H][N - window], rows the merged y [B*H][N][Dv] (src/hybrid.hpp).
+/// A saved context held elsewhere (in a framework's tensors, say): AttentionContext's arrays,
+/// borrowed, with their sizes (the backward checks them as it checks an AttentionContext's).
+/// The backward reads every context through one: AttentionContext::view(), or one built on
+/// the caller's memory, which must stay alive and unchanged during the call.
+struct AttentionContextView {
+  const float* states = nullptr;
+  size_t states_size = 0;
+  const double* maxima = nullptr;
+  size_t maxima_size = 0;
+  const float* rows = nullptr;
+  size_t rows_size = 0;
+  uint64_t fingerprint = 0;
+  bool valid() const { return states_size != 0; }
+};
+
 struct AttentionContext {
   std::vector<float> states;   ///< [B*H][F][Dv + 1]; causal: [B*H][chunks + 1][F][Dv + 1]
   std::vector<double> maxima;  ///< [B*H]; causal: [B*H][chunks + 1]
   std::vector<float> rows;     ///< causal: [B*H][N][Dv + 1], each row's [num | den]
   uint64_t fingerprint = 0;
   bool valid() const { return !states.empty(); }
+  AttentionContextView view() const {
+    return {states.data(), states.size(), maxima.data(), maxima.size(),
+            rows.data(),   rows.size(),   fingerprint};
+  }
 };
 
 /// y = phi(Q) (phi(K)^T V) / phi(Q) (phi(K)^T 1), per (batch, head).

@@ -42,6 +42,17 @@ AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v
                                         bool with_parameter_grads = false,
                                         const AttentionContext* context = nullptr);
 
+/// The same two from a context held elsewhere (AttentionContextView: the arrays borrowed,
+/// e.g. from the tensors a framework kept between forward and backward; the same checks).
+AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        const Projection& w, const AttentionOptions& options,
+                                        bool with_projection_grad,
+                                        const AttentionContextView& context);
+AttentionGrads favor_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
+                                        const FeatureMap& map, const AttentionOptions& options,
+                                        bool with_parameter_grads,
+                                        const AttentionContextView& context);
+
 /// Backward pass of exact softmax attention (blockwise, recomputing probabilities from
 /// the row log-sum-exp; never N x N). Rows with no visible key pass no gradient.
 AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,

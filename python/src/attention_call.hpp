@@ -40,6 +40,24 @@ inline AttentionInputs attention_inputs(const py::handle& q, const py::handle& k
   return c;
 }
 
+/// A context borrowed from the caller's arrays (favor._core.AttentionContextView: the tensors
+/// favor.torch's op kept between forward and backward), which it keeps alive.
+struct BorrowedContext {
+  py::array_t<float> states, rows;
+  py::array_t<double> maxima;
+  AttentionContextView view;
+};
+
+/// The view of a backward call's `context` argument: None, an AttentionContext (a forward's)
+/// or an AttentionContextView (BorrowedContext); else favor::Error naming it.
+inline std::optional<AttentionContextView> context_view(const py::handle& context) {
+  if (context.is_none()) return std::nullopt;
+  if (py::isinstance<AttentionContext>(context))
+    return context.cast<const AttentionContext&>().view();
+  if (py::isinstance<BorrowedContext>(context)) return context.cast<const BorrowedContext&>().view;
+  throw Error("context: must be None, an AttentionContext or an AttentionContextView");
+}
+
 /// Runs attend(out, context) with the GIL released, writing a new output of q's rank; the
 /// context is where to save the forward state (null unless save_context). Returns the tuple
 /// (y, zero_rows, the saved AttentionContext or None) of favor._core.attention(_map).

@@ -62,32 +62,24 @@ void bind_attention(py::module_& m) {
                                return (c.states.size() + c.rows.size()) * sizeof(float) +
                                       c.maxima.size() * sizeof(double);
                              })
+      // the arrays without a copy: views of the context's memory, which they keep alive
       .def_property_readonly("states",
-                             [](const AttentionContext& c) {
-                               py::array_t<float> a(static_cast<py::ssize_t>(c.states.size()));
-                               if (!c.states.empty()) {
-                                 std::memcpy(a.mutable_data(), c.states.data(),
-                                             sizeof(float) * c.states.size());
-                               }
-                               return a;
+                             [](py::object self) {
+                               const auto& c = self.cast<const AttentionContext&>();
+                               return py::array_t<float>(static_cast<py::ssize_t>(c.states.size()),
+                                                         c.states.data(), self);
                              })
       .def_property_readonly("maxima",
-                             [](const AttentionContext& c) {
-                               py::array_t<double> a(static_cast<py::ssize_t>(c.maxima.size()));
-                               if (!c.maxima.empty()) {
-                                 std::memcpy(a.mutable_data(), c.maxima.data(),
-                                             sizeof(double) * c.maxima.size());
-                               }
-                               return a;
+                             [](py::object self) {
+                               const auto& c = self.cast<const AttentionContext&>();
+                               return py::array_t<double>(static_cast<py::ssize_t>(c.maxima.size()),
+                                                          c.maxima.data(), self);
                              })
       .def_property_readonly("rows",
-                             [](const AttentionContext& c) {
-                               py::array_t<float> a(static_cast<py::ssize_t>(c.rows.size()));
-                               if (!c.rows.empty()) {
-                                 std::memcpy(a.mutable_data(), c.rows.data(),
-                                             sizeof(float) * c.rows.size());
-                               }
-                               return a;
+                             [](py::object self) {
+                               const auto& c = self.cast<const AttentionContext&>();
+                               return py::array_t<float>(static_cast<py::ssize_t>(c.rows.size()),
+                                                         c.rows.data(), self);
                              })
       .def_readonly("fingerprint", &AttentionContext::fingerprint)
       .def_static(
@@ -111,6 +103,40 @@ void bind_attention(py::module_& m) {
               auto r = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(rows);
               if (!r || r.ndim() != 1) throw Error("rows: must be a 1-D float array");
               c.rows.assign(r.data(), r.data() + r.size());
+            }
+            return c;
+          },
+          py::arg("states"), py::arg("maxima"), py::arg("fingerprint"),
+          py::arg("rows") = py::none());
+  // The same arrays borrowed (no copy: float32 / float64 C-contiguous arrays are kept as they
+  // are and alive while the view lives); sizes are checked by the backward that reads them.
+  py::class_<BorrowedContext>(m, "AttentionContextView")
+      .def_property_readonly("valid", [](const BorrowedContext& c) { return c.view.valid(); })
+      .def_static(
+          "from_arrays",
+          [](const py::handle& states, const py::handle& maxima, uint64_t fingerprint,
+             const py::handle& rows) {
+            BorrowedContext c;
+            c.states =
+                py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(states);
+            c.maxima =
+                py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(maxima);
+            if (!c.states || c.states.ndim() != 1 || c.states.size() == 0) {
+              throw Error("states: must be a non-empty 1-D float array");
+            }
+            if (!c.maxima || c.maxima.ndim() != 1 || c.maxima.size() == 0) {
+              throw Error("maxima: must be a non-empty 1-D float array");
+            }
+            c.view.states = c.states.data();
+            c.view.states_size = static_cast<size_t>(c.states.size());
+            c.view.maxima = c.maxima.data();
+            c.view.maxima_size = static_cast<size_t>(c.maxima.size());
+            c.view.fingerprint = fingerprint;
+            if (!rows.is_none()) {
+              c.rows = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(rows);
+              if (!c.rows || c.rows.ndim() != 1) throw Error("rows: must be a 1-D float array");
+              c.view.rows = c.rows.data();
+              c.view.rows_size = static_cast<size_t>(c.rows.size());
             }
             return c;
           },
@@ -144,24 +170,27 @@ void bind_attention(py::module_& m) {
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
          const Projection& w, const std::string& kernel, bool causal, std::optional<double> scale,
          const py::handle& key_mask, const std::optional<KernelFit>& fit, bool projection_grad,
-         const AttentionContext* context, int64_t window, int64_t sinks) {
+         const py::handle& context, int64_t window, int64_t sinks) {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         const Input g = c.gradient(dy);
         AttentionOptions o = attention_options(kernel, causal, scale, c.mask_view(), fit);
         o.window = window;
         o.sinks = sinks;
+        const std::optional<AttentionContextView> saved = context_view(context);
         AttentionGrads grads;
         {
           py::gil_scoped_release release;
-          grads = favor_attention_backward(c.q.view, c.k.view, c.v.view, g.view, w, o,
-                                           projection_grad, context);
+          grads = saved ? favor_attention_backward(c.q.view, c.k.view, c.v.view, g.view, w, o,
+                                                   projection_grad, *saved)
+                        : favor_attention_backward(c.q.view, c.k.view, c.v.view, g.view, w, o,
+                                                   projection_grad);
         }
         return grads_tuple(std::move(grads), c.q.rank);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("projection"),
       py::arg("kernel") = "positive", py::arg("causal") = false, py::arg("scale") = py::none(),
       py::arg("key_mask") = py::none(), py::arg("fit") = py::none(),
-      py::arg("projection_grad") = false, py::arg("context") = nullptr, py::arg("window") = 0,
+      py::arg("projection_grad") = false, py::arg("context") = py::none(), py::arg("window") = 0,
       py::arg("sinks") = 0);
 
   // What a windowed exact call saves for its backward (ExactContext): lse [B*H*Nq] float64

@@ -80,17 +80,13 @@ void bind_feature_map(py::module_& m) {
       .def_property_readonly("m", &FeatureMap::m)
       .def_property_readonly("d", &FeatureMap::d)
       .def_property_readonly("features", &FeatureMap::features)
-      .def_property_readonly("weights",
-                             [](const FeatureMap& f) {
-                               return copy_or_none(f.weights, {f.heads, f.m(), f.d()});
-                             })
-      .def_property_readonly("bias",
-                             [](const FeatureMap& f) {
-                               return copy_or_none(f.bias, {f.heads, f.m()});
-                             })
-      .def_property_readonly("lambda_", [](const FeatureMap& f) {
-        return copy_or_none(f.lambda, {f.heads, f.m()});
-      });
+      .def_property_readonly(
+          "weights",
+          [](const FeatureMap& f) { return copy_or_none(f.weights, {f.heads, f.m(), f.d()}); })
+      .def_property_readonly(
+          "bias", [](const FeatureMap& f) { return copy_or_none(f.bias, {f.heads, f.m()}); })
+      .def_property_readonly(
+          "lambda_", [](const FeatureMap& f) { return copy_or_none(f.lambda, {f.heads, f.m()}); });
 
   m.def(
       "attention_map",
@@ -117,18 +113,21 @@ void bind_feature_map(py::module_& m) {
       "attention_map_backward",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& dy,
          const FeatureMap& map, bool causal, const py::handle& key_mask, std::vector<double> decay,
-         bool parameter_grads, const AttentionContext* context, int64_t window, int64_t sinks) {
+         bool parameter_grads, const py::handle& context, int64_t window, int64_t sinks) {
         const AttentionInputs c = attention_inputs(q, k, v, key_mask);
         const Input g = c.gradient(dy);
         AttentionOptions o = map_options(causal, c, std::move(decay));
         o.window = window;
         o.sinks = sinks;
+        const std::optional<AttentionContextView> saved = context_view(context);
         AttentionGrads grads;
         {
           py::gil_scoped_release release;
           grads = renaming_map([&] {
-            return favor_attention_backward(c.q.view, c.k.view, c.v.view, g.view, map, o,
-                                            parameter_grads, context);
+            return saved ? favor_attention_backward(c.q.view, c.k.view, c.v.view, g.view, map, o,
+                                                    parameter_grads, *saved)
+                         : favor_attention_backward(c.q.view, c.k.view, c.v.view, g.view, map, o,
+                                                    parameter_grads);
           });
         }
         return map_grads_tuple(std::move(grads), map, c.q.rank);
@@ -136,7 +135,7 @@ void bind_feature_map(py::module_& m) {
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dy"), py::arg("feature_map"),
       py::arg("causal") = false, py::arg("key_mask") = py::none(),
       py::arg("decay") = std::vector<double>{}, py::arg("parameter_grads") = false,
-      py::arg("context") = nullptr, py::arg("window") = 0, py::arg("sinks") = 0);
+      py::arg("context") = py::none(), py::arg("window") = 0, py::arg("sinks") = 0);
 
   m.def(
       "features_map",

@@ -147,3 +147,37 @@ def test_shipped_checkpoint_of_the_flat_layout_loads():
     for k in flat:
         new = k.replace("attn.projection", "attn.core.projection")
         assert torch.equal(state[new], ck["model"][k])
+
+
+@pytest.mark.parametrize("window", [0, 6])
+def test_save_causal_states_gives_the_recomputing_gradients_from_the_saved_context(
+        monkeypatch, window):
+    """save_causal_states=True (or the attribute): a causal call under autograd keeps its chunk
+    states and rows (40 tokens: two 32-token chunks), the backward reads them (an
+    AttentionContextView of the op's saved tensors, no copy) and gives the recomputing
+    backward's gradients to rounding, for the map's parameters too; refused unless a bool."""
+    from favor.ops.attention import op
+    contexts = []
+    real = op._call
+
+    def recording(*args, **kwargs):
+        if kwargs.get("dy") is not None:
+            contexts.append(kwargs.get("context"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(op, "_call", recording)
+    q, k, v = (t.detach().float() for t in qkv(n=40, d=8, dv=8, seed=3))
+    grads = []
+    for save in (False, True):
+        torch.manual_seed(0)
+        core = ft.FavorCore(2, 8, causal=True, features=16, learn_features=True,
+                            feature_weights=True, window=window, sinks=1 if window else 0,
+                            save_causal_states=save)
+        ts = [t.clone().requires_grad_() for t in (q, k, v)]
+        contexts.clear()
+        (core(*ts) * torch.linspace(-1, 1, 2 * 2 * 40 * 8).reshape(2, 2, 40, 8)).sum().backward()
+        assert len(contexts) == 1 and (contexts[0] is not None) == save
+        grads.append([t.grad for t in ts] + [p.grad for p in core.parameters()])
+    for plain, saved in zip(*grads):
+        assert (saved - plain).norm() <= 1e-5 * plain.norm()
+    with pytest.raises(ValueError, match="save_causal_states: 1 must be True or False"):
+        ft.FavorCore(2, 8, save_causal_states=1)

@@ -97,14 +97,23 @@ def test_opcheck_attention(case):
     torch.library.opcheck(attention_op, attention_args(**ATTENTION_CASES[case]), **OPCHECK_TOL)
 
 
-@pytest.mark.parametrize("case", ["positive", "causal", "hedgehog_learned", "learned_decay"])
+@pytest.mark.parametrize("case", ["positive", "causal", "causal_saved", "hedgehog_learned",
+                                  "learned_decay"])
 def test_opcheck_attention_backward(case):
-    args = attention_args(**ATTENTION_CASES[case])
-    y, states, maxima, fp = (t.detach() for t in attention_op(*args))
+    """causal_saved: a causal forward saving its chunk states, and its rows apart (the op's
+    fifth output), which the backward reads in place."""
+    saved_causal = case == "causal_saved"
+    args = attention_args(**ATTENTION_CASES["causal" if saved_causal else case])
+    if saved_causal:
+        args = (*args[:14], True, *args[15:])
+    y, states, maxima, fp, rows = (t.detach() for t in attention_op(*args))
+    assert int(fp[0]) == 1 or not saved_causal
+    assert rows.numel() == (12 * 9 * 4 if saved_causal else 0)  # [B*H][N][Dv + 1]
     dy = randn(*y.shape, seed=11)
     detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args[:11]]
     torch.library.opcheck(attention_backward_op,
-                          (dy, *detached, y, states, maxima, fp, *args[11:14], True), **OPCHECK_TOL)
+                          (dy, *detached, y, states, maxima, fp, *args[11:14], True, 0, 0, rows),
+                          **OPCHECK_TOL)
 
 
 @pytest.mark.parametrize("causal", [False, True])

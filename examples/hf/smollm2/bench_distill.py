@@ -21,6 +21,12 @@ calibration set.
 Writes OUT/bench_distill[-TAG].json and prints a markdown table with `lscpu`'s model name
 and flags. Seeds: conversion 0, LoRA 0, window dropout 0.
 
+--saved-states STEPS: does FavorCore.save_causal_states pay in this step? STEPS steps each
+way, interleaved (off, on, off, ...; two warm-up steps), on the uncompiled fast path (bf16
+from the cache where bf16 runs): the medians and their ratio. The attention op alone gains
+(the backward one sweep from the forward's chunk states), the step holds every layer's
+states until its backward (docs/performance.md, "Saved causal states in training").
+
 --quality STEPS: the same result? Distils STEPS steps (lr 3e-4, the study's batches) from
 the same converted model three ways: float32 from the live teacher (the whole
 distribution: the step before), float32 from a float32 teacher cache (k = 64), and the
@@ -94,6 +100,33 @@ def timed_steps(step, params, count):
     return statistics.median(times), times
 
 
+def saved_states_ab(student, params, cache, batches, steps):
+    """{off, on: median seconds a step, on_over_off, times}: save_causal_states off and on in
+    turn (two warm-up steps), the rest as the step above."""
+    import favor.hf as fh
+    from favor.hf.distill import kl_loss
+    cores = [core for _, _, core in fh.cores(student)]
+    opt = torch.optim.AdamW(params, lr=1e-5)
+    times = {False: [], True: []}
+    for i in range(2 * steps + 2):
+        save = bool(i % 2)
+        for core in cores:
+            core.save_causal_states = save
+        t = time.perf_counter()
+        opt.zero_grad()
+        kl_loss(student, cache, batches[i % len(batches)]).backward()
+        opt.step()
+        if i >= 2:
+            times[save].append(time.perf_counter() - t)
+    for core in cores:
+        core.save_causal_states = False
+    off, on = statistics.median(times[False]), statistics.median(times[True])
+    print(f"save_causal_states: off {off:.3f} s/step, on {on:.3f} s/step ({on / off:.3f}x; "
+          f"{steps} steps each, interleaved)", flush=True)
+    return {"off": off, "on": on, "on_over_off": on / off,
+            "times_off": times[False], "times_on": times[True]}
+
+
 def quality(args, teacher, tok, options, folder, ran):
     """[{row, held_out_kl, vs float32, seconds}] (module docstring)."""
     import favor.hf as fh
@@ -134,6 +167,8 @@ def main():
     ap.add_argument("--layers", type=int, help="the first LAYERS layers (a quick check)")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--quality", type=int, metavar="STEPS", help="also the result check")
+    ap.add_argument("--saved-states", type=int, metavar="STEPS",
+                    help="also the interleaved A/B of save_causal_states")
     ap.add_argument("--quick", action="store_true",
                     help="2 layers, 256 tokens, 2 steps, not compiled (seconds)")
     args = ap.parse_args()
@@ -198,6 +233,11 @@ def main():
             row("+ bf16", lambda i: kl_loss(student, caches["bf16"], batches[i]))
     else:
         print("bf16: not here (favor.bf16_available() is False): float32 rows only", flush=True)
+    saved_states = None
+    if args.saved_states:
+        with low_precision(ran == "bf16", student):
+            saved_states = saved_states_ab(student, params, caches[ran], batches,
+                                           args.saved_states)
     if not args.no_compile:  # as distill(compile=True) does it
         from favor.hf.distill import _compiled
         t = time.perf_counter()
@@ -209,6 +249,8 @@ def main():
                 note=f"first step with compiling: {first:.0f} s")
     report = {"machine": cpu, "threads": torch.get_num_threads(), "method": args.method,
               "length": args.length, "layers": args.layers or 30, "rows": results}
+    if saved_states:
+        report["saved_states"] = saved_states
     if args.quality:
         report["quality"] = quality(args, teacher, tok, options, folder, ran)
     scratch.cleanup()

@@ -61,7 +61,8 @@ class FavorCore(AttentionCore):
               projection='orthogonal', norms='chi', seed=0, feature_redraw_interval=None,
               learn_projection=False, method='favor', scale=None, fit=None,
               learn_features=False, feature_weights=False, decay=None, learn_decay=False,
-              feature_init='projection', device=None, dtype=None)
+              feature_init='projection', device=None, dtype=None, backend=None, window=0,
+              sinks=0, gate=None, save_causal_states=False)
 
     forward(q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv], key_padding_mask=None
     [B, Nk] (True = ignore), causal=None (None: the core's `causal`)) -> [B, H, Nq, Dv]:
@@ -83,6 +84,12 @@ class FavorCore(AttentionCore):
     moves gate_log by about its lr a step: from 1e-3 to 1 is 7 in log g, so train it with a
     larger step than the map's (distill's gate_lr). gate_open = True runs with g = 1
     (attention transfer fits the estimator so).
+    save_causal_states (also an attribute; favor.torch.attention's): causal calls under
+    autograd on the CPU keep each 32-token chunk's state and row sums for the backward, which
+    is then one reverse sweep instead of a rerun of the forward (a hybrid layer's forward +
+    backward about a quarter shorter), for N (m / 32 + 1) (Dv + 1) floats per head held
+    until the backward. Off by default; favor.hf.distill, finetune and transfer turn it on
+    for their steps.
     """
 
     TENSORS = _TENSORS
@@ -92,7 +99,7 @@ class FavorCore(AttentionCore):
                  learn_projection=False, method="favor", scale=None, fit=None,
                  learn_features=False, feature_weights=False, decay=None, learn_decay=False,
                  feature_init="projection", device=None, dtype=None, backend=None, window=0,
-                 sinks=0, gate=None):
+                 sinks=0, gate=None, save_causal_states=False):
         super().__init__()
         check_method(method, learn_features, feature_weights, decay)
         window, sinks = hybrid_sizes(window, sinks, check=True)
@@ -103,6 +110,9 @@ class FavorCore(AttentionCore):
             raise _core.Error("window, sinks: method='window' attends to the window and the "
                               "sinks only; give window > 0 or sinks > 0")
         self.window, self.sinks = window, sinks
+        if not isinstance(save_causal_states, bool):
+            raise _core.Error(f"save_causal_states: {save_causal_states!r} must be True or False")
+        self.save_causal_states = save_causal_states
         self.backend = T.check_backend(backend)
         self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
         self.kernel, self.method, self.scale = kernel, method, scale
@@ -265,6 +275,8 @@ class FavorCore(AttentionCore):
         extra = self._map_arguments(causal) if self._uses_map() else {}
         if self.method != "exact" and (self.window or self.sinks):
             extra.update(window=self.window, sinks=self.sinks)
+        if self.method == "favor" and causal and self.save_causal_states:
+            extra.update(save_causal_states=True)
         return attention(q, k, v, causal=causal, kernel=self.kernel, projection=self.projection,
                          scale=self.scale, key_padding_mask=key_padding_mask,
                          fit=self.fit_tensors, method=self.method, backend=self.backend,

@@ -19,7 +19,7 @@ from .triton_function import precision, supported
 def _placeholders(q):
     """The op's saved-state outputs of a kernel that saves nothing (the backward recomputes)."""
     return (q.new_zeros(0, dtype=torch.float32), q.new_zeros(0, dtype=torch.float64),
-            q.new_zeros(2, dtype=torch.int64))
+            q.new_zeros(2, dtype=torch.int64), q.new_zeros(0, dtype=torch.float32))
 
 
 def torch_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
@@ -51,7 +51,7 @@ def _outputs(q, k, v, w, weights, bias, lam, decay, parameter_grads, grads):
 
 def torch_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
                    fit_basis, y, states, maxima, fingerprint, kernel, causal, scale,
-                   parameter_grads, window=0, sinks=0):
+                   parameter_grads, window=0, sinks=0, rows=None):
     """The default backward: autograd through the torch forward, recomputed."""
     leaves = {i: t.detach().float().requires_grad_(True) for i, t in enumerate((q, k, v))}
     params = {i: t.detach().requires_grad_(True)
@@ -117,7 +117,7 @@ def triton_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_
 
 def triton_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
                     fit_basis, y, states, maxima, fingerprint, kernel, causal, scale,
-                    parameter_grads, window=0, sinks=0):
+                    parameter_grads, window=0, sinks=0, rows=None):
     """CUDA's backward: the fused backward kernel (which recomputes the states), the map's
     gradients carried back to the caller's tensors by autograd through canonical_map."""
     if window or sinks or not (triton_ready() and supported(q.shape[-1], v.shape[-1])):

@@ -4,12 +4,12 @@ feature maps: per-head weights, bias, feature weights lambda, decay) as torch cu
 Everything that is not a tensor is a plain value (str, bool, float), so torch.compile and
 torch.export trace the ops as single nodes; the fake implementations give the output shapes
 from the input shapes. The forward returns, besides y, the saved key state of a
-bidirectional call as three tensors (states, maxima, [valid, fingerprint]) that the backward
-takes back: no recomputation, and no Python object travels between the two.
+bidirectional call (or a causal one's chunk states, save_causal_states) as four tensors
+(states, maxima, [valid, fingerprint], rows) that the backward takes back: no recomputation,
+no copy (the tensors are views of C++'s arrays, read back through an AttentionContextView),
+and no Python object travels between the two.
 """
 from typing import Optional, Tuple
-
-import numpy as np
 
 import torch
 from torch import Tensor
@@ -144,10 +144,11 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, w: Tensor, weights: Optional[T
                  key_padding_mask: Optional[Tensor], fit_a: Optional[Tensor],
                  fit_basis: Optional[Tensor], kernel: str, causal: bool, scale: Optional[float],
                  save_context: bool, precision: str, window: int = 0, sinks: int = 0
-                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """y [.., Nq, Dv] float32, and the saved key state (empty unless save_context; causal:
-    the chunk states and rows, save_causal_states; only the CPU kernel saves one; a hybrid
-    call causal only, _state_size). precision: 'f32' or 'bf16' (AttentionOptions::precision; the backward is
+                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(y [.., Nq, Dv] float32, states, maxima, fingerprint, rows): the saved key state
+    (empty unless save_context; causal: the chunk states, and the rows apart, save_causal_states;
+    only the CPU kernel saves one, as views of C++'s arrays, no copy; a hybrid call causal
+    only, _state_size). precision: 'f32' or 'bf16' (AttentionOptions::precision; the backward is
     float32). window, sinks: hybrid attention (AttentionOptions::window, ::sinks).
     Kernels: CPU the C++ library (cpu_forward), CUDA the fused Triton kernels, every other
     device plain torch operations (this default; kernels.py)."""
@@ -164,29 +165,31 @@ def cpu_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, 
     y, _, ctx = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                       kernel, causal, scale, save_context, precision=precision, window=window,
                       sinks=sinks)
-    n_states, n_maxima, _ = (_state_size(q, v, w, kernel, causal, window, sinks)
-                             if save_context else (0, 0, 0))
+    n_states, n_maxima, n_rows = (_state_size(q, v, w, kernel, causal, window, sinks)
+                                  if save_context else (0, 0, 0))
     if ctx is None:  # nothing saved (or no state to save): the backward recomputes
-        return (T.tensor(y), torch.zeros(n_states), torch.zeros(n_maxima, dtype=torch.float64),
-                torch.zeros(2, dtype=torch.int64))
-    states, maxima = ctx.states, ctx.maxima
-    if causal:  # the rows ride along after the chunk states
-        states = np.concatenate([states, ctx.rows])
-    if states.size != n_states or maxima.size != n_maxima:
-        raise RuntimeError(f"favor::attention: saved state of {states.size} + {maxima.size} "
-                           f"entries, expected {n_states} + {n_maxima}")
+        return (T.tensor(y), torch.zeros(n_states - n_rows),
+                torch.zeros(n_maxima, dtype=torch.float64), torch.zeros(2, dtype=torch.int64),
+                torch.zeros(n_rows))
+    # views of the context's arrays (no copy; they keep it alive until the backward)
+    states, maxima, rows = ctx.states, ctx.maxima, ctx.rows
+    if states.size + rows.size != n_states or maxima.size != n_maxima or rows.size != n_rows:
+        raise RuntimeError(f"favor::attention: saved state of {states.size} + {rows.size} + "
+                           f"{maxima.size} entries, expected {n_states} (rows {n_rows}) + "
+                           f"{n_maxima}")
     return (T.tensor(y), T.tensor(states), T.tensor(maxima),
-            torch.tensor([1, _signed(ctx.fingerprint)], dtype=torch.int64))
+            torch.tensor([1, _signed(ctx.fingerprint)], dtype=torch.int64), T.tensor(rows))
 
 
 @attention_op.register_fake
 def _(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel, causal,
       scale, save_context, precision, window=0, sinks=0):
-    n_states, n_maxima, _ = (_state_size(q, v, w, kernel, causal, window, sinks)
-                             if save_context else (0, 0, 0))
+    n_states, n_maxima, n_rows = (_state_size(q, v, w, kernel, causal, window, sinks)
+                                  if save_context else (0, 0, 0))
     y = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
-    return (y, q.new_empty(n_states, dtype=torch.float32),
-            q.new_empty(n_maxima, dtype=torch.float64), q.new_empty(2, dtype=torch.int64))
+    return (y, q.new_empty(n_states - n_rows, dtype=torch.float32),
+            q.new_empty(n_maxima, dtype=torch.float64), q.new_empty(2, dtype=torch.int64),
+            q.new_empty(n_rows, dtype=torch.float32))
 
 
 @torch.library.custom_op("favor::attention_backward", mutates_args=(), device_types=None)
@@ -196,12 +199,13 @@ def attention_backward_op(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor
                           fit_a: Optional[Tensor], fit_basis: Optional[Tensor], y: Tensor,
                           states: Tensor, maxima: Tensor, fingerprint: Tensor, kernel: str,
                           causal: bool, scale: Optional[float], parameter_grads: bool,
-                          window: int = 0, sinks: int = 0
+                          window: int = 0, sinks: int = 0, rows: Optional[Tensor] = None
                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dw, dbias, dlambda, ddecay); the parameter gradients are empty unless
     parameter_grads (then dw has the shape of weights when given, else of w; dbias, dlambda
     and ddecay those of bias, lam and decay, or empty when those are None). y is the
-    forward's output (the fused backward reads it). Kernels as favor::attention's."""
+    forward's output (the fused backward reads it); rows a causal context's rows (the
+    forward's fifth output). Kernels as favor::attention's."""
     from .kernels import torch_backward
     return torch_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
                           fit_basis, y, states, maxima, fingerprint, kernel, causal, scale,
@@ -211,17 +215,14 @@ def attention_backward_op(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor
 @attention_backward_op.register_kernel("cpu")
 def cpu_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                  y, states, maxima, fingerprint, kernel, causal, scale, parameter_grads,
-                 window=0, sinks=0):
+                 window=0, sinks=0, rows=None):
     """favor::attention_backward's CPU kernel: the C++ backward, from the saved state when the
-    forward kept one."""
+    forward kept one (read in place: an AttentionContextView of the tensors)."""
     context = None
     if states.numel() and int(fingerprint[0]) == 1:
-        saved, rows = T.array(states), None
-        if causal:  # [chunk states | rows]
-            n_rows = _state_size(q, v, w, kernel, causal, window, sinks)[2]
-            saved, rows = saved[:saved.size - n_rows], saved[saved.size - n_rows:]
-        context = _core.AttentionContext.from_arrays(saved, T.array(maxima),
-                                                     _unsigned(int(fingerprint[1])), rows)
+        context = _core.AttentionContextView.from_arrays(
+            T.array(states), T.array(maxima), _unsigned(int(fingerprint[1])),
+            T.array(rows) if causal else None)
     out = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                 kernel, causal, scale, False, dy=dy, parameter_grads=parameter_grads,
                 context=context, window=window, sinks=sinks)
@@ -254,7 +255,7 @@ def input_grads(need, dq, dk, dv, dw, db, dl, dd, weights):
 
 @attention_backward_op.register_fake
 def _(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, y, states,
-      maxima, fingerprint, kernel, causal, scale, parameter_grads, window=0, sinks=0):
+      maxima, fingerprint, kernel, causal, scale, parameter_grads, window=0, sinks=0, rows=None):
     return backward_fake(q, k, v, w, weights, bias, lam, decay, parameter_grads)
 
 
@@ -267,22 +268,22 @@ class Formula:
     def setup_context(ctx, inputs, output):
         (q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, kernel,
          causal, scale, _, _, window, sinks) = inputs
-        y, states, maxima, fingerprint = output
+        y, states, maxima, fingerprint, rows = output
         ctx.save_for_backward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a,
-                              fit_basis, y, states, maxima, fingerprint)
+                              fit_basis, y, states, maxima, fingerprint, rows)
         ctx.options = (kernel, causal, scale)
         ctx.hybrid = (window, sinks)
 
     @staticmethod
     def backward(ctx, dy, *_, backward_op=None, need=None):
         (q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis, y, states,
-         maxima, fingerprint) = ctx.saved_tensors
+         maxima, fingerprint, rows) = ctx.saved_tensors
         need = ctx.needs_input_grad if need is None else need
         run = attention_backward_op if backward_op is None else backward_op
         dq, dk, dv, dw, db, dl, dd = run(
             dy.to(torch.float32), q, k, v, w, weights, bias, lam, decay, key_padding_mask,
             fit_a, fit_basis, y.detach(), states, maxima, fingerprint, *ctx.options,
-            any(need[3:8]), *ctx.hybrid)
+            any(need[3:8]), *ctx.hybrid, rows)
         return (*input_grads(need, dq, dk, dv, dw, db, dl, dd, weights), *(None,) * 10)
 
 
