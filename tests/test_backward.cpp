@@ -481,8 +481,10 @@ TEST(Backward, StaleOrCausalContextIsRefused) {
   // framework's tensors hold it): the same gradients bit for bit, and the same checks.
   const std::vector<float> states = causal_ctx.states, rows = causal_ctx.rows;
   const std::vector<double> maxima = causal_ctx.maxima;
-  AttentionContextView borrowed{states.data(), states.size(), maxima.data(),         maxima.size(),
-                                rows.data(),   rows.size(),   causal_ctx.fingerprint};
+  AttentionContextView borrowed = causal_ctx.view();  // sizes and fingerprint; then the copies
+  borrowed.states = states.data();
+  borrowed.maxima = maxima.data();
+  borrowed.rows = rows.data();
   const AttentionGrads owned = favor_attention_backward(q, k, v, dy, w, causal, false, &causal_ctx);
   const AttentionGrads viewed = favor_attention_backward(q, k, v, dy, w, causal, false, borrowed);
   EXPECT_EQ(viewed.dq.values(), owned.dq.values());
