@@ -200,13 +200,11 @@ AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v
   std::vector<float> packed;  // the band's backward reads y C-contiguous
   const float* y_rows = y.data;
   if (y.strides != contiguous_strides(y.shape)) {
-    packed.resize(static_cast<size_t>(y.numel()));
+    packed.reserve(static_cast<size_t>(y.numel()));
     for (int64_t b = 0; b < y.shape[0]; ++b)
       for (int64_t h = 0; h < y.shape[1]; ++h)
         for (int64_t n = 0; n < y.shape[2]; ++n)
-          for (int64_t x = 0; x < y.shape[3]; ++x)
-            packed[static_cast<size_t>(((b * y.shape[1] + h) * y.shape[2] + n) * y.shape[3] + x)] =
-                y.at(b, h, n, x);
+          for (int64_t x = 0; x < y.shape[3]; ++x) packed.push_back(y.at(b, h, n, x));
     y_rows = packed.data();
   }
   detail::window_backward(bp, c.scale, options.causal, options.window, options.sinks, y_rows,

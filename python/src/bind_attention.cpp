@@ -1,8 +1,6 @@
 // favor.attention, attention_backward, exact_attention(_backward), features, metrics.
 #include <pybind11/stl.h>
 
-#include <cstring>
-
 #include "arrays.hpp"
 #include "attention_call.hpp"
 #include "bindings.hpp"
@@ -31,6 +29,13 @@ TensorView rows(const Input& in, const std::string& name) {
     throw Error(name + ": shape " + shape_string(in.view.shape) + " must be [N, D]");
   }
   return in.view;
+}
+
+/// A context's array as a 1-D numpy view that keeps the context (`self`) alive: no copy.
+template <class Context, class T>
+py::array_t<T> view_of(const py::object& self, std::vector<T> Context::* member) {
+  const std::vector<T>& values = self.cast<const Context&>().*member;
+  return py::array_t<T>(static_cast<py::ssize_t>(values.size()), values.data(), self);
 }
 
 }  // namespace
@@ -63,52 +68,14 @@ void bind_attention(py::module_& m) {
                                       c.maxima.size() * sizeof(double);
                              })
       // the arrays without a copy: views of the context's memory, which they keep alive
-      .def_property_readonly("states",
-                             [](py::object self) {
-                               const auto& c = self.cast<const AttentionContext&>();
-                               return py::array_t<float>(static_cast<py::ssize_t>(c.states.size()),
-                                                         c.states.data(), self);
-                             })
-      .def_property_readonly("maxima",
-                             [](py::object self) {
-                               const auto& c = self.cast<const AttentionContext&>();
-                               return py::array_t<double>(static_cast<py::ssize_t>(c.maxima.size()),
-                                                          c.maxima.data(), self);
-                             })
+      .def_property_readonly(
+          "states", [](py::object self) { return view_of(self, &AttentionContext::states); })
+      .def_property_readonly(
+          "maxima", [](py::object self) { return view_of(self, &AttentionContext::maxima); })
       .def_property_readonly("rows",
-                             [](py::object self) {
-                               const auto& c = self.cast<const AttentionContext&>();
-                               return py::array_t<float>(static_cast<py::ssize_t>(c.rows.size()),
-                                                         c.rows.data(), self);
-                             })
-      .def_readonly("fingerprint", &AttentionContext::fingerprint)
-      .def_static(
-          "from_arrays",
-          [](const py::handle& states, const py::handle& maxima, uint64_t fingerprint,
-             const py::handle& rows) {
-            auto s = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(states);
-            auto x = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(maxima);
-            if (!s || s.ndim() != 1 || s.size() == 0) {
-              throw Error("states: must be a non-empty 1-D float array");
-            }
-            // the sizes against the call's layout: by the backward that reads them
-            if (!x || x.ndim() != 1 || x.size() == 0) {
-              throw Error("maxima: must be a non-empty 1-D float array");
-            }
-            AttentionContext c;
-            c.states.assign(s.data(), s.data() + s.size());
-            c.maxima.assign(x.data(), x.data() + x.size());
-            c.fingerprint = fingerprint;
-            if (!rows.is_none()) {  // a causal context's rows (its size is checked when used)
-              auto r = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(rows);
-              if (!r || r.ndim() != 1) throw Error("rows: must be a 1-D float array");
-              c.rows.assign(r.data(), r.data() + r.size());
-            }
-            return c;
-          },
-          py::arg("states"), py::arg("maxima"), py::arg("fingerprint"),
-          py::arg("rows") = py::none());
-  // The same arrays borrowed (no copy: float32 / float64 C-contiguous arrays are kept as they
+                             [](py::object self) { return view_of(self, &AttentionContext::rows); })
+      .def_readonly("fingerprint", &AttentionContext::fingerprint);
+  // A context's arrays borrowed (no copy: float32 / float64 C-contiguous arrays are kept as they
   // are and alive while the view lives); sizes are checked by the backward that reads them.
   py::class_<BorrowedContext>(m, "AttentionContextView")
       .def_property_readonly("valid", [](const BorrowedContext& c) { return c.view.valid(); })
@@ -199,14 +166,7 @@ void bind_attention(py::module_& m) {
   py::class_<ExactContext>(m, "ExactContext")
       .def_property_readonly("valid", &ExactContext::valid)
       .def_property_readonly("lse",
-                             [](const ExactContext& c) {
-                               py::array_t<double> a(static_cast<py::ssize_t>(c.lse.size()));
-                               if (!c.lse.empty()) {
-                                 std::memcpy(a.mutable_data(), c.lse.data(),
-                                             sizeof(double) * c.lse.size());
-                               }
-                               return a;
-                             })
+                             [](py::object self) { return view_of(self, &ExactContext::lse); })
       .def_readonly("fingerprint", &ExactContext::fingerprint)
       .def_static(
           "from_arrays",

@@ -87,9 +87,10 @@ class FavorCore(AttentionCore):
     save_causal_states (also an attribute; favor.torch.attention's): causal calls under
     autograd on the CPU keep each 32-token chunk's state and row sums for the backward, which
     is then one reverse sweep instead of a rerun of the forward (a hybrid layer's forward +
-    backward about a quarter shorter), for N (m / 32 + 1) (Dv + 1) floats per head held
-    until the backward. Off by default; favor.hf.distill, finetune and transfer turn it on
-    for their steps.
+    backward 15-30% shorter), for N (m / 32 + 1) (Dv + 1) floats per head held until the
+    backward. Off by default, and favor.hf's training loops leave it off: over a whole model's
+    layers it paid only with an allocator that keeps its pages (docs/performance.md, "Saved
+    causal states in training").
     """
 
     TENSORS = _TENSORS

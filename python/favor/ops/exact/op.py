@@ -39,11 +39,15 @@ def _saves(save_context, window, sinks):
     return bool(save_context) and bool(window or sinks)
 
 
+def _lse_shape(q, save_context, window, sinks):
+    """The saved lse's shape: q's rows [.., Nq] when the call saves, else empty."""
+    return q.shape[:-1] if _saves(save_context, window, sinks) else (0,)
+
+
 def _nothing_saved(q, save_context, window, sinks):
     """The saved outputs of a kernel that saves nothing (the backward recomputes): lse of the
     size a saving call has (zeros), fingerprint [0 (not valid), 0]."""
-    lse = q.new_zeros(q.shape[:-1] if _saves(save_context, window, sinks) else (0,),
-                      dtype=torch.float64)
+    lse = q.new_zeros(_lse_shape(q, save_context, window, sinks), dtype=torch.float64)
     return lse, q.new_zeros(2, dtype=torch.int64)
 
 
@@ -83,8 +87,7 @@ def cpu_forward(q, k, v, key_padding_mask, causal, scale, window=0, sinks=0, sav
 @exact_attention_op.register_fake
 def _(q, k, v, key_padding_mask, causal, scale, window=0, sinks=0, save_context=False):
     y = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
-    lse = q.new_empty(q.shape[:-1] if _saves(save_context, window, sinks) else (0,),
-                      dtype=torch.float64)
+    lse = q.new_empty(_lse_shape(q, save_context, window, sinks), dtype=torch.float64)
     return y, lse, q.new_empty(2, dtype=torch.int64)
 
 
