@@ -2,8 +2,8 @@
 # ccache, scripts/install-deps.sh). What it buys is inside one `make test`: the CTest
 # python_pip_install builds libfavor, favor_io, the CLI and the extension again, from a copy
 # of the tree through pip, and those compiles are the main build's (same compiler, flags and
-# paths relative to the tree; src/, tools/ and pyproject.toml keep them so), so all but the
-# extension's come from this cache: the test takes ~35 s instead of ~3.5 minutes on 2 cores.
+# paths relative to the tree; src/, tools/, python/CMakeLists.txt and pyproject.toml keep them
+# so), so all but plot_runner.cpp's (it names the tree's paths) come from this cache.
 #   FAVOR_CCACHE=OFF   compile without it
 #   FAVOR_CCACHE_DIR   the cache: $CCACHE_DIR when set at configure time, else <build>/ccache
 #                      (python_pip_install hands the main build's to pip's build that way)

@@ -40,7 +40,8 @@ void check_method(const AttentionArgs& a);
 /// key mask).
 VQOptions attention_vq_options(const AttentionArgs& a);
 
-/// favor attention --distributed (attention_distributed.cpp; needs MPI).
+/// favor attention --distributed (attention_distributed.cpp with MPI; without MPI,
+/// no_distributed.cpp throws that it was built without).
 void run_distributed_attention(const AttentionArgs& a);
 
 }  // namespace favor::cli

@@ -159,15 +159,9 @@ Tensor vq(const AttentionArgs& a, const InputTensor& q, const InputTensor& k, co
 }
 
 void run(const AttentionArgs& a) {
-  if (a.distributed) {
-#ifdef FAVOR_WITH_MPI
+  if (a.distributed) {  // an error in a build without MPI (tools/no_distributed.cpp)
     run_distributed_attention(a);
     return;
-#else
-    throw Error(
-        "--distributed: this favor was built without MPI; install MPI (Debian: libopenmpi-dev "
-        "openmpi-bin), rebuild, and launch with mpirun -np P favor attention --distributed");
-#endif
   }
   check_method(a);
   parse_kernel(a.kernel, "--kernel");  // a bad name fails before any file is read

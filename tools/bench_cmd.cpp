@@ -8,11 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "bench_distributed.hpp"
 #include "bench_runner.hpp"
 #include "bench_sections.hpp"
-#ifdef FAVOR_WITH_MPI
-#include "bench_distributed.hpp"
-#endif
 #include "cli_common.hpp"
 #include "commands.hpp"
 #include "plot_runner.hpp"
@@ -194,9 +192,7 @@ void add_bench_command(CLI::App& app) {
     if (*quick) shrink_for_quick(*a, [cmd](const char* opt) { return cmd->count(opt) > 0; });
     run(*a);
   });
-#ifdef FAVOR_WITH_MPI
-  add_distributed_bench_rank_command(app);  // the hidden command each rank runs
-#endif
+  add_distributed_bench_rank_command(app);  // the hidden command each rank runs (MPI builds)
 }
 
 }  // namespace favor::cli

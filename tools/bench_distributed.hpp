@@ -2,7 +2,8 @@
 // The distributed section of `favor bench`: sequence-parallel attention over MPI ranks
 // launched with mpirun, strong scaling (one sequence over 1, 2, 4 ranks) and weak scaling
 // (the same tokens per rank), with each rank's time inside MPI, the time of the state
-// collective alone and the bytes per rank. Built only with MPI (FAVOR_WITH_MPI).
+// collective alone and the bytes per rank. Defined by bench_distributed.cpp in a build with MPI,
+// by no_distributed.cpp (an error, a no-op) in one without.
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <nlohmann/json.hpp>

@@ -3,11 +3,9 @@
 // tools/bench_distributed.cpp), given favor bench's sizes, threads and repeats.
 #include <algorithm>
 
+#include "bench_distributed.hpp"
 #include "bench_io.hpp"
 #include "bench_runner.hpp"
-#ifdef FAVOR_WITH_MPI
-#include "bench_distributed.hpp"
-#endif
 
 namespace favor::cli {
 
@@ -25,9 +23,9 @@ void section_io(BenchRunner& bench) {
   for (auto& r : io_section(o)) bench.records().push_back(std::move(r));
 }
 
-// Sequence-parallel attention over 1, 2, 4 MPI ranks.
+// Sequence-parallel attention over 1, 2, 4 MPI ranks (an error in a build without MPI:
+// tools/no_distributed.cpp).
 void section_distributed(BenchRunner& bench) {
-#ifdef FAVOR_WITH_MPI
   const BenchArgs& a = bench.args();
   DistributedBenchArgs d;
   d.n = a.distributed_n;
@@ -40,12 +38,6 @@ void section_distributed(BenchRunner& bench) {
   d.repeats = std::max(1, std::min(a.repeats, 3));  // the calls take seconds: at most 3
   d.json = a.json;
   for (auto& r : distributed_section(d)) bench.records().push_back(std::move(r));
-#else
-  (void)bench;
-  throw Error(
-      "--sections distributed: this favor was built without MPI (install "
-      "libopenmpi-dev and rebuild)");
-#endif
 }
 
 }  // namespace favor::cli
