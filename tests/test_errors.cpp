@@ -73,6 +73,36 @@ TEST(Errors, NonFiniteInputs) {
   expect_error([&] { features(in3.k, in3.w); }, "must be finite");
 }
 
+// Inputs large enough for the check to run on favor's threads (slice by slice): the message
+// still names the first non-finite element in index order, whichever slice a thread scans
+// first, for contiguous rows, strided rows and a strided head dimension.
+TEST(Errors, NonFiniteInLargeInputsNamesTheFirstElement) {
+  testing::ThreadCount restore;
+  set_num_threads(2);
+  Tensor q = random_tensor({2, 4, 4096, 8}, 1), k = random_tensor({2, 4, 4096, 8}, 2),
+         v = random_tensor({2, 4, 4096, 8}, 3);
+  const Projection w = Projection::draw(16, 8);
+  q.at(1, 3, 4095, 7) = NAN;  // in the last slice, scanned by the second thread
+  q.at(1, 1, 2000, 5) = INFINITY;
+  expect_error([&] { favor_attention(q, k, v, w); }, "q: element [1,1,2000,5] is inf");
+  q.at(0, 2, 17, 0) = -INFINITY;
+  expect_error([&] { favor_attention(q, k, v, w); }, "q: element [0,2,17,0] is -inf");
+  // Every other row of k (strided N) and every other column of v (strided D): the element
+  // skipped by the view is not looked at, the one inside it is found.
+  Tensor k2 = random_tensor({2, 4, 8192, 8}, 4), v2 = random_tensor({2, 4, 4096, 16}, 5);
+  k2.at(0, 0, 1, 3) = NAN;  // a row the view skips
+  TensorView k_rows{k2.data(), {2, 4, 4096, 8}, {4 * 8192 * 8, 8192 * 8, 16, 1}};
+  TensorView v_cols{v2.data(), {2, 4, 4096, 8}, {4 * 4096 * 16, 4096 * 16, 16, 2}};
+  const Tensor clean = random_tensor({2, 4, 4096, 8}, 6);
+  EXPECT_NO_THROW(favor_attention(clean, k_rows, v_cols, w));
+  k2.at(1, 2, 6, 4) = NAN;  // row 3 of the view
+  expect_error([&] { favor_attention(clean, k_rows, v_cols, w); }, "k: element [1,2,3,4] is nan");
+  v2.at(0, 3, 100, 9) = INFINITY;   // a column the view skips
+  v2.at(0, 3, 100, 10) = INFINITY;  // column 5 of the view
+  k2.at(1, 2, 6, 4) = 0;
+  expect_error([&] { favor_attention(clean, k_rows, v_cols, w); }, "v: element [0,3,100,5] is inf");
+}
+
 TEST(Errors, ImpossibleParameters) {
   expect_error([] { Projection::draw(0, 8); }, "m must be >= 1");
   expect_error([] { Projection::draw(8, 0); }, "d must be >= 1");

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "favor/error.hpp"
+#include "favor/runtime.hpp"
 
 namespace favor::detail {
 namespace {
@@ -80,7 +81,42 @@ Tensor attention_output(const TensorView& q, const TensorView& v) {
   return Tensor({q.shape[0], q.shape[1], q.shape[2], v.shape[3]});
 }
 
+namespace {
+
+// True if slice (b, h) of t holds a NaN or Inf: one scan of the slice when its rows are
+// contiguous, else row by row (element by element when D is strided).
+bool slice_nonfinite(const TensorView& t, int64_t b, int64_t h) {
+  const int64_t n = t.shape[2], d = t.shape[3];
+  if (t.strides[3] == 1 && (t.strides[2] == d || n == 1))
+    return any_nonfinite(&t.at(b, h, 0, 0), n * d);
+  for (int64_t i = 0; i < n; ++i) {
+    if (t.strides[3] == 1) {
+      if (any_nonfinite(&t.at(b, h, i, 0), d)) return true;
+      continue;
+    }
+    for (int64_t x = 0; x < d; ++x)
+      if (!std::isfinite(t.at(b, h, i, x))) return true;
+  }
+  return false;
+}
+
+// Below this many elements the check stays on the calling thread (a decode step's inputs).
+constexpr int64_t kParallelCheckElements = int64_t{1} << 16;
+
+}  // namespace
+
 void check_finite(const TensorView& t, const std::string& name) {
+  // The scan over (batch, head) slices on favor's threads (an input of N = 8192 tokens, 8
+  // heads of 64 is 16 MB); only when one holds a non-finite value does the element-wise pass
+  // below find the first, in index order, for the message.
+  const int64_t slices = t.shape[0] * t.shape[1];
+  const int64_t elements = slices * t.shape[2] * t.shape[3];
+  bool bad = false;
+#pragma omp parallel for num_threads(favor::num_threads()) schedule(static) \
+    reduction(|| : bad) if (slices > 1 && elements >= kParallelCheckElements)
+  for (int64_t s = 0; s < slices; ++s)
+    bad = bad || slice_nonfinite(t, s / t.shape[1], s % t.shape[1]);
+  if (!bad) return;
   for (int64_t b = 0; b < t.shape[0]; ++b)
     for (int64_t h = 0; h < t.shape[1]; ++h)
       for (int64_t n = 0; n < t.shape[2]; ++n) {
