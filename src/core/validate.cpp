@@ -87,6 +87,7 @@ namespace {
 // contiguous, else row by row (element by element when D is strided).
 bool slice_nonfinite(const TensorView& t, int64_t b, int64_t h) {
   const int64_t n = t.shape[2], d = t.shape[3];
+  if (n == 0) return false;  // an empty slice (a rank's share of a short sequence)
   if (t.strides[3] == 1 && (t.strides[2] == d || n == 1))
     return any_nonfinite(&t.at(b, h, 0, 0), n * d);
   for (int64_t i = 0; i < n; ++i) {
