@@ -3,7 +3,8 @@
 # python_pip_install builds libfavor, favor_io, the CLI and the extension again, from a copy
 # of the tree through pip, and those compiles are the main build's (same compiler, flags and
 # paths relative to the tree; src/, tools/, python/CMakeLists.txt and pyproject.toml keep them
-# so), so all but plot_runner.cpp's (it names the tree's paths) come from this cache.
+# so), so all but plot_runner.cpp's (it names the tree's paths) and tools/no_distributed.cpp's
+# (only a build without MPI compiles it) come from this cache.
 #   FAVOR_CCACHE=OFF   compile without it
 #   FAVOR_CCACHE_DIR   the cache: $CCACHE_DIR when set at configure time, else <build>/ccache
 #                      (python_pip_install hands the main build's to pip's build that way)

@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
 torch = pytest.importorskip("torch")
 from favor.models import CharData  # noqa: E402
