@@ -150,6 +150,30 @@ TEST(Threads, CallsRestoreTheCallersOpenMPSetting) {
   omp_set_num_threads(before);
 }
 
+// A large Tensor's pages are mapped on favor's threads before its fill (src/core/tensor.cpp):
+// every element still holds the fill, in memory an earlier tensor has just freed (a reused
+// heap block keeps its old values) and at a size that ends inside a page, on one thread and
+// on two; the caller's OpenMP setting is untouched.
+TEST(Threads, LargeTensorsHoldTheirFillWhereverTheirMemoryComesFrom) {
+  ThreadCount restore;
+  const int before = omp_get_max_threads();
+  const Shape4 shape{2, 4, 65536 + 3, 8};  // 16 MiB and 96 bytes
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (float fill : {0.0f, 2.5f}) {
+      {
+        const Tensor junk(shape, std::nanf(""));
+      }
+      const Tensor t(shape, fill);
+      int64_t wrong = 0;
+      for (float x : t.values()) wrong += x != fill;
+      EXPECT_EQ(wrong, 0) << threads << " threads, fill " << fill;
+      EXPECT_EQ(t.numel(), shape[0] * shape[1] * shape[2] * shape[3]);
+    }
+    EXPECT_EQ(omp_get_max_threads(), before);
+  }
+}
+
 TEST(Threads, ExactAgreesAcrossThreadCounts) {
   ThreadCount restore;
   const Tensor q = random_tensor({1, 1, 300, 8}, 1, 2.0), k = random_tensor({1, 1, 300, 8}, 2, 2.0),
