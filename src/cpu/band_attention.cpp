@@ -3,8 +3,9 @@
 // j <= i), scores s_ij = scale q_i . k_j.
 //   The tile's window keys are one contiguous range (the union of its rows' windows: at
 //   most kBandTile + w - 1 keys causal, kBandTile + 2w - 2 bidirectional), its sinks a gathered
-//   block of at most s rows; each is one GEMM for the scores and one for P V, and the rows
-//   mask what is not theirs (-inf).
+//   block of at most s rows; each is one product for the scores and one for P V, and the
+//   rows mask what is not theirs (-inf). The products are small_gemm's (cpu/small_gemm.hpp:
+//   in registers, no packing; OpenBLAS's packing cost as much as the product at these sizes).
 //   Forward: [sum exp(s_ij - M_i) v_j | sum exp(s_ij - M_i)] and M_i, merged in the tile
 //   with the estimated parts' rows (kernels/band_params.hpp) into y_i and lse_i.
 //   Backward, from the merged row (y_i, lse_i): P_ij = exp(s_ij - lse_i), dv_j += P_ij dy_i,
@@ -18,8 +19,8 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/blas.hpp"
 #include "cpu/schedule.hpp"
+#include "cpu/small_gemm.hpp"
 #include "cpu/vec_math.hpp"
 
 namespace favor::cpu {
@@ -195,8 +196,8 @@ void transpose(const float* src, int64_t ld, int64_t rows, int64_t cols, float* 
     }
 }
 
-// A tile's scores with the keys along the rows (S^T = K Q^T: a plain GEMM, which OpenBLAS's
-// small kernels run at twice the rate of Q K^T at these sizes): ws.s [count][rows] for the
+// A tile's scores with the keys along the rows (S^T = K Q^T: each key row of K broadcast
+// against Q^T's rows in small_gemm): ws.s [count][rows] for the
 // window, ws.ss [ns][rows] for the sinks (gathered into ws.ks, vs), -inf where the key is
 // not the row's; ws.qt holds Q^T.
 void transposed_scores(const BandParams& bp, int64_t b, int64_t h, int64_t t0, int64_t rows,
@@ -211,10 +212,10 @@ void transposed_scores(const BandParams& bp, int64_t b, int64_t h, int64_t t0, i
   Columns cols[kBandTile];
   for (int64_t r = 0; r < rows; ++r) cols[r] = window_columns(bp, t, t0 + r);
   if (t.count > 0)
-    gemm(false, false, t.count, rows, d, scale, tr.k.data, tr.k.ld, qt, rows, 0.0f, st, rows);
+    small_gemm(false, t.count, rows, d, scale, tr.k.data, tr.k.ld, qt, rows, 0.0f, st, rows);
   if (ns > 0) {
     gather_sinks(p, b, h, t, ws);
-    gemm(false, false, ns, rows, d, scale, ws.ks.data(), d, qt, rows, 0.0f, sst, rows);
+    small_gemm(false, ns, rows, d, scale, ws.ks.data(), d, qt, rows, 0.0f, sst, rows);
     for (int64_t u = 0; u < ns; ++u)
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = t0 + r, j = t.sinks[u];
@@ -264,10 +265,10 @@ void exact_rows(const BandParams& bp, int64_t b, int64_t h, int64_t t0, int64_t 
   }
   float* out = ws.o.data();
   if (t.count > 0)
-    gemm(true, false, rows, dv, t.count, 1.0f, st, rows, tr.v.data, tr.v.ld, 0.0f, out, ld);
+    small_gemm(true, rows, dv, t.count, 1.0f, st, rows, tr.v.data, tr.v.ld, 0.0f, out, ld);
   else
     for (int64_t r = 0; r < rows; ++r) std::fill(out + r * ld, out + r * ld + dv, 0.0f);
-  if (ns > 0) gemm(true, false, rows, dv, ns, 1.0f, sst, rows, ws.vs.data(), dv, 1.0f, out, ld);
+  if (ns > 0) small_gemm(true, rows, dv, ns, 1.0f, sst, rows, ws.vs.data(), dv, 1.0f, out, ld);
   for (int64_t r = 0; r < rows; ++r) out[r * ld + dv] = den[r];
 }
 
@@ -405,9 +406,9 @@ void band_backward(const BandBackwardParams& g, const Config& config) {
         exp_affine_plus(x, 1.0f, 0.0f, neg, x, rows);
       }
       if (t.count > 0)
-        gemm(false, false, t.count, rows, dv, 1.0f, tr.v.data, tr.v.ld, dyt, rows, 0.0f, dpt, rows);
+        small_gemm(false, t.count, rows, dv, 1.0f, tr.v.data, tr.v.ld, dyt, rows, 0.0f, dpt, rows);
       if (ns > 0)
-        gemm(false, false, ns, rows, dv, 1.0f, ws.vs.data(), dv, dyt, rows, 0.0f, dpst, rows);
+        small_gemm(false, ns, rows, dv, 1.0f, ws.vs.data(), dv, dyt, rows, 0.0f, dpst, rows);
       for (int64_t c = 0; c < t.count + ns; ++c) {
         const float* pr = c < t.count ? st + c * rows : sst + (c - t.count) * rows;
         float* x = c < t.count ? dpt + c * rows : dpst + (c - t.count) * rows;
@@ -416,17 +417,17 @@ void band_backward(const BandBackwardParams& g, const Config& config) {
       const float* dyr = ws.dy.data();
       if (t.count > 0) {
         // dq_t += dS K_win; dk_win += dS^T q_t; dv_win += P^T dy_t
-        gemm(true, false, rows, d, t.count, 1.0f, dpt, rows, tr.k.data, tr.k.ld, 1.0f, dq + t0 * d,
-             d);
-        gemm(false, false, t.count, d, rows, 1.0f, dpt, rows, tr.q.data, tr.q.ld, 1.0f,
-             dk + t.lo * d, d);
-        gemm(false, false, t.count, dv, rows, 1.0f, st, rows, dyr, dv, 1.0f, dvh + t.lo * dv, dv);
+        small_gemm(true, rows, d, t.count, 1.0f, dpt, rows, tr.k.data, tr.k.ld, 1.0f, dq + t0 * d,
+                   d);
+        small_gemm(false, t.count, d, rows, 1.0f, dpt, rows, tr.q.data, tr.q.ld, 1.0f,
+                   dk + t.lo * d, d);
+        small_gemm(false, t.count, dv, rows, 1.0f, st, rows, dyr, dv, 1.0f, dvh + t.lo * dv, dv);
       }
       if (ns > 0) {
-        gemm(true, false, rows, d, ns, 1.0f, dpst, rows, ws.ks.data(), d, 1.0f, dq + t0 * d, d);
-        gemm(false, false, ns, d, rows, 1.0f, dpst, rows, tr.q.data, tr.q.ld, 0.0f, ws.dks.data(),
-             d);
-        gemm(false, false, ns, dv, rows, 1.0f, sst, rows, dyr, dv, 0.0f, ws.dvs.data(), dv);
+        small_gemm(true, rows, d, ns, 1.0f, dpst, rows, ws.ks.data(), d, 1.0f, dq + t0 * d, d);
+        small_gemm(false, ns, d, rows, 1.0f, dpst, rows, tr.q.data, tr.q.ld, 0.0f, ws.dks.data(),
+                   d);
+        small_gemm(false, ns, dv, rows, 1.0f, sst, rows, dyr, dv, 0.0f, ws.dvs.data(), dv);
         for (int64_t u = 0; u < ns; ++u) {
           const int64_t j = t.sinks[u];
           for (int64_t x = 0; x < d; ++x) dk[j * d + x] += ws.dks[u * d + x];

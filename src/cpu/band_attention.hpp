@@ -11,7 +11,9 @@
 
 namespace favor::cpu {
 
-constexpr int64_t kBandTile = 64;
+// 32 queries: a causal tile's keys are 32 + w - 1, of which each row sees w (w = 64: two
+// thirds of the products used, against half at 64 queries); 16 saved no more time.
+constexpr int64_t kBandTile = 32;
 
 /// A thread's scratch for band_rows and band_backward.
 struct BandWorkspace {
