@@ -76,7 +76,7 @@ struct ChosenTargetsRestored {
 };
 
 TEST(SmallGemm, IsTheProductWithinTheFloatBoundOnEverySimdTarget) {
-  const int64_t rows[] = {1, 5, 6, 7, 8, 9, 13, 32, 95};
+  const int64_t rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 32, 95};  // every tail of 6, 8
   const int64_t cols[] = {1, 3, 4, 5, 8, 9, 15, 16, 17, 31, 32, 33, 48, 64, 65};
   const int64_t depths[] = {0, 1, 7, 64, 95};
   const float scales[][2] = {{1.0f, 0.0f}, {0.5f, 1.0f}, {-1.25f, -0.25f}};

@@ -1,6 +1,6 @@
 #pragma once
-// Products of the small, L1-resident matrices the band kernel multiplies per tile (a tile of
-// 32 queries against its window keys: at most a few hundred rows, K up to the window's span),
+// Products of the small, cache-resident matrices the band kernel multiplies per tile (a tile
+// of 32 queries against its window keys: at most a few hundred rows, K up to the window's span),
 // in registers without packing: row blocks of op(A) broadcast against two vectors of B's row,
 // the accumulators kept in registers over the whole K. OpenBLAS packs both operands on every
 // call, which at these sizes costs as much as the product (docs/performance.md, "The band's
