@@ -21,6 +21,10 @@ Rules of the pages (checked here, so a page that breaks one fails its test):
     <!-- docs-test: same-as: PAGE -->  not run again: every command line of the block is a
                                        command line of a block of PAGE that runs (a page
                                        repeating another's commands; test_docs.py checks it)
+    <!-- docs-test: checked-by: FILE --> run by the test file python/tests/FILE instead of
+                                       test_docs.py, which asserts on what the block prints
+                                       and writes (checked(): test_docs.py checks that FILE
+                                       takes the block); `quick; checked-by: FILE` with --quick
 
     python python/tests/docs_blocks.py [FILES...]     runs them by hand (default: every page)
 """
@@ -60,8 +64,20 @@ class Block:
         return f"{rel}:{self.line}"
 
     @property
+    def quick(self):
+        return self.marker == "quick" or self.marker.startswith("quick;")
+
+    @property
+    def checked_by(self):
+        """The test file that runs this block (marker checked-by), else None."""
+        m = re.search(r"(?:^|;\s*)checked-by:\s*(\S+)$", self.marker)
+        return m.group(1) if m else None
+
+    @property
     def runs(self):
-        return self.lang in RUN and not self.marker.startswith(("skip", "same-as"))
+        """Whether test_docs.py runs it (a checked-by block runs in its test file)."""
+        return (self.lang in RUN and not self.marker.startswith(("skip", "same-as"))
+                and self.checked_by is None)
 
     @property
     def commands(self):
@@ -106,9 +122,11 @@ def parse(path):
         marker = ""
         if k >= 0 and MARKER.match(lines[k]):
             marker = MARKER.match(lines[k]).group(1)
-            if not re.fullmatch(r"quick|skip:\s*\S.*|timeout:\s*\d+|same-as:\s*\S+\.md", marker):
+            if not re.fullmatch(r"quick|skip:\s*\S.*|timeout:\s*\d+|same-as:\s*\S+\.md|"
+                                r"(quick;\s*)?checked-by:\s*test_\w+\.py", marker):
                 raise ValueError(f"{path}:{k + 1}: docs-test marker {marker!r}: use quick, "
-                                 "skip: REASON, timeout: SECONDS or same-as: PAGE")
+                                 "skip: REASON, timeout: SECONDS, same-as: PAGE or "
+                                 "[quick; ]checked-by: TEST_FILE")
         blocks.append(Block(path, i + 1, lang.split()[0] if lang else "", "\n".join(body) + "\n",
                             marker))
         i = j + 1
@@ -169,14 +187,20 @@ def with_quick(script):
     return "\n".join(out)
 
 
-def environment(workdir, server=None):
+def environment(workdir, server=None, python=None, base=None):
     """PATH with `python` and `favor` first, PYTHONPATH for the developer tree's build, the hub
     off. FAVOR_DOCS_PYTHON / FAVOR_CLI name the interpreter and the CLI (CTest sets them).
-    With a ForkServer, `python` is its client (docs_forkserver.py)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
+    With a ForkServer, `python` is its client (docs_forkserver.py). `python` and `base` (an
+    environment in place of os.environ, taken as it is: no build tree added to its
+    PYTHONPATH) run the block with another interpreter, e.g. a venv where favor is installed
+    (examples_python.py)."""
+    env = dict(os.environ if base is None else base, HF_HUB_OFFLINE="1", MPLBACKEND="Agg")
+    if "PYTHONPYCACHEPREFIX" not in env:  # else bytecode goes there, out of the trees
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     if os.geteuid() == 0:  # CI runs as root, which Open MPI's mpirun refuses unless told
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    python = os.environ.get("FAVOR_DOCS_PYTHON", sys.executable)
+    if python is None:
+        python = os.environ.get("FAVOR_DOCS_PYTHON", sys.executable)
     cli = os.environ.get("FAVOR_CLI", str(ROOT / "build" / "tools" / "favor"))
     shims = pathlib.Path(workdir) / ".docs-test-bin"
     shims.mkdir()
@@ -195,7 +219,7 @@ def environment(workdir, server=None):
     if env.get("PYTHONPATH"):  # the block runs elsewhere: absolute entries
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in
                                             env["PYTHONPATH"].split(os.pathsep) if p)
-    elif build_python.is_dir():
+    elif build_python.is_dir() and base is None:
         env["PYTHONPATH"] = str(build_python)
     return env
 
@@ -204,13 +228,17 @@ class ForkServer:
     """docs_forkserver.py's server for the blocks' `python` commands: started on entry (it
     imports torch, transformers and favor once), stopped on exit."""
 
-    def __init__(self):
+    def __init__(self, python=None, base=None):
+        """`python` and `base`: environment()'s (the blocks run with the same)."""
         self._dir = tempfile.TemporaryDirectory(prefix="docs-forkserver-")
         self.socket = os.path.join(self._dir.name, "socket")
-        env = environment(self._dir.name)
+        # the server's environment: a client's must match it
+        self.env = environment(self._dir.name, python=python, base=base)
+        if python is None:
+            python = os.environ.get("FAVOR_DOCS_PYTHON", sys.executable)
         self._proc = subprocess.Popen(
-            [os.environ.get("FAVOR_DOCS_PYTHON", sys.executable), str(FORKSERVER), "serve",
-             self.socket], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+            [python, str(FORKSERVER), "serve", self.socket], env=self.env,
+            stdout=subprocess.PIPE, text=True, start_new_session=True)
         line = self._proc.stdout.readline()
         if line.strip() != "ready":
             self.close()
@@ -230,38 +258,61 @@ class ForkServer:
         self.close()
 
 
-def run(block, timeout=None, server=None):
+def run(block, timeout=None, server=None, workdir=None, python=None, env=None):
     """Runs one block in a fresh directory; returns the CompletedProcess (output captured).
-    With a ForkServer, its `python` commands are forked from it."""
+    With a ForkServer, its `python` commands are forked from it. `workdir`: an empty
+    directory to run in, which the caller keeps (to read what the block wrote), else a
+    temporary one; `python` and `env`: environment()'s `python` and `base`."""
     if timeout is None:
         m = re.fullmatch(r"timeout:\s*(\d+)", block.marker)
         timeout = int(m.group(1)) if m else DEFAULT_TIMEOUT
+    if workdir is not None:
+        return _run_in(block, timeout, server, str(workdir), python, env)
     with tempfile.TemporaryDirectory(prefix="docs-test-") as work:
-        # Copies of docs/ and examples/ (11 MB): a block that writes docs/data/... or a
-        # checkpoint under examples/ must not change the checkout.
-        for name in ("docs", "examples"):
-            shutil.copytree(ROOT / name, os.path.join(work, name), symlinks=True,
-                            ignore=shutil.ignore_patterns("__pycache__", "runs"))
-        os.symlink(ROOT / "scripts", os.path.join(work, "scripts"))
-        env = environment(work, server)
-        if RUN[block.lang] == "python":
-            script = os.path.join(work, ".docs-test-block.py")
-            pathlib.Path(script).write_text(block.text)
-            cmd = ["python", script]
-        else:
-            script = with_quick(block.text) if block.marker == "quick" else block.text
-            cmd = ["bash", "-e", "-o", "pipefail", "-c", script]
-        # Its own session: a timeout kills everything the block started (a fork server's
-        # child goes with its client), not only the shell.
-        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
-        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        return _run_in(block, timeout, server, work, python, env)
+
+
+def checked(page, command, test_file):
+    """The block of `page` (relative to the checkout) with a command line containing
+    `command`, which names `test_file` (a path; its name is compared) in its checked-by
+    marker: the block a test runs and asserts on. ValueError when there is not exactly one
+    such block, or its marker names another file."""
+    found = [b for b in parse(ROOT / page) if any(command in c for c in b.commands)]
+    if len(found) != 1:
+        raise ValueError(f"{page}: {len(found)} blocks run {command!r}, not one")
+    name = os.path.basename(test_file)
+    if found[0].checked_by != name:
+        raise ValueError(f"{found[0].name}: its marker is {found[0].marker!r}, not "
+                         f"'checked-by: {name}'")
+    return found[0]
+
+
+def _run_in(block, timeout, server, work, python, base):
+    # Copies of docs/ and examples/ (11 MB): a block that writes docs/data/... or a
+    # checkpoint under examples/ must not change the checkout.
+    for name in ("docs", "examples"):
+        shutil.copytree(ROOT / name, os.path.join(work, name), symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "runs"))
+    os.symlink(ROOT / "scripts", os.path.join(work, "scripts"))
+    env = environment(work, server, python, base)
+    if RUN[block.lang] == "python":
+        script = os.path.join(work, ".docs-test-block.py")
+        pathlib.Path(script).write_text(block.text)
+        cmd = ["python", script]
+    else:
+        script = with_quick(block.text) if block.quick else block.text
+        cmd = ["bash", "-e", "-o", "pipefail", "-c", script]
+    # Its own session: a timeout kills everything the block started (a fork server's
+    # child goes with its client), not only the shell.
+    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def main(argv):
@@ -282,7 +333,7 @@ def _main(paths, server):
                 print(f"skip {block.name}: {block.marker[5:].strip()}")
             elif block.lang in RUN and block.marker.startswith("same-as"):
                 print(f"same {block.name}: its commands run on {block.marker[8:].strip()}")
-            elif block.runs:
+            elif block.runs or block.checked_by:
                 r = run(block, server=server)
                 print(f"{'ok  ' if r.returncode == 0 else 'FAIL'} {block.name}")
                 if r.returncode:

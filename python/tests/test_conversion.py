@@ -7,8 +7,6 @@ table.
 import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ from favor.models import bits_per_char  # noqa: E402
 from favor.models.conversion import convert_method, layer_qkv, parse_method  # noqa: E402
 from favor.models.training import TrainConfig, Trainer, load_model  # noqa: E402
 from char_model_helpers import tiny_data, tiny_trainer  # noqa: E402
+import forked_python  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.join(ROOT, "examples", "shakespeare")
@@ -157,11 +156,10 @@ def test_study_runs_end_to_end(trained, data, tmp_path):
     text = tmp_path / "text.txt"
     with open(TEXT, encoding="utf-8") as f:
         text.write_text(f.read()[:60000], encoding="utf-8")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    cmd = [sys.executable, os.path.join(HERE, "study.py"), "--baseline", str(base), "--out",
+    cmd = [os.path.join(HERE, "study.py"), "--baseline", str(base), "--out",
            str(out), "--only", "favor-orth-256,favorsharp-32,vq-8", "--fine-tune", "0.1",
            "--eval-windows", "2", "--scratch-steps", "4", "--jobs", "2", "--data", str(text)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    r = forked_python.run(cmd)  # python study.py ...
     assert r.returncode == 0, r.stdout + r.stderr
     table = (out / "table.md").read_text()
     for m in ("favor-orth-256", "favorsharp-32", "vq-8"):
@@ -177,7 +175,7 @@ def test_study_runs_end_to_end(trained, data, tmp_path):
     assert sc["steps"] == 4 and math.isfinite(sc["bpc"])
     assert (out / "finetune.png").stat().st_size > 0
     # a second run finds every result and only rewrites the table
-    r2 = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    r2 = forked_python.run(cmd)
     assert r2.returncode == 0 and "0 of 4 tasks to run" in r2.stdout
 
 

@@ -2,6 +2,8 @@
 examples/*/README.md runs as written and exits 0 (docs_blocks.py has the rules), and the
 runner itself fails a broken block, a fence without a language and a skip without a reason."""
 import os
+import pathlib
+import re
 import time
 
 import pytest
@@ -51,7 +53,7 @@ def test_skipped_blocks_say_why():
 def test_same_as_blocks_run_on_the_page_they_name():
     runs = {}
     for b in BLOCKS:
-        if b.runs:
+        if b.runs or b.checked_by:
             runs.setdefault(b.name.rsplit(":", 1)[0], set()).update(b.commands)
     for b in BLOCKS:
         if b.marker.startswith("same-as"):
@@ -98,11 +100,37 @@ def test_markers(tmp_path):
     (same,) = _page(tmp_path, "<!-- docs-test: same-as: docs/model.md -->\n```sh\n"
                               "python a.py --x 1 \\\n   --y 2   # why\n\n# note\nfavor demo\n```\n")
     assert not same.runs and same.commands == ["python a.py --x 1 --y 2", "favor demo"]
-    for wrong in ("skip", "skip:", "fast", "timeout: soon", "same-as: model"):
+    checked, both = _page(tmp_path, "<!-- docs-test: checked-by: test_x.py -->\n```sh\n"
+                                    "python a.py\n```\n\n<!-- docs-test: quick; checked-by: "
+                                    "test_y.py -->\n```sh\npython b.py\n```\n")
+    assert not checked.runs and checked.checked_by == "test_x.py" and not checked.quick
+    assert not both.runs and both.checked_by == "test_y.py" and both.quick
+    for wrong in ("skip", "skip:", "fast", "timeout: soon", "same-as: model", "checked-by: x",
+                  "checked-by: test_x.py; quick"):
         with pytest.raises(ValueError, match="docs-test marker"):
             _page(tmp_path, f"<!-- docs-test: {wrong} -->\n```sh\ntrue\n```\n")
     with pytest.raises(ValueError, match="never closed"):
         _page(tmp_path, "```python\nprint(1)\n")
+
+
+CHECKED_CALL = re.compile(r"run_block\(\s*\"([^\"]+)\",\s*\"([^\"]+)\"")
+
+
+def test_checked_blocks_run_in_the_test_file_they_name():
+    """A block marked checked-by is left out here only because its test file runs it: the
+    file exists and calls run_block (examples_python.py) with this page and one of the
+    block's commands, and every such call finds its block."""
+    here = pathlib.Path(__file__).parent
+    calls = {}
+    for test_file in sorted(here.glob("test_*.py")):
+        for page, command in CHECKED_CALL.findall(test_file.read_text()):
+            block = db.checked(page, command, test_file.name)  # ValueError if not exactly so
+            calls.setdefault(block.name, []).append(test_file.name)
+    checked = [b for b in BLOCKS if b.checked_by]
+    assert checked, "no checked-by block: the check above would pass on nothing"
+    for b in checked:
+        assert calls.get(b.name) == [b.checked_by], (
+            f"{b.name}: marked checked-by {b.checked_by}, run by {calls.get(b.name, 'no test')}")
 
 
 def test_blocks_run_as_a_pip_user_runs_them(tmp_path):

@@ -1,21 +1,19 @@
 """The examples in examples/ run (--quick, ~5-12 s each on 2 cores) and print what they
-promise. Each runs in a subprocess with this interpreter; the environment (PYTHONPATH to the
-staged favor package) is inherited. Every example fixes its seeds, so its output is the
-same on every run."""
-import os
+promise. Each runs as `python SCRIPT --quick` forked from an interpreter that has imported
+torch and favor (forked_python.py: a fresh interpreter's start without its imports), with
+this process's environment. Every example fixes its seeds, so its output is the same on every
+run."""
 import pathlib
 import re
-import subprocess
-import sys
+
+import forked_python
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 EPS32 = 2.0 ** -23
 
 
 def run(script, *args, cwd):
-    p = subprocess.run([sys.executable, str(EXAMPLES / script), "--quick", *args],
-                       capture_output=True, text=True, timeout=300, cwd=cwd,
-                       env=dict(os.environ))
+    p = forked_python.run([str(EXAMPLES / script), "--quick", *args], cwd=cwd)
     assert p.returncode == 0, f"{script} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
     return p.stdout
 
@@ -111,3 +109,17 @@ def test_fit_hedgehog(tmp_path):
         assert ratio >= 2.0, (objective, ratio)
     assert "reloaded map gives identical outputs" in out, out
     assert (tmp_path / "map.npz").stat().st_size > 0
+
+
+def test_the_examples_run_forked_from_the_preloaded_interpreter(tmp_path):
+    """forked_python.run: the script runs in a child of the server (torch already imported,
+    argv, exit status and output as `python` gives them); a changed environment gets a fresh
+    interpreter (nothing imported)."""
+    script = tmp_path / "s.py"
+    script.write_text("import os, sys\nprint('torch' in sys.modules, sys.argv[1:], "
+                      "os.getcwd() == sys.argv[1])\nsys.exit(3)\n")
+    forked = forked_python.run([str(script), str(tmp_path)], cwd=tmp_path)
+    assert forked.returncode == 3 and forked.stdout.split() == ["True", f"['{tmp_path}']", "True"]
+    fresh = forked_python.run([str(script), str(tmp_path)], cwd=tmp_path,
+                              env={"FAVOR_FORKSERVER_TEST": "1"})
+    assert fresh.returncode == 3 and fresh.stdout.split() == ["False", f"['{tmp_path}']", "True"]

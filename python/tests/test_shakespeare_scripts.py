@@ -4,11 +4,11 @@ tabulates every method per layer, decode_speed times streamed tokens for exact a
 (the favor state stays the same size, the exact cache grows)."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+import forked_python
 
 torch = pytest.importorskip("torch")
 from favor.models import CharData  # noqa: E402
@@ -21,9 +21,9 @@ SHIPPED = os.path.join(HERE, "checkpoints", "exact.pt")
 
 
 def run(script, *args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    r = subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True,
-                       text=True, env=env, timeout=300)
+    """`python SCRIPT ARGS`, forked from an interpreter with torch and favor imported
+    (forked_python.py)."""
+    r = forked_python.run([os.path.join(HERE, script), *args])
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
