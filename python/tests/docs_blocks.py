@@ -53,7 +53,8 @@ class Block:
     line: int            # 1-based line of the opening fence
     lang: str            # the fence's language; "" when it names none
     text: str
-    marker: str = ""     # quick, skip: reason, timeout: seconds, or ""
+    marker: str = ""     # quick, skip: reason, timeout: seconds, same-as: page,
+    #                      [quick; ]checked-by: test file, or ""
 
     @property
     def name(self):
@@ -189,7 +190,8 @@ def with_quick(script):
 
 def environment(workdir, server=None, python=None, base=None):
     """PATH with `python` and `favor` first, PYTHONPATH for the developer tree's build, the hub
-    off. FAVOR_DOCS_PYTHON / FAVOR_CLI name the interpreter and the CLI (CTest sets them).
+    off. FAVOR_DOCS_PYTHON / FAVOR_CLI name the interpreter and the CLI (CTest sets the CLI;
+    the interpreter is by default this one).
     With a ForkServer, `python` is its client (docs_forkserver.py). `python` and `base` (an
     environment in place of os.environ, taken as it is: no build tree added to its
     PYTHONPATH) run the block with another interpreter, e.g. a venv where favor is installed
@@ -277,9 +279,10 @@ def checked(page, command, test_file):
     `command`, which names `test_file` (a path; its name is compared) in its checked-by
     marker: the block a test runs and asserts on. ValueError when there is not exactly one
     such block, or its marker names another file."""
-    found = [b for b in parse(ROOT / page) if any(command in c for c in b.commands)]
+    found = [b for b in parse(ROOT / page) if b.lang in RUN
+             and any(command in c for c in b.commands)]
     if len(found) != 1:
-        raise ValueError(f"{page}: {len(found)} blocks run {command!r}, not one")
+        raise ValueError(f"{page}: {len(found)} python or sh blocks run {command!r}, not one")
     name = os.path.basename(test_file)
     if found[0].checked_by != name:
         raise ValueError(f"{found[0].name}: its marker is {found[0].marker!r}, not "
