@@ -55,3 +55,18 @@ def test_convert_and_generate_quick(tmp_path, server):
     assert bpc["fine-tuned"] < bpc["transferred"] - 0.5, bpc
     assert bpc["fine-tuned"] < bpc["converted"] - 1.5, bpc
     assert "sample (120 characters" in out and "favor state:" in out
+
+
+def test_the_blocks_python_is_forked_from_the_venv_server(tmp_path, server):
+    """The blocks above run their `python` in children of the server (torch and favor.hf
+    already imported), with the venv's favor (not the build tree's)."""
+    python, env = blocks_python()
+    block = db.Block(tmp_path / "page.md", 1, "sh",
+                     "python -c 'import sys, favor; print(\"torch\" in sys.modules, "
+                     "\"favor.hf\" in sys.modules, favor.__file__)'\n")
+    r = db.run(block, server=server, python=python, env=env)
+    assert r.returncode == 0, r.stderr
+    preloaded, hf, where = r.stdout.split()
+    assert preloaded == hf == "True", r.stdout
+    if env.get("PYTHONPATH") is None:  # the wheel's venv (CTest): its installed favor
+        assert "site-packages" in where, where
