@@ -201,14 +201,12 @@ def environment(workdir, server=None, python=None, base=None):
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     if os.geteuid() == 0:  # CI runs as root, which Open MPI's mpirun refuses unless told
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    if python is None:
-        python = os.environ.get("FAVOR_DOCS_PYTHON", sys.executable)
+    python = docs_python(python)
     cli = os.environ.get("FAVOR_CLI", str(ROOT / "build" / "tools" / "favor"))
     shims = pathlib.Path(workdir) / ".docs-test-bin"
     shims.mkdir()
-    run_python = shlex.quote(python)
-    if server is not None:  # -S -E: the client starts in ~20 ms, stdlib only
-        run_python += f" -S -E {shlex.quote(str(FORKSERVER))} {shlex.quote(server.socket)}"
+    run_python = " ".join(shlex.quote(a) for a in
+                          (server.client(python) if server is not None else [python]))
     for name, command in (("python", run_python), ("python3", run_python),
                           ("favor", shlex.quote(cli))):
         shim = shims / name
@@ -226,6 +224,11 @@ def environment(workdir, server=None, python=None, base=None):
     return env
 
 
+def docs_python(python=None):
+    """The interpreter the blocks run: `python`, else FAVOR_DOCS_PYTHON, else this one."""
+    return python or os.environ.get("FAVOR_DOCS_PYTHON", sys.executable)
+
+
 class ForkServer:
     """docs_forkserver.py's server for the blocks' `python` commands: started on entry (it
     imports torch, transformers and favor once), stopped on exit."""
@@ -236,15 +239,20 @@ class ForkServer:
         self.socket = os.path.join(self._dir.name, "socket")
         # the server's environment: a client's must match it
         self.env = environment(self._dir.name, python=python, base=base)
-        if python is None:
-            python = os.environ.get("FAVOR_DOCS_PYTHON", sys.executable)
+        self.python = docs_python(python)
         self._proc = subprocess.Popen(
-            [python, str(FORKSERVER), "serve", self.socket], env=self.env,
+            [self.python, str(FORKSERVER), "serve", self.socket], env=self.env,
             stdout=subprocess.PIPE, text=True, start_new_session=True)
         line = self._proc.stdout.readline()
         if line.strip() != "ready":
             self.close()
             raise RuntimeError(f"the docs fork server did not start (it said {line!r})")
+
+    def client(self, python=None):
+        """The command (a list) that runs `python ARGS...` through this server: its client,
+        which execs `python` (default: the server's interpreter) for what it cannot fork.
+        -S -E: the client starts in ~20 ms, stdlib only."""
+        return [python or self.python, "-S", "-E", str(FORKSERVER), self.socket]
 
     def close(self):
         if self._proc.poll() is None:

@@ -12,7 +12,6 @@ as the fork server's client does for every run it cannot fork.
 """
 import atexit
 import subprocess
-import sys
 
 import docs_blocks
 
@@ -33,6 +32,5 @@ def run(argv, cwd=None, env=None, timeout=300):
     server = _started()
     run_env = dict(server.env)
     run_env.update(env or {})
-    command = [sys.executable, "-S", "-E", str(docs_blocks.FORKSERVER), server.socket, *argv]
-    return subprocess.run(command, cwd=cwd, env=run_env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(server.client() + list(argv), cwd=cwd, env=run_env,
+                          capture_output=True, text=True, timeout=timeout)
