@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/team.hpp"
 #include "favor/causal_context.hpp"
 #include "favor/runtime.hpp"
 #include "kernels/backend.hpp"
@@ -149,13 +150,15 @@ void run_parts(const AttentionParams& base, const ResolvedMap& resolved, Plan& p
     p.part_shift = part.shift.get();
     kernels::backend().favor_causal(p);
     const kernels::FeatureParams fp = resolved.params();
-#pragma omp parallel for num_threads(favor::num_threads()) schedule(static)
+    const int team = cpu::helper_team(favor::num_threads());
+#pragma omp parallel for num_threads(team) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < part.rows; ++r) {
         double& s = part.shift[bh * part.rows + r];
         if (!std::isinf(s))
           s += query_log_weight(base, resolved, fp, bh, part.query(base.nq, r), r);
       }
+    cpu::team_ran(team);
   }
 }
 
@@ -289,7 +292,8 @@ void add_norm_term_grad(const BackwardParams& bp, const ResolvedMap& resolved, c
   if (fp.key_norm == kernels::KeyNorm::none) return;
   const double sign = fp.key_norm == kernels::KeyNorm::minus_half ? -1.0 : 1.0;
   const int64_t n = base.nq, heads = base.batch * base.heads, d = base.d, dv = base.dv;
-#pragma omp parallel for num_threads(favor::num_threads()) schedule(static)
+  const int team = cpu::helper_team(favor::num_threads());
+#pragma omp parallel for num_threads(team) schedule(static)
   for (int64_t bh = 0; bh < heads; ++bh) {
     const int64_t b = bh / base.heads, h = bh % base.heads;
     for (int64_t r = 0; r < part.rows; ++r) {
@@ -313,6 +317,7 @@ void add_norm_term_grad(const BackwardParams& bp, const ResolvedMap& resolved, c
         dq[x] += static_cast<float>(dl * sign * resolved.scale * qi[x * base.q_strides[3]]);
     }
   }
+  cpu::team_ran(team);
 }
 
 }  // namespace
@@ -385,7 +390,8 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
     // The merged rows in the view's order, lse in the kernel's frame (its row scales c + M).
     std::vector<float> y(in_place ? 0 : static_cast<size_t>(heads * rows * dv));
     std::vector<double> lse(static_cast<size_t>(heads * (in_place ? n : rows)));
-#pragma omp parallel for num_threads(favor::num_threads()) schedule(static)
+    const int team = cpu::helper_team(favor::num_threads());
+#pragma omp parallel for num_threads(team) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = part.query(n, r);
@@ -395,6 +401,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
         lse[in_place ? bh * n + i : bh * rows + r] =
             std::isinf(l) ? l : l - query_log_weight(base, resolved, fp, bh, i, r);
       }
+    cpu::team_ran(team);
     BackwardParams lb = bp;
     lb.fwd = part_params(base, part, plan.keep.data());
     lb.dy = view_at(bp.dy, bp.dy_strides, part.query(n, 0));
@@ -427,7 +434,8 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
     kernels::backend().favor_backward_causal(lb);
     add_norm_term_grad(bp, resolved, part, rows_of, merged);
     if (in_place) return;
-#pragma omp parallel for num_threads(favor::num_threads()) schedule(static)
+    const int add_team = cpu::helper_team(favor::num_threads());
+#pragma omp parallel for num_threads(add_team) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = part.query(n, r), j = part.key(n, r);
@@ -438,6 +446,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
         for (int64_t x = 0; x < dv; ++x)
           bp.dv[(bh * n + j) * dv + x] += dvv[(bh * rows + r) * dv + x];
       }
+    cpu::team_ran(add_team);
   };
   for (size_t q = 0; q < plan.parts.size(); ++q)
     if (!plan.parts[q].reversed) part_backward(plan.parts[q], part_rows[q]);

@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
+#include "core/validate.hpp"
 #include "cpu/team.hpp"
 #include "reference/naive.hpp"
 #include "test_helpers.hpp"
@@ -172,6 +175,79 @@ TEST(Threads, LargeTensorsHoldTheirFillWhereverTheirMemoryComesFrom) {
     }
     EXPECT_EQ(omp_get_max_threads(), before);
   }
+}
+
+// The isolated-call rule (cpu/team.hpp) on team_now's own clock: after a reset the team has
+// never run (deeply asleep), so a call that saves less than the deep wake-up runs alone; a run
+// of such calls coming less than a deep sleep apart wakes the team once what they would have
+// saved on a warm team exceeds it (before, each found the team asleep since the last one that
+// used it and ran alone for ever); calls too small for a warm team never add up; a pause
+// longer than a deep sleep starts the count again.
+TEST(Threads, MidSizedCallsComingBackToBackWakeASleepingTeam) {
+  using namespace std::chrono_literals;
+  const auto call = [](double saves_ms) {  // one region: the team it gets, then its end
+    const int team = cpu::team_now(2, saves_ms * 1e6 * 50.0 * 2.0);  // 50 GFLOP/s, half saved
+    {
+      cpu::RegionClock clock(1);
+    }  // (ended, alone or not)
+    return team;
+  };
+  cpu::reset_team_state();
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ(call(0.2), 1) << "a call smaller than a light wake-up, " << i;
+    std::this_thread::sleep_for(1ms);
+  }
+  cpu::reset_team_state();
+  // each saves 1.5 ms, 1.2 ms more than a light wake-up: the fourth passes the deep wake-up (4)
+  EXPECT_EQ(call(1.5), 1);
+  std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(call(1.5), 1);
+  std::this_thread::sleep_for(12ms);  // a pause longer than a deep sleep: the count restarts
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(call(1.5), 1) << i;
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(call(1.5), 2) << "four mid-sized calls back to back did not wake the team";
+  cpu::reset_team_state();
+  EXPECT_EQ(call(5.0), 2) << "a call that pays a deep wake-up by itself";
+  cpu::reset_team_state();
+}
+
+// A region outside the kernels that ran on the team (here the inputs' finite scan) leaves it
+// awake: the kernel region after it uses the team. A windowed exact call at N = 1024 (8 heads:
+// its band saves about 2 ms, less than waking a deeply asleep team) in a loop with pauses of a
+// millisecond between the calls, as a Python loop has, ran alone every time before (the scans
+// woke the team but did not say so, and each band found it asleep since the last band that used
+// it); now the team runs its band. Under a load the scans run alone too.
+TEST(Threads, ARegionThatRanOnTheTeamLeavesItAwakeForTheNext) {
+  using namespace std::chrono_literals;
+  ThreadCount restore;
+  set_num_threads(2);
+  const Tensor x = random_tensor({1, 8, 1024, 64}, 1);
+  cpu::reset_team_state();
+  EXPECT_EQ(cpu::team_now(2, 1e8), 1) << "after a reset the team is asleep";
+  detail::check_finite(x.view(), "x");  // 8 slices of 64k floats: on the team
+  EXPECT_EQ(cpu::team_now(2, 1e8), 2) << "the scan ran on the team, which is awake now";
+
+  ExactOptions o;
+  o.causal = true;
+  o.window = 64;
+  o.sinks = 4;
+  const Tensor q = random_tensor({1, 8, 1024, 64}, 2), k = random_tensor({1, 8, 1024, 64}, 3),
+               v = random_tensor({1, 8, 1024, 64}, 4);
+  cpu::reset_team_state();
+  const int64_t before = cpu::team_regions();
+  for (int i = 0; i < 4; ++i) {
+    (void)exact_attention(q, k, v, o);
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_GT(cpu::team_regions(), before) << "the band never ran on the team";
+
+  cpu::run_alone_for(10'000'000'000);
+  const int64_t during = cpu::team_regions();
+  (void)exact_attention(q, k, v, o);
+  EXPECT_EQ(cpu::team_regions(), during) << "a team ran while contended";
+  cpu::reset_team_state();
 }
 
 TEST(Threads, ExactAgreesAcrossThreadCounts) {

@@ -170,3 +170,37 @@ def test_budget_seconds_keeps_a_long_warmup_as_the_only_run():
     assert (len(times), warm, last, len(calls)) == (1, 0, 1, 1) and med == times[0]
     med, times, warm, last = bh.budget_seconds(lambda: calls.append(1) or len(calls), 3, 1e9)
     assert (len(times), warm, last) == (3, 1, 5) and med > 0
+
+
+def _sig(x, digits=3):
+    """x to `digits` significant figures, as the docs' tables print a time."""
+    return float(f"{x:.{digits}g}")
+
+
+def test_the_zen3_window_table_quotes_its_json():
+    """docs/performance.md's Zen 3 table of method='window' (C++ band ms, torch band ms and the
+    speed-up of each mask, pass and N) is the run in docs/data/python_bench_window_zen3.json:
+    every row of the file is in the table, with its times to 3 significant figures and its
+    speed-up to 2 decimals, and the table has no other row."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "docs", "data", "python_bench_window_zen3.json")) as f:
+        records = json.load(f)["records"]
+    with open(os.path.join(root, "docs", "performance.md")) as f:
+        text = f.read()
+    at = text.index("`docs/data/python_bench_window_zen3.json`, the command above")
+    table = text[text.index("| mask | pass | N |", at):]
+    table = table[:table.index("\n\n")].splitlines()[2:]
+    rows = {}
+    for line in table:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[(cells[0], cells[1], int(cells[2]))] = [float(c) for c in cells[3:6]]
+    seconds = {(r["causal"], r["pass"], r["n"], r["impl"]): r for r in records
+               if r["section"] == "window"}
+    want = {}
+    for (causal, pas, n, impl), r in seconds.items():
+        if impl != "cpp":
+            continue
+        torch_s = seconds[(causal, pas, n, "torch_band")]["seconds"]
+        want[("causal" if causal else "bidir", pas, n)] = [
+            _sig(r["seconds"] * 1e3), _sig(torch_s * 1e3), round(r["speedup_vs_torch_band"], 2)]
+    assert rows == want

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <sstream>
 
+#include "cpu/team.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
 
@@ -33,7 +34,8 @@ void populate_pages(float* data, size_t count) {
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
   const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
   if (end <= begin) return;
-  const int threads = favor::num_threads();
+  // (one thread under a load, as the kernels' regions: cpu/team.hpp)
+  const int threads = cpu::helper_team(favor::num_threads());
   const uintptr_t pages = (end - begin) / page;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int t = 0; t < threads; ++t) {
@@ -42,6 +44,7 @@ void populate_pages(float* data, size_t count) {
     if (last > first)
       (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_WRITE);
   }
+  cpu::team_ran(threads);
 #else
   (void)data;
   (void)count;

@@ -55,6 +55,8 @@ std::atomic<int64_t> g_last_end{0};       // the end of the last region, any tea
 std::atomic<int64_t> g_last_team_end{0};  // the end of the last region of a team
 std::atomic<int64_t> g_team_regions{0};
 std::atomic<bool> g_always_wake{false};  // tests
+// What the calls run alone since the team last ran would have gained on a warm team (ns).
+std::atomic<int64_t> g_forgone{0};
 
 void condemn(int64_t now) {
   const int64_t last_end = g_last_window_end.load(std::memory_order_relaxed);
@@ -81,8 +83,35 @@ int team_now(int planned, double flops) {
   // Calls back to back (this one starts as the last one ended): wake the team once for all.
   if (now - g_last_end.load(std::memory_order_relaxed) <= kColdGapNs) return planned;
   // An isolated call after a pause: the team sleeps; wake it only when it saves more.
-  const double wake = slept < kDeepSleepNs ? kLightWakeNs : kDeepWakeNs;
-  return flops / kOneThreadFlopsPerNs / 2.0 > wake ? planned : 1;
+  const double saves = flops / kOneThreadFlopsPerNs / 2.0;
+  if (slept < kDeepSleepNs) return saves > kLightWakeNs ? planned : 1;
+  if (saves > kDeepWakeNs) return planned;
+  // Deeply asleep, and this call alone does not pay the wake-up. But calls that a warm team
+  // would serve (each saves more than a light wake-up) keep it warm once woken, as long as they
+  // come less than a deep sleep apart: what they would have gained adds up, and the team is
+  // woken once it exceeds the deep wake-up. (Left to each call alone, such a loop never woke
+  // it: every call found the team asleep since the last one that used it.)
+  int64_t forgone = g_forgone.load(std::memory_order_relaxed);
+  if (now - g_last_end.load(std::memory_order_relaxed) > kDeepSleepNs) forgone = 0;
+  if (saves > kLightWakeNs) forgone += static_cast<int64_t>(saves - kLightWakeNs);
+  if (double(forgone) > kDeepWakeNs) {
+    g_forgone.store(0, std::memory_order_relaxed);
+    return planned;
+  }
+  g_forgone.store(forgone, std::memory_order_relaxed);
+  return 1;
+}
+
+int helper_team(int planned) {
+  return team_contended() ? 1 : planned;
+}
+
+void team_ran(int team) {
+  if (team <= 1) return;
+  const int64_t end = now_ns();
+  g_last_end.store(end, std::memory_order_relaxed);
+  g_last_team_end.store(end, std::memory_order_relaxed);
+  g_forgone.store(0, std::memory_order_relaxed);
 }
 
 bool team_contended() {
@@ -97,6 +126,7 @@ void reset_team_state() {
   g_last_span.store(0);
   g_last_end.store(0);
   g_last_team_end.store(0);
+  g_forgone.store(0);
 }
 
 int64_t team_regions() {
@@ -153,6 +183,7 @@ RegionClock::~RegionClock() {
   const int64_t span = end - begin_;
   g_last_span.store(span, std::memory_order_relaxed);
   g_last_team_end.store(end, std::memory_order_relaxed);
+  g_forgone.store(0, std::memory_order_relaxed);
   const int64_t waited = kept_waiting_.load(std::memory_order_relaxed);
   const int64_t alone = (master_done_ > begin_ ? master_done_ - begin_ : span) +
                         worker_cpu_.load(std::memory_order_relaxed);
