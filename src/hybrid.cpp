@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "cpu/team.hpp"
+#include "core/helper_threads.hpp"
 #include "favor/causal_context.hpp"
 #include "favor/runtime.hpp"
 #include "kernels/backend.hpp"
@@ -150,7 +150,7 @@ void run_parts(const AttentionParams& base, const ResolvedMap& resolved, Plan& p
     p.part_shift = part.shift.get();
     kernels::backend().favor_causal(p);
     const kernels::FeatureParams fp = resolved.params();
-    const int team = cpu::helper_team(favor::num_threads());
+    const int team = helper_team(favor::num_threads());
 #pragma omp parallel for num_threads(team) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < part.rows; ++r) {
@@ -158,7 +158,7 @@ void run_parts(const AttentionParams& base, const ResolvedMap& resolved, Plan& p
         if (!std::isinf(s))
           s += query_log_weight(base, resolved, fp, bh, part.query(base.nq, r), r);
       }
-    cpu::team_ran(team);
+    team_ran(team);
   }
 }
 
@@ -292,7 +292,7 @@ void add_norm_term_grad(const BackwardParams& bp, const ResolvedMap& resolved, c
   if (fp.key_norm == kernels::KeyNorm::none) return;
   const double sign = fp.key_norm == kernels::KeyNorm::minus_half ? -1.0 : 1.0;
   const int64_t n = base.nq, heads = base.batch * base.heads, d = base.d, dv = base.dv;
-  const int team = cpu::helper_team(favor::num_threads());
+  const int team = helper_team(favor::num_threads());
 #pragma omp parallel for num_threads(team) schedule(static)
   for (int64_t bh = 0; bh < heads; ++bh) {
     const int64_t b = bh / base.heads, h = bh % base.heads;
@@ -317,7 +317,7 @@ void add_norm_term_grad(const BackwardParams& bp, const ResolvedMap& resolved, c
         dq[x] += static_cast<float>(dl * sign * resolved.scale * qi[x * base.q_strides[3]]);
     }
   }
-  cpu::team_ran(team);
+  team_ran(team);
 }
 
 }  // namespace
@@ -390,7 +390,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
     // The merged rows in the view's order, lse in the kernel's frame (its row scales c + M).
     std::vector<float> y(in_place ? 0 : static_cast<size_t>(heads * rows * dv));
     std::vector<double> lse(static_cast<size_t>(heads * (in_place ? n : rows)));
-    const int team = cpu::helper_team(favor::num_threads());
+    const int team = helper_team(favor::num_threads());
 #pragma omp parallel for num_threads(team) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < rows; ++r) {
@@ -401,7 +401,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
         lse[in_place ? bh * n + i : bh * rows + r] =
             std::isinf(l) ? l : l - query_log_weight(base, resolved, fp, bh, i, r);
       }
-    cpu::team_ran(team);
+    team_ran(team);
     BackwardParams lb = bp;
     lb.fwd = part_params(base, part, plan.keep.data());
     lb.dy = view_at(bp.dy, bp.dy_strides, part.query(n, 0));
@@ -434,7 +434,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
     kernels::backend().favor_backward_causal(lb);
     add_norm_term_grad(bp, resolved, part, rows_of, merged);
     if (in_place) return;
-    const int add_team = cpu::helper_team(favor::num_threads());
+    const int add_team = helper_team(favor::num_threads());
 #pragma omp parallel for num_threads(add_team) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < rows; ++r) {
@@ -446,7 +446,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
         for (int64_t x = 0; x < dv; ++x)
           bp.dv[(bh * n + j) * dv + x] += dvv[(bh * rows + r) * dv + x];
       }
-    cpu::team_ran(add_team);
+    team_ran(add_team);
   };
   for (size_t q = 0; q < plan.parts.size(); ++q)
     if (!plan.parts[q].reversed) part_backward(plan.parts[q], part_rows[q]);

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <sstream>
 
-#include "cpu/team.hpp"
+#include "core/helper_threads.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
 
@@ -35,7 +35,7 @@ void populate_pages(float* data, size_t count) {
   const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
   if (end <= begin) return;
   // (one thread under a load, as the kernels' regions: cpu/team.hpp)
-  const int threads = cpu::helper_team(favor::num_threads());
+  const int threads = detail::helper_team(favor::num_threads());
   const uintptr_t pages = (end - begin) / page;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int t = 0; t < threads; ++t) {
@@ -44,7 +44,7 @@ void populate_pages(float* data, size_t count) {
     if (last > first)
       (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_WRITE);
   }
-  cpu::team_ran(threads);
+  detail::team_ran(threads);
 #else
   (void)data;
   (void)count;

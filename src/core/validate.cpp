@@ -6,7 +6,7 @@
 #include <sstream>
 #include <utility>
 
-#include "cpu/team.hpp"
+#include "core/helper_threads.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
 
@@ -115,12 +115,12 @@ void check_finite(const TensorView& t, const std::string& name) {
   const int64_t elements = slices * t.shape[2] * t.shape[3];
   // (one thread under a load, as the kernels' regions: cpu/team.hpp)
   const int team =
-      slices > 1 && elements >= kParallelCheckElements ? cpu::helper_team(favor::num_threads()) : 1;
+      slices > 1 && elements >= kParallelCheckElements ? helper_team(favor::num_threads()) : 1;
   bool bad = false;
 #pragma omp parallel for num_threads(team) schedule(static) reduction(|| : bad) if (team > 1)
   for (int64_t s = 0; s < slices; ++s)
     bad = bad || slice_nonfinite(t, s / t.shape[1], s % t.shape[1]);
-  cpu::team_ran(team);
+  team_ran(team);
   if (!bad) return;
   for (int64_t b = 0; b < t.shape[0]; ++b)
     for (int64_t h = 0; h < t.shape[1]; ++h)

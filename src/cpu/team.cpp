@@ -1,5 +1,7 @@
 #include "cpu/team.hpp"
 
+#include "core/helper_threads.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -55,8 +57,10 @@ std::atomic<int64_t> g_last_end{0};       // the end of the last region, any tea
 std::atomic<int64_t> g_last_team_end{0};  // the end of the last region of a team
 std::atomic<int64_t> g_team_regions{0};
 std::atomic<bool> g_always_wake{false};  // tests
-// What the calls run alone since the team last ran would have gained on a warm team (ns).
+// What the calls run alone since the team last ran would have gained on a warm team (ns), and
+// when the last of them added to it.
 std::atomic<int64_t> g_forgone{0};
+std::atomic<int64_t> g_forgone_at{0};
 
 void condemn(int64_t now) {
   const int64_t last_end = g_last_window_end.load(std::memory_order_relaxed);
@@ -91,27 +95,17 @@ int team_now(int planned, double flops) {
   // come less than a deep sleep apart: what they would have gained adds up, and the team is
   // woken once it exceeds the deep wake-up. (Left to each call alone, such a loop never woke
   // it: every call found the team asleep since the last one that used it.)
+  if (saves <= kLightWakeNs) return 1;  // too small for a warm team: never adds up
   int64_t forgone = g_forgone.load(std::memory_order_relaxed);
-  if (now - g_last_end.load(std::memory_order_relaxed) > kDeepSleepNs) forgone = 0;
-  if (saves > kLightWakeNs) forgone += static_cast<int64_t>(saves - kLightWakeNs);
+  if (now - g_forgone_at.load(std::memory_order_relaxed) > kDeepSleepNs) forgone = 0;
+  forgone += static_cast<int64_t>(saves - kLightWakeNs);
   if (double(forgone) > kDeepWakeNs) {
     g_forgone.store(0, std::memory_order_relaxed);
     return planned;
   }
   g_forgone.store(forgone, std::memory_order_relaxed);
+  g_forgone_at.store(now, std::memory_order_relaxed);
   return 1;
-}
-
-int helper_team(int planned) {
-  return team_contended() ? 1 : planned;
-}
-
-void team_ran(int team) {
-  if (team <= 1) return;
-  const int64_t end = now_ns();
-  g_last_end.store(end, std::memory_order_relaxed);
-  g_last_team_end.store(end, std::memory_order_relaxed);
-  g_forgone.store(0, std::memory_order_relaxed);
 }
 
 bool team_contended() {
@@ -127,6 +121,7 @@ void reset_team_state() {
   g_last_end.store(0);
   g_last_team_end.store(0);
   g_forgone.store(0);
+  g_forgone_at.store(0);
 }
 
 int64_t team_regions() {
@@ -202,3 +197,19 @@ RegionClock::~RegionClock() {
 }
 
 }  // namespace favor::cpu
+
+namespace favor::detail {
+
+int helper_team(int planned) {
+  return cpu::team_contended() ? 1 : planned;
+}
+
+void team_ran(int team) {
+  if (team <= 1) return;
+  const int64_t end = cpu::now_ns();
+  cpu::g_last_end.store(end, std::memory_order_relaxed);
+  cpu::g_last_team_end.store(end, std::memory_order_relaxed);
+  cpu::g_forgone.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace favor::detail

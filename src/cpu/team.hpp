@@ -20,11 +20,15 @@
 // a region's wait before its threads arrive is not judged. Calls back to back wake the team
 // once for all; an isolated call after a pause uses it only when half its time on one
 // thread (counted at 50 GFLOP/s) exceeds the wake-up (0.3 ms, 4 ms after 10 ms asleep): a
-// decode step between two Python statements runs on the calling thread. What such calls would
-// have saved adds up while they come less than 10 ms apart (a loop of mid-sized calls with other
-// work between them, as a Python loop has): once it exceeds the wake-up, the team is woken, and
-// the calls after it find it warm. A region outside the kernels that ran on the team (the input
-// scan, a fingerprint, a page fill: team_ran) wakes it as well. Imbalanced work (a
+// decode step between two Python statements runs on the calling thread. Calls that a warm team
+// would serve (each saves more than a light wake-up) but that do not pay a deep one add up what
+// each would gain on a warm team (its saving less a light wake-up) while each comes less than
+// 10 ms after the last one that added (a loop of mid-sized calls with other work between them,
+// as a Python loop has): once the sum exceeds the deep wake-up, the team is woken, and the calls
+// after it find it warm. A loop outside the kernels that ran on the team (the input scan, a
+// fingerprint, a page fill: detail::team_ran, core/helper_threads.hpp) wakes it as well. The
+// state is the process's, shared by every calling thread (each has its own OpenMP pool; under
+// several callers the rules are approximate: one wake-up too many or too few). Imbalanced work (a
 // thread with little to do, never kept waiting) is not load and is left alone. A team of one
 // runs the same decomposition (parts, tasks and groups come from the configured threads,
 // never from the team), so results do not depend on the team.
@@ -63,16 +67,6 @@ class RegionClock {
   std::atomic<int64_t> worker_cpu_{0};    // the other threads' CPU time (long regions)
   std::atomic<int64_t> pre_arrival_{0};   // a cold team's wake-up (not judged)
 };
-
-/// The team of a region outside the kernels (the inputs' finite scan, a fingerprint, a page
-/// fill: src/core): `planned`, or 1 while the machine is contended. Such regions are short
-/// scans of memory, not judged; after one, call team_ran(team).
-int helper_team(int planned);
-
-/// A region outside the kernels has just run on `team` threads: with more than one the team is
-/// awake now, and the next region is not an isolated call after a pause. One thread: nothing
-/// (a scan run alone does not make the kernel after it a call back to back).
-void team_ran(int team);
 
 /// Whether regions run on the calling thread now (a contended window), for benchmarks.
 bool team_contended();
