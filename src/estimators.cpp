@@ -203,7 +203,7 @@ KernelFit fit_from_moments(const KernelMoments& moments) {
   fit.a.resize(static_cast<size_t>(heads * d));
   fit.basis.resize(static_cast<size_t>(heads * d * d));
   KernelMoments& mo = const_cast<KernelMoments&>(moments);  // moments_at only reads here
-  const int team = detail::helper_team(num_threads());
+  const int team = detail::helper_team();
 #pragma omp parallel for schedule(dynamic) num_threads(team)
   for (int64_t bh = 0; bh < heads; ++bh) {
     fit_head(moments.kernel, moments_at(mo, bh, 0), moments_at(mo, bh, 1), d, fit.a.data() + bh * d,

@@ -150,7 +150,7 @@ void run_parts(const AttentionParams& base, const ResolvedMap& resolved, Plan& p
     p.part_shift = part.shift.get();
     kernels::backend().favor_causal(p);
     const kernels::FeatureParams fp = resolved.params();
-    const int team = helper_team(favor::num_threads());
+    const int team = helper_team();
 #pragma omp parallel for num_threads(team) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < part.rows; ++r) {
@@ -292,7 +292,7 @@ void add_norm_term_grad(const BackwardParams& bp, const ResolvedMap& resolved, c
   if (fp.key_norm == kernels::KeyNorm::none) return;
   const double sign = fp.key_norm == kernels::KeyNorm::minus_half ? -1.0 : 1.0;
   const int64_t n = base.nq, heads = base.batch * base.heads, d = base.d, dv = base.dv;
-  const int team = helper_team(favor::num_threads());
+  const int team = helper_team();
 #pragma omp parallel for num_threads(team) schedule(static)
   for (int64_t bh = 0; bh < heads; ++bh) {
     const int64_t b = bh / base.heads, h = bh % base.heads;
@@ -390,7 +390,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
     // The merged rows in the view's order, lse in the kernel's frame (its row scales c + M).
     std::vector<float> y(in_place ? 0 : static_cast<size_t>(heads * rows * dv));
     std::vector<double> lse(static_cast<size_t>(heads * (in_place ? n : rows)));
-    const int team = helper_team(favor::num_threads());
+    const int team = helper_team();
 #pragma omp parallel for num_threads(team) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < rows; ++r) {
@@ -434,7 +434,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
     kernels::backend().favor_backward_causal(lb);
     add_norm_term_grad(bp, resolved, part, rows_of, merged);
     if (in_place) return;
-    const int add_team = helper_team(favor::num_threads());
+    const int add_team = helper_team();
 #pragma omp parallel for num_threads(add_team) schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh)
       for (int64_t r = 0; r < rows; ++r) {

@@ -75,10 +75,14 @@ class Block:
         return m.group(1) if m else None
 
     @property
+    def runnable(self):
+        """Whether some test runs it: test_docs.py, or the file its checked-by marker names."""
+        return self.lang in RUN and not self.marker.startswith(("skip", "same-as"))
+
+    @property
     def runs(self):
         """Whether test_docs.py runs it (a checked-by block runs in its test file)."""
-        return (self.lang in RUN and not self.marker.startswith(("skip", "same-as"))
-                and self.checked_by is None)
+        return self.runnable and self.checked_by is None
 
     @property
     def commands(self):
@@ -344,7 +348,7 @@ def _main(paths, server):
                 print(f"skip {block.name}: {block.marker[5:].strip()}")
             elif block.lang in RUN and block.marker.startswith("same-as"):
                 print(f"same {block.name}: its commands run on {block.marker[8:].strip()}")
-            elif block.runs or block.checked_by:
+            elif block.runnable:
                 r = run(block, server=server)
                 print(f"{'ok  ' if r.returncode == 0 else 'FAIL'} {block.name}")
                 if r.returncode:

@@ -17,9 +17,10 @@ import sys
 import docs_blocks as db
 
 
-def examples_python():
-    """(interpreter, environment) for a subprocess that runs an example script."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+def blocks_python():
+    """(interpreter, environment) for run_block: the wheel venv's where the marker file names
+    it, else this interpreter; on one thread."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     marker = os.environ.get("FAVOR_EXAMPLES_PYTHON_FILE", "")
     if marker and os.path.exists(marker):
         with open(marker) as f:
@@ -33,13 +34,6 @@ def examples_python():
             os.path.dirname(os.path.dirname(os.path.dirname(python))), "pycache")
         return python, env
     return sys.executable, env
-
-
-def blocks_python():
-    """(interpreter, environment) for run_block: examples_python()'s, on one thread."""
-    python, env = examples_python()
-    env["OMP_NUM_THREADS"] = "1"
-    return python, env
 
 
 def run_block(page, command, test_file, workdir, server=None):

@@ -190,7 +190,7 @@ def _window_rows(path):
             torch_s = seconds[(causal, pas, n, "torch_band")]["seconds"]
             rows[("causal" if causal else "bidir", pas, n)] = [
                 _sig(r["seconds"] * 1e3), _sig(torch_s * 1e3),
-                round(r["speedup_vs_torch_band"], 2)]
+                float(bh.fmt_ratio(r["speedup_vs_torch_band"]))]
     return rows
 
 

@@ -34,7 +34,7 @@ class Hasher {
     for (int64_t s : t.shape) value(s);
     const int64_t slices = t.shape[0] * t.shape[1];
     std::vector<uint64_t> digests(static_cast<size_t>(slices));
-    const int team = slices > 1 ? helper_team(favor::num_threads()) : 1;
+    const int team = slices > 1 ? helper_team() : 1;
 #pragma omp parallel for num_threads(team) schedule(static) if (team > 1)
     for (int64_t bh = 0; bh < slices; ++bh) {
       const int64_t b = bh / t.shape[1], h = bh % t.shape[1];

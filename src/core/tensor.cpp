@@ -35,7 +35,7 @@ void populate_pages(float* data, size_t count) {
   const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
   if (end <= begin) return;
   // (one thread under a load, as the kernels' regions: cpu/team.hpp)
-  const int threads = detail::helper_team(favor::num_threads());
+  const int threads = detail::helper_team();
   const uintptr_t pages = (end - begin) / page;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int t = 0; t < threads; ++t) {

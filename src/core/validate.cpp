@@ -114,8 +114,7 @@ void check_finite(const TensorView& t, const std::string& name) {
   const int64_t slices = t.shape[0] * t.shape[1];
   const int64_t elements = slices * t.shape[2] * t.shape[3];
   // (one thread under a load, as the kernels' regions: cpu/team.hpp)
-  const int team =
-      slices > 1 && elements >= kParallelCheckElements ? helper_team(favor::num_threads()) : 1;
+  const int team = slices > 1 && elements >= kParallelCheckElements ? helper_team() : 1;
   bool bad = false;
 #pragma omp parallel for num_threads(team) schedule(static) reduction(|| : bad) if (team > 1)
   for (int64_t s = 0; s < slices; ++s)

@@ -1,6 +1,7 @@
 #include "cpu/team.hpp"
 
 #include "core/helper_threads.hpp"
+#include "favor/runtime.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -61,6 +62,12 @@ std::atomic<bool> g_always_wake{false};  // tests
 // when the last of them added to it.
 std::atomic<int64_t> g_forgone{0};
 std::atomic<int64_t> g_forgone_at{0};
+
+// A region of the team (or a loop outside the kernels on it) ended at `end`: the team is awake.
+void team_ended(int64_t end) {
+  g_last_team_end.store(end, std::memory_order_relaxed);
+  g_forgone.store(0, std::memory_order_relaxed);
+}
 
 void condemn(int64_t now) {
   const int64_t last_end = g_last_window_end.load(std::memory_order_relaxed);
@@ -177,8 +184,7 @@ RegionClock::~RegionClock() {
   g_team_regions.fetch_add(1, std::memory_order_relaxed);
   const int64_t span = end - begin_;
   g_last_span.store(span, std::memory_order_relaxed);
-  g_last_team_end.store(end, std::memory_order_relaxed);
-  g_forgone.store(0, std::memory_order_relaxed);
+  team_ended(end);
   const int64_t waited = kept_waiting_.load(std::memory_order_relaxed);
   const int64_t alone = (master_done_ > begin_ ? master_done_ - begin_ : span) +
                         worker_cpu_.load(std::memory_order_relaxed);
@@ -200,16 +206,15 @@ RegionClock::~RegionClock() {
 
 namespace favor::detail {
 
-int helper_team(int planned) {
-  return cpu::team_contended() ? 1 : planned;
+int helper_team() {
+  return cpu::team_contended() ? 1 : favor::num_threads();
 }
 
 void team_ran(int team) {
   if (team <= 1) return;
   const int64_t end = cpu::now_ns();
   cpu::g_last_end.store(end, std::memory_order_relaxed);
-  cpu::g_last_team_end.store(end, std::memory_order_relaxed);
-  cpu::g_forgone.store(0, std::memory_order_relaxed);
+  cpu::team_ended(end);
 }
 
 }  // namespace favor::detail
