@@ -87,9 +87,9 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
   kernels::AttentionParams p = make_params(q, k, v, out, s, resolved.scale, options.key_mask);
   p.map = resolved.params();
   if (detail::is_hybrid(options)) {
-    // Causal with save_causal_states: the estimated part's chunk states and rows and the
-    // merge's rows (hybrid_context_layout), its buffers kept; else nothing.
-    const bool save = context && options.causal && options.save_causal_states;
+    // With save_causal_states: the estimated parts' chunk states and rows and the merge's
+    // rows (hybrid_context_layout; causal or bidirectional), its buffers kept; else nothing.
+    const bool save = context && options.save_causal_states;
     if (save) {
       context->fingerprint = 0;
     } else if (context) {

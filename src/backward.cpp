@@ -55,12 +55,12 @@ void check_hybrid_context(const AttentionContextView& c, const TensorView& q, co
                           int64_t features) {
   if (!c.valid()) {
     throw Error(
-        "context: only a causal hybrid forward call with save_causal_states and a window "
-        "shorter than the sequence saves a context (this one is empty)");
+        "context: only a hybrid forward call with save_causal_states and a window shorter "
+        "than the sequence saves a context (this one is empty)");
   }
-  const HybridContextLayout l =
-      hybrid_context_layout(s.batch * s.heads, s.nq, features, s.dv, options.window);
-  if (!options.causal || c.states_size != static_cast<size_t>(l.states) ||
+  const HybridContextLayout l = hybrid_context_layout(s.batch * s.heads, s.nq, features, s.dv,
+                                                      options.window, options.causal);
+  if (c.states_size != static_cast<size_t>(l.states) ||
       c.maxima_size != static_cast<size_t>(l.maxima) ||
       c.rows_size != static_cast<size_t>(l.rows) ||
       c.fingerprint != (detail::context_fingerprint(q, k, v, options) ^ resolved.fingerprint())) {

@@ -26,9 +26,11 @@ struct Part {
   int64_t offset = 0;  // rows of the view: n - offset
   int64_t rows = 0;
   // [B*H][rows][dv + 1] and [B*H][rows] (full log scales once finished), written whole by
-  // the kernel: allocated, not zeroed.
-  std::unique_ptr<float[]> rows_x;
-  std::unique_ptr<double[]> shift;
+  // the kernel: a saved context's, or the part's own (allocated, not zeroed).
+  float* rows_x = nullptr;
+  double* shift = nullptr;
+  std::unique_ptr<float[]> own_rows;
+  std::unique_ptr<double[]> own_shift;
   // The original index of view row r (query) or view key j (key of the same frame).
   int64_t query(int64_t n, int64_t r) const { return reversed ? n - 1 - offset - r : r + offset; }
   int64_t key(int64_t n, int64_t j) const { return reversed ? n - 1 - j : j; }
@@ -138,28 +140,107 @@ Plan make_plan(const AttentionParams& base, const AttentionOptions& o) {
   return plan;
 }
 
-// Runs the estimated parts' forward: each row's [num | den] and its full log scale.
-void run_parts(const AttentionParams& base, const ResolvedMap& resolved, Plan& plan) {
-  const int64_t heads = base.batch * base.heads, dv = base.dv;
-  for (Part& part : plan.parts) {
-    AttentionParams p = part_params(base, part, plan.keep.data());
-    part.rows_x.reset(new float[static_cast<size_t>(heads * part.rows * (dv + 1))]);
-    part.shift.reset(new double[static_cast<size_t>(heads * part.rows)]);
-    p.out = nullptr;  // the rows are what the merge reads
-    p.part_rows = part.rows_x.get();
-    p.part_shift = part.shift.get();
-    kernels::backend().favor_causal(p);
-    const kernels::FeatureParams fp = resolved.params();
-    const int team = helper_team();
-#pragma omp parallel for num_threads(team) schedule(static)
-    for (int64_t bh = 0; bh < heads; ++bh)
-      for (int64_t r = 0; r < part.rows; ++r) {
-        double& s = part.shift[bh * part.rows + r];
-        if (!std::isinf(s))
-          s += query_log_weight(base, resolved, fp, bh, part.query(base.nq, r), r);
-      }
-    team_ran(team);
+// Where a saved context's parts lie (hybrid_context_layout): each part's chunk states,
+// their maxima, its rows and their log scales (part[0] the prefix, part[1] a bidirectional
+// call's suffix: the plan's parts in order), then the merge's lse and y.
+struct SavedPart {
+  float* states = nullptr;
+  double* maxima = nullptr;
+  float* rows = nullptr;
+  double* scale = nullptr;
+};
+struct SavedParts {
+  SavedPart part[2];
+  double* lse = nullptr;
+  float* y = nullptr;
+};
+SavedParts saved_parts(float* states, double* maxima, float* rows, const HybridContextLayout& l,
+                       int64_t heads, int64_t n, int64_t features, int64_t dv) {
+  SavedParts at;
+  const int64_t slots[2] = {l.slots, l.suffix_slots}, part_rows[2] = {l.part_rows, l.suffix_rows};
+  double* lse = maxima + heads * (l.slots + l.suffix_slots);
+  double* scale = lse + heads * n;
+  for (int q = 0; q < 2; ++q) {
+    at.part[q] = {states, maxima, rows, scale};
+    states += heads * slots[q] * features * (dv + 1);
+    maxima += heads * slots[q];
+    rows += heads * part_rows[q] * (dv + 1);
+    scale += heads * part_rows[q];
   }
+  at.lse = lse;
+  at.y = rows;
+  return at;
+}
+// A forward's context, sized for the layout.
+SavedParts saved_parts(AttentionContext& c, const HybridContextLayout& l, int64_t heads, int64_t n,
+                       int64_t features, int64_t dv) {
+  c.states.resize(static_cast<size_t>(l.states));
+  c.maxima.resize(static_cast<size_t>(l.maxima));
+  c.rows.resize(static_cast<size_t>(l.rows));
+  return saved_parts(c.states.data(), c.maxima.data(), c.rows.data(), l, heads, n, features, dv);
+}
+// (the backward only reads a context's parts)
+SavedParts saved_parts(const AttentionContextView& c, const HybridContextLayout& l, int64_t heads,
+                       int64_t n, int64_t features, int64_t dv) {
+  return saved_parts(const_cast<float*>(c.states), const_cast<double*>(c.maxima),
+                     const_cast<float*>(c.rows), l, heads, n, features, dv);
+}
+
+HybridContextLayout context_layout(const AttentionParams& base, const AttentionOptions& options) {
+  return hybrid_context_layout(base.batch * base.heads, base.nq, base.map.features(), base.dv,
+                               options.window, options.causal);
+}
+
+// The band's parts: the plan's rows, for the merge (band_attention).
+void add_band_parts(kernels::BandParams& bp, const Plan& plan) {
+  for (const Part& part : plan.parts) {
+    kernels::BandPart& to = bp.parts[bp.part_count++];
+    to.data = part.rows_x;
+    to.shift = part.shift;
+    to.offset = part.offset;
+    to.rows = part.rows;
+    to.head_stride = part.rows;
+    to.reversed = part.reversed;
+  }
+}
+
+void run_part(const AttentionParams& base, const ResolvedMap& resolved, const Plan& plan,
+              Part& part, const SavedPart* saved) {
+  const int64_t heads = base.batch * base.heads, dv = base.dv;
+  AttentionParams p = part_params(base, part, plan.keep.data());
+  if (saved) {
+    part.rows_x = saved->rows;
+    part.shift = saved->scale;
+    p.ctx_chunk_states = saved->states;  // as a causal call saves them (kChunk-token chunks)
+    p.ctx_chunk_maxima = saved->maxima;
+    p.ctx_rows = saved->rows;
+  } else {
+    part.own_rows.reset(new float[static_cast<size_t>(heads * part.rows * (dv + 1))]);
+    part.own_shift.reset(new double[static_cast<size_t>(heads * part.rows)]);
+    part.rows_x = part.own_rows.get();
+    part.shift = part.own_shift.get();
+  }
+  p.out = nullptr;  // the rows are what the merge reads
+  p.part_rows = part.rows_x;
+  p.part_shift = part.shift;
+  kernels::backend().favor_causal(p);
+  const kernels::FeatureParams fp = resolved.params();
+  const int team = helper_team();
+#pragma omp parallel for num_threads(team) schedule(static)
+  for (int64_t bh = 0; bh < heads; ++bh)
+    for (int64_t r = 0; r < part.rows; ++r) {
+      double& s = part.shift[bh * part.rows + r];
+      if (!std::isinf(s)) s += query_log_weight(base, resolved, fp, bh, part.query(base.nq, r), r);
+    }
+  team_ran(team);
+}
+
+// Runs the estimated parts' forward: each row's [num | den] and its full log scale, into the
+// parts' own arrays or, with a context (`saved`), into it with each part's chunk states.
+void run_parts(const AttentionParams& base, const ResolvedMap& resolved, Plan& plan,
+               const SavedParts* saved = nullptr) {
+  for (size_t q = 0; q < plan.parts.size(); ++q)
+    run_part(base, resolved, plan, plan.parts[q], saved ? &saved->part[q] : nullptr);
 }
 
 // The exact part's params.
@@ -177,35 +258,6 @@ kernels::BandParams band_params(const AttentionParams& base, double scale, bool 
 kernels::BandParams band_params(const AttentionParams& base, const ResolvedMap& resolved,
                                 const AttentionOptions& o, const Plan& plan) {
   return band_params(base, resolved.scale, o.causal, o.window, o.sinks, plan.sinks.data());
-}
-
-// Where a saved context's parts lie (hybrid_context_layout).
-struct SavedParts {
-  float* states;
-  double* maxima;
-  float* rows;
-  double* lse;
-  double* scale;
-  float* y;
-};
-SavedParts saved_parts(float* states, double* maxima, float* rows, const HybridContextLayout& l,
-                       int64_t heads, int64_t n, int64_t dv) {
-  return {states,
-          maxima,
-          rows,
-          maxima + heads * l.slots,
-          maxima + heads * (l.slots + n),
-          rows + heads * l.part_rows * (dv + 1)};
-}
-SavedParts saved_parts(AttentionContext& c, const HybridContextLayout& l, int64_t heads, int64_t n,
-                       int64_t dv) {
-  return saved_parts(c.states.data(), c.maxima.data(), c.rows.data(), l, heads, n, dv);
-}
-// (the backward only reads a context's parts)
-SavedParts saved_parts(const AttentionContextView& c, const HybridContextLayout& l, int64_t heads,
-                       int64_t n, int64_t dv) {
-  return saved_parts(const_cast<float*>(c.states), const_cast<double*>(c.maxima),
-                     const_cast<float*>(c.rows), l, heads, n, dv);
 }
 
 // The causal forward with its estimated part: one sweep (kernels::HybridCausalParams); with a
@@ -226,18 +278,14 @@ int64_t fused_causal(const AttentionParams& base, const ResolvedMap& resolved,
   hp.weight.norm = norm_weight(resolved, fp);
   hp.weight.constant = constant.data();
   if (context) {
-    const HybridContextLayout l =
-        hybrid_context_layout(heads, base.nq, base.map.features(), base.dv, options.window);
-    context->states.resize(static_cast<size_t>(l.states));
-    context->maxima.resize(static_cast<size_t>(l.maxima));
-    context->rows.resize(static_cast<size_t>(l.rows));
-    const SavedParts at = saved_parts(*context, l, heads, base.nq, base.dv);
-    hp.part.ctx_chunk_states = at.states;
-    hp.part.ctx_chunk_maxima = at.maxima;
-    hp.part.ctx_rows = at.rows;
+    const SavedParts at = saved_parts(*context, context_layout(base, options), heads, base.nq,
+                                      base.map.features(), base.dv);
+    hp.part.ctx_chunk_states = at.part[0].states;
+    hp.part.ctx_chunk_maxima = at.part[0].maxima;
+    hp.part.ctx_rows = at.part[0].rows;
     hp.band.lse = at.lse;
     hp.saved_y = at.y;
-    hp.saved_scale = at.scale;
+    hp.saved_scale = at.part[0].scale;
     if (base.out == nullptr) {  // a backward's forward: the output is the context's y
       hp.band.p.out = at.y;
       hp.band.p.out_strides = {base.heads * base.nq * base.dv, base.nq * base.dv, base.dv, 1};
@@ -246,27 +294,46 @@ int64_t fused_causal(const AttentionParams& base, const ResolvedMap& resolved,
   return kernels::backend().hybrid_causal(hp);
 }
 
-// The forward on a plan into base.out, and lse (B*H x N) where set: causal, one sweep;
-// bidirectional (or no estimated part), the parts' rows kept in the plan (run_parts), then
-// the exact terms merged with them by the band kernel.
+// A saved context's copy of the merged output (C order), from base.out.
+void save_output(const AttentionParams& base, float* y) {
+  const int64_t heads = base.batch * base.heads, n = base.nq, dv = base.dv;
+  const int team = helper_team();
+#pragma omp parallel for num_threads(team) schedule(static)
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    const float* from = base.out + (bh / base.heads) * base.out_strides[0] +
+                        (bh % base.heads) * base.out_strides[1];
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t x = 0; x < dv; ++x)
+        y[(bh * n + i) * dv + x] = from[i * base.out_strides[2] + x * base.out_strides[3]];
+  }
+  team_ran(team);
+}
+
+// The forward on a plan into base.out (a backward's forward with a context: null, the
+// context's y), and lse (B*H x N) where set: causal, one sweep; bidirectional (or no
+// estimated part), the parts' rows kept in the plan or the context (run_parts), then the
+// exact terms merged with them by the band kernel. With a context (a plan with parts), the
+// parts' chunk states and rows, lse and y are saved in it (hybrid_context_layout).
 int64_t merge_forward(const AttentionParams& base, const ResolvedMap& resolved,
                       const AttentionOptions& options, Plan& plan, double* lse,
                       AttentionContext* context = nullptr) {
   if (options.causal && !plan.parts.empty())
     return fused_causal(base, resolved, options, plan, lse, context);
-  run_parts(base, resolved, plan);
+  SavedParts at;
+  if (context)
+    at = saved_parts(*context, context_layout(base, options), base.batch * base.heads, base.nq,
+                     base.map.features(), base.dv);
+  run_parts(base, resolved, plan, context ? &at : nullptr);
   kernels::BandParams bp = band_params(base, resolved, options, plan);
-  for (const Part& part : plan.parts) {
-    kernels::BandPart& to = bp.parts[bp.part_count++];
-    to.data = part.rows_x.get();
-    to.shift = part.shift.get();
-    to.offset = part.offset;
-    to.rows = part.rows;
-    to.head_stride = part.rows;
-    to.reversed = part.reversed;
+  add_band_parts(bp, plan);
+  bp.lse = context ? at.lse : lse;
+  if (context && base.out == nullptr) {
+    bp.p.out = at.y;
+    bp.p.out_strides = {base.heads * base.nq * base.dv, base.nq * base.dv, base.dv, 1};
   }
-  bp.lse = lse;
-  return kernels::backend().band_attention(bp);
+  const int64_t zero_rows = kernels::backend().band_attention(bp);
+  if (context && base.out != nullptr) save_output(base, at.y);
+  return zero_rows;
 }
 
 // The merged rows of a backward: y (C order) and lse, recomputed or saved.
@@ -338,7 +405,10 @@ double head_log_constant(const ResolvedMap& r, int64_t bh) {
 int64_t hybrid_forward(const AttentionParams& base, const ResolvedMap& resolved,
                        const AttentionOptions& options, AttentionContext* context) {
   Plan plan = make_plan(base, options);
-  if (context && !(options.causal && !plan.parts.empty())) context = nullptr;  // saves nothing
+  if (context && plan.parts.empty()) {  // no estimated part: saves nothing
+    *context = AttentionContext{};
+    context = nullptr;
+  }
   return merge_forward(base, resolved, options, plan, nullptr, context);
 }
 
@@ -348,12 +418,14 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
   const int64_t n = base.nq, heads = base.batch * base.heads, d = base.d, dv = base.dv;
   Plan plan = make_plan(base, options);
   // The merged rows and each part's rows: from the context, or recomputed (causal with a
-  // part: the forward saving a context here, the same sweep and the same backward).
+  // part: the forward saving a context here, the same sweep and the same backward; a
+  // bidirectional one keeps its parts' rows only, and each part's backward reruns its sweep:
+  // saving both parts' chunk states here measured slower from N = 2048 on, for 2.4x the
+  // memory, docs/performance.md).
   std::vector<float> y_store;
   std::vector<double> lse_store;
   Merged merged{};
   std::vector<PartRows> part_rows;
-  HybridContextLayout layout;
   SavedParts saved{};
   AttentionContext local;
   AttentionContextView local_view;
@@ -365,10 +437,10 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
     context = &local_view;
   }
   if (context) {
-    layout = hybrid_context_layout(heads, n, base.map.features(), dv, options.window);
-    saved = saved_parts(*context, layout, heads, n, dv);
+    saved = saved_parts(*context, context_layout(base, options), heads, n, base.map.features(), dv);
     merged = {saved.y, saved.lse};
-    part_rows.push_back({saved.rows, saved.scale});
+    for (size_t q = 0; q < plan.parts.size(); ++q)
+      part_rows.push_back({saved.part[q].rows, saved.part[q].scale});
   } else {
     y_store.resize(static_cast<size_t>(heads * n * dv));
     lse_store.resize(static_cast<size_t>(heads * n));
@@ -377,14 +449,16 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
     fwd.out_strides = {base.heads * n * dv, n * dv, dv, 1};
     merge_forward(fwd, resolved, options, plan, lse_store.data());
     merged = {y_store.data(), lse_store.data()};
-    for (const Part& part : plan.parts) part_rows.push_back({part.rows_x.get(), part.shift.get()});
+    for (const Part& part : plan.parts) part_rows.push_back({part.rows_x, part.shift});
   }
 
   // The prefix part first: its kernel writes (not adds) its rows of dq, dk and dv, in place
   // (query i = r + offset, key j = r, with the call's rows per head); then the band and the
   // suffix part add theirs.
   const kernels::FeatureParams fp = resolved.params();
-  auto part_backward = [&](const Part& part, const PartRows& rows_of) {
+  auto part_backward = [&](size_t q) {
+    const Part& part = plan.parts[q];
+    const PartRows& rows_of = part_rows[q];
     const int64_t rows = part.rows;
     const bool in_place = !part.reversed;
     // The merged rows in the view's order, lse in the kernel's frame (its row scales c + M).
@@ -426,9 +500,9 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
     }
     lb.ctx_states = nullptr;
     lb.ctx_maxima = nullptr;
-    lb.ctx_chunk_states = context ? saved.states : nullptr;
-    lb.ctx_chunk_maxima = context ? saved.maxima : nullptr;
-    lb.ctx_rows = context ? saved.rows : nullptr;
+    lb.ctx_chunk_states = context ? saved.part[q].states : nullptr;
+    lb.ctx_chunk_maxima = context ? saved.part[q].maxima : nullptr;
+    lb.ctx_rows = context ? saved.part[q].rows : nullptr;
     lb.r_out = nullptr;
     lb.r_in = nullptr;
     kernels::backend().favor_backward_causal(lb);
@@ -449,7 +523,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
     team_ran(add_team);
   };
   for (size_t q = 0; q < plan.parts.size(); ++q)
-    if (!plan.parts[q].reversed) part_backward(plan.parts[q], part_rows[q]);
+    if (!plan.parts[q].reversed) part_backward(q);
 
   kernels::BandBackwardParams band;
   band.band = band_params(base, resolved, options, plan);
@@ -463,7 +537,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
   kernels::backend().band_attention_backward(band);
 
   for (size_t q = 0; q < plan.parts.size(); ++q)
-    if (plan.parts[q].reversed) part_backward(plan.parts[q], part_rows[q]);
+    if (plan.parts[q].reversed) part_backward(q);
 }
 
 void window_forward(const AttentionParams& base, double scale, bool causal, int64_t window,

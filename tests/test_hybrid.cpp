@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "favor/causal_context.hpp"
 #include "gradient_check.hpp"
 #include "map_fixture.hpp"
 #include "test_helpers.hpp"
@@ -117,9 +118,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, HybridVsReference, ::testing::ValuesIn(cases()
 // differences of the double reference's loss <dy, y> (steps 1e-5, fd_error_float).
 class HybridGradients : public ::testing::TestWithParam<Case> {};
 
-// Causal: also from the context the forward saves (AttentionOptions::save_causal_states: the
-// estimated part's chunk states and rows, the merged rows), which the backward reads instead
-// of recomputing the forward.
+// Also from the context the forward saves (AttentionOptions::save_causal_states: the
+// estimated parts' chunk states and rows, the merged rows; bidirectional both parts), which
+// the backward reads instead of recomputing the forward (causal: the same bits).
 TEST_P(HybridGradients, MatchFiniteDifferencesOfTheReference) {
   const Case c = GetParam();
   Inputs s(c);
@@ -157,8 +158,8 @@ TEST_P(HybridGradients, MatchFiniteDifferencesOfTheReference) {
       EXPECT_LE(testing::fd_error_float(gamma, g.ddecay, decay_loss), kBound) << how << " dgamma";
     }
   };
-  check(favor_attention_backward(s.q, s.k, s.v, dy, s.map, s.o, true), "recomputed");
-  if (!c.causal) return;
+  const AttentionGrads recomputed = favor_attention_backward(s.q, s.k, s.v, dy, s.map, s.o, true);
+  check(recomputed, "recomputed");
   AttentionOptions saving = s.o;
   saving.save_causal_states = true;
   AttentionContext context;
@@ -166,7 +167,26 @@ TEST_P(HybridGradients, MatchFiniteDifferencesOfTheReference) {
                   Tensor({Inputs::B, Inputs::H, Inputs::N, Inputs::Dv}).mutable_view(), saving,
                   &context);
   ASSERT_TRUE(context.valid());
-  check(favor_attention_backward(s.q, s.k, s.v, dy, s.map, saving, true, &context), "saved");
+  const AttentionGrads from_context =
+      favor_attention_backward(s.q, s.k, s.v, dy, s.map, saving, true, &context);
+  check(from_context, "saved");
+  // Causal: the same sweeps either way (the recomputing backward saves a context of its
+  // own), so the same bits. With a decay and parameter gradients the backward recomputes its
+  // sweeps (docs/gradients.md) and the two differ by ~3e-5 relative, each within the bound
+  // above (so before this test compared them too). Bidirectional, the recomputing backward
+  // reruns each part's sweep: the same to float32 rounding.
+  if (c.decay) return;
+  if (!c.causal) {
+    // (float32 rounding of sums of ~N terms: ~1e-6 relative; a wrong term is O(1e-2))
+    for (const auto& [a, b] :
+         {std::pair{&from_context.dq, &recomputed.dq}, std::pair{&from_context.dk, &recomputed.dk},
+          std::pair{&from_context.dv, &recomputed.dv}})
+      EXPECT_LE(testing::rel_error(*a, as_double(b->values())), 1e-5);
+    return;
+  }
+  EXPECT_EQ(from_context.dq.values(), recomputed.dq.values());
+  EXPECT_EQ(from_context.dk.values(), recomputed.dk.values());
+  EXPECT_EQ(from_context.dv.values(), recomputed.dv.values());
 }
 
 std::vector<Case> gradient_cases() {
@@ -219,32 +239,50 @@ TEST(Hybrid, LongOneHeadStridedMatchesTheReference) {
     }
 }
 
-// What a hybrid forward saves: causal with an estimated part only; the backward refuses an
-// empty context or one of other inputs, naming the argument.
+// What a hybrid forward saves: with an estimated part only (causal or bidirectional), at
+// hybrid_context_layout's sizes; the backward refuses an empty context or one of other
+// inputs (q too, bidirectional), options or direction (causal or not), naming the argument.
 TEST(Hybrid, ContextIsSavedWhereThereIsAPartAndChecked) {
-  Inputs s(Case{Kernel::positive, true, 4, 2, Mask::none});
-  s.o.save_causal_states = true;
   const Tensor dy = random_tensor({Inputs::B, Inputs::H, Inputs::N, Inputs::Dv}, 4);
   Tensor out({Inputs::B, Inputs::H, Inputs::N, Inputs::Dv});
-  AttentionContext context;
-  favor_attention(s.q, s.k, s.v, s.map, out.mutable_view(), s.o, &context);
-  EXPECT_TRUE(context.valid());
   const Tensor other_q = random_tensor({Inputs::B, Inputs::H, Inputs::N, Inputs::D}, 9, 1.0);
-  expect_error(
-      [&] { favor_attention_backward(other_q, s.k, s.v, dy, s.map, s.o, false, &context); },
-      "context: it was saved for other q");
-  AttentionOptions wider = s.o;
-  wider.window = 5;
-  expect_error([&] { favor_attention_backward(s.q, s.k, s.v, dy, s.map, wider, false, &context); },
-               "context: it was saved for other q");
-  for (bool causal : {false, true}) {
-    AttentionOptions o = s.o;
-    o.causal = causal;
-    o.window = causal ? Inputs::N : 4;  // causal: the window holds every key, no part
-    favor_attention(s.q, s.k, s.v, s.map, out.mutable_view(), o, &context);
-    EXPECT_FALSE(context.valid()) << (causal ? "window >= N" : "bidirectional");
-    expect_error([&] { favor_attention_backward(s.q, s.k, s.v, dy, s.map, o, false, &context); },
-                 "context: only a causal hybrid forward call");
+  for (bool causal : {true, false}) {
+    const std::string label = causal ? "causal" : "bidirectional";
+    Inputs s(Case{Kernel::positive, causal, 4, 2, Mask::none});
+    s.o.save_causal_states = true;
+    AttentionContext context;
+    favor_attention(s.q, s.k, s.v, s.map, out.mutable_view(), s.o, &context);
+    ASSERT_TRUE(context.valid()) << label;
+    const HybridContextLayout l = hybrid_context_layout(Inputs::B * Inputs::H, Inputs::N,
+                                                        s.map.features(), Inputs::Dv, 4, causal);
+    EXPECT_EQ(l.suffix_rows, causal ? 0 : Inputs::N - 4) << label;
+    EXPECT_EQ(context.states.size(), static_cast<size_t>(l.states)) << label;
+    EXPECT_EQ(context.maxima.size(), static_cast<size_t>(l.maxima)) << label;
+    EXPECT_EQ(context.rows.size(), static_cast<size_t>(l.rows)) << label;
+    expect_error(
+        [&] { favor_attention_backward(other_q, s.k, s.v, dy, s.map, s.o, false, &context); },
+        "context: it was saved for other q");
+    AttentionOptions wider = s.o;
+    wider.window = 5;
+    expect_error(
+        [&] { favor_attention_backward(s.q, s.k, s.v, dy, s.map, wider, false, &context); },
+        "context: it was saved for other q");
+    AttentionOptions flipped = s.o;
+    flipped.causal = !causal;
+    expect_error(
+        [&] { favor_attention_backward(s.q, s.k, s.v, dy, s.map, flipped, false, &context); },
+        "context: it was saved for other q");
+    AttentionOptions covering = s.o;
+    covering.window = Inputs::N;  // the window holds every key: no estimated part
+    favor_attention(s.q, s.k, s.v, s.map, out.mutable_view(), covering, &context);
+    EXPECT_FALSE(context.valid()) << label << ": window >= N";
+    expect_error(
+        [&] { favor_attention_backward(s.q, s.k, s.v, dy, s.map, covering, false, &context); },
+        "context: only a hybrid forward call");
+    AttentionOptions unsaved = s.o;
+    unsaved.save_causal_states = false;
+    favor_attention(s.q, s.k, s.v, s.map, out.mutable_view(), unsaved, &context);
+    EXPECT_FALSE(context.valid()) << label << ": without save_causal_states";
   }
 }
 

@@ -4,7 +4,9 @@
 // attention, forward, at each N of --lengths up to 8192; the time per token of the hybrid
 // (linear in N), its ratios to both, where it overtakes exact; then the backward of the
 // hybrid and of plain FAVOR at one N (2048, or the nearest length below it), recomputing the
-// forward and from a saved context (save_causal_states); then decoding after a prompt of
+// forward and from a saved context (save_causal_states), and the same three rows of the
+// bidirectional hybrid (two estimated parts, prefix and suffix) against bidirectional FAVOR;
+// then decoding after a prompt of
 // kHybridDecodePrompt tokens: HybridDecoder::step (the fused step) and its append + query
 // against the plain Decoder::step, one sequence of --bh heads.
 #include <fmt/core.h>
@@ -28,35 +30,42 @@ constexpr int64_t kHybridBackwardN = 2048;
 constexpr int64_t kHybridDecodePrompt = 1024, kHybridDecodeSteps = 64;
 
 // Exact keys of all queries of one head, causal: query i takes its window
-// {i - w < j <= i}, min(i + 1, w) keys, and the sinks outside it, min(s, max(0, i + 1 - w))
-// (src/cpu/band_attention.cpp, exact_keys; no mask here).
-double hybrid_exact_pairs(int64_t n, int64_t w, int64_t s) {
+// {i - w < j <= i}, min(i + 1, w) keys, and the sinks outside it, min(s, max(0, i + 1 - w));
+// bidirectional: {|i - j| < w} and the sinks outside that (src/cpu/band_attention.cpp,
+// exact_keys; no mask here).
+double hybrid_exact_pairs(int64_t n, int64_t w, int64_t s, bool causal = true) {
   double pairs = 0.0;
-  for (int64_t i = 0; i < n; ++i)
-    pairs += double(std::min(i + 1, w) + std::min(s, std::max<int64_t>(0, i + 1 - w)));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t lo = std::max<int64_t>(0, i - w + 1),
+                  hi = causal ? i : std::min(n - 1, i + w - 1);
+    pairs += double((hi - lo + 1) + std::min(s, std::max<int64_t>(0, lo)));
+  }
   return pairs;
 }
 
-// The hybrid's cost model, causal (src/hybrid.cpp). Forward: the exact part, per (query, key)
-// pair of the window and sinks s_ij = q_i . k_j (2 D) and the row sums exp(s) [v_j | 1]
-// (2 (Dv + 1)): about N (w + s) (2 D + 2 Dv + 2); plus the estimated part, causal FAVOR
-// (favor_flops, bench/cost_model.hpp) over the N - w rows whose keys reach beyond the
-// window. Backward from a saved context, per exact pair the score, dy_i . v_j, dq_i, dk_j
-// and dv_j (2 D + 2 Dv + 2 D + 2 D + 2 Dv) and the causal FAVOR backward from its chunk
-// states over the N - w rows (favor_causal_backward_flops_with_context); recomputing, the
-// forward (which saves the context) before it. Left out, as exponentials are: the terms
-// linear in N without w or m (the merge of the parts' rows, the query norms).
+// The hybrid's cost model (src/hybrid.cpp). Forward: the exact part, per (query, key) pair
+// of the window and sinks s_ij = q_i . k_j (2 D) and the row sums exp(s) [v_j | 1]
+// (2 (Dv + 1)): about N (w + s) (2 D + 2 Dv + 2) causal, N (2 w - 1 + s) (...)
+// bidirectional; plus each estimated part, causal FAVOR (favor_flops, bench/cost_model.hpp)
+// over the rows whose keys reach beyond the window: N - w (the prefix) and, bidirectional,
+// N - max(w, 1) more (the suffix, reversed). Backward from a saved context, per exact pair
+// the score, dy_i . v_j, dq_i, dk_j and dv_j (2 D + 2 Dv + 2 D + 2 D + 2 Dv) and each part's
+// causal FAVOR backward from its chunk states (favor_causal_backward_flops_with_context);
+// recomputing, the forward (which saves the context) before it. Left out, as exponentials
+// are: the terms linear in N without w or m (the merge of the parts' rows, the query norms).
 double hybrid_flops(const Problem& p, int64_t w, int64_t s, int64_t chunk, bool backward,
-                    bool context = false) {
-  const double pairs = double(p.bh) * hybrid_exact_pairs(p.n, w, s);
-  Problem rest = p;
-  rest.n = std::max<int64_t>(0, p.n - w);
-  const double forward =
-      pairs * (2.0 * p.d + 2.0 * (p.dv + 1)) + (rest.n > 0 ? favor_flops(rest, true, chunk) : 0.0);
+                    bool context = false, bool causal = true) {
+  const double pairs = double(p.bh) * hybrid_exact_pairs(p.n, w, s, causal);
+  double forward = pairs * (2.0 * p.d + 2.0 * (p.dv + 1)),
+         from_context = pairs * (8.0 * p.d + 4.0 * p.dv);
+  for (const int64_t offset : {w, causal ? p.n : std::max<int64_t>(w, 1)}) {
+    Problem part = p;
+    part.n = std::max<int64_t>(0, p.n - offset);
+    if (part.n == 0) continue;
+    forward += favor_flops(part, true, chunk);
+    from_context += favor_causal_backward_flops_with_context(part, chunk);
+  }
   if (!backward) return forward;
-  const double from_context =
-      pairs * (8.0 * p.d + 4.0 * p.dv) +
-      (rest.n > 0 ? favor_causal_backward_flops_with_context(rest, chunk) : 0.0);
   return context ? from_context : forward + from_context;
 }
 
@@ -66,12 +75,13 @@ struct HybridPoint {
   std::optional<double> exact;
 };
 
-// The causal hybrid's forward (or backward) row at N; its ratio to plain FAVOR (and exact,
-// where measured) timed just before on the same inputs. The backward with `context` from
-// the context a forward saved (its ratio to that forward, timed here).
+// The hybrid's forward (or backward) row at N, causal or bidirectional; its ratio to plain
+// FAVOR of the same mask (and exact, where measured) timed just before on the same inputs.
+// The backward with `context` from the context a forward saved (its ratio to that forward,
+// timed here).
 double hybrid_row(BenchRunner& bench, int64_t n, bool backward, double favor_seconds,
                   std::optional<double> exact_seconds, double forward_seconds = 0.0,
-                  bool context = false) {
+                  bool context = false, bool causal = true) {
   const BenchArgs& a = bench.args();
   const int64_t bh = a.bh;
   const auto qkv = bench.inputs(bh, n);
@@ -79,7 +89,7 @@ double hybrid_row(BenchRunner& bench, int64_t n, bool backward, double favor_sec
   const Projection w = Projection::draw(a.m, a.d, {ProjectionKind::orthogonal, NormMode::chi, 0});
   AttentionOptions o;
   o.kernel = bench.kernel();
-  o.causal = true;
+  o.causal = causal;
   o.window = kHybridWindow;
   o.sinks = kHybridSinks;
   if (data_adapted(o.kernel)) o.fit = fit_kernel(o.kernel, q, k);  // as favor_row
@@ -103,8 +113,8 @@ double hybrid_row(BenchRunner& bench, int64_t n, bool backward, double favor_sec
     t = measure([&] { favor_attention(q, k, v, w, out.mutable_view(), o); }, a.repeats, a.min_time);
   }
   const double flops = hybrid_flops(bench.problem(bh, n), kHybridWindow, kHybridSinks,
-                                    kernel_info().causal_chunk, backward, context);
-  nlohmann::json r = timed_record("hybrid", true, n, bh, num_threads(), t, flops);
+                                    kernel_info().causal_chunk, backward, context, causal);
+  nlohmann::json r = timed_record("hybrid", causal, n, bh, num_threads(), t, flops);
   r.update({{"pass", backward ? "backward" : "forward"},
             {"window", kHybridWindow},
             {"sinks", kHybridSinks},
@@ -122,7 +132,8 @@ double hybrid_row(BenchRunner& bench, int64_t n, bool backward, double favor_sec
   bench.emit(std::move(r));
   if (!a.json) {
     fmt::print(
-        "{:>7} hybrid / favor = {:.2f}{}{}\n", "", t.seconds / favor_seconds,
+        "{:>7} hybrid{} / favor = {:.2f}{}{}\n", "", causal ? "" : " (bidirectional)",
+        t.seconds / favor_seconds,
         exact_seconds ? fmt::format(", hybrid / exact = {:.3g}", t.seconds / *exact_seconds) : "",
         backward ? fmt::format(", backward{} / forward{} = {:.2f}",
                                context ? " from the context" : " (recomputing)",
@@ -308,6 +319,14 @@ void section_hybrid(BenchRunner& bench) {
   const double favor_b = bench.favor_backward_row(a.bh, at->n, true, at->favor, false);
   hybrid_row(bench, at->n, true, favor_b, std::nullopt, at->hybrid);
   hybrid_row(bench, at->n, true, favor_b, std::nullopt, at->hybrid, true);
+  // The bidirectional hybrid at the same N: forward and both backwards against bidirectional
+  // FAVOR's (two estimated parts, the suffix's view reversed).
+  const double favor_bi = bench.favor_row(a.bh, at->n, false, num_threads());
+  const double hybrid_bi =
+      hybrid_row(bench, at->n, false, favor_bi, std::nullopt, 0.0, false, /*causal=*/false);
+  const double favor_bi_b = bench.favor_backward_row(a.bh, at->n, false, favor_bi, false);
+  hybrid_row(bench, at->n, true, favor_bi_b, std::nullopt, hybrid_bi, false, false);
+  hybrid_row(bench, at->n, true, favor_bi_b, std::nullopt, hybrid_bi, true, false);
   hybrid_decode_rows(bench);
 }
 

@@ -45,15 +45,16 @@ struct AttentionOptions {
   /// {j : |i - j| < window} (bidirectional); decay weighs an estimated key by
   /// gamma^(i - j - window) (it decays from the window's edge) and exact terms not at all.
   /// Needs Nq == Nk. window >= N is exact softmax; window = sinks = 0 (the default) is the
-  /// plain method, bit for bit. A hybrid call runs in f32; causal with save_causal_states
-  /// and window < N it saves a context (below; also the merged rows, N (2 Dv + 1) floats and
-  /// 2N doubles per head more), bidirectional none (its backward recomputes).
+  /// plain method, bit for bit. A hybrid call runs in f32; with save_causal_states and
+  /// window < N it saves a context (below; also the merged rows, N (2 Dv + 1) floats and 2N
+  /// doubles per head more; bidirectional: both estimated parts', about twice the states).
   int64_t window = 0;
   int64_t sinks = 0;
-  /// Causal, with a context (favor_attention's last argument): also save each 32-token
-  /// chunk's starting state [S | s] and every row's [num | den], N ((F / 32) + 1) (Dv + 1)
-  /// floats per head, so that favor_attention_backward runs one reverse sweep instead of
-  /// recomputing the forward (docs/gradients.md). Off: a causal context stays empty.
+  /// Causal (or hybrid), with a context (favor_attention's last argument): also save each
+  /// 32-token chunk's starting state [S | s] and every row's [num | den], N ((F / 32) + 1)
+  /// (Dv + 1) floats per head, so that favor_attention_backward runs one reverse sweep
+  /// instead of recomputing the forward (docs/gradients.md). Off: a causal or hybrid
+  /// context stays empty.
   bool save_causal_states = false;
 };
 
@@ -75,9 +76,10 @@ struct AttentionStats {
 /// nothing unless AttentionOptions::save_causal_states: then per head the state before every
 /// chunk and after the last, [chunks + 1][F][Dv + 1] with its maxima, and every row's
 /// [num | den] (the fingerprint then covers q too); else the backward pass recomputes.
-/// Causal hybrid attention saves the same for its estimated part's N - window rows,
-/// followed by the merge's rows: maxima then also holds lse [B*H][N] and the part's log
-/// scales [B*H][N - window], rows the merged y [B*H][N][Dv] (src/hybrid.hpp).
+/// Hybrid attention saves the same for its estimated part's N - window rows (bidirectional:
+/// and its suffix's N - max(window, 1) rows after them), followed by the merge's rows:
+/// maxima then also holds lse [B*H][N] and the parts' log scales, rows the merged y
+/// [B*H][N][Dv] (favor/causal_context.hpp, hybrid_context_layout; src/hybrid.hpp).
 /// A saved context held elsewhere (in a framework's tensors, say): AttentionContext's arrays,
 /// borrowed, with their sizes (the backward checks them as it checks an AttentionContext's).
 /// The backward reads every context through one: AttentionContext::view(), or one built on

@@ -53,13 +53,14 @@ void bind_attention(py::module_& m) {
   m.attr("causal_context_chunk") = kCausalContextChunk;
   m.def(
       "hybrid_context_sizes",
-      [](int64_t heads, int64_t n, int64_t features, int64_t dv, int64_t window) {
-        const HybridContextLayout l = hybrid_context_layout(heads, n, features, dv, window);
+      [](int64_t heads, int64_t n, int64_t features, int64_t dv, int64_t window, bool causal) {
+        const HybridContextLayout l = hybrid_context_layout(heads, n, features, dv, window, causal);
         return py::make_tuple(l.states, l.maxima, l.rows);
       },
       py::arg("heads"), py::arg("n"), py::arg("features"), py::arg("dv"), py::arg("window"),
-      "Sizes (states, maxima, rows) of the context a causal hybrid call saves "
-      "(favor/causal_context.hpp, hybrid_context_layout)");
+      py::arg("causal") = true,
+      "Sizes (states, maxima, rows) of the context a hybrid call saves with "
+      "save_causal_states (favor/causal_context.hpp, hybrid_context_layout)");
   py::class_<AttentionContext>(m, "AttentionContext")
       .def_property_readonly("valid", &AttentionContext::valid)
       .def_property_readonly("nbytes",

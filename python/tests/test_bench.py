@@ -217,3 +217,30 @@ def test_the_zen3_window_table_quotes_its_json():
         cells = [c.strip() for c in line.strip("|").split("|")]
         rows[(cells[0], cells[1], int(cells[2]))] = [float(c) for c in cells[3:7]]
     assert rows == want
+
+
+def test_the_bidirectional_hybrid_table_quotes_its_json():
+    """docs/performance.md's table of the bidirectional hybrid (forward, backward recomputing,
+    backward from the saved context) ends each cell with the run in
+    docs/data/bench_hybrid_bidir_zen3.json: seconds to 3 significant figures, the ratios to
+    bidirectional FAVOR's row and to the hybrid's forward to 2 decimals."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "docs", "data", "bench_hybrid_bidir_zen3.json")) as f:
+        records = [r for r in json.load(f)
+                   if r["method"] == "hybrid" and r["causal"] is False]
+    want = {}
+    for r in records:
+        row = ("forward" if r["pass"] == "forward" else
+               "backward from the saved context" if r["context"] else "backward, recomputing")
+        want[row] = [_sig(r["seconds"]), round(r["ratio_to_favor"], 2),
+                     round(r.get("ratio_to_forward", 1.0), 2)]
+    with open(os.path.join(root, "docs", "performance.md")) as f:
+        text = f.read()
+    table = text[text.index("| row (bidirectional, N = 2048) |"):]
+    table = table[:table.index("\n\n")].splitlines()[2:]
+    rows = {}
+    for line in table:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        last = lambda cell: float(cell.split("(")[0].split(",")[-1])  # noqa: E731
+        rows[cells[0]] = [last(c) for c in cells[1:4]]
+    assert rows == want

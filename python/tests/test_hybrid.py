@@ -191,12 +191,15 @@ def test_gradients_flow_through_both_parts_and_compile():
 
 @pytest.mark.parametrize("window,sinks", [(5, 2), (0, 3), (40, 1)])
 @pytest.mark.parametrize("mapped", [False, True])
-def test_saved_causal_states_give_the_gradients_of_a_recomputation(window, sinks, mapped):
-    """save_causal_states on a causal hybrid call: the CPU op carries the estimated part's
-    chunk states and rows and the merged rows (N = 70: the part's view spans three chunks),
-    and its backward gives the recomputing backward's gradients to rounding; window >= N
-    (40 + 1 sink covers every key of N = 30) saves nothing. A learned map (weights, bias)
-    takes the same context."""
+@pytest.mark.parametrize("causal", [True, False])
+def test_saved_causal_states_give_the_gradients_of_a_recomputation(window, sinks, mapped,
+                                                                   causal):
+    """save_causal_states on a hybrid call: the CPU op carries the estimated parts' chunk
+    states and rows (bidirectional: the prefix's and the suffix's) and the merged rows (N =
+    70: a part's view spans three chunks), and its backward gives the recomputing backward's
+    gradients (causal the same bits, bidirectional to rounding); window >= N (40 + 1 sink
+    covers every key of N = 30) saves nothing. A learned map (weights, bias) takes the same
+    context. Without save_causal_states a hybrid call saves nothing, bidirectional too."""
     n = 70 if window < 40 else 30
     q, k, v = qkv(n=n)
     w = projection()
@@ -206,18 +209,23 @@ def test_saved_causal_states_give_the_gradients_of_a_recomputation(window, sinks
         ts = [t.clone().requires_grad_() for t in (q, k, v)]
         extra = {"weights": w.clone().requires_grad_(),
                  "bias": torch.zeros(1, 32, requires_grad=True)} if mapped else {"projection": w}
-        y = ft.attention(*ts, causal=True, window=window, sinks=sinks, key_padding_mask=mask,
-                         save_causal_states=save, **extra)
+        y = ft.attention(*ts, causal=causal, window=window, sinks=sinks,
+                         key_padding_mask=mask, save_causal_states=save, **extra)
+        saved_states = y.grad_fn.saved_tensors[12]  # Formula.setup_context's order
+        assert (saved_states.numel() > 0) == (save and window < n)
         (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
         grads.append([t.grad for t in ts] + ([extra["weights"].grad] if mapped else []))
-    for plain_grad, saved_grad in zip(*grads):
-        assert (saved_grad - plain_grad).norm() <= 1e-5 * plain_grad.norm()
+    for plain_grad, saved_grad in zip(*grads):  # causal: the same path, the same bits
+        if causal:
+            assert torch.equal(saved_grad, plain_grad)
+        else:
+            assert (saved_grad - plain_grad).norm() <= 1e-5 * plain_grad.norm()
     from favor.ops.attention.op import _state_size, attention_op
-    args = (q, k, v, w, None, None, None, None, mask, None, None, "positive", True, None, True,
-            "f32", window, sinks)
+    args = (q, k, v, w, None, None, None, None, mask, None, None, "positive", causal, None,
+            True, "f32", window, sinks)
     _, states, maxima, fingerprint, rows = attention_op(*args)
-    sizes = favor._core.hybrid_context_sizes(B * H, n, 32, D, window)
-    assert _state_size(q, v, w, "positive", True, window, sinks) == (
+    sizes = favor._core.hybrid_context_sizes(B * H, n, 32, D, window, causal)
+    assert _state_size(q, v, w, "positive", causal, window, sinks) == (
         sizes[0] + sizes[2], sizes[1], sizes[2])
     assert states.numel() == sizes[0] and rows.numel() == sizes[2]
     assert maxima.numel() == sizes[1]

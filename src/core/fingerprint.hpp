@@ -9,7 +9,7 @@
 
 namespace favor::detail {
 
-/// Causal: q too (a causal context saves each row's [num | den]).
+/// Causal or hybrid: q too (such a context saves each row's [num | den]).
 uint64_t context_fingerprint(const TensorView& q, const TensorView& k, const TensorView& v,
                              const AttentionOptions& options);
 

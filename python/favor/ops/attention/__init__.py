@@ -215,8 +215,9 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
     chunk's state and every row's [num | den] (N (F / 32 + 1) (Dv + 1) floats per head) so
     that the backward runs one sweep instead of recomputing the forward (C++
     AttentionOptions::save_causal_states; docs/gradients.md). Same gradients, more memory.
-    With window or sinks (causal) it keeps the estimated part's states and rows and the
-    merged rows; the backward then skips the forward (docs/hybrid.md).
+    With window or sinks (causal or bidirectional) it keeps the estimated parts' states and
+    rows and the merged rows; the backward then skips the forward (docs/numerics.md, "Hybrid
+    attention"); without it a hybrid call's backward recomputes the forward.
 
     method='window': the window and the sinks alone (exact softmax, the estimator removed:
     the baseline a hybrid must beat; the op favor::exact_attention with window and sinks:
@@ -278,7 +279,10 @@ def attention(q, k, v, *, causal=False, kernel="positive", projection="orthogona
         w, wt, b, lam, gamma, fit_a, fit_basis = (follow(t) for t in (w, wt, b, lam, gamma,
                                                                       fit_a, fit_basis))
         tensors = (q32, k32, v32, w, wt, b, lam, gamma)
-        save = ((not causal or save_causal_states) and torch.is_grad_enabled()
+        # a plain bidirectional call saves its key state; a causal or hybrid one its chunk
+        # states, rows (and merge) only when asked (more memory: save_causal_states)
+        save = ((not (causal or window or sinks) or save_causal_states)
+                and torch.is_grad_enabled()
                 and any(t is not None and t.requires_grad for t in tensors))
         args = (*tensors, mask, fit_a, fit_basis, kernel, bool(causal),
                 _args.optional_number(scale, "scale"), save, str(precision), window, sinks)

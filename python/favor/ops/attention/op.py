@@ -37,21 +37,23 @@ def _state_size(q, v, w, kernel, causal=False, window=0, sinks=0):
     works on symbolic sizes). Causal (save_causal_states): [B*H][S][F][Dv + 1] chunk states
     followed by the rows [B*H][Nq][Dv + 1], and [B*H][S], S = _core.causal_context_states(Nq)
     (ceil(Nq / C) + 1, C = _core.causal_context_chunk, written out for symbolic sizes).
-    Hybrid (window or sinks): causal, the estimated part's R = N - window rows save as a
-    causal call, then the merge's rows, C++'s hybrid_context_layout (_core.
-    hybrid_context_sizes; the tests hold the two equal): states [B*H][S_R][F][Dv + 1], rows
-    [B*H][R][Dv + 1] and y [B*H][N][Dv]; maxima [B*H][S_R], lse [B*H][N] and L [B*H][R];
-    nothing when window >= N or bidirectional."""
+    Hybrid (window or sinks): each estimated part's view saves as a causal call, the
+    prefix's R = N - window rows, a bidirectional call's suffix's R' = N - max(window, 1)
+    after them, then the merge's rows, C++'s hybrid_context_layout (_core.
+    hybrid_context_sizes; the tests hold the two equal): states [B*H][S_R + S_R'][F][Dv + 1],
+    rows [B*H][R + R'][Dv + 1] and y [B*H][N][Dv]; maxima [B*H][S_R + S_R'], lse [B*H][N]
+    and the parts' log scales [B*H][R + R']; nothing when window >= N."""
     bh = q.shape[0] * q.shape[1] if q.dim() == 4 else 1
     f = _core.feature_count(kernel, 1) * w.shape[0]
     n, dv, chunk = q.shape[-2], v.shape[-1], _core.causal_context_chunk
     if window or sinks:
-        if not causal or window >= n:
+        if window >= n:
             return 0, 0, 0
-        r = n - window
-        slots = (r + chunk - 1) // chunk + 1
-        rows = bh * (r * (dv + 1) + n * dv)
-        return bh * slots * f * (dv + 1) + rows, bh * (slots + n + r), rows
+        parts = [n - window] + ([n - max(window, 1)] if not causal and max(window, 1) < n
+                                else [])
+        slots = sum((r + chunk - 1) // chunk + 1 for r in parts)
+        rows = bh * (sum(parts) * (dv + 1) + n * dv)
+        return bh * slots * f * (dv + 1) + rows, bh * (slots + n + sum(parts)), rows
     if not causal:
         return bh * f * (dv + 1), bh, 0
     slots = (n + chunk - 1) // chunk + 1
@@ -147,9 +149,10 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, w: Tensor, weights: Optional[T
                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(y [.., Nq, Dv] float32, states, maxima, fingerprint, rows): the saved key state
     (empty unless save_context; causal: the chunk states, and the rows apart, save_causal_states;
-    only the CPU kernel saves one, as views of C++'s arrays, no copy; a hybrid call causal
-    only, _state_size). precision: 'f32' or 'bf16' (AttentionOptions::precision; the backward is
-    float32). window, sinks: hybrid attention (AttentionOptions::window, ::sinks).
+    only the CPU kernel saves one, as views of C++'s arrays, no copy; a hybrid call its
+    parts' chunk states and rows, _state_size). precision: 'f32' or 'bf16'
+    (AttentionOptions::precision; the backward is float32). window, sinks: hybrid attention
+    (AttentionOptions::window, ::sinks).
     Kernels: CPU the C++ library (cpu_forward), CUDA the fused Triton kernels, every other
     device plain torch operations (this default; kernels.py)."""
     from .kernels import torch_forward
@@ -222,7 +225,7 @@ def cpu_backward(dy, q, k, v, w, weights, bias, lam, decay, key_padding_mask, fi
     if states.numel() and int(fingerprint[0]) == 1:
         context = _core.AttentionContextView.from_arrays(
             T.array(states), T.array(maxima), _unsigned(int(fingerprint[1])),
-            T.array(rows) if causal else None)
+            T.array(rows) if causal or window or sinks else None)
     out = _call(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                 kernel, causal, scale, False, dy=dy, parameter_grads=parameter_grads,
                 context=context, window=window, sinks=sinks)
