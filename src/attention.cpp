@@ -7,6 +7,7 @@
 
 #include "core/feature_map_params.hpp"
 #include "core/fingerprint.hpp"
+#include "core/pages.hpp"
 #include "core/params.hpp"
 #include "core/validate.hpp"
 #include "favor/causal_context.hpp"
@@ -118,9 +119,10 @@ AttentionStats favor_attention(TensorView q, TensorView k, TensorView v, const F
       p.ctx_maxima = context->maxima.data();
     } else if (saves_chunks) {  // else nothing: the state depends on the position
       const int64_t slots = causal_context_states(s.nq);
-      context->states.resize(static_cast<size_t>(heads * slots * F * (s.dv + 1)));
-      context->maxima.resize(static_cast<size_t>(heads * slots));
-      context->rows.resize(static_cast<size_t>(heads * s.nq * (s.dv + 1)));
+      detail::resize_populated(context->states,
+                               static_cast<size_t>(heads * slots * F * (s.dv + 1)));
+      detail::resize_populated(context->maxima, static_cast<size_t>(heads * slots));
+      detail::resize_populated(context->rows, static_cast<size_t>(heads * s.nq * (s.dv + 1)));
       p.ctx_chunk_states = context->states.data();
       p.ctx_chunk_maxima = context->maxima.data();
       p.ctx_rows = context->rows.data();

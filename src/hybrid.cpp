@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/helper_threads.hpp"
+#include "core/pages.hpp"
 #include "favor/causal_context.hpp"
 #include "favor/runtime.hpp"
 #include "kernels/backend.hpp"
@@ -171,12 +172,12 @@ SavedParts saved_parts(float* states, double* maxima, float* rows, const HybridC
   at.y = rows;
   return at;
 }
-// A forward's context, sized for the layout.
+// A forward's context, sized for the layout (a fresh one's pages mapped on favor's threads).
 SavedParts saved_parts(AttentionContext& c, const HybridContextLayout& l, int64_t heads, int64_t n,
                        int64_t features, int64_t dv) {
-  c.states.resize(static_cast<size_t>(l.states));
-  c.maxima.resize(static_cast<size_t>(l.maxima));
-  c.rows.resize(static_cast<size_t>(l.rows));
+  resize_populated(c.states, static_cast<size_t>(l.states));
+  resize_populated(c.maxima, static_cast<size_t>(l.maxima));
+  resize_populated(c.rows, static_cast<size_t>(l.rows));
   return saved_parts(c.states.data(), c.maxima.data(), c.rows.data(), l, heads, n, features, dv);
 }
 // (the backward only reads a context's parts)
@@ -309,11 +310,12 @@ void save_output(const AttentionParams& base, float* y) {
   team_ran(team);
 }
 
-// The forward on a plan into base.out (a backward's forward with a context: null, the
-// context's y), and lse (B*H x N) where set: causal, one sweep; bidirectional (or no
+// The forward on a plan into base.out (causal, a backward's forward with a context: null,
+// the context's y), and lse (B*H x N) where set: causal, one sweep; bidirectional (or no
 // estimated part), the parts' rows kept in the plan or the context (run_parts), then the
 // exact terms merged with them by the band kernel. With a context (a plan with parts), the
-// parts' chunk states and rows, lse and y are saved in it (hybrid_context_layout).
+// parts' chunk states and rows, lse and y are saved in it (hybrid_context_layout; its lse
+// then, not `lse`, which its callers leave null).
 int64_t merge_forward(const AttentionParams& base, const ResolvedMap& resolved,
                       const AttentionOptions& options, Plan& plan, double* lse,
                       AttentionContext* context = nullptr) {
@@ -327,12 +329,8 @@ int64_t merge_forward(const AttentionParams& base, const ResolvedMap& resolved,
   kernels::BandParams bp = band_params(base, resolved, options, plan);
   add_band_parts(bp, plan);
   bp.lse = context ? at.lse : lse;
-  if (context && base.out == nullptr) {
-    bp.p.out = at.y;
-    bp.p.out_strides = {base.heads * base.nq * base.dv, base.nq * base.dv, base.dv, 1};
-  }
   const int64_t zero_rows = kernels::backend().band_attention(bp);
-  if (context && base.out != nullptr) save_output(base, at.y);
+  if (context) save_output(base, at.y);
   return zero_rows;
 }
 
@@ -420,8 +418,7 @@ void hybrid_backward(const BackwardParams& bp, const ResolvedMap& resolved,
   // The merged rows and each part's rows: from the context, or recomputed (causal with a
   // part: the forward saving a context here, the same sweep and the same backward; a
   // bidirectional one keeps its parts' rows only, and each part's backward reruns its sweep:
-  // saving both parts' chunk states here measured slower from N = 2048 on, for 2.4x the
-  // memory, docs/performance.md).
+  // docs/performance.md, "Bidirectional hybrid: the saved context").
   std::vector<float> y_store;
   std::vector<double> lse_store;
   Merged merged{};

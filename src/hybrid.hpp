@@ -22,8 +22,8 @@ inline bool is_hybrid(const AttentionOptions& options) {
 }
 
 /// A hybrid call's merged output into base.out (its strides); returns the zero rows. `base`
-/// holds q, k, v, sizes, mask, out and the resolved map. With `context`: causal, saves it
-/// (favor/causal_context.hpp, hybrid_context_layout; empty when nothing is saved).
+/// holds q, k, v, sizes, mask, out and the resolved map. With `context`, saves it
+/// (favor/causal_context.hpp, hybrid_context_layout; emptied when there is no estimated part).
 int64_t hybrid_forward(const kernels::AttentionParams& base, const ResolvedMap& resolved,
                        const AttentionOptions& options, AttentionContext* context = nullptr);
 

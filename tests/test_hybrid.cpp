@@ -286,6 +286,39 @@ TEST(Hybrid, ContextIsSavedWhereThereIsAPartAndChecked) {
   }
 }
 
+// A bidirectional context whose parts have different numbers of chunk states (window 0: the
+// prefix's view has N = 33 rows, 3 states; the suffix's 32, 2 states): the backward from it
+// equals the recomputing one (which keeps no context) to float32 rounding, so each part reads
+// its own states, rows and log scales.
+TEST(Hybrid, BidirectionalContextPartsOfUnequalChunks) {
+  const int64_t B = 1, H = 2, N = 33, D = 8, Dv = 5;
+  const Tensor q = random_tensor({B, H, N, D}, 31, 1.0), k = random_tensor({B, H, N, D}, 32, 1.0),
+               v = random_tensor({B, H, N, Dv}, 33), dy = random_tensor({B, H, N, Dv}, 34);
+  const FeatureMap map = random_map(
+      Kernel::positive, Projection::draw(32, D, {ProjectionKind::orthogonal, NormMode::chi, 7}),
+      MapSpec{}, 11);
+  AttentionOptions o;
+  o.causal = false;
+  o.sinks = 2;
+  o.save_causal_states = true;
+  const HybridContextLayout l = hybrid_context_layout(B * H, N, map.features(), Dv, 0, false);
+  EXPECT_EQ(l.slots, 3);
+  EXPECT_EQ(l.suffix_slots, 2);
+  AttentionContext context;
+  Tensor out({B, H, N, Dv});
+  favor_attention(q, k, v, map, out.mutable_view(), o, &context);
+  ASSERT_TRUE(context.valid());
+  EXPECT_EQ(context.states.size(), static_cast<size_t>(l.states));
+  const AttentionGrads saved = favor_attention_backward(q, k, v, dy, map, o, false, &context);
+  const AttentionGrads recomputed = favor_attention_backward(q, k, v, dy, map, o, false);
+  for (const auto& [a, b] :
+       {std::pair{&saved.dq, &recomputed.dq}, std::pair{&saved.dk, &recomputed.dk},
+        std::pair{&saved.dv, &recomputed.dv}}) {
+    const std::vector<float>& r = b->values();
+    EXPECT_LE(testing::rel_error(*a, std::vector<double>(r.begin(), r.end())), 1e-5);
+  }
+}
+
 // exact_attention with ExactOptions::window, ::sinks: softmax over each query's window and
 // sinks alone (the hybrid's exact part, no estimator), against a float64 softmax over that
 // set written out here; its gradients against central differences of it (left padding, a

@@ -50,23 +50,27 @@ double hybrid_exact_pairs(int64_t n, int64_t w, int64_t s, bool causal = true) {
 // over the rows whose keys reach beyond the window: N - w (the prefix) and, bidirectional,
 // N - max(w, 1) more (the suffix, reversed). Backward from a saved context, per exact pair
 // the score, dy_i . v_j, dq_i, dk_j and dv_j (2 D + 2 Dv + 2 D + 2 D + 2 Dv) and each part's
-// causal FAVOR backward from its chunk states (favor_causal_backward_flops_with_context);
-// recomputing, the forward (which saves the context) before it. Left out, as exponentials
-// are: the terms linear in N without w or m (the merge of the parts' rows, the query norms).
+// causal FAVOR backward from its chunk states (favor_causal_backward_flops_with_context).
+// Recomputing: the forward before it (causal: the forward saving the context, then the
+// same); bidirectional, each part's backward reruns its sweep (favor_backward_flops, causal).
+// Left out, as exponentials are: the terms linear in N without w or m (the merge of the
+// parts' rows, the query norms).
 double hybrid_flops(const Problem& p, int64_t w, int64_t s, int64_t chunk, bool backward,
                     bool context = false, bool causal = true) {
   const double pairs = double(p.bh) * hybrid_exact_pairs(p.n, w, s, causal);
-  double forward = pairs * (2.0 * p.d + 2.0 * (p.dv + 1)),
-         from_context = pairs * (8.0 * p.d + 4.0 * p.dv);
+  double forward = pairs * (2.0 * p.d + 2.0 * (p.dv + 1));
+  double from_context = pairs * (8.0 * p.d + 4.0 * p.dv), rerunning = from_context;
   for (const int64_t offset : {w, causal ? p.n : std::max<int64_t>(w, 1)}) {
     Problem part = p;
     part.n = std::max<int64_t>(0, p.n - offset);
     if (part.n == 0) continue;
     forward += favor_flops(part, true, chunk);
     from_context += favor_causal_backward_flops_with_context(part, chunk);
+    rerunning += favor_backward_flops(part, true, chunk);
   }
   if (!backward) return forward;
-  return context ? from_context : forward + from_context;
+  if (context) return from_context;
+  return forward + (causal ? from_context : rerunning);
 }
 
 struct HybridPoint {
@@ -298,8 +302,9 @@ void section_hybrid(BenchRunner& bench) {
   }
   if (!a.json) {
     fmt::print(
-        "hybrid: causal, exact softmax on a window of w = {} keys and s = {} sinks, the {} "
-        "estimator beyond (m = {}), vs plain FAVOR (w = s = 0) and exact, at N <= {}\n",
+        "hybrid: causal (and, at the backward's N, bidirectional), exact softmax on a window of "
+        "w = {} keys and s = {} sinks, the {} estimator beyond (m = {}), vs plain FAVOR (w = s = "
+        "0) and exact, at N <= {}\n",
         kHybridWindow, kHybridSinks, to_string(bench.kernel()), a.m, kHybridLongestN);
   }
   std::vector<HybridPoint> points;

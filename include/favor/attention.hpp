@@ -47,7 +47,8 @@ struct AttentionOptions {
   /// Needs Nq == Nk. window >= N is exact softmax; window = sinks = 0 (the default) is the
   /// plain method, bit for bit. A hybrid call runs in f32; with save_causal_states and
   /// window < N it saves a context (below; also the merged rows, N (2 Dv + 1) floats and 2N
-  /// doubles per head more; bidirectional: both estimated parts', about twice the states).
+  /// doubles per head more; bidirectional: the suffix's states and rows too, about twice the
+  /// states and N (Dv + 1) floats and N doubles more).
   int64_t window = 0;
   int64_t sinks = 0;
   /// Causal (or hybrid), with a context (favor_attention's last argument): also save each

@@ -33,8 +33,7 @@ struct HybridContextLayout {
 };
 
 constexpr HybridContextLayout hybrid_context_layout(int64_t heads, int64_t n, int64_t features,
-                                                    int64_t dv, int64_t window,
-                                                    bool causal = true) {
+                                                    int64_t dv, int64_t window, bool causal) {
   HybridContextLayout l;
   if (window >= n) return l;
   l.part_rows = n - window;

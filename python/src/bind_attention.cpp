@@ -58,7 +58,7 @@ void bind_attention(py::module_& m) {
         return py::make_tuple(l.states, l.maxima, l.rows);
       },
       py::arg("heads"), py::arg("n"), py::arg("features"), py::arg("dv"), py::arg("window"),
-      py::arg("causal") = true,
+      py::arg("causal"),
       "Sizes (states, maxima, rows) of the context a hybrid call saves with "
       "save_causal_states (favor/causal_context.hpp, hybrid_context_layout)");
   py::class_<AttentionContext>(m, "AttentionContext")

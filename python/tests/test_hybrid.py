@@ -196,11 +196,12 @@ def test_saved_causal_states_give_the_gradients_of_a_recomputation(window, sinks
                                                                    causal):
     """save_causal_states on a hybrid call: the CPU op carries the estimated parts' chunk
     states and rows (bidirectional: the prefix's and the suffix's) and the merged rows (N =
-    70: a part's view spans three chunks), and its backward gives the recomputing backward's
+    70: a part's view spans three chunks; 65 with window 0, whose parts' views of 65 and 64
+    rows hold 4 and 3 chunk states), and its backward gives the recomputing backward's
     gradients (causal the same bits, bidirectional to rounding); window >= N (40 + 1 sink
     covers every key of N = 30) saves nothing. A learned map (weights, bias) takes the same
     context. Without save_causal_states a hybrid call saves nothing, bidirectional too."""
-    n = 70 if window < 40 else 30
+    n = 65 if window == 0 else 70 if window < 40 else 30
     q, k, v = qkv(n=n)
     w = projection()
     mask = left_padding(n)
@@ -211,8 +212,9 @@ def test_saved_causal_states_give_the_gradients_of_a_recomputation(window, sinks
                  "bias": torch.zeros(1, 32, requires_grad=True)} if mapped else {"projection": w}
         y = ft.attention(*ts, causal=causal, window=window, sinks=sinks,
                          key_padding_mask=mask, save_causal_states=save, **extra)
-        saved_states = y.grad_fn.saved_tensors[12]  # Formula.setup_context's order
-        assert (saved_states.numel() > 0) == (save and window < n)
+        saved = y.grad_fn.saved_tensors  # Formula.setup_context's order
+        assert int(saved[14][0]) == (1 if save and window < n else 0)  # fingerprint[0]: valid
+        assert (saved[12].numel() > 0) == (save and window < n)
         (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
         grads.append([t.grad for t in ts] + ([extra["weights"].grad] if mapped else []))
     for plain_grad, saved_grad in zip(*grads):  # causal: the same path, the same bits
@@ -230,6 +232,8 @@ def test_saved_causal_states_give_the_gradients_of_a_recomputation(window, sinks
     assert states.numel() == sizes[0] and rows.numel() == sizes[2]
     assert maxima.numel() == sizes[1]
     assert int(fingerprint[0]) == (1 if window < n else 0)
+    if not causal and window == 0:  # the prefix's and the suffix's numbers of states differ
+        assert favor._core.causal_context_states(n) != favor._core.causal_context_states(n - 1)
 
 
 def test_modules_take_window_and_sinks():

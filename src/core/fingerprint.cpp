@@ -77,7 +77,7 @@ void hash_mask(Hasher& f, const std::optional<KeyMaskView>& mask) {
 uint64_t context_fingerprint(const TensorView& q, const TensorView& k, const TensorView& v,
                              const AttentionOptions& options) {
   Hasher f;
-  if (options.causal || options.window != 0 || options.sinks != 0) f.tensor(q);
+  if (options.causal || options.window > 0 || options.sinks > 0) f.tensor(q);  // or hybrid
   f.tensor(k);
   f.tensor(v);
   f.value(options.causal);

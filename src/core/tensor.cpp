@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/helper_threads.hpp"
+#include "core/pages.hpp"
 #include "favor/error.hpp"
 #include "favor/runtime.hpp"
 
@@ -13,22 +14,22 @@
 #endif
 
 namespace favor {
-namespace {
+namespace detail {
 
 // Below this many bytes a tensor's pages are left to the fill (a decode step's outputs).
 constexpr size_t kPrefaultBytes = size_t{1} << 21;
 
 // A fresh buffer of a large tensor is mapped by the kernel one page fault at a time, each
-// page zeroed on the thread that first writes it: the fill below did that alone, and for
+// page zeroed on the thread that first writes it: the fill after it (Tensor's below, a saved
+// context's resize: resize_populated) did that alone, and for
 // a backward's three gradients at N = 4096 (24 MB, memory glibc had just returned to the
 // system) it was about a fifth of the call on 2 threads. The pages are mapped here on
 // favor's threads instead, a share each (Linux's MADV_POPULATE_WRITE, 5.14 on: contents
 // unchanged; over pages already mapped, such as a reused heap block, it only walks the
 // page table), and the fill then writes to mapped pages. Elsewhere, or where the kernel
 // refuses it, nothing happens here.
-void populate_pages(float* data, size_t count) {
+void populate_pages(void* data, size_t bytes) {
 #if defined(__linux__) && defined(MADV_POPULATE_WRITE)
-  const size_t bytes = count * sizeof(float);
   if (bytes < kPrefaultBytes) return;
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
@@ -47,11 +48,11 @@ void populate_pages(float* data, size_t count) {
   detail::team_ran(threads);
 #else
   (void)data;
-  (void)count;
+  (void)bytes;
 #endif
 }
 
-}  // namespace
+}  // namespace detail
 
 Shape4 contiguous_strides(const Shape4& shape) {
   return {shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1};
@@ -63,7 +64,7 @@ Tensor::Tensor(const Shape4& shape, float fill) : shape_(shape) {
   }
   const auto count = static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3]);
   data_.reserve(count);
-  populate_pages(data_.data(), count);
+  detail::populate_pages(data_.data(), count * sizeof(float));
   data_.assign(count, fill);
 }
 

@@ -84,11 +84,12 @@ class FavorCore(AttentionCore):
     moves gate_log by about its lr a step: from 1e-3 to 1 is 7 in log g, so train it with a
     larger step than the map's (distill's gate_lr). gate_open = True runs with g = 1
     (attention transfer fits the estimator so).
-    save_causal_states (also an attribute; favor.torch.attention's): causal (and hybrid) calls
-    under autograd on the CPU keep each 32-token chunk's state and row sums for the backward, which
-    is then one reverse sweep instead of a rerun of the forward (a hybrid layer's forward +
-    backward 15-30% shorter), for N (m / 32 + 1) (Dv + 1) floats per head held until the
-    backward. Off by default, and favor.hf's training loops leave it off: over a whole model's
+    save_causal_states (also an attribute; favor.torch.attention's): causal (and hybrid)
+    calls under autograd on the CPU keep each 32-token chunk's state and row sums for the
+    backward, which is then one reverse sweep instead of a rerun of the forward (a hybrid
+    layer's forward + backward 15-30% shorter), for N (m / 32 + 1) (Dv + 1) floats per head
+    held until the backward (a bidirectional hybrid: both its estimated parts', about
+    twice). Off by default, and favor.hf's training loops leave it off: over a whole model's
     layers it paid only with an allocator that keeps its pages (docs/performance.md, "Saved
     causal states in training").
     """
@@ -276,8 +277,7 @@ class FavorCore(AttentionCore):
         extra = self._map_arguments(causal) if self._uses_map() else {}
         if self.method != "exact" and (self.window or self.sinks):
             extra.update(window=self.window, sinks=self.sinks)
-        if self.method == "favor" and (causal or self.window or self.sinks) \
-                and self.save_causal_states:
+        if self.method == "favor" and self.save_causal_states:
             extra.update(save_causal_states=True)
         return attention(q, k, v, causal=causal, kernel=self.kernel, projection=self.projection,
                          scale=self.scale, key_padding_mask=key_padding_mask,
