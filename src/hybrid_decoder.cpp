@@ -356,13 +356,14 @@ void HybridDecoder::step(TensorView q, TensorView k, TensorView v, MutableTensor
   step(own(), q, k, v, out, key_mask);
 }
 
-// The step as the batch formula with one query: the sinks and the token leaving the window
-// here (bookkeeping: copies of a row per head), then one kernel call that folds the leaving
-// token into the linear state and merges the query's two parts (kernels::DecoderStep).
+// The step as the batch formula with one query: the sinks and the ring's flags here
+// (bookkeeping), then one kernel call that folds the token leaving the window into the linear
+// state, writes the entering one into its ring slot and merges the query's two parts
+// (kernels::DecoderStep).
 void HybridDecoder::step(HybridDecoderStateView s, TensorView q, TensorView k, TensorView v,
                          MutableTensorView out, const std::optional<KeyMaskView>& key_mask) {
   detail::check_decode_step(q, k, v, out, key_mask, batch_, heads_, d_, dv_);  // finite too
-  const int64_t tok = *s.position, BH = batch_ * heads_;
+  const int64_t tok = *s.position;
   keep_.resize(static_cast<size_t>(batch_));
   sink_.resize(static_cast<size_t>(batch_));
   fold_.resize(static_cast<size_t>(batch_));
@@ -370,29 +371,31 @@ void HybridDecoder::step(HybridDecoderStateView s, TensorView q, TensorView k, T
   for (int64_t b = 0; b < batch_; ++b) keep_[b] = kept(key_mask, b, 0);
   take_sinks(s, keep_.data(), k, v, 0, sink_.data());
   // The token folded into the linear state: this one (no window), or the one leaving the
-  // ring's slot, copied out before the new token takes the slot.
+  // ring's slot, which the kernel reads there before the new token takes the slot.
   TensorView kf{}, vf{};
   bool folds = true;
+  int64_t slot = 0;
   if (window_ == 0) {
     for (int64_t b = 0; b < batch_; ++b) fold_[b] = keep_[b] && !sink_[b];
     kf = k;
     vf = v;
   } else {
-    const int64_t slot = tok % window_;
+    slot = tok % window_;
     folds = tok >= window_;
-    if (folds) {
-      leave_k_.resize(static_cast<size_t>(BH * d_));
-      leave_v_.resize(static_cast<size_t>(BH * dv_));
+    if (folds) {  // the leaving token, read in its slot by the kernel before the new one enters
       for (int64_t b = 0; b < batch_; ++b)
         fold_[b] = s.ring_keep[b * window_ + slot] && !s.ring_sink[b * window_ + slot];
-      for (int64_t bh = 0; bh < BH; ++bh) {
-        std::copy_n(s.ring_k + (bh * window_ + slot) * d_, d_, leave_k_.data() + bh * d_);
-        std::copy_n(s.ring_v + (bh * window_ + slot) * dv_, dv_, leave_v_.data() + bh * dv_);
-      }
-      kf = TensorView{leave_k_.data(), {batch_, heads_, 1, d_}, {heads_ * d_, d_, d_, 1}};
-      vf = TensorView{leave_v_.data(), {batch_, heads_, 1, dv_}, {heads_ * dv_, dv_, dv_, 1}};
+      kf = TensorView{s.ring_k + slot * d_,
+                      {batch_, heads_, 1, d_},
+                      {heads_ * window_ * d_, window_ * d_, d_, 1}};
+      vf = TensorView{s.ring_v + slot * dv_,
+                      {batch_, heads_, 1, dv_},
+                      {heads_ * window_ * dv_, window_ * dv_, dv_, 1}};
     }
-    for (int64_t b = 0; b < batch_; ++b) write_ring(s, slot, b, keep_[b], sink_[b], k, v, 0);
+    for (int64_t b = 0; b < batch_; ++b) {  // the slot's flags; its rows are the kernel's
+      s.ring_keep[b * window_ + slot] = keep_[b];
+      s.ring_sink[b * window_ + slot] = sink_[b];
+    }
   }
   *s.position = tok + 1;  // the exact part reads the ring with the new token
   const kernels::BandDecodeParams band =
@@ -420,6 +423,15 @@ void HybridDecoder::step(HybridDecoderStateView s, TensorView q, TensorView k, T
   ds.workspace_d = &linear_.step_ws_d_;
   ds.band = &band;
   ds.weight = kernels::QueryWeight{detail::norm_weight(*linear_.map_, p.map), log_const_.data()};
+  if (window_ > 0) {
+    ds.enter_k = k.data;
+    ds.enter_k_strides = k.strides;
+    ds.enter_v = v.data;
+    ds.enter_v_strides = v.strides;
+    ds.ring_k_out = s.ring_k;
+    ds.ring_v_out = s.ring_v;
+    ds.enter_slot = slot;
+  }
   kernels::backend().decoder_step(ds);
   if (folds)
     for (int64_t b = 0; b < batch_; ++b)

@@ -175,6 +175,41 @@ INSTANTIATE_TEST_SUITE_P(
       return to_string(info.param.kernel) + (info.param.decay.empty() ? "" : "_decay");
     });
 
+// A step's projections take one of two products by the step's rows (2 per head): with
+// OpenBLAS's Haswell or Zen kernels (AVX2, and FAVOR_CPU=avx2 runs) favor's register-blocked
+// one up to 32 (cpu/decoder_fused_step.cpp, kStepRegisterRows), OpenBLAS above and on
+// AVX-512. Both against append then query (the matvec per row) and causal attention, at 16
+// rows (B = 1, H = 8) and 48 (B = 3); the hybrid decoder's step (window 3, sinks 1) against
+// its append then query.
+TEST(DecoderStepRows, EitherProjectionProductEqualsAppendThenQuery) {
+  constexpr int64_t H = 8, N = 12, D = 16, Dv = 6;
+  const Projection w = Projection::draw(40, D, {ProjectionKind::orthogonal, NormMode::chi, 2});
+  for (int64_t B : {1, 3}) {
+    const Tensor q = random_tensor({B, H, N, D}, 31, 1.5), k = random_tensor({B, H, N, D}, 32, 1.5),
+                 v = random_tensor({B, H, N, Dv}, 33);
+    Decoder fused(B, H, Dv, w), split(B, H, Dv, w);
+    Tensor y({B, H, N, Dv}), ref({B, H, N, Dv});
+    for (int64_t i = 0; i < N; ++i) {
+      put_rows(y, fused.step(tokens(q, i), tokens(k, i), tokens(v, i)), i);
+      split.append(tokens(k, i), tokens(v, i));
+      put_rows(ref, split.query(tokens(q, i)), i);
+    }
+    std::vector<int64_t> rows(N);
+    for (int64_t i = 0; i < N; ++i) rows[size_t(i)] = i;
+    EXPECT_LE(testing::rows_rel_error(y, ref, rows), kTol) << "B " << B;
+    AttentionOptions o;
+    o.causal = true;
+    EXPECT_LE(testing::rows_rel_error(y, favor_attention(q, k, v, w, o), rows), kTol) << "B " << B;
+    HybridDecoder hf(B, H, Dv, w, 3, 1), hs(B, H, Dv, w, 3, 1);
+    for (int64_t i = 0; i < N; ++i) {
+      put_rows(y, hf.step(tokens(q, i), tokens(k, i), tokens(v, i)), i);
+      hs.append(tokens(k, i), tokens(v, i));
+      put_rows(ref, hs.query(tokens(q, i)), i);
+    }
+    EXPECT_LE(testing::rows_rel_error(y, ref, rows), kTol) << "hybrid, B " << B;
+  }
+}
+
 TEST(DecoderStepErrors, ShapesAndMaskNameTheArgument) {
   Decoder dec(2, 1, 3, Projection::draw(8, 4));
   const Tensor q = random_tensor({2, 1, 2, 4}, 1), k = random_tensor({2, 1, 1, 4}, 2),

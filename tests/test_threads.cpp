@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -125,6 +126,37 @@ TEST(Threads, ACallingThreadAloneGivesTheTeamsBits) {
   cpu::reset_team_state();
   for (int64_t t = 0; t < T; ++t)
     EXPECT_TRUE(bits_equal(team[t], alone[t])) << "decoder step " << t;
+
+  // The hybrid decoder's fused step, whose threads also write each head's entering token into
+  // its ring slot after reading the leaving one there (window 3, sinks 1: tokens fold from the
+  // fourth step on), against the same steps alone (the same bits) and against append then
+  // query, which moves the ring's rows on the calling thread (the projections' rounding apart).
+  HybridDecoder ha(1, 8, 64, wd, 3, 1), hb(1, 8, 64, wd, 3, 1), hs(1, 8, 64, wd, 3, 1);
+  std::vector<Tensor> hteam, halone;
+  cpu::always_wake_team_for_test(true);
+  const int64_t hbefore = cpu::team_regions();
+  for (int64_t t = 0; t < T; ++t)
+    hteam.push_back(ha.step(testing::tokens(q, t), testing::tokens(k, t), testing::tokens(v, t)));
+  cpu::always_wake_team_for_test(false);
+  EXPECT_GT(cpu::team_regions(), hbefore) << "the team did not run the hybrid step";
+  cpu::run_alone_for(10'000'000'000);
+  const int64_t hduring = cpu::team_regions();
+  for (int64_t t = 0; t < T; ++t)
+    halone.push_back(hb.step(testing::tokens(q, t), testing::tokens(k, t), testing::tokens(v, t)));
+  EXPECT_EQ(cpu::team_regions(), hduring) << "a team ran while contended";
+  cpu::reset_team_state();
+  for (int64_t t = 0; t < T; ++t) {
+    EXPECT_TRUE(bits_equal(hteam[t], halone[t])) << "hybrid step " << t;
+    hs.append(testing::tokens(k, t), testing::tokens(v, t));
+    const Tensor ref = hs.query(testing::tokens(q, t));
+    double diff = 0.0, norm = 0.0;  // relative Frobenius error, test_decoder_step.cpp's bound
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+      const double e = ref.values()[i], a = hteam[t].values()[i];
+      diff += (a - e) * (a - e);
+      norm += e * e;
+    }
+    EXPECT_LE(std::sqrt(diff / norm), 1e-5) << "hybrid step " << t;
+  }
 }
 
 // A small call (under cpu::kSerialFlops) runs on the calling thread without a parallel

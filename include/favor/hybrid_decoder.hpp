@@ -146,9 +146,8 @@ class HybridDecoder {
   std::vector<float> ring_k_, ring_v_, sink_k_, sink_v_;
   std::vector<uint8_t> ring_keep_, ring_sink_;
   std::vector<int64_t> sink_pos_;
-  // a step's workspace: the tokens leaving the window, flags per row, each head's log
-  // constant (the query weight's; fixed by the map)
-  std::vector<float> leave_k_, leave_v_;
+  // a step's workspace: flags per row, each head's log constant (the query weight's; fixed
+  // by the map)
   std::vector<uint8_t> keep_, sink_, fold_, sink_live_;
   std::vector<double> log_const_;
 };

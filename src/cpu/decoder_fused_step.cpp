@@ -3,8 +3,9 @@
 //
 // 1. Projections: the step's key and query rows of a run of heads that share a parameter
 //    set go through one GEMM ([2 heads x d] x [d x m]; with shared projections, w_sets = 1,
-//    each thread's heads are one run), from the decoder's W^T on OpenBLAS's small-matrix
-//    path (project_rows_transposed: packing W took a third of a one-sequence step's GEMM).
+//    each thread's heads are one run), from the decoder's W^T: on OpenBLAS's small-matrix
+//    path (project_rows_transposed), or, up to kStepRegisterRows rows in the whole step with
+//    a BLAS kernel that has no such path, favor's register-blocked product (small_gemm).
 // 2. Per head, one pass over [S | s]: the key's features against the running max (raised
 //    first if the key exceeds it, docs/numerics.md), s updated first (the query's shift
 //    c = max_f (L_f + log s_f) needs the new s), then for each feature row f
@@ -14,9 +15,10 @@
 // decoder_append then decoder_query (cpu/decoder_step.cpp); only the projection's sums
 // (GEMM instead of a matvec per row) round differently.
 // 3. A hybrid decoder's step (ds.band set): the key is the token leaving the window (if
-//    any), and the query's [y | den] with its log scale is merged with the exact part over
-//    the ring and the sinks (band_decode_row, the merge of the batch kernel) in the same
-//    pass: one parallel region per step, as the plain decoder's.
+//    any, read from its ring slot), the entering token then takes that slot (ds.enter_k),
+//    and the query's [y | den] with its log scale is merged with the exact part over the
+//    ring and the sinks (band_decode_row, the merge of the batch kernel) in the same pass:
+//    one parallel region per step, as the plain decoder's, and no copy of a row outside it.
 #include <omp.h>
 
 #include <algorithm>
@@ -28,7 +30,9 @@
 #include "cpu/decoder_step.hpp"
 #include "cpu/feature_tile.hpp"
 #include "cpu/head_state.hpp"
+#include "cpu/isa_cap.hpp"
 #include "cpu/schedule.hpp"
+#include "cpu/small_gemm.hpp"
 #include "cpu/vec_math.hpp"
 
 namespace favor::cpu {
@@ -39,6 +43,22 @@ namespace {
 // thread up to ~260k flops and broke even at ~0.5-1 MFLOP (one sequence of 8 heads at
 // m = 256 is 1.06 MFLOP: 58-62k tokens/s on two free cores against ~40k on one).
 constexpr double kStepThreadsFrom = 4e5;
+
+// Rows (2 per head: key and query) of a whole step up to which its projections go through
+// small_gemm instead of OpenBLAS, where OpenBLAS would pack W on every call: its Haswell
+// and Zen kernels (AVX2 machines) do; its SkylakeX-family kernels (AVX-512) have a
+// small-matrix path that does not, and keep the step (docs/performance.md, "Batched decode":
+// 40.0k -> 47.2k tokens/s there; small_gemm has not been timed on AVX-512). Measured (Zen 3, AVX2,
+// one step of B sequences x 8 heads, D = 64, m = 256, 2 threads, medians of 5 interleaved
+// runs of 3840 steps, tokens/s OpenBLAS -> small_gemm): B = 1 (16 rows) 16.1k -> 21.0k,
+// B = 2 (32) 26.9k -> 30.0k, B = 4 (64) 25.9k -> 25.4k, B = 8 (128) 29.0k -> 26.1k. Decided by
+// the step's rows, not a thread's run, so that a head's bits do not depend on the threads.
+constexpr int64_t kStepRegisterRows = 32;
+
+bool blas_packs_small_products() {
+  static const bool packs = openblas_core_level(blas_core()) != 4;
+  return packs;
+}
 
 // The step's buffers, carved out of the decoder's workspace: rows 2 i (key) and 2 i + 1
 // (query) of x and a belong to the head at place i of the set-major order; then, per
@@ -107,8 +127,12 @@ void decoder_step(const DecoderStep& ds, const Config& config) {
         const int64_t set = head_at(i, heads, sets) % sets;
         int64_t end = i + 1;
         while (end < last && head_at(end, heads, sets) % sets == set) ++end;
-        project_rows_transposed(buf.x + 2 * i * d, 2 * (end - i), d, ds.wt + set * d * m, m,
-                                buf.a + 2 * i * m);
+        if (2 * heads <= kStepRegisterRows && blas_packs_small_products())
+          small_gemm(false, 2 * (end - i), m, d, 1.0f, buf.x + 2 * i * d, d, ds.wt + set * d * m, m,
+                     0.0f, buf.a + 2 * i * m, m);
+        else
+          project_rows_transposed(buf.x + 2 * i * d, 2 * (end - i), d, ds.wt + set * d * m, m,
+                                  buf.a + 2 * i * m);
         i = end;
       }
       if (fp.bias) {
@@ -156,6 +180,15 @@ void decoder_step(const DecoderStep& ds, const Config& config) {
           } else {
             transposed_matvec(state.Sx, phiq, F, ld, yx);
           }
+        }
+        if (ds.enter_k) {  // the entering token takes the slot the leaving one was read from
+          const int64_t window = ds.band->window, o = bh * window + ds.enter_slot;
+          const float* kr = ds.enter_k + b * ds.enter_k_strides[0] + h * ds.enter_k_strides[1];
+          const float* vr = ds.enter_v + b * ds.enter_v_strides[0] + h * ds.enter_v_strides[1];
+          float* kd = ds.ring_k_out + o * d;
+          float* vd = ds.ring_v_out + o * dv;
+          for (int64_t x = 0; x < d; ++x) kd[x] = kr[x * ds.enter_k_strides[3]];
+          for (int64_t x = 0; x < dv; ++x) vd[x] = vr[x * ds.enter_v_strides[3]];
         }
         if (ds.band) {  // the merge with the exact part: c + log_max + the query's weight
           double shift = -INFINITY;

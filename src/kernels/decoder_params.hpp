@@ -63,6 +63,18 @@ struct DecoderStep {
   // batch formula with one query (band_decode's rows, one merge).
   const BandDecodeParams* band = nullptr;
   QueryWeight weight{};
+  // The token entering the window (with band and a window): each head's key and value rows
+  // ([B, H, 1, X] at their strides) are written into ring slot `enter_slot` (ring_k_out,
+  // ring_v_out: band's ring) by the head's thread, after it read the leaving token there
+  // (step.k, step.v: views of that slot) and before the exact part reads the ring. The ring's
+  // flags are the caller's. Null: nothing enters (a window of 0).
+  const float* enter_k = nullptr;
+  Shape4 enter_k_strides{};
+  const float* enter_v = nullptr;
+  Shape4 enter_v_strides{};
+  float* ring_k_out = nullptr;  // [B*H][window][D]
+  float* ring_v_out = nullptr;  // [B*H][window][Dv]
+  int64_t enter_slot = 0;
 };
 
 }  // namespace favor::kernels
