@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/decoder_state_check.hpp"
@@ -43,6 +45,17 @@ void copy_key_value(const TensorView& kv, const TensorView& vv, int64_t b, int64
   const float* vr = row_of(vv, b, h, t);
   for (int64_t x = 0; x < kv.shape[3]; ++x) k_out[x] = kr[x * kv.strides[3]];
   for (int64_t x = 0; x < vv.shape[3]; ++x) v_out[x] = vr[x * vv.strides[3]];
+}
+
+// The token in ring slot `slot` of every head, as [B, H, 1, X] views of the ring: the one
+// leaving the window (push and step fold it into the linear state).
+std::pair<TensorView, TensorView> ring_slot(const HybridDecoderStateView& s, int64_t slot,
+                                            int64_t batch, int64_t heads, int64_t window, int64_t d,
+                                            int64_t dv) {
+  return {
+      TensorView{s.ring_k + slot * d, {batch, heads, 1, d}, {heads * window * d, window * d, d, 1}},
+      TensorView{
+          s.ring_v + slot * dv, {batch, heads, 1, dv}, {heads * window * dv, window * dv, dv, 1}}};
 }
 
 }  // namespace
@@ -205,10 +218,7 @@ void HybridDecoder::push(HybridDecoderStateView& s, const uint8_t* keep, const T
     if (tok >= window_) {
       for (int64_t b = 0; b < batch_; ++b)
         fold_[b] = s.ring_keep[b * window_ + slot] && !s.ring_sink[b * window_ + slot];
-      const Shape4 ks{heads_ * window_ * d_, window_ * d_, d_, 1};
-      const Shape4 vs{heads_ * window_ * dv_, window_ * dv_, dv_, 1};
-      const TensorView k1{s.ring_k + slot * d_, {batch_, heads_, 1, d_}, ks};
-      const TensorView v1{s.ring_v + slot * dv_, {batch_, heads_, 1, dv_}, vs};
+      const auto [k1, v1] = ring_slot(s, slot, batch_, heads_, window_, d_, dv_);
       linear_.append(lin, k1, v1, KeyMaskView::contiguous(fold_.data(), batch_, 1));
     }
     for (int64_t b = 0; b < batch_; ++b) write_ring(s, slot, b, keep[b], sink_[b], kv, vv, t);
@@ -385,12 +395,7 @@ void HybridDecoder::step(HybridDecoderStateView s, TensorView q, TensorView k, T
     if (folds) {  // the leaving token, read in its slot by the kernel before the new one enters
       for (int64_t b = 0; b < batch_; ++b)
         fold_[b] = s.ring_keep[b * window_ + slot] && !s.ring_sink[b * window_ + slot];
-      kf = TensorView{s.ring_k + slot * d_,
-                      {batch_, heads_, 1, d_},
-                      {heads_ * window_ * d_, window_ * d_, d_, 1}};
-      vf = TensorView{s.ring_v + slot * dv_,
-                      {batch_, heads_, 1, dv_},
-                      {heads_ * window_ * dv_, window_ * dv_, dv_, 1}};
+      std::tie(kf, vf) = ring_slot(s, slot, batch_, heads_, window_, d_, dv_);
     }
     for (int64_t b = 0; b < batch_; ++b) {  // the slot's flags; its rows are the kernel's
       s.ring_keep[b * window_ + slot] = keep_[b];

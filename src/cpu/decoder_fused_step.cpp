@@ -185,10 +185,8 @@ void decoder_step(const DecoderStep& ds, const Config& config) {
           const int64_t window = ds.band->window, o = bh * window + ds.enter_slot;
           const float* kr = ds.enter_k + b * ds.enter_k_strides[0] + h * ds.enter_k_strides[1];
           const float* vr = ds.enter_v + b * ds.enter_v_strides[0] + h * ds.enter_v_strides[1];
-          float* kd = ds.ring_k_out + o * d;
-          float* vd = ds.ring_v_out + o * dv;
-          for (int64_t x = 0; x < d; ++x) kd[x] = kr[x * ds.enter_k_strides[3]];
-          for (int64_t x = 0; x < dv; ++x) vd[x] = vr[x * ds.enter_v_strides[3]];
+          gather_rows(kr, 0, ds.enter_k_strides[3], 1, d, 1.0f, ds.ring_k_out + o * d, nullptr);
+          gather_rows(vr, 0, ds.enter_v_strides[3], 1, dv, 1.0f, ds.ring_v_out + o * dv, nullptr);
         }
         if (ds.band) {  // the merge with the exact part: c + log_max + the query's weight
           double shift = -INFINITY;
