@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "core/feature_map_params.hpp"
 #include "core/fingerprint.hpp"
@@ -160,7 +161,14 @@ Tensor favor_attention(TensorView q, TensorView k, TensorView v, const Projectio
 
 void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView out,
                      const ExactOptions& options, ExactContext* context) {
-  const auto s = detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  // A windowed call that saves a context scans q, k and v for finite values in its
+  // fingerprint's pass over them (one read of the inputs for both).
+  const bool saves = context && (options.window != 0 || options.sinks != 0);
+  const auto s = saves ? detail::check_input_shapes(q, k, v, options.causal, options.key_mask,
+                                                    false)
+                       : detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  std::optional<detail::ExactInputsFingerprint> inputs;
+  if (saves) inputs.emplace(q, k, v, /*check_finite=*/true);
   detail::check_output(out, output_shape(s), "out", {q, k, v});
   const double scale = detail::resolve_scale(options.scale, s.d);
   const kernels::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
@@ -173,8 +181,7 @@ void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView
       lse = context->lse.data();
     }
     detail::window_forward(p, scale, options.causal, options.window, options.sinks, lse);
-    if (context)
-      context->fingerprint = detail::exact_context_fingerprint(q, k, v, out, options, scale);
+    if (context) context->fingerprint = inputs->finish(out, options, scale);
     return;
   }
   // Inputs whose float32 logits or sums could overflow take the double path whatever the

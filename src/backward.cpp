@@ -176,7 +176,13 @@ AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v
 AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                                         TensorView y, const ExactContext& context,
                                         const ExactOptions& options) {
-  const Checked c = check_backward(q, k, v, dy, options.causal, options.key_mask, options.scale);
+  // q, k and v are not scanned for finite values here when the context is theirs: its
+  // forward scanned them, and its fingerprint (of q, k, v and y) proves these the same bits.
+  // dy is scanned; q, k and v only when the context is refused, so that a non-finite input
+  // is still named as such.
+  const auto s = detail::check_input_shapes(q, k, v, options.causal, options.key_mask, false);
+  detail::check_dy(dy, s);
+  const Checked c{s, detail::resolve_scale(options.scale, s.d)};
   if (options.window == 0 && options.sinks == 0) {
     throw Error(
         "context: only a windowed exact call (ExactOptions::window or ::sinks) saves "
@@ -191,6 +197,7 @@ AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v
   const int64_t rows = c.s.batch * c.s.heads * c.s.nq;
   if (static_cast<int64_t>(context.lse.size()) != rows ||
       context.fingerprint != detail::exact_context_fingerprint(q, k, v, y, options, c.scale)) {
+    detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
     throw Error(
         "context: saved by a forward of other inputs or options (it must come from "
         "exact_attention with these q, k, v, output, mask and options)");

@@ -421,8 +421,8 @@ TEST(Hybrid, ExactOverTheWindowAloneIsSoftmaxOverItsKeys) {
 
 // A windowed exact call's saved context (ExactContext: lse and a fingerprint): the backward
 // from it and the forward's output gives the recomputing backward's gradients bit for bit
-// (the same band backward on the same y and lse), on a strided output too; a context of other
-// inputs, an output of another shape, an unwindowed call and a context for them are refused.
+// (the same band backward on the same y and lse), on a strided output and dy too; a context of
+// other inputs, an output of another shape, an unwindowed call and a context for them are refused.
 TEST(Hybrid, WindowBackwardFromTheSavedContextIsTheRecomputingOne) {
   for (bool causal : {true, false}) {
     Inputs s(Case{Kernel::positive, causal, 4, 2, Mask::left_padded});
@@ -445,6 +445,42 @@ TEST(Hybrid, WindowBackwardFromTheSavedContextIsTheRecomputingOne) {
     EXPECT_EQ(saved.dq.values(), recomputed.dq.values()) << causal;
     EXPECT_EQ(saved.dk.values(), recomputed.dk.values()) << causal;
     EXPECT_EQ(saved.dv.values(), recomputed.dv.values()) << causal;
+    // dy read in place at a row stride (torch's transposed layout) and gathered where its
+    // features are strided (every other float; a broadcast dy has stride 0): the same bits
+    const testing::StridedCopy dy_rows(dy);
+    std::vector<float> spaced(static_cast<size_t>(2 * dy.numel()), NAN);
+    for (int64_t i = 0; i < dy.numel(); ++i) spaced[static_cast<size_t>(2 * i)] = dy.data()[i];
+    const TensorView dy_spaced{spaced.data(), dy.shape(), {2 * H * N * Dv, 2 * N * Dv, 2 * Dv, 2}};
+    for (const TensorView& g : {dy_rows.view, dy_spaced}) {
+      const AttentionGrads from = exact_attention_backward(s.q, s.k, s.v, g, out, context, o);
+      EXPECT_EQ(from.dq.values(), saved.dq.values()) << causal << " strided dy";
+      EXPECT_EQ(from.dk.values(), saved.dk.values()) << causal << " strided dy";
+      EXPECT_EQ(from.dv.values(), saved.dv.values()) << causal << " strided dy";
+    }
+
+    // the fingerprint is of the values whatever the layout: q at a row stride (hashed row by
+    // row) against the context saved from contiguous q (hashed in blocks of rows)
+    const testing::StridedCopy q_rows(s.q);
+    const AttentionGrads strided_q =
+        exact_attention_backward(q_rows.view, s.k, s.v, dy, out, context, o);
+    EXPECT_EQ(strided_q.dq.values(), saved.dq.values()) << causal << " strided q";
+    // q, k and v are scanned only when the context is refused: a NaN written into q after
+    // the forward is still named as such, and a NaN in dy too
+    Tensor nan_q = s.q;
+    nan_q.values()[9] = NAN;
+    expect_error([&] { exact_attention_backward(nan_q, s.k, s.v, dy, out, context, o); },
+                 "q: element [0,0,");
+    // a forward that saves a context scans its inputs in the fingerprint's pass: the same
+    // error, naming the first bad element
+    Tensor nan_k = s.k;
+    nan_k.values()[nan_k.values().size() - 2] = INFINITY;
+    ExactContext unused;
+    expect_error([&] { exact_attention(s.q, nan_k, s.v, out, o, &unused); }, "k: element [");
+    expect_error([&] { exact_attention(s.q, nan_k, s.v, out, o); }, "k: element [");
+    Tensor nan_dy = dy;
+    nan_dy.values()[3] = NAN;
+    expect_error([&] { exact_attention_backward(s.q, s.k, s.v, nan_dy, out, context, o); },
+                 "dy: element [0,0,0,3] is nan");
 
     Tensor other_q = s.q;
     other_q.values()[7] += 0.25f;
@@ -466,6 +502,38 @@ TEST(Hybrid, WindowBackwardFromTheSavedContextIsTheRecomputingOne) {
     expect_error([&] { exact_attention_backward(s.q, s.k, s.v, dy, y, context, plain); },
                  "context: only a windowed exact call");
   }
+}
+
+// A windowed call's context is of the values whatever their layout: saved from contiguous
+// inputs (each slice hashed in blocks of rows, several at this length) and taken back by a
+// backward on copies at a row stride (hashed row by row), and the other way round; a single
+// changed bit of k is refused.
+TEST(Hybrid, WindowContextIsOfTheValuesWhateverTheLayout) {
+  const int64_t B = 1, H = 2, N = 600, D = 16, Dv = 16;
+  const Tensor q = random_tensor({B, H, N, D}, 31, 1.0), k = random_tensor({B, H, N, D}, 32, 1.0),
+               v = random_tensor({B, H, N, Dv}, 33), dy = random_tensor({B, H, N, Dv}, 34);
+  const testing::StridedCopy qs(q), ks(k), vs(v);
+  ExactOptions o;
+  o.causal = true;
+  o.window = 24;
+  o.sinks = 2;
+  Tensor y({B, H, N, Dv}), ys({B, H, N, Dv});
+  ExactContext contiguous, strided;
+  exact_attention(q, k, v, y.mutable_view(), o, &contiguous);
+  exact_attention(qs.view, ks.view, vs.view, ys.mutable_view(), o, &strided);
+  ASSERT_EQ(y.values(), ys.values());
+  EXPECT_EQ(contiguous.fingerprint, strided.fingerprint);
+  const AttentionGrads a =
+      exact_attention_backward(qs.view, ks.view, vs.view, dy, y, contiguous, o);
+  const AttentionGrads b = exact_attention_backward(q, k, v, dy, ys, strided, o);
+  EXPECT_EQ(a.dk.values(), b.dk.values());
+  Tensor flipped = k;
+  uint32_t bits;
+  std::memcpy(&bits, &flipped.values()[N * D + 5], sizeof bits);
+  bits ^= 1u;
+  std::memcpy(&flipped.values()[N * D + 5], &bits, sizeof bits);
+  expect_error([&] { exact_attention_backward(q, flipped, v, dy, y, contiguous, o); },
+               "context: saved by a forward of other inputs or options");
 }
 
 // Calls from the threads of the caller's own OpenMP team (a small call runs on the calling

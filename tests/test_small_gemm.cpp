@@ -4,6 +4,7 @@
 // each target's row block (6 or 8) and vector widths (4, 8, 16 lanes: the 1- and 2-vector
 // blocks and the scalar tail), leading dimensions past the extents, op(A) as A or A^T, and
 // beta = 0 over a C of NaN (BLAS: C is not read). Nothing outside C's M x N block is written.
+// small_transpose, element for element, on every target.
 #include <gtest/gtest.h>
 
 #include <hwy/highway.h>
@@ -98,6 +99,38 @@ TEST(SmallGemm, IsTheProductWithinTheFloatBoundOnEverySimdTarget) {
               check(trans_a, M, N, K, s[0], s[1], where);
               if (HasFatalFailure()) return;
             }
+  }
+  EXPECT_GE(targets, 1);
+}
+
+// small_transpose on every target: each element moved exactly (the 8 x 8 and 4 x 4 register
+// blocks and the element-wise edges), leading dimensions past the extents, nothing else written.
+TEST(SmallGemm, TransposeMovesEveryElementOnEverySimdTarget) {
+  const int64_t extents[] = {1, 3, 4, 5, 7, 8, 9, 12, 16, 17, 31, 32, 33, 64, 65};
+  int targets = 0;
+  const ChosenTargetsRestored restore;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    ++targets;
+    for (int64_t rows : extents)
+      for (int64_t cols : extents) {
+        const int64_t lds = cols + 3, ldd = rows + 2;
+        const auto src = normal(rows * lds, unsigned(rows * 71 + cols));
+        std::vector<float> dst(size_t(cols * ldd), NAN);
+        cpu::small_transpose(src.data(), lds, rows, cols, dst.data(), ldd);
+        for (int64_t c = 0; c < cols; ++c)
+          for (int64_t r = 0; r < ldd; ++r) {
+            const float got = dst[size_t(c * ldd + r)];
+            if (r >= rows) {
+              ASSERT_TRUE(std::isnan(got)) << hwy::TargetName(target) << " wrote padding";
+              continue;
+            }
+            ASSERT_EQ(got, src[size_t(r * lds + c)])
+                << hwy::TargetName(target) << " rows " << rows << " cols " << cols << " (" << r
+                << ", " << c << ")";
+          }
+      }
   }
   EXPECT_GE(targets, 1);
 }

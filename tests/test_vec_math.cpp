@@ -123,5 +123,60 @@ TEST(VecMath, MaxOfSignedSumLogIsTheLogRoute) {
   }
 }
 
+// The band kernel's softmax over a tile's columns (a [cols][rows] block of scores, -inf where
+// a key is not the row's): columns_max and columns_exp against the route column by column
+// (exp_affine_plus over each column's rows, then a float sum per row in column order), bit for
+// bit, at row counts around the vector widths (the scalar tail) and with whole rows of -inf;
+// columns_score_grad against its formula, bit for bit.
+TEST(VecMath, ColumnsMaxAndExpAreTheRoutePerColumnBitForBit) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t rows : {1, 3, 4, 7, 8, 9, 16, 17, 31, 32, 33}) {
+    for (int64_t cols : {0, 1, 5, 95}) {
+      auto x = uniform(cols * rows, -30.0f, 30.0f, unsigned(rows * 97 + cols));
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t r = 0; r < rows; ++r)
+          if ((c + 2 * r) % 5 == 0 || r == rows - 1) x[size_t(c * rows + r)] = -inf;
+      std::vector<float> top(size_t(rows), -inf), want_top(size_t(rows), -inf);
+      cpu::columns_max(x.data(), cols, rows, top.data());
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t r = 0; r < rows; ++r)
+          want_top[size_t(r)] = std::max(want_top[size_t(r)], x[size_t(c * rows + r)]);
+      std::vector<float> shift(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        ASSERT_EQ(bits(top[size_t(r)]), bits(want_top[size_t(r)])) << rows << " " << cols;
+        shift[size_t(r)] = std::isinf(top[size_t(r)]) ? 0.0f : -top[size_t(r)];
+      }
+      std::vector<float> got = x, want = x, sum(size_t(rows), 0.5f), want_sum(size_t(rows), 0.5f);
+      cpu::columns_exp(got.data(), cols, rows, shift.data(), sum.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        float* w = want.data() + c * rows;
+        cpu::exp_affine_plus(w, 1.0f, 0.0f, shift.data(), w, rows);
+        for (int64_t r = 0; r < rows; ++r) want_sum[size_t(r)] += w[r];
+      }
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(bits(got[i]), bits(want[i])) << rows << " " << cols << " i " << i;
+      for (int64_t r = 0; r < rows; ++r)
+        ASSERT_EQ(bits(sum[size_t(r)]), bits(want_sum[size_t(r)])) << rows << " " << cols;
+      std::vector<float> again = x;  // without sums: the same values
+      cpu::columns_exp(again.data(), cols, rows, shift.data(), nullptr);
+      ASSERT_EQ(std::memcmp(again.data(), got.data(), got.size() * sizeof(float)), 0);
+      // the score gradient over the weights got: scale p (dp - delta), 0 where p is 0 even
+      // over NaN (what the band's product left unwritten there)
+      auto dp = uniform(cols * rows, -2.0f, 2.0f, unsigned(rows + 5 * cols));
+      const auto delta = uniform(rows, -1.0f, 1.0f, unsigned(rows));
+      for (size_t i = 0; i < dp.size(); ++i)
+        if (got[i] == 0.0f) dp[i] = NAN;
+      std::vector<float> grad = dp;
+      cpu::columns_score_grad(grad.data(), got.data(), cols, rows, delta.data(), 0.125f);
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t r = 0; r < rows; ++r) {
+          const size_t i = size_t(c * rows + r);
+          const float w = got[i] == 0.0f ? 0.0f : 0.125f * got[i] * (dp[i] - delta[size_t(r)]);
+          ASSERT_EQ(bits(grad[i]), bits(w)) << rows << " " << cols << " i " << i;
+        }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace favor::testing

@@ -4,6 +4,7 @@
 // own, detail::ResolvedMap::fingerprint, which callers combine with it). Used to refuse a
 // context that came from other inputs. O(N (D + Dv)).
 #include <cstdint>
+#include <memory>
 
 #include "favor/attention.hpp"
 
@@ -17,5 +18,20 @@ uint64_t context_fingerprint(const TensorView& q, const TensorView& k, const Ten
 /// the resolved scale, window and sinks.
 uint64_t exact_context_fingerprint(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& y, const ExactOptions& options, double scale);
+
+/// exact_context_fingerprint in two steps around the forward's kernel: q, k and v hashed first
+/// (with check_finite, each scanned for NaN and Inf in the same pass, check_finite's error:
+/// a forward that saves a context then reads its inputs once for both), then finish with y.
+class ExactInputsFingerprint {
+ public:
+  ExactInputsFingerprint(const TensorView& q, const TensorView& k, const TensorView& v,
+                         bool check_finite);
+  ~ExactInputsFingerprint();
+  uint64_t finish(const TensorView& y, const ExactOptions& options, double scale) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 }  // namespace favor::detail

@@ -50,10 +50,8 @@ void check_view(const TensorView& t, const std::string& name, bool empty_n) {
   if (t.data == nullptr) throw Error(name + ": data pointer is null");
 }
 
-namespace {
-
-// True if any of n floats (stride 1) is NaN or Inf: the exponent bits are all ones. An
-// integer OR-reduction, which the compiler vectorises (a float test would not be).
+// An integer OR-reduction over the exponent bits, which the compiler vectorises (a float test
+// would not be).
 bool any_nonfinite(const float* x, int64_t n) {
   uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -63,8 +61,6 @@ bool any_nonfinite(const float* x, int64_t n) {
   }
   return bad != 0;
 }
-
-}  // namespace
 
 void check_dy(const TensorView& dy, const AttentionShape& s) {
   check_view(dy, "dy");

@@ -16,6 +16,8 @@ void check_view(const TensorView& t, const std::string& name);
 void check_view(const TensorView& t, const std::string& name, bool empty_n);
 /// Every element finite; the message gives the first bad index.
 void check_finite(const TensorView& t, const std::string& name);
+/// Whether any of n floats (stride 1) is NaN or Inf (check_finite's test).
+bool any_nonfinite(const float* x, int64_t n);
 /// The output view: extents equal `expected`, non-null, and no overlap with `inputs`.
 void check_output(const MutableTensorView& out, const Shape4& expected, const std::string& name,
                   std::initializer_list<TensorView> inputs);

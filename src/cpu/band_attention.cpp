@@ -5,7 +5,10 @@
 //   most kBandTile + w - 1 keys causal, kBandTile + 2w - 2 bidirectional), its sinks a gathered
 //   block of at most s rows; each is one product for the scores and one for P V, and the
 //   rows mask what is not theirs (-inf). The products are small_gemm's (cpu/small_gemm.hpp:
-//   in registers, no packing; OpenBLAS's packing cost as much as the product at these sizes).
+//   in registers, no packing; OpenBLAS's packing cost as much as the product at these sizes),
+//   over groups of 16 rows (or keys) that skip the keys (rows) outside the group's windows,
+//   whose weights are exact zeros (keys_by_rows and the two below it); the row max, exp and
+//   score gradient run down the tile's columns (cpu/vec_math.hpp columns_*).
 //   Forward: [sum exp(s_ij - M_i) v_j | sum exp(s_ij - M_i)] and M_i, merged in the tile
 //   with the estimated parts' rows (kernels/band_params.hpp) into y_i and lse_i.
 //   Backward, from the merged row (y_i, lse_i): P_ij = exp(s_ij - lse_i), dv_j += P_ij dy_i,
@@ -94,6 +97,63 @@ Columns window_columns(const BandParams& bp, const TileKeys& t, int64_t i) {
   const int64_t last = bp.causal ? i : std::min(bp.p.nk - 1, i + bp.window - 1);
   const int64_t lo = std::clamp<int64_t>(first - t.lo, 0, t.count);
   return {lo, std::clamp<int64_t>(last - t.lo + 1, lo, t.count)};
+}
+
+// The products below run over groups of kGroup rows (or keys) of a tile: rows [ra, rb) see
+// window columns [cols[ra].lo, cols[rb - 1].hi) at most, and keys [ca, cb) are seen by rows
+// [first row whose hi > ca, last row whose lo < cb] (window_columns is monotone in the row,
+// both bounds). Outside those spans every score is -inf and every weight 0, so a group's
+// product skips them: a causal tile of 32 queries at w = 64 has 95 keys, of which each group
+// of 16 rows sees 79 (bidirectional 158 and 142). The skipped terms are exact zeros, so the
+// sums are the same as over the whole tile.
+constexpr int64_t kGroup = 16;
+struct Span {
+  int64_t a, b;
+};
+Span keys_of_rows(const Columns* cols, int64_t ra, int64_t rb) {
+  return {cols[ra].lo, std::max(cols[ra].lo, cols[rb - 1].hi)};
+}
+Span rows_of_keys(const Columns* cols, int64_t rows, int64_t ca, int64_t cb) {
+  int64_t ra = 0, rb = rows;
+  while (ra < rows && cols[ra].hi <= ca) ++ra;
+  while (rb > ra && cols[rb - 1].lo >= cb) --rb;
+  return {ra, rb};
+}
+
+// C [count][rows] (ldc rows) = alpha A B^T over the window's keys, A [count][K] (lda) and
+// B^T given as [K][rows] (rows): per group of rows, only its keys' rows of C are written.
+void keys_by_rows(const Columns* cols, int64_t rows, int64_t K, float alpha, const float* A,
+                  int64_t lda, const float* Bt, float* C) {
+  for (int64_t ra = 0; ra < rows; ra += kGroup) {
+    const int64_t rb = std::min(rows, ra + kGroup);
+    const Span k = keys_of_rows(cols, ra, rb);
+    small_gemm(false, k.b - k.a, rb - ra, K, alpha, A + k.a * lda, lda, Bt + ra, rows, 0.0f,
+               C + k.a * rows + ra, rows);
+  }
+}
+
+// C [rows][N] (ldc) = P B + beta C, P given as P^T [count][rows] (rows) and B [count][N]
+// (ldb): per group of rows, the sum over its keys only.
+void rows_by_keys(const Columns* cols, int64_t rows, int64_t N, const float* Pt, const float* B,
+                  int64_t ldb, float beta, float* C, int64_t ldc) {
+  for (int64_t ra = 0; ra < rows; ra += kGroup) {
+    const int64_t rb = std::min(rows, ra + kGroup);
+    const Span k = keys_of_rows(cols, ra, rb);
+    small_gemm(true, rb - ra, N, k.b - k.a, 1.0f, Pt + k.a * rows + ra, rows, B + k.a * ldb, ldb,
+               beta, C + ra * ldc, ldc);
+  }
+}
+
+// C [count][N] (ldc) += X^T B over the tile's rows, X^T given as [count][rows] (rows) and B
+// [rows][N] (ldb): per group of keys, the sum over the rows that see them only.
+void keys_by_tile_rows(const Columns* cols, int64_t count, int64_t rows, int64_t N, const float* Xt,
+                       const float* B, int64_t ldb, float* C, int64_t ldc) {
+  for (int64_t ca = 0; ca < count; ca += kGroup) {
+    const int64_t cb = std::min(count, ca + kGroup);
+    const Span r = rows_of_keys(cols, rows, ca, cb);
+    small_gemm(false, cb - ca, N, r.b - r.a, 1.0f, Xt + ca * rows + r.a, rows, B + r.a * ldb, ldb,
+               1.0f, C + ca * ldc, ldc);
+  }
 }
 
 // The tile's rows of q, k and v (the window's keys), read in place or gathered.
@@ -185,34 +245,21 @@ bool merge_row(const BandParams& bp, int64_t bh, int64_t i, const float* exact, 
 
 namespace {
 
-// dst [cols][rows] = src [rows][cols] (src rows at stride ld), in 8 x 8 blocks.
-void transpose(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
-  constexpr int64_t kB = 8;
-  for (int64_t r0 = 0; r0 < rows; r0 += kB)
-    for (int64_t c0 = 0; c0 < cols; c0 += kB) {
-      const int64_t r1 = std::min(rows, r0 + kB), c1 = std::min(cols, c0 + kB);
-      for (int64_t c = c0; c < c1; ++c)
-        for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = src[r * ld + c];
-    }
-}
-
 // A tile's scores with the keys along the rows (S^T = K Q^T: each key row of K broadcast
 // against Q^T's rows in small_gemm): ws.s [count][rows] for the
 // window, ws.ss [ns][rows] for the sinks (gathered into ws.ks, vs), -inf where the key is
-// not the row's; ws.qt holds Q^T.
+// not the row's; ws.qt holds Q^T, cols each row's window columns.
 void transposed_scores(const BandParams& bp, int64_t b, int64_t h, int64_t t0, int64_t rows,
-                       const TileKeys& t, const TileRows& tr, BandWorkspace& ws) {
+                       const TileKeys& t, const TileRows& tr, Columns* cols, BandWorkspace& ws) {
   const kernels::AttentionParams& p = bp.p;
   const int64_t d = p.d, ns = t.ns;
   const auto scale = static_cast<float>(bp.scale);
   float* qt = ws.qt.data();  // Q^T [d][rows]
-  transpose(tr.q.data, tr.q.ld, rows, d, qt);
+  small_transpose(tr.q.data, tr.q.ld, rows, d, qt, rows);
   float* st = ws.s.data();
   float* sst = ws.ss.data();
-  Columns cols[kBandTile];
   for (int64_t r = 0; r < rows; ++r) cols[r] = window_columns(bp, t, t0 + r);
-  if (t.count > 0)
-    small_gemm(false, t.count, rows, d, scale, tr.k.data, tr.k.ld, qt, rows, 0.0f, st, rows);
+  if (t.count > 0) keys_by_rows(cols, rows, d, scale, tr.k.data, tr.k.ld, qt, st);
   if (ns > 0) {
     gather_sinks(p, b, h, t, ws);
     small_gemm(false, ns, rows, d, scale, ws.ks.data(), d, qt, rows, 0.0f, sst, rows);
@@ -245,27 +292,23 @@ void transposed_scores(const BandParams& bp, int64_t b, int64_t h, int64_t t0, i
 void exact_rows(const BandParams& bp, int64_t b, int64_t h, int64_t t0, int64_t rows,
                 const TileKeys& t, const TileRows& tr, float* tops, BandWorkspace& ws) {
   const int64_t dv = bp.p.dv, ld = dv + 1, ns = t.ns;
-  transposed_scores(bp, b, h, t0, rows, t, tr, ws);
+  Columns cols[kBandTile];
+  transposed_scores(bp, b, h, t0, rows, t, tr, cols, ws);
   float* st = ws.s.data();
   float* sst = ws.ss.data();
   for (int64_t r = 0; r < rows; ++r) tops[r] = -INFINITY;
-  for (int64_t c = 0; c < t.count + ns; ++c) {
-    const float* x = c < t.count ? st + c * rows : sst + (c - t.count) * rows;
-    for (int64_t r = 0; r < rows; ++r) tops[r] = std::max(tops[r], x[r]);
-  }
+  columns_max(st, t.count, rows, tops);
+  columns_max(sst, ns, rows, tops);
   float neg[kBandTile], den[kBandTile];
   for (int64_t r = 0; r < rows; ++r) {
     neg[r] = std::isinf(tops[r]) ? 0.0f : -tops[r];  // a row with no key reads nothing
     den[r] = 0.0f;
   }
-  for (int64_t c = 0; c < t.count + ns; ++c) {
-    float* x = c < t.count ? st + c * rows : sst + (c - t.count) * rows;
-    exp_affine_plus(x, 1.0f, 0.0f, neg, x, rows);
-    for (int64_t r = 0; r < rows; ++r) den[r] += x[r];
-  }
+  columns_exp(st, t.count, rows, neg, den);
+  columns_exp(sst, ns, rows, neg, den);
   float* out = ws.o.data();
   if (t.count > 0)
-    small_gemm(true, rows, dv, t.count, 1.0f, st, rows, tr.v.data, tr.v.ld, 0.0f, out, ld);
+    rows_by_keys(cols, rows, dv, st, tr.v.data, tr.v.ld, 0.0f, out, ld);
   else
     for (int64_t r = 0; r < rows; ++r) std::fill(out + r * ld, out + r * ld + dv, 0.0f);
   if (ns > 0) small_gemm(true, rows, dv, ns, 1.0f, sst, rows, ws.vs.data(), dv, 1.0f, out, ld);
@@ -375,59 +418,50 @@ void band_backward(const BandBackwardParams& g, const Config& config) {
     float* dq = g.dq + bh * p.nq * d;
     float* dk = g.dk + bh * p.nk * d;
     float* dvh = g.dv + bh * p.nk * dv;
-    const float* dyh = g.dy + b * g.dy_strides[0] + h * g.dy_strides[1];
     for (int64_t t0 = 0; t0 < p.nq; t0 += kBandTile) {
       const int64_t rows = std::min(kBandTile, p.nq - t0);
       const TileKeys t = tile_keys(bp, b, t0, rows);
       const int64_t ns = t.ns;
       if (t.count == 0 && ns == 0) continue;
       const TileRows tr = tile_rows(p, b, h, t0, rows, t, ws);
-      transposed_scores(bp, b, h, t0, rows, t, tr, ws);
-      // the tile's dy (rows x dv), dy^T, y . dy and -lse per row (-inf: a zero row, whose
-      // weights are then 0)
+      Columns cols[kBandTile];
+      transposed_scores(bp, b, h, t0, rows, t, tr, cols, ws);
+      // the tile's dy (rows x dv: in place or gathered), dy^T, y . dy and -lse per row (-inf:
+      // a zero row, whose weights are then 0)
+      const Rows dyr = rows_of(g.dy, g.dy_strides, b, h, t0, rows, dv, ws.dy.data());
       float* dyt = ws.dyt.data();
       float delta[kBandTile], neg[kBandTile];
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = t0 + r;
-        float* dy = ws.dy.data() + r * dv;
-        for (int64_t x = 0; x < dv; ++x) dy[x] = dyh[i * g.dy_strides[2] + x * g.dy_strides[3]];
-        delta[r] = dot(dy, g.merged_y + (bh * p.nq + i) * dv, dv);
+        delta[r] = dot(dyr.row(r), g.merged_y + (bh * p.nq + i) * dv, dv);
         const double lse = g.merged_lse[bh * p.nq + i];
         neg[r] = std::isinf(lse) ? -INFINITY : static_cast<float>(-lse);
       }
-      transpose(ws.dy.data(), dv, rows, dv, dyt);
+      small_transpose(dyr.data, dyr.ld, rows, dv, dyt, rows);
       // P^T = exp(S^T - lse) (-inf: 0); dP^T = V dY^T; dS^T = scale P^T (dP^T - y . dy)
       float* st = ws.s.data();
       float* sst = ws.ss.data();
       float* dpt = ws.dp.data();
       float* dpst = ws.dps.data();
-      for (int64_t c = 0; c < t.count + ns; ++c) {
-        float* x = c < t.count ? st + c * rows : sst + (c - t.count) * rows;
-        exp_affine_plus(x, 1.0f, 0.0f, neg, x, rows);
-      }
-      if (t.count > 0)
-        small_gemm(false, t.count, rows, dv, 1.0f, tr.v.data, tr.v.ld, dyt, rows, 0.0f, dpt, rows);
+      columns_exp(st, t.count, rows, neg, nullptr);
+      columns_exp(sst, ns, rows, neg, nullptr);
+      if (t.count > 0) keys_by_rows(cols, rows, dv, 1.0f, tr.v.data, tr.v.ld, dyt, dpt);
       if (ns > 0)
         small_gemm(false, ns, rows, dv, 1.0f, ws.vs.data(), dv, dyt, rows, 0.0f, dpst, rows);
-      for (int64_t c = 0; c < t.count + ns; ++c) {
-        const float* pr = c < t.count ? st + c * rows : sst + (c - t.count) * rows;
-        float* x = c < t.count ? dpt + c * rows : dpst + (c - t.count) * rows;
-        for (int64_t r = 0; r < rows; ++r) x[r] = scale * pr[r] * (x[r] - delta[r]);
-      }
-      const float* dyr = ws.dy.data();
+      // (a weight of 0 gives 0: also outside the rows' windows, where keys_by_rows wrote nothing)
+      columns_score_grad(dpt, st, t.count, rows, delta, scale);
+      columns_score_grad(dpst, sst, ns, rows, delta, scale);
       if (t.count > 0) {
         // dq_t += dS K_win; dk_win += dS^T q_t; dv_win += P^T dy_t
-        small_gemm(true, rows, d, t.count, 1.0f, dpt, rows, tr.k.data, tr.k.ld, 1.0f, dq + t0 * d,
-                   d);
-        small_gemm(false, t.count, d, rows, 1.0f, dpt, rows, tr.q.data, tr.q.ld, 1.0f,
-                   dk + t.lo * d, d);
-        small_gemm(false, t.count, dv, rows, 1.0f, st, rows, dyr, dv, 1.0f, dvh + t.lo * dv, dv);
+        rows_by_keys(cols, rows, d, dpt, tr.k.data, tr.k.ld, 1.0f, dq + t0 * d, d);
+        keys_by_tile_rows(cols, t.count, rows, d, dpt, tr.q.data, tr.q.ld, dk + t.lo * d, d);
+        keys_by_tile_rows(cols, t.count, rows, dv, st, dyr.data, dyr.ld, dvh + t.lo * dv, dv);
       }
       if (ns > 0) {
         small_gemm(true, rows, d, ns, 1.0f, dpst, rows, ws.ks.data(), d, 1.0f, dq + t0 * d, d);
         small_gemm(false, ns, d, rows, 1.0f, dpst, rows, tr.q.data, tr.q.ld, 0.0f, ws.dks.data(),
                    d);
-        small_gemm(false, ns, dv, rows, 1.0f, sst, rows, dyr, dv, 0.0f, ws.dvs.data(), dv);
+        small_gemm(false, ns, dv, rows, 1.0f, sst, rows, dyr.data, dyr.ld, 0.0f, ws.dvs.data(), dv);
         for (int64_t u = 0; u < ns; ++u) {
           const int64_t j = t.sinks[u];
           for (int64_t x = 0; x < d; ++x) dk[j * d + x] += ws.dks[u * d + x];

@@ -97,6 +97,57 @@ void Product(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64
     }
 }
 
+// dst [cols][rows] (ldd) = src [rows][cols] (lds), in square blocks of L = 8 (4 on 128-bit
+// targets) moved through registers: the rows interleaved in pairs, then in pairs of pairs
+// (64-bit lanes) and, at 8, in 128-bit halves; the edges element by element.
+void SmallTranspose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+                    int64_t ldd) {
+  int64_t r0 = 0;
+#if HWY_TARGET != HWY_SCALAR
+  using DC = hn::CappedTag<float, 8>;
+  const DC d;
+  constexpr size_t L = hn::MaxLanes(DC());
+  if constexpr (L == 4 || L == 8) {
+    const hn::Repartition<uint64_t, DC> d64;
+    const auto pairs = [&](auto a, auto b, bool upper) {  // 64-bit lanes of a and b interleaved
+      const auto x = hn::BitCast(d64, a), y = hn::BitCast(d64, b);
+      return hn::BitCast(d,
+                         upper ? hn::InterleaveUpper(d64, x, y) : hn::InterleaveLower(d64, x, y));
+    };
+    for (; r0 + int64_t(L) <= rows; r0 += L) {
+      int64_t c0 = 0;
+      for (; c0 + int64_t(L) <= cols; c0 += L) {
+        hn::Vec<DC> v[L], t[L];
+        for (size_t r = 0; r < L; ++r) v[r] = hn::LoadU(d, src + (r0 + r) * lds + c0);
+        for (size_t r = 0; r < L; r += 2) {
+          t[r] = hn::InterleaveLower(d, v[r], v[r + 1]);
+          t[r + 1] = hn::InterleaveUpper(d, v[r], v[r + 1]);
+        }
+        // per 128-bit block of rows r..r+3: columns 4j+0..3 of those rows, one per vector
+        for (size_t r = 0; r < L; r += 4) {
+          v[r] = pairs(t[r], t[r + 2], false);
+          v[r + 1] = pairs(t[r], t[r + 2], true);
+          v[r + 2] = pairs(t[r + 1], t[r + 3], false);
+          v[r + 3] = pairs(t[r + 1], t[r + 3], true);
+        }
+        if constexpr (L == 4) {
+          for (size_t c = 0; c < L; ++c) hn::StoreU(v[c], d, dst + (c0 + c) * ldd + r0);
+        } else {
+          for (size_t c = 0; c < 4; ++c) {
+            hn::StoreU(hn::ConcatLowerLower(d, v[c + 4], v[c]), d, dst + (c0 + c) * ldd + r0);
+            hn::StoreU(hn::ConcatUpperUpper(d, v[c + 4], v[c]), d, dst + (c0 + c + 4) * ldd + r0);
+          }
+        }
+      }
+      for (int64_t c = c0; c < cols; ++c)
+        for (int64_t r = r0; r < r0 + int64_t(L); ++r) dst[c * ldd + r] = src[r * lds + c];
+    }
+  }
+#endif
+  for (int64_t r = r0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+}
+
 void SmallGemm(bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (trans_a)
@@ -114,11 +165,18 @@ HWY_AFTER_NAMESPACE();
 namespace favor::cpu {
 
 HWY_EXPORT(SmallGemm);
+HWY_EXPORT(SmallTranspose);
 
 void small_gemm(bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   HWY_DYNAMIC_DISPATCH(SmallGemm)(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void small_transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+                     int64_t ldd) {
+  if (rows <= 0 || cols <= 0) return;
+  HWY_DYNAMIC_DISPATCH(SmallTranspose)(src, lds, rows, cols, dst, ldd);
 }
 
 }  // namespace favor::cpu

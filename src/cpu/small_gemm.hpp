@@ -15,4 +15,8 @@ namespace favor::cpu {
 void small_gemm(bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+/// dst [cols x rows] (row stride ldd) = the transpose of src [rows x cols] (row stride lds).
+void small_transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+                     int64_t ldd);
+
 }  // namespace favor::cpu

@@ -173,6 +173,66 @@ void ExpAffinePlus(const float* a, float sign, float offset, const float* b, flo
   for (; i < n; ++i) out[i] = std::exp(sign * a[i] + offset + b[i]);
 }
 
+// The columns of a [cols][rows] block, each lane a row: the accumulators stay in registers
+// over the columns (the band kernel's scores: a tile's keys along its rows, its queries
+// along the columns).
+void ColumnsMax(const float* x, int64_t cols, int64_t rows, float* top) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t r = 0;
+  for (; r + lanes <= rows; r += lanes) {
+    auto m = hn::LoadU(d, top + r);
+    for (int64_t c = 0; c < cols; ++c) m = hn::Max(m, hn::LoadU(d, x + c * rows + r));
+    hn::StoreU(m, d, top + r);
+  }
+  for (; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) top[r] = std::max(top[r], x[c * rows + r]);
+}
+
+void ColumnsExp(float* x, int64_t cols, int64_t rows, const float* shift, float* sum) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t r = 0;
+  for (; r + lanes <= rows; r += lanes) {
+    const auto s = hn::LoadU(d, shift + r);
+    auto acc = sum ? hn::LoadU(d, sum + r) : hn::Zero(d);
+    for (int64_t c = 0; c < cols; ++c) {
+      const auto e = ExpOrInf(d, hn::Add(hn::LoadU(d, x + c * rows + r), s));
+      hn::StoreU(e, d, x + c * rows + r);
+      acc = hn::Add(acc, e);
+    }
+    if (sum) hn::StoreU(acc, d, sum + r);
+  }
+  for (; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      float& e = x[c * rows + r];
+      e = std::exp(e + shift[r]);
+      if (sum) sum[r] += e;
+    }
+}
+
+void ColumnsScoreGrad(float* dp, const float* p, int64_t cols, int64_t rows, const float* delta,
+                      float scale) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto vs = hn::Set(d, scale), zero = hn::Zero(d);
+  int64_t r = 0;
+  for (; r + lanes <= rows; r += lanes) {
+    const auto dl = hn::LoadU(d, delta + r);
+    for (int64_t c = 0; c < cols; ++c) {
+      const auto w = hn::LoadU(d, p + c * rows + r);
+      const auto g = hn::Mul(hn::Mul(vs, w), hn::Sub(hn::LoadU(d, dp + c * rows + r), dl));
+      hn::StoreU(hn::IfThenZeroElse(hn::Eq(w, zero), g), d, dp + c * rows + r);
+    }
+  }
+  for (; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float w = p[c * rows + r];
+      float& x = dp[c * rows + r];
+      x = w == 0.0f ? 0.0f : scale * w * (x - delta[r]);
+    }
+}
+
 float MaxOfSignedSum(const float* a, float sign, const float* b, int64_t n) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -543,6 +603,9 @@ HWY_EXPORT(ExpAffine);
 HWY_EXPORT(LogOrNegInf);
 HWY_EXPORT(ExpShiftLive);
 HWY_EXPORT(ExpAffinePlus);
+HWY_EXPORT(ColumnsMax);
+HWY_EXPORT(ColumnsExp);
+HWY_EXPORT(ColumnsScoreGrad);
 HWY_EXPORT(MaxOfSignedSum);
 HWY_EXPORT(MaxOfSignedSumLog);
 HWY_EXPORT(ExpShiftLiveSums);
@@ -577,6 +640,16 @@ void exp_shift_live(const float* a, float sign, float c, const float* log_s, flo
 void exp_affine_plus(const float* a, float sign, float offset, const float* b, float* out,
                      int64_t n) {
   HWY_DYNAMIC_DISPATCH(ExpAffinePlus)(a, sign, offset, b, out, n);
+}
+void columns_max(const float* x, int64_t cols, int64_t rows, float* top) {
+  HWY_DYNAMIC_DISPATCH(ColumnsMax)(x, cols, rows, top);
+}
+void columns_exp(float* x, int64_t cols, int64_t rows, const float* shift, float* sum) {
+  HWY_DYNAMIC_DISPATCH(ColumnsExp)(x, cols, rows, shift, sum);
+}
+void columns_score_grad(float* dp, const float* p, int64_t cols, int64_t rows, const float* delta,
+                        float scale) {
+  HWY_DYNAMIC_DISPATCH(ColumnsScoreGrad)(dp, p, cols, rows, delta, scale);
 }
 float max_of_signed_sum(const float* a, float sign, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(MaxOfSignedSum)(a, sign, b, n);

@@ -16,6 +16,15 @@ void exp_shift_live(const float* a, float sign, float c, const float* log_s, flo
 /// out[i] = exp(sign * a[i] + offset + b[i]); exp(-inf) = 0. a and out may be equal.
 void exp_affine_plus(const float* a, float sign, float offset, const float* b, float* out,
                      int64_t n);
+/// Over the columns of x [cols][rows] (row-major), row by row: top[r] = max(top[r], x[c][r]).
+void columns_max(const float* x, int64_t cols, int64_t rows, float* top);
+/// x[c][r] = exp(x[c][r] + shift[r]) (exp(-inf) = 0) and, where sum is set, sum[r] += the
+/// new x[c][r] in column order (float).
+void columns_exp(float* x, int64_t cols, int64_t rows, const float* shift, float* sum);
+/// The softmax's score gradient over [cols][rows] blocks: dp[c][r] = scale p[c][r] (dp[c][r] -
+/// delta[r]), and 0 where p[c][r] is 0 (whatever dp holds there, NaN included).
+void columns_score_grad(float* dp, const float* p, int64_t cols, int64_t rows, const float* delta,
+                        float scale);
 /// max_i (sign * a[i] + b[i]); -inf when n == 0 or every term is -inf.
 float max_of_signed_sum(const float* a, float sign, const float* b, int64_t n);
 /// max_of_signed_sum(a, sign, log_or_neg_inf(p)) to the bit, forming the log only where a
