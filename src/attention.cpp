@@ -163,17 +163,18 @@ void exact_attention(TensorView q, TensorView k, TensorView v, MutableTensorView
                      const ExactOptions& options, ExactContext* context) {
   // A windowed call that saves a context scans q, k and v for finite values in its
   // fingerprint's pass over them (one read of the inputs for both).
-  const bool saves = context && (options.window != 0 || options.sinks != 0);
-  const auto s = saves ? detail::check_input_shapes(q, k, v, options.causal, options.key_mask,
-                                                    false)
-                       : detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
+  const bool windowed = options.window != 0 || options.sinks != 0;
+  const bool saves = context && windowed;
+  const auto s = saves
+                     ? detail::check_input_shapes(q, k, v, options.causal, options.key_mask, false)
+                     : detail::check_attention_inputs(q, k, v, options.causal, options.key_mask);
   std::optional<detail::ExactInputsFingerprint> inputs;
   if (saves) inputs.emplace(q, k, v, /*check_finite=*/true);
   detail::check_output(out, output_shape(s), "out", {q, k, v});
   const double scale = detail::resolve_scale(options.scale, s.d);
   const kernels::AttentionParams p = make_params(q, k, v, out, s, scale, options.key_mask);
   if (context) *context = ExactContext{};
-  if (options.window != 0 || options.sinks != 0) {
+  if (windowed) {
     detail::check_window_options(options, s);
     double* lse = nullptr;
     if (context) {

@@ -177,9 +177,10 @@ AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v
                                         TensorView y, const ExactContext& context,
                                         const ExactOptions& options) {
   // q, k and v are not scanned for finite values here when the context is theirs: its
-  // forward scanned them, and its fingerprint (of q, k, v and y) proves these the same bits.
-  // dy is scanned; q, k and v only when the context is refused, so that a non-finite input
-  // is still named as such.
+  // forward scanned them, and its fingerprint (a 64-bit hash of q, k, v and y: only a
+  // collision would pass other inputs) vouches for these being the same bits. dy is scanned;
+  // q, k and v when the context is refused, before its error, so that a non-finite input is
+  // still named as such (after the options' and y's shape errors).
   const auto s = detail::check_input_shapes(q, k, v, options.causal, options.key_mask, false);
   detail::check_dy(dy, s);
   const Checked c{s, detail::resolve_scale(options.scale, s.d)};

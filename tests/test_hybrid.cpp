@@ -451,6 +451,18 @@ TEST(Hybrid, WindowBackwardFromTheSavedContextIsTheRecomputingOne) {
     std::vector<float> spaced(static_cast<size_t>(2 * dy.numel()), NAN);
     for (int64_t i = 0; i < dy.numel(); ++i) spaced[static_cast<size_t>(2 * i)] = dy.data()[i];
     const TensorView dy_spaced{spaced.data(), dy.shape(), {2 * H * N * Dv, 2 * N * Dv, 2 * Dv, 2}};
+    // a broadcast dy (every row the same Dv values: row stride 0) against its copy
+    const std::vector<float> row = {0.5f, -1.25f, 2.0f, 0.125f, -0.75f};
+    ASSERT_EQ(static_cast<int64_t>(row.size()), Dv);
+    const TensorView dy_broadcast{row.data(), dy.shape(), {0, 0, 0, 1}};
+    Tensor dy_copy(dy.shape());
+    for (int64_t i = 0; i < dy_copy.numel(); ++i) dy_copy.data()[i] = row[size_t(i % Dv)];
+    const AttentionGrads copied = exact_attention_backward(s.q, s.k, s.v, dy_copy, out, context, o);
+    const AttentionGrads broadcast =
+        exact_attention_backward(s.q, s.k, s.v, dy_broadcast, out, context, o);
+    EXPECT_EQ(broadcast.dq.values(), copied.dq.values()) << causal << " broadcast dy";
+    EXPECT_EQ(broadcast.dk.values(), copied.dk.values()) << causal << " broadcast dy";
+    EXPECT_EQ(broadcast.dv.values(), copied.dv.values()) << causal << " broadcast dy";
     for (const TensorView& g : {dy_rows.view, dy_spaced}) {
       const AttentionGrads from = exact_attention_backward(s.q, s.k, s.v, g, out, context, o);
       EXPECT_EQ(from.dq.values(), saved.dq.values()) << causal << " strided dy";

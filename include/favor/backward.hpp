@@ -61,7 +61,8 @@ AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v
 /// The same for a windowed call (ExactOptions::window or ::sinks) from what its forward
 /// saved: its output y and its context (exact_attention with an ExactContext), checked
 /// against q, k, v, y, the mask and the options (else favor::Error); the band's forward is
-/// not rerun. Same gradients as the recomputing overload.
+/// not rerun. Same gradients as the recomputing overload. dy is scanned for NaN and Inf, q,
+/// k and v only when the context does not match them (the forward scanned them).
 AttentionGrads exact_attention_backward(TensorView q, TensorView k, TensorView v, TensorView dy,
                                         TensorView y, const ExactContext& context,
                                         const ExactOptions& options);

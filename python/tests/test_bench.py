@@ -194,29 +194,49 @@ def _window_rows(path):
     return rows
 
 
-def test_the_zen3_window_table_quotes_its_json():
-    """docs/performance.md's Zen 3 table of method='window' (C++ band ms, torch band ms and the
-    speed-up of each mask, pass and N) is the run in docs/data/python_bench_window_zen3.json,
-    and its last column the speed-ups of the other run
-    (docs/data/python_bench_window_zen3_other_run.json): every row of the files is in the
-    table, times to 3 significant figures, speed-ups to 2 decimals, and no other row."""
+def _check_window_table(anchor, main, *others):
+    """The docs/performance.md table after `anchor` is the run in docs/data/`main` (C++ band
+    ms, torch band ms and the speed-up of each mask, pass and N), its further columns the
+    speed-ups of the runs in `others`: every row of the files is in the table, times to 3
+    significant figures, speed-ups to 2 decimals, and no other row."""
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     data = os.path.join(root, "docs", "data")
-    want = _window_rows(os.path.join(data, "python_bench_window_zen3.json"))
-    other = _window_rows(os.path.join(data, "python_bench_window_zen3_other_run.json"))
-    assert set(other) == set(want)
-    for key, row in other.items():
-        want[key] = want[key] + [row[2]]
+    want = _window_rows(os.path.join(data, main))
+    for name in others:
+        other = _window_rows(os.path.join(data, name))
+        assert set(other) == set(want)
+        for key, row in other.items():
+            want[key] = want[key] + [row[2]]
     with open(os.path.join(root, "docs", "performance.md")) as f:
         text = f.read()
-    at = text.index("`docs/data/python_bench_window_zen3.json`, the command above")
+    at = text.index(anchor)
     table = text[text.index("| mask | pass | N |", at):]
     table = table[:table.index("\n\n")].splitlines()[2:]
     rows = {}
     for line in table:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[(cells[0], cells[1], int(cells[2]))] = [float(c) for c in cells[3:7]]
+        rows[(cells[0], cells[1], int(cells[2]))] = [float(c) for c in
+                                                      cells[3:6 + len(others)]]
     assert rows == want
+
+
+def test_the_zen3_window_table_quotes_its_json():
+    """docs/performance.md's Zen 3 table of method='window' is the run in
+    docs/data/python_bench_window_zen3.json, its last column the speed-ups of the other run
+    (docs/data/python_bench_window_zen3_other_run.json)."""
+    _check_window_table("`docs/data/python_bench_window_zen3.json`, the command above",
+                        "python_bench_window_zen3.json",
+                        "python_bench_window_zen3_other_run.json")
+
+
+def test_the_grouped_window_table_quotes_its_json():
+    """docs/performance.md's table of the band's groups is the run in
+    docs/data/python_bench_window_zen3_grouped.json, its last two columns the speed-ups of
+    the second run (..._grouped_other_run.json) and of the parent's (..._parent.json)."""
+    _check_window_table("docs/data/python_bench_window_zen3_grouped.json`, then",
+                        "python_bench_window_zen3_grouped.json",
+                        "python_bench_window_zen3_grouped_other_run.json",
+                        "python_bench_window_zen3_parent.json")
 
 
 def test_the_bidirectional_hybrid_table_quotes_its_json():

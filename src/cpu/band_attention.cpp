@@ -120,8 +120,9 @@ Span rows_of_keys(const Columns* cols, int64_t rows, int64_t ca, int64_t cb) {
   return {ra, rb};
 }
 
-// C [count][rows] (ldc rows) = alpha A B^T over the window's keys, A [count][K] (lda) and
-// B^T given as [K][rows] (rows): per group of rows, only its keys' rows of C are written.
+// C [count][rows] (row stride rows) = alpha A B^T over the window's keys, A [count][K] (lda)
+// and B^T given as [K][rows] (row stride rows): per group of rows, only its keys' rows of C
+// are written.
 void keys_by_rows(const Columns* cols, int64_t rows, int64_t K, float alpha, const float* A,
                   int64_t lda, const float* Bt, float* C) {
   for (int64_t ra = 0; ra < rows; ra += kGroup) {
