@@ -76,17 +76,28 @@ struct ChosenTargetsRestored {
   }
 };
 
+// body(target) once per SIMD target this CPU runs, each chosen in turn, until a fatal
+// failure; returns how many ran.
+template <class Body>
+int on_every_target(Body body) {
+  const ChosenTargetsRestored restore;
+  int targets = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    ++targets;
+    body(target);
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  return targets;
+}
+
 TEST(SmallGemm, IsTheProductWithinTheFloatBoundOnEverySimdTarget) {
   const int64_t rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 32, 95};  // every tail of 6, 8
   const int64_t cols[] = {1, 3, 4, 5, 8, 9, 15, 16, 17, 31, 32, 33, 48, 64, 65};
   const int64_t depths[] = {0, 1, 7, 64, 95};
   const float scales[][2] = {{1.0f, 0.0f}, {0.5f, 1.0f}, {-1.25f, -0.25f}};
-  int targets = 0;
-  const ChosenTargetsRestored restore;
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-    ++targets;
+  const int targets = on_every_target([&](int64_t target) {
     for (bool trans_a : {false, true})
       for (int64_t M : rows)
         for (int64_t N : cols)
@@ -99,7 +110,7 @@ TEST(SmallGemm, IsTheProductWithinTheFloatBoundOnEverySimdTarget) {
               check(trans_a, M, N, K, s[0], s[1], where);
               if (HasFatalFailure()) return;
             }
-  }
+  });
   EXPECT_GE(targets, 1);
 }
 
@@ -107,12 +118,7 @@ TEST(SmallGemm, IsTheProductWithinTheFloatBoundOnEverySimdTarget) {
 // blocks and the element-wise edges), leading dimensions past the extents, nothing else written.
 TEST(SmallGemm, TransposeMovesEveryElementOnEverySimdTarget) {
   const int64_t extents[] = {1, 3, 4, 5, 7, 8, 9, 12, 16, 17, 31, 32, 33, 64, 65};
-  int targets = 0;
-  const ChosenTargetsRestored restore;
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-    ++targets;
+  const int targets = on_every_target([&](int64_t target) {
     for (int64_t rows : extents)
       for (int64_t cols : extents) {
         const int64_t lds = cols + 3, ldd = rows + 2;
@@ -131,7 +137,7 @@ TEST(SmallGemm, TransposeMovesEveryElementOnEverySimdTarget) {
                 << ", " << c << ")";
           }
       }
-  }
+  });
   EXPECT_GE(targets, 1);
 }
 
