@@ -22,7 +22,7 @@ struct BandWorkspace {
   std::vector<float> s, ss;           // scores: window [kBandTile][span], sinks [kBandTile][sinks]
   std::vector<float> ks, vs;          // the sinks' keys and values, gathered
   std::vector<float> o;               // forward: the tile's exact [num | den] rows
-  std::vector<float> dp, dps, g;      // backward: dP (window, sinks), scratch
+  std::vector<float> dp, dps;         // backward: dP (window, sinks)
   std::vector<float> dks, dvs;        // backward: the sinks' dk, dv of the tile
   int64_t span;
   BandWorkspace(int64_t d, int64_t dv, int64_t span_, int64_t sinks)
@@ -40,7 +40,6 @@ struct BandWorkspace {
         o(kBandTile * (dv + 1)),
         dp(kBandTile * span_),
         dps(kBandTile * std::max<int64_t>(sinks, 1)),
-        g(kBandTile * std::max(d, dv)),
         dks(std::max<int64_t>(sinks, 1) * d),
         dvs(std::max<int64_t>(sinks, 1) * dv),
         span(span_) {}

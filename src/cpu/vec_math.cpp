@@ -12,6 +12,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "cpu/exp_or_inf-inl.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace favor::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -32,32 +34,6 @@ HWY_INLINE void unary_rows(const float* HWY_RESTRICT in, float* HWY_RESTRICT out
     hn::Store(op(d, hn::Load(d, buf)), d, buf);
     for (int64_t j = i; j < n; ++j) out[j] = buf[j - i];
   }
-}
-
-// Highway's float Exp is valid up to +104 and returns finite garbage far above: every exp
-// here returns +inf above log(FLT_MAX), so overflow is seen as overflow.
-constexpr float kExpMax = 88.72283f;
-
-template <class V>
-HWY_INLINE V ExpOrInf(const DF d, V x) {
-  // Highway's Exp step by step (hwy/contrib/math/math-inl.h): q = round(x / ln 2), the
-  // reduction and polynomial, then the scale by 2^q in two exact steps (for results near
-  // the ends of the float range) and a zero below -104. Where every lane has
-  // -125 <= q <= 126 the result is normal and finite, the two steps equal one multiply by
-  // 2^q, and neither the zero nor the overflow guard below applies: the same bits for ~20%
-  // fewer instructions (exps were ~12% of a one-thread causal forward).
-  hn::impl::ExpImpl<float> impl;
-  const hn::Rebind<int32_t, DF> di;
-  const auto q =
-      impl.ToInt32(d, hn::MulAdd(x, hn::Set(d, 1.442695040888963407359924681f),
-                                 hn::Or(hn::Set(d, 0.5f), hn::And(x, hn::Set(d, -0.0f)))));
-  if (hn::AllTrue(di, hn::And(hn::Gt(q, hn::Set(di, -126)), hn::Lt(q, hn::Set(di, 127))))) {
-    const auto y = hn::Add(impl.ExpPoly(d, impl.ExpReduce(d, x, q)), hn::Set(d, 1.0f));
-    return hn::Mul(y, impl.Pow2I(d, q));
-  }
-  return hn::IfThenElse(hn::Gt(x, hn::Set(d, kExpMax)),
-                        hn::Set(d, std::numeric_limits<float>::infinity()),
-                        hn::Exp(d, hn::Min(x, hn::Set(d, kExpMax))));
 }
 
 void ExpAffine(const float* in, float sign, float offset, float* out, int64_t n) {
@@ -171,66 +147,6 @@ void ExpAffinePlus(const float* a, float sign, float offset, const float* b, flo
     hn::StoreU(ExpOrInf(d, x), d, out + i);
   }
   for (; i < n; ++i) out[i] = std::exp(sign * a[i] + offset + b[i]);
-}
-
-// The columns of a [cols][rows] block, each lane a row: the accumulators stay in registers
-// over the columns (the band kernel's scores: a tile's keys along its rows, its queries
-// along the columns).
-void ColumnsMax(const float* x, int64_t cols, int64_t rows, float* top) {
-  const DF d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  int64_t r = 0;
-  for (; r + lanes <= rows; r += lanes) {
-    auto m = hn::LoadU(d, top + r);
-    for (int64_t c = 0; c < cols; ++c) m = hn::Max(m, hn::LoadU(d, x + c * rows + r));
-    hn::StoreU(m, d, top + r);
-  }
-  for (; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) top[r] = std::max(top[r], x[c * rows + r]);
-}
-
-void ColumnsExp(float* x, int64_t cols, int64_t rows, const float* shift, float* sum) {
-  const DF d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  int64_t r = 0;
-  for (; r + lanes <= rows; r += lanes) {
-    const auto s = hn::LoadU(d, shift + r);
-    auto acc = sum ? hn::LoadU(d, sum + r) : hn::Zero(d);
-    for (int64_t c = 0; c < cols; ++c) {
-      const auto e = ExpOrInf(d, hn::Add(hn::LoadU(d, x + c * rows + r), s));
-      hn::StoreU(e, d, x + c * rows + r);
-      acc = hn::Add(acc, e);
-    }
-    if (sum) hn::StoreU(acc, d, sum + r);
-  }
-  for (; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      float& e = x[c * rows + r];
-      e = std::exp(e + shift[r]);
-      if (sum) sum[r] += e;
-    }
-}
-
-void ColumnsScoreGrad(float* dp, const float* p, int64_t cols, int64_t rows, const float* delta,
-                      float scale) {
-  const DF d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto vs = hn::Set(d, scale), zero = hn::Zero(d);
-  int64_t r = 0;
-  for (; r + lanes <= rows; r += lanes) {
-    const auto dl = hn::LoadU(d, delta + r);
-    for (int64_t c = 0; c < cols; ++c) {
-      const auto w = hn::LoadU(d, p + c * rows + r);
-      const auto g = hn::Mul(hn::Mul(vs, w), hn::Sub(hn::LoadU(d, dp + c * rows + r), dl));
-      hn::StoreU(hn::IfThenZeroElse(hn::Eq(w, zero), g), d, dp + c * rows + r);
-    }
-  }
-  for (; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const float w = p[c * rows + r];
-      float& x = dp[c * rows + r];
-      x = w == 0.0f ? 0.0f : scale * w * (x - delta[r]);
-    }
 }
 
 float MaxOfSignedSum(const float* a, float sign, const float* b, int64_t n) {
@@ -603,9 +519,6 @@ HWY_EXPORT(ExpAffine);
 HWY_EXPORT(LogOrNegInf);
 HWY_EXPORT(ExpShiftLive);
 HWY_EXPORT(ExpAffinePlus);
-HWY_EXPORT(ColumnsMax);
-HWY_EXPORT(ColumnsExp);
-HWY_EXPORT(ColumnsScoreGrad);
 HWY_EXPORT(MaxOfSignedSum);
 HWY_EXPORT(MaxOfSignedSumLog);
 HWY_EXPORT(ExpShiftLiveSums);
@@ -640,16 +553,6 @@ void exp_shift_live(const float* a, float sign, float c, const float* log_s, flo
 void exp_affine_plus(const float* a, float sign, float offset, const float* b, float* out,
                      int64_t n) {
   HWY_DYNAMIC_DISPATCH(ExpAffinePlus)(a, sign, offset, b, out, n);
-}
-void columns_max(const float* x, int64_t cols, int64_t rows, float* top) {
-  HWY_DYNAMIC_DISPATCH(ColumnsMax)(x, cols, rows, top);
-}
-void columns_exp(float* x, int64_t cols, int64_t rows, const float* shift, float* sum) {
-  HWY_DYNAMIC_DISPATCH(ColumnsExp)(x, cols, rows, shift, sum);
-}
-void columns_score_grad(float* dp, const float* p, int64_t cols, int64_t rows, const float* delta,
-                        float scale) {
-  HWY_DYNAMIC_DISPATCH(ColumnsScoreGrad)(dp, p, cols, rows, delta, scale);
 }
 float max_of_signed_sum(const float* a, float sign, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(MaxOfSignedSum)(a, sign, b, n);
