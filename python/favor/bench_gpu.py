@@ -13,7 +13,8 @@ Times are triton.testing.do_bench medians (warm-up first: every shape compiles a
 before it is timed); rates are the cost model's flops (favor.bench_helpers: favor_flops,
 softmax_flops; backward by the same model) over the time. The decode step (B*H heads, one
 token, F x (Dv + 1) state) is reported as achieved bandwidth: the state read and written
-(8 F (Dv + 1) bytes per head) plus q, k, v over the time. The autotuner's winners are
+(8 F (Dv + 1) bytes per head) plus q, k, v over the time; the hybrid decode step (window
+64, 4 sinks) as its time and its tokens/s against the plain step's. The autotuner's winners are
 written with the table. Seeds fixed (printed).
 
 Without a GPU (--quick under TRITON_INTERPRET=1, CPU tensors) the same harness runs tiny
@@ -149,11 +150,38 @@ def decode_rate(device, dtype, heads, d, dv, m, measure):
     return ms, moved / (ms * 1e-3) / 1e9
 
 
+def hybrid_decode_rate(device, dtype, heads, d, dv, m, measure, window=64, sinks=4):
+    """ms of favor's fused hybrid decode step (window 64, 4 sinks: issue 49's sizes) on heads
+    [1, heads, 1, D] tokens, the state first advanced past the window so that every timed
+    step folds a token into the linear state: the kernel itself (triton_hybrid_step, the
+    state advanced in place, without the op's eager checks) on CUDA; hybrid_advance
+    elsewhere."""
+    from . import _core
+    from .ops.attention.hybrid import pair_log_const
+    from .ops.decoder import empty_hybrid_state, hybrid_advance
+    g = torch.Generator(device="cpu").manual_seed(SEED)
+    q, k, v = (torch.randn(1, heads, 1, x, generator=g).to(device, dtype) for x in (d, d, dv))
+    w = torch.randn(m, d, generator=g).to(device)
+    state = empty_hybrid_state(1, heads, dv, _core.feature_count("positive", m), d, window,
+                               sinks, device=device)
+    prompt = [torch.randn(1, heads, window + 1, x, generator=g).to(device) for x in (d, d, dv)]
+    hybrid_advance(state, *prompt, w, window=window, sinks=sinks, mode="prefill")
+    if device.type == "cuda":
+        from .ops.attention.canonical import canonical_map
+        from .ops.attention.triton_function import triton_hybrid_step
+        cm = canonical_map(w, None, None, None, None, None, None, "positive", None, d)
+        lc = pair_log_const("positive", m)
+        qf, kf, vf = q.float(), k.float(), v.float()
+        return measure(lambda: triton_hybrid_step(state, qf, kf, vf, cm, None, d ** -0.5,
+                                                  window, sinks, lc, True))
+    return measure(lambda: hybrid_advance(state, q, k, v, w, window=window, sinks=sinks))
+
+
 def autotune_winners():
     """{kernel: {key: config}} of the fused kernels' autotuners (empty in the interpreter)."""
-    from .ops.attention.triton import attend, decode
+    from .ops.attention.triton import attend, decode, hybrid_decode
     out = {}
-    for mod in (attend, decode):
+    for mod in (attend, decode, hybrid_decode):
         for name, obj in vars(mod).items():
             cache = getattr(obj, "cache", None)
             if isinstance(cache, dict) and cache and hasattr(obj, "configs"):
@@ -207,9 +235,13 @@ def main(argv=None):
                                   f"{rec['tflops']:7.2f} TFLOP/s", flush=True)
     dec = decode_rate(device, dtype, a.bh, a.dims[0], a.dims[0], a.features[0], measure)
     print(f"  decode step: {dec[0]:.4f} ms, {dec[1]:.1f} GB/s", flush=True)
+    hyb = hybrid_decode_rate(device, dtype, a.bh, a.dims[0], a.dims[0], a.features[0], measure)
+    print(f"  hybrid decode step (w 64, s 4): {hyb:.4f} ms, {dec[0] / hyb:.2f}x the plain "
+          "step's tokens/s", flush=True)
     os.makedirs(a.out, exist_ok=True)
     result = dict(device=name, torch=torch.__version__, seed=SEED, bh=a.bh, dtype=a.dtype,
                   records=records, decode=dict(ms=dec[0], gbps=dec[1]),
+                  hybrid_decode=dict(ms=hyb, window=64, sinks=4, vs_plain=dec[0] / hyb),
                   autotune=autotune_winners())
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -357,6 +357,19 @@ for causal in (True, False):  # hybrid attention's exact part (fp32 inputs: band
          "MAX": P, "n": "i32", "d": "i32", "dv": "i32", "scale": "fp32", "window": "i32",
          "sinks": "i32"}, {"CAUSAL": causal, "BM": band.BM, "BN": band.BN, "BD": D,
          "BDV": 128, "BS": 16}, 4)
+hybrid = importlib.import_module("favor.ops.attention.triton.hybrid_decode")
+for kind, ring, estimate in ((1, True, True), (2, False, True), (0, True, False)):
+    # the hybrid decode step (fp32 inputs: the op casts), every map option and part (not
+    # autotuned: wrapped as the band is)
+    comp(type("Tuned", (), {"fn": hybrid._hybrid_decode}), {**ints, "q_ptr": P, "k_ptr": P, "v_ptr": P, "w_ptr": P,
+         "b_ptr": P, "lw_ptr": P, "r_ptr": P, "lc_ptr": "*fp64", "keep_ptr": "*i8",
+         "sums_ptr": P, "lm_ptr": "*fp64", "rows_ptr": "*i64", "pos_ptr": "*i64", "rk_ptr": P,
+         "rv_ptr": P, "rkeep_ptr": "*u8", "rsink_ptr": "*u8", "sk_ptr": P, "sv_ptr": P,
+         "spos_ptr": "*i64", "cnt_ptr": "*i32", "y_ptr": P, "B": "i32", "W": "i32",
+         "S": "i32", "C_SETS": "i32", "norm_coef": "fp32", "scale": "fp32"},
+         {**flags, "KIND": kind, "ESTIMATE": estimate, "HAS_RING": ring, "HAS_SINKS": True,
+          "BLOCK_F": BF, "BLOCK_D": D, "BLOCK_DV": BDV, "BLOCK_W": 64, "BLOCK_S": 4},
+         hybrid.NUM_WARPS)
 if sys.argv[1] == "fp32":  # no input dtype in these two
     comp(fw._combine, {"ps_ptr": P, "pz_ptr": P, "pm_ptr": P, "s_ptr": P, "z_ptr": P,
          "m_ptr": P, "T": "i32", "F": "i32", "DV": "i32", "N_F": "i32"},

@@ -63,6 +63,67 @@ def test_modules_and_the_fused_decode_step():
     assert torch.equal(s_tri[2], s_cpp[2]) and torch.equal(s_tri[3], s_cpp[3])
 
 
+def test_the_fused_hybrid_decode_step(monkeypatch):
+    """favor::hybrid_decode_step's Triton kernel (one fused push + query per head, the state in
+    place) token by token, with blocks small enough that every loop makes two trips or more:
+    a window of 4 in ring blocks of 2 (the ring wraps twice), Dv = 6 in value tiles of 4 (the
+    normaliser column written after its last read), F = 32 in feature tiles of 16; 2 sinks,
+    2 batch rows x 2 heads (each row's bookkeeping written by its last program), left
+    padding, a hole and decay through a learned map. Rows within the conformance bound of
+    the float64 oracle (test_conformance.py runs the default blocks); the ring, sinks, clocks
+    and position equal to the C++ decoder's; sums and log_max within the bound. The torch
+    kernel must not run (a fallback would pass the same checks)."""
+    import functools
+    import importlib
+
+    from favor import _core
+    from favor.ops.attention import naive
+    from favor.ops.decoder import empty_hybrid_state, hybrid_advance
+    from favor.ops.decoder import hybrid as hybrid_op
+
+    kernels = importlib.import_module("favor.ops.attention.triton")
+    b, h, n, d, dv, m, window, sinks = 2, 2, 10, 16, 6, 16, 4, 2
+    q, k, v = seeded_qkv(b, h, n, d, dv, 8)
+    g = torch.Generator().manual_seed(9)
+    maps = dict(weights=torch.randn(h, m, d, generator=g) * 0.3,
+                bias=torch.randn(h, m, generator=g) * 0.1,
+                feature_weights=torch.rand(h, m, generator=g) + 0.5,
+                decay=torch.tensor([0.9, 0.97], dtype=torch.float64))
+    keep = torch.ones(b, n, dtype=torch.bool)
+    keep[1, :2] = False                      # left padding
+    keep[0, 5] = False                       # a hole
+    w = torch.randn(m, d, generator=g)
+    kw = dict(kernel="hedgehog", window=window, sinks=sinks, **maps)
+    features = _core.feature_count("hedgehog", m)
+    states, ys = {}, {}
+    for backend in ("cpu", "triton"):
+        if backend == "triton":
+            def refuse(*args):
+                raise AssertionError("the torch kernel ran instead of the fused one")
+            monkeypatch.setattr(hybrid_op, "torch_hybrid", refuse)
+            monkeypatch.setattr(kernels, "hybrid_decode_step", functools.partial(
+                kernels.hybrid_decode_step, block_w=2, block_dv=4, block_f=16))
+        st = empty_hybrid_state(b, h, dv, features, d, window, sinks)
+        ys[backend] = torch.cat([hybrid_advance(
+            st, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], w, mode="step",
+            key_mask=keep[:, i:i + 1], backend=None if backend == "cpu" else backend, **kw)
+            for i in range(n)], 2)
+        states[backend] = st
+    y_ref = naive.hybrid_attention(
+        *(t.double() for t in (q, k, v)), maps["weights"].double(), "hedgehog", True, keep=keep,
+        bias=maps["bias"].double(), lam=maps["feature_weights"].double(), decay=maps["decay"],
+        window=window, sinks=sinks)
+    visible = keep[:, None, :, None].expand(b, h, n, dv)
+    bound = 4 * (n + features + window + sinks + d) * 2.0 ** -24
+    assert frob(ys["triton"] * visible, y_ref * visible) < bound
+    cpp, tri = states["cpu"], states["triton"]
+    for name in ("row_positions", "position", "ring_k", "ring_v", "ring_keep", "ring_sink",
+                 "sink_k", "sink_v", "sink_pos"):
+        assert torch.equal(getattr(tri, name), getattr(cpp, name)), name
+    assert frob(tri.sums.double(), cpp.sums.double()) < bound
+    assert frob(tri.log_max, cpp.log_max) < bound
+
+
 def test_what_the_triton_path_refuses():
     q, k, v = seeded_qkv(1, 1, 8, 20, 4, 5)              # D = 20: not a fused head dim
     with pytest.raises(favor.Error, match="backend: 'triton' takes head dims"):

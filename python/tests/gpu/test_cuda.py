@@ -107,6 +107,35 @@ def test_decode_step_and_decoder_on_the_device():
     assert frob(steps, full) < 1e-5 and dec.state()["sums"].device.type == "cuda"
 
 
+def test_hybrid_decode_step_on_the_device():
+    """The fused Triton hybrid step (window 64 over 150 tokens: the ring wraps; 4 sinks;
+    left padding and a hole; decay) against the C++ hybrid decoder on the CPU copies: rows
+    to 1e-5, the ring, sinks, clocks and position equal, the state on the device."""
+    from favor import _core
+    from favor.ops.decoder import empty_hybrid_state, hybrid_advance
+    b, h, n, d, dv, m, window, sinks = 3, 4, 150, 64, 64, 128, 64, 4
+    q, k, v = seeded_qkv(b, h, n, d, dv, 6, 0.6)
+    w = torch.tensor(favor.make_projection(d, "orthogonal", features=m, seed=0).matrix)
+    keep = torch.ones(b, n, dtype=torch.bool)
+    keep[2, :7] = False
+    keep[0, 90] = False
+    f = _core.feature_count("positive", m)
+    kw = dict(window=window, sinks=sinks, decay=torch.tensor([0.99]))
+    s_cpu = empty_hybrid_state(b, h, dv, f, d, window, sinks)
+    s_gpu = empty_hybrid_state(b, h, dv, f, d, window, sinks, device=CUDA)
+    for t in range(n):
+        sl = slice(t, t + 1)
+        y_c = hybrid_advance(s_cpu, q[:, :, sl], k[:, :, sl], v[:, :, sl], w,
+                             key_mask=keep[:, sl], **kw)
+        y_g = hybrid_advance(s_gpu, *(x[:, :, sl].to(CUDA) for x in (q, k, v)), w.to(CUDA),
+                             key_mask=keep[:, sl].to(CUDA), **kw)
+        assert frob(y_g.cpu(), y_c) < 1e-5, t
+    for name in ("row_positions", "position", "ring_k", "ring_v", "ring_keep", "ring_sink",
+                 "sink_k", "sink_v", "sink_pos"):
+        assert torch.equal(getattr(s_gpu, name).cpu(), getattr(s_cpu, name)), name
+    assert frob(s_gpu.sums.cpu(), s_cpu.sums) < 1e-5
+
+
 def test_vq_and_training_steps_on_the_device():
     torch.manual_seed(0)
     cpu = ft.VQAttention(128, 4, 32, causal=True)

@@ -8,9 +8,11 @@ the plain DecodeState's four, then the ring and the sinks), advanced in place by
 CPU kernel borrows its memory: HybridDecoderStateView, one fused C++ call per step), so its
 owner keeps the same tensors from the first token to the last: favor.torch.HybridDecoder, the
 Hugging Face cache layer (favor.hf), a compiled loop of your own (no host sync outside the
-op). Kernels: CPU the C++ HybridDecoder on a view of the state, every other device plain torch
-operations (hybrid_generic.py; CUDA too: no Triton kernel of the exact part yet). The window
-and the sinks alone (estimate=False, method='window') run the torch operations everywhere.
+op). Kernels: CPU the C++ HybridDecoder on a view of the state; CUDA one token ('step') by one
+fused Triton kernel (attention/triton/hybrid_decode.py: push + query in place, no host sync),
+the other modes by plain torch operations (hybrid_generic.py), every other device's default.
+The window and the sinks alone (estimate=False, method='window') run the torch operations on
+the CPU and the Triton kernel on CUDA.
 """
 from typing import NamedTuple, Optional
 
@@ -179,8 +181,28 @@ def cpu_step(dec, state, q, k, v, key_mask, step_kind):
     return T.tensor(y)
 
 
+def triton_hybrid(*args):
+    """CUDA's kernel: one token ('step') by the fused Triton push + query kernel on the state
+    in place (triton/hybrid_decode.py; no host sync), else the default (torch operations)."""
+    state, (q, k, v, key_mask, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay,
+            window, sinks, estimate, step_kind) = args[:11], args[11:]
+    from ..attention.triton_function import supported, triton_hybrid_step
+    if step_kind != "step" or q.shape[2] != 1 or not _dispatch.triton_ready() \
+            or not supported(q.shape[-1], v.shape[-1]) \
+            or not all(t.is_contiguous() and t.device == q.device for t in state):
+        return torch_hybrid(*args)
+    check_step_inputs(q, k, v, key_mask, step_kind)
+    cm = paths.device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale,
+                          decay is not None)
+    sc = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    log_const = pair_log_const(kernel, w.shape[0], fit_a) if estimate else 0.0
+    return triton_hybrid_step(state, q.float(), k.float(), v.float(), cm, key_mask, sc,
+                              int(window), int(sinks), log_const, bool(estimate))
+
+
+hybrid_decode_step_op.register_kernel("cuda")(triton_hybrid)
 _dispatch.register("hybrid_decode_step", {"cpu": cpu_hybrid, "torch": torch_hybrid,
-                                          "triton": torch_hybrid})
+                                          "triton": triton_hybrid})
 
 
 @hybrid_decode_step_op.register_fake
