@@ -343,6 +343,8 @@ HYBRID_DECODE_CASES = {
     # decay and masked tokens after kept ones: they tick the clock, as the op's distance
     "hedgehog-learned-decay-holes-w3-s1": dict(kernel="hedgehog", learned=True, window=3,
                                                sinks=1, estimate=True, holes=True),
+    # trig features (no shift: c = 0, signed) and no sinks
+    "trig-w6-s0": dict(kernel="trig", learned=False, window=6, sinks=0, estimate=True),
 }
 
 

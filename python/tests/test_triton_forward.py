@@ -358,7 +358,8 @@ for causal in (True, False):  # hybrid attention's exact part (fp32 inputs: band
          "sinks": "i32"}, {"CAUSAL": causal, "BM": band.BM, "BN": band.BN, "BD": D,
          "BDV": 128, "BS": 16}, 4)
 hybrid = importlib.import_module("favor.ops.attention.triton.hybrid_decode")
-for kind, ring, estimate in ((1, True, True), (2, False, True), (0, True, False)):
+for kind, ring, estimate, sinks in ((1, True, True, True), (2, False, True, False),
+                                    (0, True, False, True)):
     # the hybrid decode step (fp32 inputs: the op casts), every map option and part (not
     # autotuned: wrapped as the band is)
     comp(type("Tuned", (), {"fn": hybrid._hybrid_decode}), {**ints, "q_ptr": P, "k_ptr": P, "v_ptr": P, "w_ptr": P,
@@ -367,7 +368,7 @@ for kind, ring, estimate in ((1, True, True), (2, False, True), (0, True, False)
          "rv_ptr": P, "rkeep_ptr": "*u8", "rsink_ptr": "*u8", "sk_ptr": P, "sv_ptr": P,
          "spos_ptr": "*i64", "cnt_ptr": "*i32", "y_ptr": P, "B": "i32", "W": "i32",
          "S": "i32", "C_SETS": "i32", "norm_coef": "fp32", "scale": "fp32"},
-         {**flags, "KIND": kind, "ESTIMATE": estimate, "HAS_RING": ring, "HAS_SINKS": True,
+         {**flags, "KIND": kind, "ESTIMATE": estimate, "HAS_RING": ring, "HAS_SINKS": sinks,
           "BLOCK_F": BF, "BLOCK_D": D, "BLOCK_DV": BDV, "BLOCK_W": 64, "BLOCK_S": 4},
          hybrid.NUM_WARPS)
 if sys.argv[1] == "fp32":  # no input dtype in these two

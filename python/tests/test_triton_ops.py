@@ -122,6 +122,10 @@ def test_the_fused_hybrid_decode_step(monkeypatch):
         assert torch.equal(getattr(tri, name), getattr(cpp, name)), name
     assert frob(tri.sums.double(), cpp.sums.double()) < bound
     assert frob(tri.log_max, cpp.log_max) < bound
+    flat = [t[:, :, :1].reshape(b * h, -1).contiguous() for t in (q, k, v)]
+    with pytest.raises(ValueError, match="block_w: 3 must be a power of two"):
+        kernels.hybrid_decode_step(tri, *flat, w[None], None, None, None, 0.0, 1, 0.0, None, h,
+                                   scale=0.25, window=window, sinks=sinks, block_w=3)
 
 
 def test_what_the_triton_path_refuses():

@@ -134,6 +134,7 @@ def test_hybrid_decode_step_on_the_device():
                  "sink_k", "sink_v", "sink_pos"):
         assert torch.equal(getattr(s_gpu, name).cpu(), getattr(s_cpu, name)), name
     assert frob(s_gpu.sums.cpu(), s_cpu.sums) < 1e-5
+    assert frob(s_gpu.log_max.cpu(), s_cpu.log_max) < 1e-5
 
 
 def test_vq_and_training_steps_on_the_device():

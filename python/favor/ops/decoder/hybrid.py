@@ -9,9 +9,9 @@ CPU kernel borrows its memory: HybridDecoderStateView, one fused C++ call per st
 owner keeps the same tensors from the first token to the last: favor.torch.HybridDecoder, the
 Hugging Face cache layer (favor.hf), a compiled loop of your own (no host sync outside the
 op). Kernels: CPU the C++ HybridDecoder on a view of the state; CUDA one token ('step') by one
-fused Triton kernel (attention/triton/hybrid_decode.py: push + query in place, no host sync),
-the other modes by plain torch operations (hybrid_generic.py), every other device's default.
-The window and the sinks alone (estimate=False, method='window') run the torch operations on
+fused Triton kernel (attention/triton/hybrid_decode.py: push + query in place, the position
+read on the device), the other modes by plain torch operations (hybrid_generic.py), every
+other device's default. The window and the sinks alone (estimate=False, method='window') run the torch operations on
 the CPU and the Triton kernel on CUDA.
 """
 from typing import NamedTuple, Optional
@@ -183,7 +183,8 @@ def cpu_step(dec, state, q, k, v, key_mask, step_kind):
 
 def triton_hybrid(*args):
     """CUDA's kernel: one token ('step') by the fused Triton push + query kernel on the state
-    in place (triton/hybrid_decode.py; no host sync), else the default (torch operations)."""
+    in place (triton/hybrid_decode.py: the position read on the device), else the default
+    (torch operations)."""
     state, (q, k, v, key_mask, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay,
             window, sinks, estimate, step_kind) = args[:11], args[11:]
     from ..attention.triton_function import supported, triton_hybrid_step

@@ -1,6 +1,8 @@
 """One hybrid decoder step in one fused Triton kernel: favor::hybrid_decode_step's CUDA kernel
 on the HybridDecodeState (ops/decoder/hybrid.py: the C++ HybridDecoderState's layout),
-advanced in place, with no host sync (the position is read on the device).
+advanced in place; the kernel reads the position on the device (the wrapper makes no host
+sync; the op's eager checks of finite inputs and of the map read values on the host, as every
+favor op's do).
 
 Program (b, h), for the token t = position of batch row b (docs/math.md, "Hybrid attention";
 the torch kernel, ops/decoder/hybrid_generic.py, step by step):
@@ -17,11 +19,13 @@ the torch kernel, ops/decoder/hybrid_generic.py, step by step):
 (A scalar condition joins a vector one through tl.where: Triton's interpreter refuses the
 mask that `&` of a scalar and a vector makes.)
 Every program reads the per-row bookkeeping (ring flags, sink positions, clock, position)
-before it writes anything; an arrival counter per row (atomic, acquire-release) lets the
-row's last program write the row's flags and clock, and the last program of the grid the
-position, so no program reads a value another has already advanced.
-The linear state's sums are rewritten in place: each element is read and written by the same
-program, and the normaliser column only on the last value tile, after its last read.
+before it writes anything; a barrier, then an arrival counter per row (atomic,
+acquire-release) lets the row's last program write the row's flags and clock, and the last
+program of the grid the position, so no program reads a value another has already advanced.
+The linear state's sums are rewritten in place by the program that reads them: a barrier
+between each tile's loads and its stores (a small tile holds an element in more than one
+warp), the normaliser column only on the last value tile, after its last read. The ring
+slot's old value (the folded token's) is read before the slot is overwritten at the end.
 Not autotuned (num_warps 4): the autotuner's trial launches would each advance the state.
 """
 import torch
@@ -206,6 +210,9 @@ def _hybrid_decode(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, lc_ptr, kee
                 ptrs = (bh * F + f[:, None]) * row + e[None, :]
                 s_new = r * tl.load(sums_ptr + ptrs, mask=mask, other=0.0) + \
                     phi[:, None] * xfv[None, :]
+                # every warp's loads of this tile (and of z) before any store: a tile smaller
+                # than the warps' layout holds an element in more than one warp
+                tl.debug_barrier()
                 tl.store(sums_ptr + ptrs, s_new, mask=mask)
                 num_l += tl.sum(psi[:, None] * s_new, 0)
                 if last_tile:  # the normaliser after its last read
@@ -235,6 +242,7 @@ def _hybrid_decode(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, lc_ptr, kee
             tl.store(sv_ptr + (bh * S + count) * DV + e,
                      tl.load(v_ptr + bh * DV + e, mask=e < DV, other=0.0),
                      mask=tl.where(is_sink, e < DV, False))
+    tl.debug_barrier()  # every warp's reads of the row's bookkeeping before the release
     arrived = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
     row_last = arrived == H - 1
     if HAS_RING:
@@ -246,6 +254,20 @@ def _hybrid_decode(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, lc_ptr, kee
         tl.store(rows_ptr + b, rows_new, mask=row_last)
     done = tl.atomic_add(cnt_ptr + B, 1, sem="acq_rel")
     tl.store(pos_ptr, t + 1, mask=done == B * H - 1)
+
+
+_LOG_CONSTS = {}
+
+
+def _log_const_tensor(log_const, device):
+    """log_const as a float64 [sets] tensor on device: a tensor as it is (moved, cast), a
+    float from a cache (one host-to-device copy per value and device, not one per step)."""
+    if isinstance(log_const, torch.Tensor):
+        return log_const.to(device=device, dtype=torch.float64).reshape(-1)
+    key = (float(log_const), str(device))
+    if key not in _LOG_CONSTS:
+        _LOG_CONSTS[key] = torch.tensor([key[0]], dtype=torch.float64, device=device)
+    return _LOG_CONSTS[key]
 
 
 def hybrid_decode_step(state, q, k, v, W, bias, key_logw, rate, norm_coef, kind, log_const,
@@ -276,19 +298,26 @@ def hybrid_decode_step(state, q, k, v, W, bias, key_logw, rate, norm_coef, kind,
             "sink_k": (sink_k, (batch, heads, sinks, d), torch.float32),
             "sink_v": (sink_v, (batch, heads, sinks, dv), torch.float32),
             "sink_pos": (sink_pos, (batch, sinks), torch.int64),
-            "position": (position, (1,), torch.int64)}
+            "position": (position, (1,), torch.int64),
+            "log_max": (log_max, (batch, heads), torch.float64),
+            "row_positions": (row_positions, (batch,), torch.int64),
+            "ring_keep": (ring_keep, (batch, window), torch.uint8),
+            "ring_sink": (ring_sink, (batch, window), torch.uint8)}
     for name, (t, shape, dtype) in want.items():
         if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() \
                 or t.device != q.device:
             raise ValueError(f"state.{name}: must be a contiguous {dtype} {list(shape)} "
                              "tensor on q's device")
-    lc = torch.as_tensor(log_const, dtype=torch.float64, device=q.device).reshape(-1)
+    lc = _log_const_tensor(log_const, q.device)
     P.check_sets(lc.shape[0], "log_const", bh, heads)
     keep8 = None if keep is None else P.keep_mask(keep.reshape(batch, 1), batch, 1,
                                                  q.device).reshape(-1)
     bf = P.pow2(min(F, 64)) if block_f is None else block_f
     bdv = P.pow2(min(dv, 128)) if block_dv is None else block_dv
     bw = P.pow2(min(max(window, 1), 64)) if block_w is None else block_w
+    for value, name in ((bf, "block_f"), (bdv, "block_dv"), (bw, "block_w")):
+        if not isinstance(value, int) or value < 1 or value & (value - 1):
+            raise ValueError(f"{name}: {value!r} must be a power of two")
     y = torch.empty(bh, dv, dtype=torch.float32, device=q.device)
     arrivals = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
     _hybrid_decode[(bh,)](
