@@ -11,8 +11,8 @@ Hugging Face cache layer (favor.hf), a compiled loop of your own (no host sync o
 op). Kernels: CPU the C++ HybridDecoder on a view of the state; CUDA one token ('step') by one
 fused Triton kernel (attention/triton/hybrid_decode.py: push + query in place, the position
 read on the device), the other modes by plain torch operations (hybrid_generic.py), every
-other device's default. The window and the sinks alone (estimate=False, method='window') run the torch operations on
-the CPU and the Triton kernel on CUDA.
+other device's default. The window and the sinks alone (estimate=False, method='window') run
+the torch operations on the CPU and the Triton kernel on CUDA.
 """
 from typing import NamedTuple, Optional
 
