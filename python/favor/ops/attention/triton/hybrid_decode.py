@@ -54,10 +54,23 @@ def _scores(keys_ptr, slot, xk, xq, valid, sub, scale, D, BLOCK_K: tl.constexpr,
 
 
 @triton.jit
-def _values(values_ptr, slot, xv, valid, sub, DV, e, j0, BLOCK_K: tl.constexpr):
+def _ring_scores(rk_ptr, rkeep_ptr, b, W, slot, kept, always, xk, xq, scale, D, j0,
+                 BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr):
+    """_scores of ring block j0 .. j0 + BLOCK_W of one head (rk_ptr: its [W, D] keys), -inf
+    where the slot holds no live key (the new token, at `slot`, live when kept)."""
+    j = j0 + tl.arange(0, BLOCK_W)
+    live = tl.load(rkeep_ptr + b * W + j, mask=j < W, other=0) != 0
+    live = tl.where(j == slot, kept, live) & (j < W)
+    s = _scores(rk_ptr, slot, xk, xq, j < W, always, scale, D, BLOCK_W, BLOCK_D, j0)
+    return tl.where(live, s, float("-inf"))
+
+
+@triton.jit
+def _values(values_ptr, slot, xv, count, sub, DV, e, j0, BLOCK_K: tl.constexpr):
     """Values [BLOCK_K, BLOCK_DV] of keys j0 .. of one head's [count, DV] block at columns e,
     row `slot` replaced by the new token's xv [BLOCK_DV] where `sub`."""
     j = j0 + tl.arange(0, BLOCK_K)
+    valid = j < count
     vals = tl.load(values_ptr + j[:, None] * DV + e[None, :],
                    mask=valid[:, None] & (e[None, :] < DV), other=0.0)
     return tl.where(tl.where(sub, j == slot, False)[:, None], xv[None, :], vals)
@@ -147,12 +160,9 @@ def _hybrid_decode(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, lc_ptr, kee
     top = tl.full([], float("-inf"), tl.float32)
     if HAS_RING:
         for j0 in range(0, W, BLOCK_W):
-            j = j0 + tl.arange(0, BLOCK_W)
-            live = tl.load(rkeep_ptr + b * W + j, mask=j < W, other=0) != 0
-            live = tl.where(j == slot, kept, live) & (j < W)
-            s = _scores(rk_ptr + bh * W * D, slot, xk, xq, j < W, always, scale, D, BLOCK_W,
-                        BLOCK_D, j0)
-            top = tl.maximum(top, tl.max(tl.where(live, s, float("-inf")), 0))
+            s = _ring_scores(rk_ptr + bh * W * D, rkeep_ptr, b, W, slot, kept, always, xk, xq,
+                             scale, D, j0, BLOCK_W, BLOCK_D)
+            top = tl.maximum(top, tl.max(s, 0))
     if HAS_SINKS:
         spos_now = tl.where(tl.where(is_sink, sidx == count, False), t, spos)
         slive = (spos_now >= 0) & (spos_now <= t - W) & (sidx < S)
@@ -176,18 +186,15 @@ def _hybrid_decode(q_ptr, k_ptr, v_ptr, w_ptr, b_ptr, lw_ptr, r_ptr, lc_ptr, kee
         num_l = tl.zeros([BLOCK_DV], tl.float32)
         if HAS_RING:
             for j0 in range(0, W, BLOCK_W):
-                j = j0 + tl.arange(0, BLOCK_W)
-                live = tl.load(rkeep_ptr + b * W + j, mask=j < W, other=0) != 0
-                live = tl.where(j == slot, kept, live) & (j < W)
-                s = _scores(rk_ptr + bh * W * D, slot, xk, xq, j < W, always, scale, D, BLOCK_W,
-                            BLOCK_D, j0)
-                p = tl.where(live, tl.exp(s - safe), 0.0)
-                vals = _values(rv_ptr + bh * W * DV, slot, xv, j < W, always, DV, e, j0, BLOCK_W)
+                s = _ring_scores(rk_ptr + bh * W * D, rkeep_ptr, b, W, slot, kept, always, xk,
+                                 xq, scale, D, j0, BLOCK_W, BLOCK_D)
+                p = tl.exp(s - safe)  # 0 where not live (-inf)
+                vals = _values(rv_ptr + bh * W * DV, slot, xv, W, always, DV, e, j0, BLOCK_W)
                 num_e += tl.sum(p[:, None] * vals, 0)
                 den_e += tl.where(dv0 == 0, tl.sum(p, 0), 0.0)
         if HAS_SINKS:
             p = tl.where(slive, tl.exp(ss - safe), 0.0)
-            vals = _values(sv_ptr + bh * S * DV, count, xv, sidx < S, is_sink, DV, e, 0, BLOCK_S)
+            vals = _values(sv_ptr + bh * S * DV, count, xv, S, is_sink, DV, e, 0, BLOCK_S)
             num_e += tl.sum(p[:, None] * vals, 0)
             den_e += tl.where(dv0 == 0, tl.sum(p, 0), 0.0)
         if ESTIMATE:
