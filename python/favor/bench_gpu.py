@@ -157,8 +157,8 @@ def hybrid_decode_rate(device, dtype, heads, d, dv, m, measure, window=64, sinks
     state advanced in place, without the op's eager checks) on CUDA; hybrid_advance
     elsewhere."""
     from . import _core
-    from .ops.attention.hybrid import pair_log_const
-    from .ops.decoder import empty_hybrid_state, hybrid_advance
+    from .ops.hybrid import empty_hybrid_state, hybrid_advance
+    from .ops.hybrid.chunk import pair_log_const
     g = torch.Generator(device="cpu").manual_seed(SEED)
     q, k, v = (torch.randn(1, heads, 1, x, generator=g).to(device, dtype) for x in (d, d, dv))
     w = torch.randn(m, d, generator=g).to(device)
@@ -179,7 +179,8 @@ def hybrid_decode_rate(device, dtype, heads, d, dv, m, measure, window=64, sinks
 
 def autotune_winners():
     """{kernel: {key: config}} of the fused kernels' autotuners (empty in the interpreter)."""
-    from .ops.attention.triton import attend, decode, hybrid_decode
+    from .ops.attention.triton import attend, decode
+    from .ops.hybrid.triton import decode as hybrid_decode
     out = {}
     for mod in (attend, decode, hybrid_decode):
         for name, obj in vars(mod).items():

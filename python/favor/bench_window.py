@@ -2,7 +2,7 @@
 keys and the first s = 4, the estimator removed: StreamingLLM's attention, the baseline of
 every hybrid) through favor::exact_attention's CPU kernel (C++'s band kernel,
 ExactOptions::window) against the same op's torch kernel (backend='torch': the torch band,
-favor/ops/attention/hybrid.py), forward (no grad) and forward + backward, in one run;
+favor/ops/hybrid/chunk.py), forward (no grad) and forward + backward, in one run;
 ratios torch / C++. Cost model: per (query, window or sink key) pair 2 D + 2 (Dv + 1) flops
 forward, three times that with the backward (bench/cost_model.hpp's exact rule on the
 band's pairs)."""

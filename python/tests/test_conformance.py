@@ -29,9 +29,11 @@ import favor.torch as ft  # noqa: E402
 from favor import _core  # noqa: E402
 from favor.ops import _dispatch  # noqa: E402
 from favor.ops.attention import naive  # noqa: E402
-from favor.ops.decoder import (DecodeState, HybridDecodeState, VQDecodeState,  # noqa: E402
-                               advance, empty_hybrid_state, empty_state, empty_vq_state,
-                               hybrid_advance, vq_advance)
+from favor.ops.decoder import (DecodeState, VQDecodeState, advance, empty_state,  # noqa: E402
+                               empty_vq_state, vq_advance)
+from favor.ops.hybrid import (HybridDecodeState, empty_hybrid_state,  # noqa: E402
+                              hybrid_advance)
+from favor.ops.hybrid import naive as hybrid_naive  # noqa: E402
 from favor.ops.exact.naive import softmax_attention  # noqa: E402
 from favor.ops.vq.naive import vq_attention_materialised, vq_quantise  # noqa: E402
 from torch_helpers import frob, seeded_qkv  # noqa: E402
@@ -125,7 +127,7 @@ def test_attention(kernel, case):
     # the float64 oracle: the formulas of docs/math.md, materialised
     ref = leaves(inputs, torch.float64)
     hybrid = {k: c[k] for k in ("window", "sinks") if k in c}
-    oracle = (lambda *a, **kw: naive.hybrid_attention(*a, **kw, **hybrid)) if hybrid \
+    oracle = (lambda *a, **kw: hybrid_naive.hybrid_attention(*a, **kw, **hybrid)) if hybrid \
         else naive.attention_materialised
     if c.get("fit") == "call":  # the fit C++ makes of the call's q and k (the oracle's too)
         fit = _core.fit_kernel(c["kernel"], q.numpy(), k.numpy(),
@@ -353,8 +355,8 @@ HYBRID_DECODE_CASES = {
 def test_hybrid_decode_step(kernel, case):
     """favor::hybrid_decode_step token by token ('step'), a prompt then tokens ('prefill'
     then 'step') and 'append' + 'query': every row equals row i of causal hybrid attention
-    (the float64 oracle, naive.hybrid_attention; the window alone: softmax over the window
-    and the sinks), left padding masked out, the state advanced in place on the kernel's
+    (the float64 oracle, ops/hybrid/naive.py; the window alone: softmax over the window and
+    the sinks), left padding masked out, the state advanced in place on the kernel's
     device."""
     c = HYBRID_DECODE_CASES[case]
     q, k, v, w, maps = attention_inputs(dict(learned=c["learned"]))
@@ -366,15 +368,17 @@ def test_hybrid_decode_step(kernel, case):
     ref = [t.double() for t in (q, k, v)]
     sizes = dict(window=c["window"], sinks=c["sinks"])
     if not c["estimate"]:  # the estimated terms weighed 0: softmax over the window and sinks
-        y_ref = naive.hybrid_attention(*ref, w.double(), "positive", True, keep=keep,
-                                       lam=torch.zeros(1, M, dtype=torch.float64), **sizes)
+        y_ref = hybrid_naive.hybrid_attention(*ref, w.double(), "positive", True, keep=keep,
+                                              lam=torch.zeros(1, M, dtype=torch.float64),
+                                              **sizes)
     elif maps:
-        y_ref = naive.hybrid_attention(
+        y_ref = hybrid_naive.hybrid_attention(
             *ref, maps["weights"].double(), c["kernel"], True, keep=keep,
             bias=maps["bias"].double(), lam=maps["feature_weights"].double(),
             decay=maps["decay"], **sizes)
     else:
-        y_ref = naive.hybrid_attention(*ref, w.double(), c["kernel"], True, keep=keep, **sizes)
+        y_ref = hybrid_naive.hybrid_attention(*ref, w.double(), c["kernel"], True, keep=keep,
+                                              **sizes)
     (qd, kd, vd, wd, keep_d), backend = place(kernel, [q, k, v, w, keep.long()])
     kw = dict(kernel=c["kernel"], backend=backend, weights=maps.get("weights"),
               bias=maps.get("bias"), feature_weights=maps.get("feature_weights"),

@@ -13,7 +13,7 @@ import torch
 
 import favor
 import favor.torch as ft
-from favor.ops.decoder import HybridDecodeState
+from favor.ops.hybrid import HybridDecodeState
 from test_cli_parity import cli_attention
 
 B, H, N, D = 2, 3, 30, 8

@@ -1,6 +1,6 @@
-"""Hybrid attention's torch kernel (favor/ops/attention/hybrid.py: exact softmax on a window
+"""Hybrid attention's torch kernel (favor/ops/hybrid/chunk.py: exact softmax on a window
 and sink tokens, the estimator elsewhere, one normaliser) against its float64 oracle
-(naive.hybrid_attention, materialised), on CPU tensors.
+(favor/ops/hybrid/naive.py, materialised), on CPU tensors.
 
 Tolerance (docs/numerics.md, rule 1, as test_torch_path.py): the float32 result's relative
 Frobenius error against the float64 oracle is at most twice that of the oracle evaluated
@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import favor
-from favor.ops.attention import fit_tensors, generic, hybrid, naive
+from favor.ops.attention import fit_tensors, generic
+from favor.ops.hybrid import chunk as hybrid
+from favor.ops.hybrid import naive
 from favor.ops.attention.canonical import TRIG, canonical_map
 from favor.ops.exact.naive import softmax_attention
 from torch_helpers import frob, seeded_qkv

@@ -350,14 +350,14 @@ comp(decode._decode, {**ints, "q_ptr": io, "k_ptr": io, "v_ptr": io, "w_ptr": P,
      "lw_ptr": P, "r_ptr": P, "keep_ptr": "*i8", "sums_ptr": P, "lm_ptr": "*fp64",
      "pos_ptr": "*i64", "y_ptr": io, "out_ptr": P, "nlm_ptr": "*fp64", "norm_coef": "fp32"},
      {**flags, "BLOCK_F": BF, "BLOCK_D": D, "BLOCK_DV": BDV}, decode.NUM_WARPS)
-band = importlib.import_module("favor.ops.attention.triton.band")
+band = importlib.import_module("favor.ops.hybrid.triton.band")
 for causal in (True, False):  # hybrid attention's exact part (fp32 inputs: band() casts;
     # not autotuned, so wrapped as comp() unwraps an autotuner's .fn)
     comp(type("Tuned", (), {"fn": band._band_fwd}), {"Q": P, "K": P, "V": P, "KEEP": "*i8", "SINK": "*i32", "OUT": P,
          "MAX": P, "n": "i32", "d": "i32", "dv": "i32", "scale": "fp32", "window": "i32",
          "sinks": "i32"}, {"CAUSAL": causal, "BM": band.BM, "BN": band.BN, "BD": D,
          "BDV": 128, "BS": 16}, 4)
-hybrid = importlib.import_module("favor.ops.attention.triton.hybrid_decode")
+hybrid = importlib.import_module("favor.ops.hybrid.triton.decode")
 for kind, ring, estimate, sinks in ((1, True, True, True), (2, False, True, False),
                                     (0, True, False, True)):
     # the hybrid decode step (fp32 inputs: the op casts), every map option and part (not
@@ -405,15 +405,15 @@ def test_compiles_for_sm90(dtype):
     print(r.stdout.strip())
 
 
-# ---- hybrid attention's exact part: the window inside the tile (triton/band.py) ----------
+# ---- hybrid attention's exact part: the window inside the tile (hybrid/triton/band.py) ---
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("window,sinks", [(5, 2), (0, 3), (20, 0), (1, 1)])
 def test_band_kernel_equals_the_torch_band(causal, window, sinks):
-    """The fused band kernel gives hybrid._band's rows and maxima: key masks (left padding
+    """The fused band kernel gives chunk._band's rows and maxima: key masks (left padding
     moves the sinks), N not a multiple of the tiles, sinks inside and outside the window."""
-    from favor.ops.attention import hybrid
-    from favor.ops.attention.triton.band import band
+    from favor.ops.hybrid import chunk as hybrid
+    from favor.ops.hybrid.triton.band import band
     g = torch.Generator().manual_seed(7)
     bh, n, d, dv = 4, 37, 16, 8
     q, k = (torch.randn(bh, n, d, generator=g) for _ in range(2))

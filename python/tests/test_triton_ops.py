@@ -77,11 +77,11 @@ def test_the_fused_hybrid_decode_step(monkeypatch):
     import importlib
 
     from favor import _core
-    from favor.ops.attention import naive
-    from favor.ops.decoder import empty_hybrid_state, hybrid_advance
-    from favor.ops.decoder import hybrid as hybrid_op
+    from favor.ops.hybrid import empty_hybrid_state, hybrid_advance
+    from favor.ops.hybrid import naive as hybrid_naive
+    from favor.ops.hybrid import op as hybrid_op
 
-    kernels = importlib.import_module("favor.ops.attention.triton")
+    kernels = importlib.import_module("favor.ops.hybrid.triton")
     b, h, n, d, dv, m, window, sinks = 2, 2, 10, 16, 6, 16, 4, 2
     q, k, v = seeded_qkv(b, h, n, d, dv, 8)
     g = torch.Generator().manual_seed(9)
@@ -109,7 +109,7 @@ def test_the_fused_hybrid_decode_step(monkeypatch):
             key_mask=keep[:, i:i + 1], backend=None if backend == "cpu" else backend, **kw)
             for i in range(n)], 2)
         states[backend] = st
-    y_ref = naive.hybrid_attention(
+    y_ref = hybrid_naive.hybrid_attention(
         *(t.double() for t in (q, k, v)), maps["weights"].double(), "hedgehog", True, keep=keep,
         bias=maps["bias"].double(), lam=maps["feature_weights"].double(), decay=maps["decay"],
         window=window, sinks=sinks)

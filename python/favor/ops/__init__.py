@@ -7,7 +7,7 @@ is its oracle in plain torch operations.
     favor::exact_attention(_backward)        ops/exact        exact softmax attention
     favor::vq_attention(_backward)           ops/vq           Transformer-VQ
     favor::decode_step                       ops/decoder      one streaming decoder step
-    favor::hybrid_decode_step                ops/decoder      hybrid attention's step
+    favor::hybrid_decode_step                ops/hybrid       hybrid attention's step
     favor::vq_assign                         ops/codebook     nearest code of every key
     favor::codebook_initialise               ops/codebook     k-means on the first batch
     favor::codebook_ema_update               ops/codebook     EMA step, dead-code reset
@@ -24,8 +24,9 @@ sequence-parallel ops use favor.distributed's agreement on errors, a transport c
 layer; they are imported by favor.distributed, not here).
 """
 from .attention import attention
-from .decoder import decode_step, empty_hybrid_state, empty_state
+from .decoder import decode_step, empty_state
 from .exact import exact_attention
+from .hybrid import empty_hybrid_state
 from .projection import projection
 from .vq import vq_attention
 

@@ -1,13 +1,13 @@
 """favor.torch.HybridDecoder: token-by-token generation with hybrid attention (exact softmax on
 the last `window` tokens and the first `sinks` kept ones, FAVOR's estimator on the rest, one
 normaliser; docs/math.md, "Hybrid attention"): a thin owner of one HybridDecodeState
-(favor.ops.decoder.hybrid), advanced by the op favor::hybrid_decode_step on the device of the
+(favor.ops.hybrid), advanced by the op favor::hybrid_decode_step on the device of the
 tensors it is given (on the CPU one fused C++ call per step)."""
 import torch
 
 from .. import _core
 from .._args import hybrid_sizes
-from ..ops.decoder.hybrid import (HybridDecodeState, advance, check_state, empty_hybrid_state,
+from ..ops.hybrid.op import (HybridDecodeState, advance, check_state, empty_hybrid_state,
                                   hybrid_decoder)
 from . import _tensors as T
 from .decoder import HYBRID, Decoder

@@ -112,7 +112,7 @@ def test_hybrid_decode_step_on_the_device():
     left padding and a hole; decay) against the C++ hybrid decoder on the CPU copies: rows
     to 1e-5, the ring, sinks, clocks and position equal, the state on the device."""
     from favor import _core
-    from favor.ops.decoder import empty_hybrid_state, hybrid_advance
+    from favor.ops.hybrid import empty_hybrid_state, hybrid_advance
     b, h, n, d, dv, m, window, sinks = 3, 4, 150, 64, 64, 128, 64, 4
     q, k, v = seeded_qkv(b, h, n, d, dv, 6, 0.6)
     w = torch.tensor(favor.make_projection(d, "orthogonal", features=m, seed=0).matrix)

@@ -95,10 +95,10 @@ def _fused(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel
 def triton_forward(q, k, v, w, weights, bias, lam, decay, key_padding_mask, fit_a, fit_basis,
                    kernel, causal, scale, save_context, precision_name, window=0, sinks=0):
     """CUDA's kernel: the fused forward (without triton, or for head dims the kernels do not
-    take: the default). Hybrid attention: the exact part's fused kernel (triton/band.py:
+    take: the default). Hybrid attention: the exact part's fused kernel (ops/hybrid/triton/band.py:
     the window inside the tile), the estimated parts and the merge in torch."""
     if (window or sinks) and triton_ready():
-        from .triton.band import band
+        from ..hybrid.triton import band
         y = paths.torch_attention(q.float(), k.float(), v.float(), w, weights, bias, lam, decay,
                                   key_padding_mask, fit_a, fit_basis, kernel, causal, scale,
                                   window=window, sinks=sinks, band=band)

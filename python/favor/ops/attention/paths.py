@@ -83,13 +83,13 @@ def prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kerne
 def torch_attention(q, k, v, w, weights, bias, lam, decay, mask, fit_a, fit_basis, kernel,
                     causal, scale, chunk=64, window=0, sinks=0, band=None):
     """favor::attention's result (float32 [.., Nq, Dv]) by plain torch operations (hybrid
-    attention with a window or sinks: hybrid.py)."""
+    attention with a window or sinks: ops/hybrid/chunk.py)."""
     check_inputs(q, k, v, causal, mask, window, sinks)
     fit_a, fit_basis = call_fit(q, k, mask, fit_a, fit_basis, kernel, causal, scale)
     qf, kf, vf, keep, cm = prepare(q, k, v, w, weights, bias, lam, decay, mask, fit_a,
                                    fit_basis, kernel, causal, scale, window, sinks)
     if window or sinks:
-        from .hybrid import hybrid_attention, pair_log_const
+        from ..hybrid.chunk import hybrid_attention, pair_log_const
         y = hybrid_attention(qf, kf, vf, cm, keep, causal, window, sinks, chunk,
                              scale=q.shape[-1] ** -0.5 if scale is None else float(scale),
                              log_const=pair_log_const(kernel, cm.W.shape[1], fit_a),

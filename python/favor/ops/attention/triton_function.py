@@ -1,5 +1,6 @@
 """What the fused Triton kernels (triton/) take and how they compute: the head dims they cover,
-the precision of their dots, and the fused decode step on the decoder's state layout.
+the precision of their dots, and the fused decode step on the decoder's state layout (the
+hybrid step's: ops/hybrid/op.py).
 favor::attention's CUDA kernels (kernels.py: triton_forward, triton_backward) call the
 forward and backward kernels under the op's autograd formula.
 
@@ -50,17 +51,3 @@ def triton_decode_step(state, q, k, v, cm, key_mask):
         if not isinstance(p2, torch.Tensor) else p2.reshape(1)
     return y.reshape(b, h, 1, -1).float(), (s2.reshape(sums.shape), m2.reshape(log_max.shape),
                                            r2, position)
-
-
-def triton_hybrid_step(state, q, k, v, cm, key_mask, scale, window, sinks, log_const, estimate):
-    """favor::hybrid_decode_step for one token (q, k, v [B, H, 1, D or Dv]) by the fused
-    push + query kernel on the HybridDecodeState's tensors, advanced in place: y [B, H, 1, Dv]."""
-    b, h = q.shape[:2]
-    flat = lambda t: t.reshape(b * h, t.shape[-1]).contiguous()  # noqa: E731
-    keep = None if key_mask is None else key_mask.to(q.device).ne(0).reshape(b)
-    with torch.no_grad():
-        y = _kernels().hybrid_decode_step(
-            state, flat(q), flat(k), flat(v), _f32(cm.W), _f32(cm.bias), _f32(cm.key_logw),
-            _f32(cm.rate), float(cm.norm_coef), cm.kind, log_const, keep, h, scale=scale,
-            window=window, sinks=sinks, estimate=estimate)
-    return y.reshape(b, h, 1, -1)

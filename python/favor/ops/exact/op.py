@@ -3,7 +3,7 @@ key mask) with its backward; with window or sinks, softmax over each query's win
 sinks alone (C++ ExactOptions::window, ::sinks; favor.torch.attention(method='window')).
 Kernels: CPU the C++ library; every other device (CUDA included: SDPA's flash,
 memory-efficient and cuDNN kernels are the fused ones there) plain torch operations
-(generic.py; the window: the hybrid's torch band, attention/hybrid.py), the default."""
+(generic.py; the window: the hybrid's torch band, ops/hybrid/chunk.py), the default."""
 from typing import Optional, Tuple
 
 import numpy as np
@@ -25,7 +25,7 @@ def _generic(q, k, v, key_padding_mask, causal, scale, window=0, sinks=0):
     one = np.zeros((1, 1, 1, 1), np.float32)
     _core.exact_attention(one, one, one, scale=scale, window=window, sinks=sinks)
     if window or sinks:
-        from ..attention.hybrid import window_attention
+        from ..hybrid.chunk import window_attention
         s = q.shape[-1] ** -0.5 if scale is None else float(scale)
         y = window_attention(paths.flat(q.float()), paths.flat(k.float()), paths.flat(v.float()),
                              paths.keep_rows(key_padding_mask, q), causal, window, sinks, s)

@@ -6,8 +6,6 @@ kernels; docs/numerics.md for the stabilisation):
 - attend.py: forward(...), bidirectional (key tiles, a deterministic combine, queries) and
   causal (chunk states, a sequential scan of boundary states, chunks in parallel).
 - decode.py: decode_step(...), one fused append + query kernel per head on the decoder state.
-- hybrid_decode.py: hybrid_decode_step(...), the hybrid decoder's push + query in one kernel on
-  the HybridDecodeState, in place.
 - gradients.py: backward(...), the gradients of q, k, v and the map's tensors, states
   recomputed in fp32 (a key-state pass, query tiles, feature tiles with the reverse scan,
   key tiles), deterministic.
@@ -18,7 +16,6 @@ Plain functions on torch tensors (no autograd): favor::attention's CUDA kernels 
 """
 from .gradients import backward
 from .decode import decode_step
-from .hybrid_decode import hybrid_decode_step
 from .attend import forward
 
-__all__ = ["backward", "decode_step", "forward", "hybrid_decode_step"]
+__all__ = ["backward", "decode_step", "forward"]

@@ -1,5 +1,5 @@
 """favor::hybrid_decode_step's torch kernel (any device): hybrid attention's decoding state
-(ops/decoder/hybrid.py, HybridDecodeState: the C++ HybridDecoderState's layout) advanced in
+(op.py, HybridDecodeState: the C++ HybridDecoderState's layout) advanced in
 place by plain torch operations.
 
 - the ring of the last `window` keys and values (slot t % window holds token t) with, per row,
@@ -20,8 +20,8 @@ import torch
 
 from ..attention import generic
 from ..attention.canonical import TRIG
-from ..attention.hybrid import merge, per_head, row_terms
-from . import generic as linear
+from ..decoder import generic as linear
+from .chunk import merge, per_head, row_terms
 
 
 def _fold(st, k, v, keep, cm):

@@ -1,11 +1,11 @@
 """One hybrid decoder step in one fused Triton kernel: favor::hybrid_decode_step's CUDA kernel
-on the HybridDecodeState (ops/decoder/hybrid.py: the C++ HybridDecoderState's layout),
+on the HybridDecodeState (ops/hybrid/op.py: the C++ HybridDecoderState's layout),
 advanced in place; the kernel reads the position on the device (the wrapper makes no host
 sync; the op's eager checks of finite inputs and of the map read values on the host, as every
 favor op's do).
 
 Program (b, h), for the token t = position of batch row b (docs/math.md, "Hybrid attention";
-the torch kernel, ops/decoder/hybrid_generic.py, step by step):
+the torch kernel, ops/hybrid/recurrent.py, step by step):
 - push: the token becomes a sink when it is kept and the row has fewer than `sinks`; the token
   one window back leaves the ring slot t % W for the linear state when it was kept and not a
   sink (window 0: the token itself goes there, unless a sink), folded as decode.py's append
@@ -15,7 +15,7 @@ the torch kernel, ops/decoder/hybrid_generic.py, step by step):
   the new token read from registers), the estimated terms from the linear state after the fold
   (decode.py's query, unnormalised, at its log scale c + log_max plus what the canonical map
   leaves out: the query's norm term, the features' constant, the decay clock), merged in log
-  space as the batch op's parts (ops/attention/hybrid.py, merge) with its zero-row rule.
+  space as the batch op's parts (ops/hybrid/chunk.py, merge) with its zero-row rule.
 (A scalar condition joins a vector one through tl.where: Triton's interpreter refuses the
 mask that `&` of a scalar and a vector makes.)
 Every program reads the per-row bookkeeping (ring flags, sink positions, clock, position)
@@ -32,10 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from . import params as P
-from .decode import _token_tile
-from .features import (LN2, LOG2E, amplitude, feature_tile, key_log2, key_offset, key_shift,
-                       query_features, query_log2, shift_terms)
+from ...attention.triton import params as P
+from ...attention.triton.decode import _token_tile
+from ...attention.triton.features import (LN2, LOG2E, amplitude, feature_tile, key_log2,
+                                          key_offset, key_shift, query_features, query_log2,
+                                          shift_terms)
 
 NUM_WARPS = 4
 

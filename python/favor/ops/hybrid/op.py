@@ -9,8 +9,8 @@ CPU kernel borrows its memory: HybridDecoderStateView, one fused C++ call per st
 owner keeps the same tensors from the first token to the last: favor.torch.HybridDecoder, the
 Hugging Face cache layer (favor.hf), a compiled loop of your own (no host sync outside the
 op). Kernels: CPU the C++ HybridDecoder on a view of the state; CUDA one token ('step') by one
-fused Triton kernel (attention/triton/hybrid_decode.py: push + query in place, the position
-read on the device), the other modes by plain torch operations (hybrid_generic.py), every
+fused Triton kernel (triton/decode.py: push + query in place, the position
+read on the device), the other modes by plain torch operations (recurrent.py), every
 other device's default. The window and the sinks alone (estimate=False, method='window') run
 the torch operations on the CPU and the Triton kernel on CUDA.
 """
@@ -23,11 +23,11 @@ from ... import _core
 from .. import _dispatch
 from .. import _tensors as T
 from ..attention import attention, paths
-from ..attention.hybrid import pair_log_const
+from .chunk import pair_log_const
 from ..attention.layout import decay_list, feature_map
 from ..attention.op import eager_mode
-from . import hybrid_generic as generic
-from .op import (_step_checks, built_decoder, check_projection, check_step_inputs,
+from . import recurrent as generic
+from ..decoder.op import (_step_checks, built_decoder, check_projection, check_step_inputs,
                  op_map_args)
 
 
@@ -181,13 +181,29 @@ def cpu_step(dec, state, q, k, v, key_mask, step_kind):
     return T.tensor(y)
 
 
+def triton_hybrid_step(state, q, k, v, cm, key_mask, scale, window, sinks, log_const, estimate):
+    """favor::hybrid_decode_step for one token (q, k, v [B, H, 1, D or Dv]) by the fused
+    push + query kernel on the HybridDecodeState's tensors, advanced in place: y [B, H, 1, Dv]."""
+    from ..attention.triton_function import _f32
+    from .triton import hybrid_decode_step  # imports triton: only when this path runs
+    b, h = q.shape[:2]
+    flat = lambda t: t.reshape(b * h, t.shape[-1]).contiguous()  # noqa: E731
+    keep = None if key_mask is None else key_mask.to(q.device).ne(0).reshape(b)
+    with torch.no_grad():
+        y = hybrid_decode_step(
+            state, flat(q), flat(k), flat(v), _f32(cm.W), _f32(cm.bias), _f32(cm.key_logw),
+            _f32(cm.rate), float(cm.norm_coef), cm.kind, log_const, keep, h, scale=scale,
+            window=window, sinks=sinks, estimate=estimate)
+    return y.reshape(b, h, 1, -1)
+
+
 def triton_hybrid(*args):
     """CUDA's kernel: one token ('step') by the fused Triton push + query kernel on the state
-    in place (triton/hybrid_decode.py: the position read on the device), else the default
+    in place (triton/decode.py: the position read on the device), else the default
     (torch operations)."""
     state, (q, k, v, key_mask, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay,
             window, sinks, estimate, step_kind) = args[:11], args[11:]
-    from ..attention.triton_function import supported, triton_hybrid_step
+    from ..attention.triton_function import supported
     if step_kind != "step" or q.shape[2] != 1 or not _dispatch.triton_ready() \
             or not supported(q.shape[-1], v.shape[-1]) \
             or not all(t.is_contiguous() and t.device == q.device for t in state):

@@ -2,9 +2,9 @@
 queries, the keys of the tiles' windows in blocks of BN (scores on tl.dot, masked to each
 row's window, the key mask and causal order) and then the sinks (a gathered block), with an
 online max; out [BH, N, Dv + 1] = [sum exp(s - M) v | sum exp(s - M)] and M [BH, N], as the
-C++ band kernel (src/cpu/band_attention.cpp) and the torch kernel (hybrid._band) give them.
-The estimated parts and the merge stay in torch (hybrid.py); the backward is the default
-kernel's (autograd through hybrid.py), which recomputes.
+C++ band kernel (src/cpu/band_attention.cpp) and the torch kernel (chunk._band) give them.
+The estimated parts and the merge stay in torch (ops/hybrid/chunk.py); the backward is the
+default kernel's (autograd through chunk.py), which recomputes.
 Not timed on a GPU (none lent); tested under Triton's interpreter against the torch kernel.
 """
 import torch
@@ -92,7 +92,7 @@ def _pow2(x, least=16):
 
 
 def band(q, k, v, keep, sink, sinks, causal, w, scale):
-    """hybrid._band's contract on the fused kernel: (out [BH, N, Dv + 1] float32, M [BH, N]
+    """chunk._band's contract on the fused kernel: (out [BH, N, Dv + 1] float32, M [BH, N]
     float64, -inf where a row has no exact key); q, k, v [BH, N, D or Dv], keep [BH, N]
     bool or None, sink [BH, N] bool (the sinks)."""
     bh, n, d = q.shape

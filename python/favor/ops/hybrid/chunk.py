@@ -18,8 +18,8 @@ import math
 import torch
 
 from ... import _core
-from .canonical import TRIG, kind_of, per_head
-from .generic import key_features, linear_core, query_logits, ratio
+from ..attention.canonical import TRIG, kind_of, per_head
+from ..attention.generic import key_features, linear_core, query_logits, ratio
 
 
 def pair_log_const(kernel, m, fit_a=None):
