@@ -332,14 +332,26 @@ def test_the_op_kernels_agree_on_learned_maps_beams_and_state():
         cpu.load_state(**dict(saved, sink_pos=torch.full_like(saved["sink_pos"], 99)))
 
 
-def test_a_window_only_decoder_equals_method_window():
+def test_a_window_only_decoder_equals_method_window(monkeypatch):
+    """The window and the sinks alone decode as method='window' computes; on the CPU the
+    prompt is C++'s band kernel (the op's CPU kernel never runs the torch band, whose blocks
+    held hundreds of MiB at 8k tokens), the ring's steps torch operations."""
+    from favor.ops.hybrid import chunk
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the torch band ran on the CPU")
     q, k, v = qkv()
     pad = left_padding()
     ref = ft.attention(q, k, v, causal=True, method="window", window=5, sinks=2,
                        key_padding_mask=pad)
+    first = ft.attention(q[:, :, :9], k[:, :, :9], v[:, :, :9], causal=True, method="window",
+                         window=5, sinks=2, key_padding_mask=pad[:, :9])
+    monkeypatch.setattr(chunk, "window_attention", refuse)
+    monkeypatch.setattr(chunk, "_window_blocks", refuse)
     dec = ft.HybridDecoder(B, H, D, projection(), window=5, sinks=2, estimate=False)
     keep = ~pad
     outs = [dec.prefill(q[:, :, :9], k[:, :, :9], v[:, :, :9], key_mask=keep[:, :9])]
+    assert torch.equal(outs[0], first)
     outs += [dec.step(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
                       key_mask=keep[:, i:i + 1]) for i in range(9, N)]
     assert (torch.cat(outs, 2) - ref).abs().max() < 1e-5

@@ -9,10 +9,11 @@ CPU kernel borrows its memory: HybridDecoderStateView, one fused C++ call per st
 owner keeps the same tensors from the first token to the last: favor.torch.HybridDecoder, the
 Hugging Face cache layer (favor.hf), a compiled loop of your own (no host sync outside the
 op). Kernels: CPU the C++ HybridDecoder on a view of the state; CUDA one token ('step') by one
-fused Triton kernel (triton/decode.py: push + query in place, the position
-read on the device), the other modes by plain torch operations (recurrent.py), every
-other device's default. The window and the sinks alone (estimate=False, method='window') run
-the torch operations on the CPU and the Triton kernel on CUDA.
+fused Triton kernel (triton/decode.py: push + query in place, the position read on the
+device), the other modes by plain torch operations (recurrent.py), every other device's
+default. The window and the sinks alone (estimate=False, method='window') run the torch
+operations on the CPU, with a prompt's attention on C++'s band kernel, and the Triton kernel
+on CUDA.
 """
 from typing import NamedTuple, Optional
 
@@ -74,8 +75,10 @@ def hybrid_decoder(batch, heads, dv, w, kernel, scale, fit_a, fit_basis, weights
 
 
 def _torch_kernel(state, q, k, v, key_mask, w, kernel, scale, fit_a, fit_basis, weights, bias,
-                  lam, decay, window, sinks, estimate, step_kind):
-    """The default kernel: plain torch operations on the state's tensors, in place."""
+                  lam, decay, window, sinks, estimate, step_kind, prompt_backend="torch"):
+    """The default kernel: plain torch operations on the state's tensors, in place (a prompt
+    on an empty state: one attention call on prompt_backend's kernel, then the state built
+    from its keys)."""
     st = HybridDecodeState(*state)
     check_step_inputs(q, k, v, key_mask, step_kind)
     cm = paths.device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale,
@@ -109,7 +112,7 @@ def _torch_kernel(state, q, k, v, key_mask, w, kernel, scale, fit_a, fit_basis, 
             feature_weights=lam, decay=decay,
             fit=None if fit_a is None else (fit_a, fit_basis))
         y = attention(q, k, v, causal=True, window=window, sinks=sinks, key_padding_mask=~keep,
-                      backend="torch", **m)
+                      backend=prompt_backend, **m)
         generic.build(st, k, v, keep, *sizes)
         return y
     rows = []
@@ -152,12 +155,14 @@ def torch_hybrid(*args):
 
 @hybrid_decode_step_op.register_kernel("cpu")
 def cpu_hybrid(*args):
-    """The C++ HybridDecoder (map only) stepping the state's memory in place; the window and
-    the sinks alone on the torch operations."""
+    """The C++ HybridDecoder (map only) stepping the state's memory in place. The window and
+    the sinks alone: the ring by torch operations, a prompt's attention by C++'s band kernel
+    (favor::exact_attention's CPU kernel: nothing of the prompt's size beyond its output,
+    where the torch band's blocks held 325 MiB at 8192 tokens on SmolLM2's layer)."""
     state, (q, k, v, key_mask, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay,
             window, sinks, estimate, step_kind) = args[:11], args[11:]
     if not estimate:
-        return torch_hybrid(*args)
+        return _torch_kernel(state, *args[11:], prompt_backend="cpu")
     b, h, _, dv = v.shape
     dec = built_decoder(
         lambda: hybrid_decoder(b, h, dv, w, kernel, scale, fit_a, fit_basis, weights, bias, lam,
