@@ -128,6 +128,34 @@ def test_the_fused_hybrid_decode_step(monkeypatch):
                                    scale=0.25, window=window, sinks=sinks, block_w=3)
 
 
+def test_a_hybrid_prompt_on_the_triton_kernel_runs_the_fused_band(monkeypatch):
+    """favor::hybrid_decode_step's Triton kernel: a prompt on an empty state ('prefill') is
+    favor::attention's Triton forward (the band fused, not the torch band's blocks), bit for
+    bit, and leaves the torch kernel's state."""
+    from favor.ops.hybrid import chunk, empty_hybrid_state, hybrid_advance
+    from favor import _core
+    b, h, n, d, dv, m, window, sinks = 1, 2, 23, 16, 8, 16, 5, 2
+    q, k, v = seeded_qkv(b, h, n, d, dv, 4)
+    w = torch.randn(m, d, generator=torch.Generator().manual_seed(5))
+    keep = torch.ones(b, n, dtype=torch.bool)
+    keep[0, :3] = False
+    f = _core.feature_count("positive", m)
+    kw = dict(window=window, sinks=sinks, mode="prefill", key_mask=keep)
+    torch_state = empty_hybrid_state(b, h, dv, f, d, window, sinks)
+    hybrid_advance(torch_state, q, k, v, w, backend="torch", **kw)
+    want = ft.attention(q, k, v, projection=w, causal=True, window=window, sinks=sinks,
+                        key_padding_mask=~keep, backend="triton")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the torch band ran")
+    monkeypatch.setattr(chunk, "_band", refuse)
+    state = empty_hybrid_state(b, h, dv, f, d, window, sinks)
+    y = hybrid_advance(state, q, k, v, w, backend="triton", **kw)
+    assert torch.equal(y, want)
+    for name, a, t in zip(state._fields, state, torch_state):
+        assert torch.equal(a, t), name
+
+
 def test_what_the_triton_path_refuses():
     q, k, v = seeded_qkv(1, 1, 8, 20, 4, 5)              # D = 20: not a fused head dim
     with pytest.raises(favor.Error, match="backend: 'triton' takes head dims"):

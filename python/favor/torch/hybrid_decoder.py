@@ -8,7 +8,7 @@ import torch
 from .. import _core
 from .._args import hybrid_sizes
 from ..ops.hybrid.op import (HybridDecodeState, advance, check_state, empty_hybrid_state,
-                                  hybrid_decoder)
+                             hybrid_decoder)
 from . import _tensors as T
 from .decoder import HYBRID, Decoder
 

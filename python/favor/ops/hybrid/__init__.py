@@ -10,7 +10,8 @@ in fla's layout, one folder for what it adds to the estimator:
     recurrent.py  the torch path of the streaming decoder: favor::hybrid_decode_step's
                   default kernel on the HybridDecodeState
     op.py         favor::hybrid_decode_step (HybridDecodeState, empty_hybrid_state, advance):
-                  CPU the C++ HybridDecoder on a view of the state, CUDA triton/decode.py
+                  CPU the C++ HybridDecoder on a view of the state (the window alone: the
+                  ring in torch, a prompt on C++'s band kernel), CUDA triton/decode.py
     triton/       band.py (the exact part of a forward on CUDA), decode.py (one fused step)
 
 The batch forward stays one op with the estimator (favor::attention's `window` and `sinks`,

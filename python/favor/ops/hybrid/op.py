@@ -24,12 +24,12 @@ from ... import _core
 from .. import _dispatch
 from .. import _tensors as T
 from ..attention import attention, paths
-from .chunk import pair_log_const
 from ..attention.layout import decay_list, feature_map
 from ..attention.op import eager_mode
-from . import recurrent as generic
 from ..decoder.op import (_step_checks, built_decoder, check_projection, check_step_inputs,
-                 op_map_args)
+                          op_map_args)
+from . import recurrent as generic
+from .chunk import pair_log_const
 
 
 class HybridDecodeState(NamedTuple):
@@ -156,7 +156,8 @@ def torch_hybrid(*args):
 @hybrid_decode_step_op.register_kernel("cpu")
 def cpu_hybrid(*args):
     """The C++ HybridDecoder (map only) stepping the state's memory in place. The window and
-    the sinks alone: the ring by torch operations, a prompt's attention by C++'s band kernel
+    the sinks alone: the ring by torch operations, a prompt's attention (prefill on an empty
+    state) by C++'s band kernel
     (favor::exact_attention's CPU kernel: nothing of the prompt's size beyond its output,
     where the torch band's blocks held 325 MiB at 8192 tokens on SmolLM2's layer)."""
     state, (q, k, v, key_mask, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay,
@@ -204,15 +205,20 @@ def triton_hybrid_step(state, q, k, v, cm, key_mask, scale, window, sinks, log_c
 
 def triton_hybrid(*args):
     """CUDA's kernel: one token ('step') by the fused Triton push + query kernel on the state
-    in place (triton/decode.py: the position read on the device), else the default
-    (torch operations)."""
+    in place (triton/decode.py: the position read on the device), else the default (torch
+    operations), whose prompt on an empty state is favor::attention's Triton kernel (the
+    band fused: triton/band.py)."""
     state, (q, k, v, key_mask, w, kernel, scale, fit_a, fit_basis, weights, bias, lam, decay,
             window, sinks, estimate, step_kind) = args[:11], args[11:]
     from ..attention.triton_function import supported
-    if step_kind != "step" or q.shape[2] != 1 or not _dispatch.triton_ready() \
-            or not supported(q.shape[-1], v.shape[-1]) \
-            or not all(t.is_contiguous() and t.device == q.device for t in state):
+    if not _dispatch.triton_ready():
         return torch_hybrid(*args)
+    fused = supported(q.shape[-1], v.shape[-1])
+    if step_kind != "step" or q.shape[2] != 1 or not fused \
+            or not all(t.is_contiguous() and t.device == q.device for t in state):
+        # (the Triton forward takes any size with a window or sinks: its fused part, the band)
+        return _torch_kernel(state, *args[11:], prompt_backend="triton"
+                             if fused or window or sinks else "torch")
     check_step_inputs(q, k, v, key_mask, step_kind)
     cm = paths.device_map(q, w, weights, bias, lam, decay, fit_a, fit_basis, kernel, scale,
                           decay is not None)

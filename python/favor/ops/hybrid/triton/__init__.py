@@ -1,5 +1,5 @@
 """Hybrid attention's Triton kernels for CUDA tensors (the plain estimator's are
-ops/attention/triton/, whose feature prologue and checks these share):
+ops/attention/triton/, whose feature prologue, checks and token tile decode.py shares):
 
 - band.py: band(...), the exact part of a forward (the window inside the tile, then the sinks),
   [num | den] rows at their max; favor::attention's CUDA kernel adds the estimated parts and
