@@ -19,7 +19,11 @@ Memory, two figures a row: the decoding state + caches after an 8k prompt (fh.ca
 and the process's (--rss-new: each model alone in a fresh process, generate() on the 8k
 prompt; the peak resident set above the loaded model's, and what stays held after).
 --process-only re-measures that figure alone for the rows already in --out;
---process-lengths 1024,2048,4096,8192 measures it alone at each prompt length (issue 49):
+--process-lengths 1024,2048,4096,8192 measures it alone at each prompt length (issue 49),
+--rss-repeats R times each (the median run); every model's weights are read in before the
+baseline (the original's cached load maps them: they would count as its growth), and
+--rss-warm K makes a short generate() first, so that what any first call costs counts as
+loading:
 
     python examples/hf/smollm2/longrange.py --out examples/hf/smollm2/results/memory.json \
         --process-lengths 1024,2048,4096,8192 --model "positive-fit hybrid=positive-fit" \
@@ -86,18 +90,37 @@ def _rss_kib(field):
         return int(re.search(field + r":\s+(\d+) kB", f.read()).group(1))
 
 
-def rss_worker(spec, layers, n, new, threads):
+def _resident(model):
+    """Reads every parameter and buffer of `model`, so that its weights are resident before the
+    baseline: smollm2.load() maps its cached safetensors, whose pages are read in by the first
+    forward, and the original's peak would count its own weights (540 MiB) as growth, where a
+    conversion's copy has already read them."""
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.numel():
+                t.detach().reshape(-1).sum()
+
+
+def rss_worker(spec, layers, n, new, threads, warm=0):
     """Process memory of one model in its own process (nothing else loaded): generate() on a
     prompt of n held-out tokens, `new` tokens. The peak resident set (VmHWM, reset after
-    loading) above the loaded model's, and what generate() leaves held once its output is
-    dropped (as the process holds it, and after malloc_trim: what is still allocated)."""
+    loading, the weights read in) above the loaded model's, and what generate() leaves held
+    once its output is dropped (as the process holds it, and after malloc_trim: what is still
+    allocated). warm > 0: a generate() of 2 tokens on the first `warm` tokens before the
+    baseline, so that what a first call costs whatever the prompt (libraries' code, thread
+    pools, BLAS buffers) counts as loading, for every model alike."""
     import corpus
     torch.set_num_threads(threads)
     original, tok = smollm2.load()
     model = original if spec == "original" else build(spec, original, layers, keep=False)
     del original
+    _resident(model)
     ids = corpus.build(tok, os.path.join("runs", "corpus"), progress=False) \
         .held_out("python-packages")[:n][None]
+    if warm:
+        with torch.no_grad():
+            model.generate(ids[:, :warm], attention_mask=torch.ones_like(ids[:, :warm]),
+                           do_sample=False, max_new_tokens=2, min_new_tokens=2)
     gc.collect()
     import ctypes
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # what loading freed goes back: not counted
@@ -116,12 +139,12 @@ def rss_worker(spec, layers, n, new, threads):
             "peak_growth_bytes": (_rss_kib("VmHWM") - loaded) * 1024,
             "held_bytes": (held - loaded) * 1024,
             "held_trimmed_bytes": (_rss_kib("VmRSS") - loaded) * 1024, "prompt": n,
-            "new": new, "threads": threads}
+            "new": new, "threads": threads, "warm": warm}
 
 
-def rss(spec, layers, n, new, threads):
+def rss(spec, layers, n, new, threads, warm=0):
     cmd = [sys.executable, os.path.abspath(__file__), "--out", os.devnull, "--rss-worker", spec,
-           ",".join(map(str, layers)), str(n), str(new), str(threads)]
+           ",".join(map(str, layers)), str(n), str(new), str(threads), str(warm)]
     res = subprocess.run(cmd, check=True, capture_output=True, text=True)
     line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
@@ -130,7 +153,7 @@ def rss(spec, layers, n, new, threads):
 def memory_table(out):
     """--process-lengths' table: generate()'s peak resident set above the loaded model (and
     what it holds after) per prompt length, a row a model, and each as a share of the
-    original's peak at that length."""
+    original's peak at that length; with repeats the median run, [the range of the peaks]."""
     sweep = out["process_lengths"]
     lengths = sorted({int(n) for r in sweep.values() for n in r})
     base = sweep.get("original", {})
@@ -145,7 +168,10 @@ def memory_table(out):
                 continue
             share = (f", {p['peak_growth_bytes'] / base[str(n)]['peak_growth_bytes']:.2f}x"
                      if name != "original" and str(n) in base else "")
-            cells.append(f"+{p['peak_growth_bytes'] / 2**20:.0f} MiB{share} "
+            spread = p.get("runs_peak_growth_bytes", [])
+            spread = (f" [{min(spread) / 2**20:.0f}-{max(spread) / 2**20:.0f}]"
+                      if len(spread) > 1 else "")
+            cells.append(f"+{p['peak_growth_bytes'] / 2**20:.0f} MiB{spread}{share} "
                          f"(+{p['held_bytes'] / 2**20:.0f} MiB)")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -196,21 +222,28 @@ def main():
     p.add_argument("--memory-at", type=int, default=8192)
     p.add_argument("--rss-new", type=int, default=16, help="tokens generate() makes after "
                    "the --memory-at prompt in the process-memory measure (0: skip it)")
-    p.add_argument("--rss-worker", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--rss-worker", nargs=6, help=argparse.SUPPRESS)
+    p.add_argument("--rss-warm", type=int, default=0, help="K: before the process-memory "
+                   "baseline, a generate() on the prompt's first K tokens (what a first call "
+                   "costs whatever the prompt counts as loading; 0: none)")
     p.add_argument("--process-lengths", help="LENGTHS: only generate()'s process memory of the "
                    "original and each --model at each prompt length (comma-separated), into "
                    "--out's process_lengths; --table then prints them")
     p.add_argument("--process-only", action="store_true",
                    help="re-measure only the process memory (--rss-new) of the rows already "
                         "in --out (the original and each --model), keeping their other figures")
+    p.add_argument("--rss-repeats", type=int, default=1, help="R: --process-lengths measures "
+                   "every cell R times (rounds of every model and length in turn) and keeps the "
+                   "median run (the table: the median, and the range when R > 1)")
     p.add_argument("--table", action="store_true", help="print --out's table and stop")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     if args.rss_worker:
-        spec, layers, n, new, threads = args.rss_worker
+        spec, layers, n, new, threads, warm = args.rss_worker
         layers = tuple(int(x) for x in layers.split(",") if x)
-        print("RESULT " + json.dumps(rss_worker(spec, layers, int(n), int(new), int(threads))))
+        print("RESULT " + json.dumps(rss_worker(spec, layers, int(n), int(new), int(threads),
+                                                int(warm))))
         return
     if args.table:
         with open(args.out) as f:
@@ -223,14 +256,25 @@ def main():
             with open(args.out) as f:
                 out = json.load(f)
         sweep = out.setdefault("process_lengths", {})
-        out.update(new=args.rss_new, threads=args.threads, text="python-packages (held out)")
-        for entry in ["original=original"] + args.model:
-            name, spec = entry.split("=", 1)
+        out.update(new=args.rss_new, threads=args.threads, warm=args.rss_warm,
+                   repeats=args.rss_repeats, text="python-packages (held out)")
+        models = [entry.split("=", 1) for entry in ["original=original"] + args.model]
+        runs = {}
+        # rounds of every model at every length in turn, so that the machine's drift falls on
+        # all of them alike; each cell keeps its median run and every run's peak
+        for k in range(args.rss_repeats):
             for n in (int(x) for x in args.process_lengths.split(",")):
-                sweep.setdefault(name, {})[str(n)] = rss(spec, (), n, args.rss_new, args.threads)
-                print(name, n, json.dumps(sweep[name][str(n)]), flush=True)
-                with open(args.out, "w") as f:
-                    json.dump(out, f, indent=1)
+                for name, spec in models:
+                    r = rss(spec, (), n, args.rss_new, args.threads, args.rss_warm)
+                    cell = runs.setdefault((name, n), [])
+                    cell.append(r)
+                    cell.sort(key=lambda x: x["peak_growth_bytes"])
+                    median = dict(cell[(len(cell) - 1) // 2])
+                    median["runs_peak_growth_bytes"] = [x["peak_growth_bytes"] for x in cell]
+                    sweep.setdefault(name, {})[str(n)] = median
+                    print(f"round {k + 1}", name, n, json.dumps(r), flush=True)
+                    with open(args.out, "w") as f:
+                        json.dump(out, f, indent=1)
         print(memory_table(out))
         return
     torch.manual_seed(args.seed)
@@ -269,7 +313,7 @@ def main():
             if name not in out["rows"]:
                 raise SystemExit(f"--process-only: no row {name!r} in {args.out}")
             out["rows"][name]["process"] = rss(spec, layers, args.memory_at, args.rss_new,
-                                               args.threads)
+                                               args.threads, args.rss_warm)
             print(name, json.dumps(out["rows"][name]["process"]), flush=True)
             with open(args.out, "w") as f:
                 json.dump(out, f, indent=1)
@@ -296,7 +340,8 @@ def main():
         rows["softmax_layers"] = sorted(getattr(model.config, "favor", None) and
                                         model.config.favor.get("softmax_layers") or [])
         if args.rss_new:
-            rows["process"] = rss(spec, layers, args.memory_at, args.rss_new, args.threads)
+            rows["process"] = rss(spec, layers, args.memory_at, args.rss_new, args.threads,
+                                  args.rss_warm)
         rows["minutes"] = (time.perf_counter() - t) / 60
         out["rows"][name] = rows
         print(name, json.dumps({k: v for k, v in rows.items() if k != "passkey"}), flush=True)
