@@ -208,3 +208,10 @@ def test_the_docs_state_the_shipped_adapters_sizes_as_they_are():
             assert size == f"{total / 2**20:.1f}", (doc, name, size)
             seen += 1
     assert seen >= 4
+
+
+def test_the_process_memory_warm_up_must_be_shorter_than_the_prompt():
+    """longrange.py --rss-warm K: a warm-up on the whole prompt would put what the measured
+    call allocates into the baseline; refused before anything loads."""
+    with pytest.raises(SystemExit, match="--rss-warm: 64 must be below the prompt's 64 tokens"):
+        _script("longrange").rss_worker("original", (), 64, 16, 1, warm=64)

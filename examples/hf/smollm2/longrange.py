@@ -93,7 +93,7 @@ def _rss_kib(field):
 def _resident(model):
     """Reads every parameter and buffer of `model`, so that its weights are resident before the
     baseline: smollm2.load() maps its cached safetensors, whose pages are read in by the first
-    forward, and the original's peak would count its own weights (540 MiB) as growth, where a
+    forward, and the original's peak would count its own weights (515 MiB) as growth, where a
     conversion's copy has already read them."""
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
@@ -110,6 +110,9 @@ def rss_worker(spec, layers, n, new, threads, warm=0):
     baseline, so that what a first call costs whatever the prompt (libraries' code, thread
     pools, BLAS buffers) counts as loading, for every model alike."""
     import corpus
+    if warm >= n:
+        raise SystemExit(f"--rss-warm: {warm} must be below the prompt's {n} tokens (the warm-up "
+                         "call would allocate what the measured one does)")
     torch.set_num_threads(threads)
     original, tok = smollm2.load()
     model = original if spec == "original" else build(spec, original, layers, keep=False)
@@ -234,7 +237,8 @@ def main():
                         "in --out (the original and each --model), keeping their other figures")
     p.add_argument("--rss-repeats", type=int, default=1, help="R: --process-lengths measures "
                    "every cell R times (rounds of every model and length in turn) and keeps the "
-                   "median run (the table: the median, and the range when R > 1)")
+                   "median run, the lower middle one for an even R (the table: the median, and "
+                   "the range when R > 1)")
     p.add_argument("--table", action="store_true", help="print --out's table and stop")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
