@@ -254,6 +254,11 @@ def main():
             out = json.load(f)
         print(study_table(out) if "rows" in out and out["rows"] else memory_table(out))
         return
+    lengths = [int(x) for x in args.process_lengths.split(",")] if args.process_lengths \
+        else [args.memory_at]
+    if args.rss_warm and args.rss_warm >= min(lengths):  # before any worker starts
+        p.error(f"--rss-warm: {args.rss_warm} must be below every prompt length "
+                f"({min(lengths)})")
     if args.process_lengths:
         out = {}
         if os.path.exists(args.out):

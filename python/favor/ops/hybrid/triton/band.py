@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ...attention.triton.params import pow2
+
 BM, BN = 16, 16
 
 
@@ -87,17 +89,13 @@ def _band_fwd(Q, K, V, KEEP, SINK, OUT, MAX, n, d, dv, scale, window, sinks,
     tl.store(MAX + bh * n + rows, m_i, mask=live_r)
 
 
-def _pow2(x, least=16):
-    return max(least, triton.next_power_of_2(int(x)))
-
-
 def band(q, k, v, keep, sink, sinks, causal, w, scale):
     """chunk._band's contract on the fused kernel: (out [BH, N, Dv + 1] float32, M [BH, N]
     float64, -inf where a row has no exact key); q, k, v [BH, N, D or Dv], keep [BH, N]
     bool or None, sink [BH, N] bool (the sinks)."""
     bh, n, d = q.shape
     dv = v.shape[-1]
-    bs = _pow2(max(sinks, 1))
+    bs = pow2(max(sinks, 1))
     # each row's sink positions, ascending, -1 past the last
     idx = torch.arange(n, device=q.device).expand(bh, n)
     pos = torch.where(sink, idx, torch.full_like(idx, n)).sort(-1).values[:, :bs]
@@ -111,5 +109,5 @@ def band(q, k, v, keep, sink, sinks, causal, w, scale):
     grid = (triton.cdiv(n, BM), bh)
     _band_fwd[grid](q.float().contiguous(), k.float().contiguous(), v.float().contiguous(),
                     keep_i, pos, out, top, n, d, dv, float(scale), int(w), int(sinks),
-                    CAUSAL=bool(causal), BM=BM, BN=BN, BD=_pow2(d), BDV=_pow2(dv + 1), BS=bs)
+                    CAUSAL=bool(causal), BM=BM, BN=BN, BD=pow2(d), BDV=pow2(dv + 1), BS=bs)
     return out, top.double()
